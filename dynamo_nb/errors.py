@@ -1,0 +1,140 @@
+"""The one error hierarchy of dynamo_nb.
+
+Every error the library raises on purpose derives from `DynamoNBError`; each also derives
+from the built-in it behaves like, so ``except ValueError`` or ``except TimeoutError`` keeps
+working::
+
+    DynamoNBError
+    ├── ConfigError (ValueError)             a setting, flag or URL that cannot work
+    │   └── InvalidNameError                 a namespace/component/endpoint name
+    ├── InvalidHandlerError (TypeError)      a handler that is not an async generator
+    ├── ServiceError                         etcd / NATS: missing, failed to start, unreachable
+    │   ├── BinaryNotFoundError
+    │   ├── ServiceStartError
+    │   └── ServiceUnavailableError (ConnectionError)
+    ├── RequestError                         a request that did not complete
+    │   ├── NoInstancesError (TimeoutError)  nobody serves the endpoint (within the timeout)
+    │   │   └── InstanceNotFoundError        `direct()` to an id that is not serving
+    │   ├── InstanceDownError (ConnectionError)
+    │   │                                    refused, cut mid-stream, or silent past the heartbeat timeout
+    │   └── RemoteHandlerError               the handler raised; its type and message came back
+    └── RuntimeClosedError                   the runtime was shut down
+
+Example:
+    >>> from dynamo_nb.errors import NoInstancesError
+    >>> issubclass(NoInstancesError, TimeoutError)
+    True
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BinaryNotFoundError",
+    "ConfigError",
+    "DynamoNBError",
+    "InstanceDownError",
+    "InstanceNotFoundError",
+    "InvalidHandlerError",
+    "InvalidNameError",
+    "NoInstancesError",
+    "RemoteHandlerError",
+    "RequestError",
+    "RuntimeClosedError",
+    "ServiceError",
+    "ServiceStartError",
+    "ServiceUnavailableError",
+]
+
+
+class DynamoNBError(Exception):
+    """Base class of every error dynamo_nb raises on purpose."""
+
+
+class ConfigError(DynamoNBError, ValueError):
+    """A setting, flag or URL that cannot work; the message says what to change."""
+
+
+class InvalidNameError(ConfigError):
+    """A namespace, component or endpoint name with characters outside ``[a-z0-9_-]``."""
+
+
+class InvalidHandlerError(DynamoNBError, TypeError):
+    """A handler that is not an async generator ``handler(request[, context])``."""
+
+
+class ServiceError(DynamoNBError):
+    """etcd or NATS could not be found, started or reached."""
+
+
+class BinaryNotFoundError(ServiceError):
+    """The etcd or nats-server executable is not installed."""
+
+
+class ServiceStartError(ServiceError):
+    """A local etcd or nats-server exited or did not answer in time.
+
+    Attributes:
+        log_tail: the last lines the process wrote.
+    """
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message + (f"\n--- last log lines ---\n{log_tail}" if log_tail else ""))
+        self.log_tail = log_tail
+
+
+class ServiceUnavailableError(ServiceError, ConnectionError):
+    """etcd or NATS did not answer at the configured address."""
+
+
+class RequestError(DynamoNBError):
+    """A request to an endpoint did not complete.
+
+    Attributes:
+        endpoint: the endpoint path, ``ns.comp.ep``.
+        instance_id: the instance the request went to, when one was chosen.
+    """
+
+    def __init__(self, message: str, *, endpoint: str = "", instance_id: int | None = None) -> None:
+        super().__init__(message)
+        self.endpoint = endpoint
+        self.instance_id = instance_id
+
+
+class NoInstancesError(RequestError, TimeoutError):
+    """Nobody serves the endpoint, or nobody started serving it within the timeout."""
+
+
+class InstanceNotFoundError(NoInstancesError):
+    """`Client.direct` named an instance id that does not serve the endpoint."""
+
+
+class InstanceDownError(RequestError, ConnectionError):
+    """The instance refused the connection, cut the stream before its end, or went silent.
+
+    The client marks the instance down at once, so the next request goes elsewhere.
+    """
+
+
+class RemoteHandlerError(RequestError):
+    """The remote handler raised; its exception type and message are carried here.
+
+    Attributes:
+        error_type: the class name of the handler's exception, e.g. ``"KeyError"``.
+        remote_message: its message.
+    """
+
+    def __init__(
+        self, error_type: str, remote_message: str, *, endpoint: str = "", instance_id: int | None = None
+    ) -> None:
+        where = f" (instance {instance_id:x} of {endpoint})" if instance_id is not None else ""
+        super().__init__(
+            f"handler raised {error_type}: {remote_message}{where}",
+            endpoint=endpoint,
+            instance_id=instance_id,
+        )
+        self.error_type = error_type
+        self.remote_message = remote_message
+
+
+class RuntimeClosedError(DynamoNBError):
+    """The runtime was shut down; create a new one with `DistributedRuntime.create`."""

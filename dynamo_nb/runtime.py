@@ -1,0 +1,351 @@
+"""`DistributedRuntime` and the namespace → component → endpoint hierarchy."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from ._client import Client
+from ._ids import new_instance_id
+from ._instance import Instance
+from ._names import EndpointPath, validate_name
+from ._server import EndpointServer, Handler, adapt_handler
+from .discovery import DEFAULT_LEASE_TTL, Discovery, StaticDiscovery, make_discovery
+from .discovery.static import static_instance
+from .errors import ConfigError, RuntimeClosedError
+from .planes import RequestPlane, make_plane
+from .planes.nats import static_subject
+from .planes.tcp import parse_tcp_address
+
+__all__ = ["Component", "DistributedRuntime", "Endpoint", "Namespace"]
+
+logger = logging.getLogger("dynamo_nb.runtime")
+
+
+def _default_plane(discovery: str, nats_url: str | None) -> str:
+    if discovery == "memory":
+        return "inproc"
+    if discovery == "static" and nats_url:
+        return "nats"
+    return "tcp"
+
+
+class DistributedRuntime:
+    """One process's (or one notebook's) connection to discovery and the request plane.
+
+    Create it with `create`; it owns every server and client made from it and releases them
+    on `shutdown` (also at the end of ``async with``).
+
+    Example:
+        >>> rt = await DistributedRuntime.create()          # memory discovery, inproc plane
+        >>> ep = rt.namespace("demo").component("echo").endpoint("generate")
+        >>> await rt.shutdown()
+
+    Across processes::
+
+        rt = await DistributedRuntime.create(discovery="etcd://127.0.0.1:2379", request_plane="tcp")
+    """
+
+    def __init__(self, discovery: Discovery, plane: RequestPlane) -> None:
+        """Use `DistributedRuntime.create`."""
+        self.discovery = discovery
+        self.request_plane = plane
+        self._servers: list[EndpointServer] = []
+        self._used_ids: set[tuple[EndpointPath, int]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
+        self._closed = asyncio.Event()
+
+    @classmethod
+    async def create(
+        cls,
+        discovery: str = "memory",
+        request_plane: str | None = None,
+        nats_url: str | None = None,
+        *,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
+        tcp_host: str = "127.0.0.1",
+        tcp_port: int = 0,
+        heartbeat_timeout: float = 5.0,
+        connect_timeout: float = 5.0,
+    ) -> DistributedRuntime:
+        """Connect to discovery and the request plane.
+
+        Args:
+            discovery: ``"memory"`` (one process), ``"etcd://HOST:PORT"`` or ``"static"`` (no discovery).
+            request_plane: ``"inproc"``, ``"tcp"`` or ``"nats"``; default inproc with memory
+                discovery, tcp with etcd, nats for static when ``nats_url`` is given, else tcp.
+            nats_url: ``nats://HOST:PORT``, needed by the nats plane.
+            lease_ttl: seconds after which a dead worker's keys leave etcd.
+            tcp_host, tcp_port: where this runtime's TCP plane listens (0: a free port).
+            heartbeat_timeout: seconds of silence after which a stream counts as cut.
+            connect_timeout: seconds to wait for etcd and NATS.
+
+        Raises:
+            ConfigError: an impossible combination, with what to change.
+            ServiceUnavailableError: etcd or NATS did not answer.
+        """
+        plane_name = request_plane or _default_plane(discovery, nats_url)
+        if plane_name == "inproc" and discovery != "memory":
+            raise ConfigError(
+                f"request_plane='inproc' only reaches servers in this process, so it needs discovery='memory' "
+                f"(got {discovery!r}); use request_plane='tcp' or 'nats' across processes"
+            )
+        disc = make_discovery(discovery, lease_ttl=lease_ttl, connect_timeout=connect_timeout)
+        plane = make_plane(
+            plane_name,
+            nats_url=nats_url,
+            tcp_host=tcp_host,
+            tcp_port=tcp_port,
+            heartbeat_timeout=heartbeat_timeout,
+            connect_timeout=connect_timeout,
+        )
+        await disc.start()
+        try:
+            await plane.start()
+        except BaseException:
+            await disc.close()
+            raise
+        runtime = cls(disc, plane)
+        logger.info("runtime %x up: discovery=%s plane=%s", disc.connection_id, disc.describe(), plane.name)
+        return runtime
+
+    # -- hierarchy
+
+    def namespace(self, name: str) -> Namespace:
+        """The namespace ``name`` (lowercase letters, digits, ``-``, ``_``)."""
+        return Namespace(self, name)
+
+    def endpoint(self, path: str) -> Endpoint:
+        """The endpoint at ``"ns.comp.ep"`` or ``"dyn://ns.comp.ep"``."""
+        return Endpoint(self, EndpointPath.parse(path))
+
+    # -- state
+
+    @property
+    def connection_id(self) -> int:
+        """This runtime's id; with etcd its lease id. The first instance of each endpoint uses it."""
+        return self.discovery.connection_id
+
+    @property
+    def is_static(self) -> bool:
+        return isinstance(self.discovery, StaticDiscovery)
+
+    @property
+    def servers(self) -> list[EndpointServer]:
+        """The endpoints this runtime serves now."""
+        return list(self._servers)
+
+    @property
+    def is_shutdown(self) -> bool:
+        return self._closing
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        """Run ``coro`` as a background task owned by the runtime (cancelled at shutdown)."""
+        self._check_open()
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RuntimeClosedError(
+                "this runtime was shut down; create a new one with DistributedRuntime.create()"
+            )
+
+    # -- serving
+
+    async def _serve(self, endpoint: Endpoint, handler: Handler) -> EndpointServer:
+        self._check_open()
+        adapt_handler(handler)  # a bad handler fails here, not on the first request
+        path = endpoint.path
+        static = self.is_static
+        instance_id = self.connection_id
+        if (path, instance_id) in self._used_ids:
+            instance_id = new_instance_id()
+        target = str(path) if static else f"{path}/{instance_id:x}"
+        server = EndpointServer(
+            endpoint, handler, Instance(path.namespace, path.component, path.endpoint, instance_id)
+        )
+        transport = await self.request_plane.add_target(target, server, static=static)
+        server.instance = (
+            static_instance(path, transport)
+            if static
+            else Instance(path.namespace, path.component, path.endpoint, instance_id, transport)
+        )
+        try:
+            await self.discovery.register_instance(server.instance)
+        except BaseException:
+            await self.request_plane.remove_target(target)
+            raise
+        self._used_ids.add((path, instance_id))
+        self._servers.append(server)
+        logger.info("serving %s as instance %x at %s", path, server.instance_id, server.address)
+        return server
+
+    async def _unserve(self, server: EndpointServer) -> None:
+        if server in self._servers:
+            self._servers.remove(server)
+        try:
+            await self.discovery.deregister_instance(server.instance)
+        except Exception as exc:  # discovery gone: the lease expires on its own
+            logger.warning("could not deregister %s: %s", server.instance.describe(), exc)
+        await self.request_plane.remove_target(server.instance.target)
+        self._used_ids.discard((server.endpoint.path, server.instance_id))
+
+    async def _client(self, endpoint: Endpoint, address: str | list[str] | None) -> Client:
+        self._check_open()
+        if isinstance(self.discovery, StaticDiscovery):
+            self.discovery.set_transports(endpoint.path, self._static_transports(endpoint.path, address))
+        elif address is not None:
+            raise ConfigError(
+                "address= is only for discovery='static'; with memory or etcd discovery the client finds "
+                "instances itself"
+            )
+        instances = await self.discovery.instance_set(endpoint.path)
+        return Client(endpoint, instances, self.request_plane, self.discovery.describe())
+
+    def _static_transports(self, path: EndpointPath, address: str | list[str] | None) -> list[dict[str, str]]:
+        plane = self.request_plane.name
+        if plane == "nats":
+            if address is not None:
+                raise ConfigError(
+                    "static endpoints on NATS live at the subject derived from their path; drop address="
+                )
+            return [{"kind": "nats", "address": static_subject(path), "target": str(path)}]
+        if address is None:
+            raise ConfigError(
+                f"static discovery with request_plane={plane!r} needs the worker's address: "
+                "endpoint.client(address='tcp://HOST:PORT') (the worker prints it, see server.address)"
+            )
+        addresses = [address] if isinstance(address, str) else list(address)
+        out = []
+        for item in addresses:
+            host, port = parse_tcp_address(item)
+            out.append({"kind": "tcp", "address": f"{host}:{port}", "target": str(path)})
+        return out
+
+    # -- lifecycle
+
+    async def shutdown(self, grace: float = 5.0) -> None:
+        """Stop serving (running streams get ``grace`` seconds), leave discovery, close connections."""
+        if self._closing:
+            await self._closed.wait()
+            return
+        self._closing = True
+        try:
+            await asyncio.gather(*(s.stop(grace) for s in list(self._servers)), return_exceptions=True)
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.request_plane.close()
+            await self.discovery.close()
+        finally:
+            self._closed.set()
+            logger.info("runtime %x shut down", self.connection_id)
+
+    async def wait_closed(self) -> None:
+        """Wait until the runtime has shut down."""
+        await self._closed.wait()
+
+    async def __aenter__(self) -> DistributedRuntime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    def __repr__(self) -> str:
+        state = "shut down" if self._closing else f"{len(self._servers)} served"
+        return (
+            f"<DistributedRuntime id={self.connection_id:x} discovery={self.discovery.describe()} "
+            f"plane={self.request_plane.name} {state}>"
+        )
+
+
+class Namespace:
+    """A group of components, e.g. one deployment (``rt.namespace("dynamo")``)."""
+
+    def __init__(self, runtime: DistributedRuntime, name: str) -> None:
+        self.runtime = runtime
+        self.name = validate_name("namespace", name)
+
+    def component(self, name: str) -> Component:
+        """The component ``name`` in this namespace."""
+        return Component(self, name)
+
+    def __repr__(self) -> str:
+        return f"<Namespace {self.name}>"
+
+
+class Component:
+    """A kind of worker in a namespace, e.g. ``backend`` or ``prefill``."""
+
+    def __init__(self, namespace: Namespace, name: str) -> None:
+        self.namespace = namespace
+        self.name = validate_name("component", name)
+
+    def endpoint(self, name: str) -> Endpoint:
+        """The endpoint ``name`` of this component."""
+        return Endpoint(self.namespace.runtime, EndpointPath(self.namespace.name, self.name, name))
+
+    def __repr__(self) -> str:
+        return f"<Component {self.namespace.name}.{self.name}>"
+
+
+class Endpoint:
+    """An address requests are sent to: ``namespace.component.endpoint``.
+
+    Example:
+        >>> async def generate(request, context):
+        ...     for word in request["text"].split():
+        ...         yield {"word": word}
+        >>> server = await endpoint.serve(generate)                      # doctest: +SKIP
+        >>> client = await endpoint.client()                              # doctest: +SKIP
+        >>> [x async for x in client.round_robin({"text": "a b"})]       # doctest: +SKIP
+        [{'word': 'a'}, {'word': 'b'}]
+    """
+
+    def __init__(self, runtime: DistributedRuntime, path: EndpointPath) -> None:
+        self.runtime = runtime
+        self.path = path
+
+    @property
+    def name(self) -> str:
+        return self.path.endpoint
+
+    @property
+    def url(self) -> str:
+        return self.path.url
+
+    def component(self) -> Component:
+        """The component this endpoint belongs to."""
+        return Namespace(self.runtime, self.path.namespace).component(self.path.component)
+
+    async def serve(self, handler: Handler) -> EndpointServer:
+        """Serve ``handler`` in the background; returns once the instance is registered.
+
+        ``handler`` is an async generator ``handler(request)`` or ``handler(request, context)``
+        whose each ``yield`` is one JSON-able stream item.
+        """
+        return await self.runtime._serve(self, handler)
+
+    async def serve_endpoint(self, handler: Handler, graceful_shutdown: bool = True) -> None:
+        """Serve ``handler`` until the runtime shuts down (Dynamo semantics).
+
+        With ``graceful_shutdown`` running streams may finish before it returns.
+        """
+        server = await self.serve(handler)
+        try:
+            await self.runtime.wait_closed()
+        finally:
+            await server.stop(grace=5.0 if graceful_shutdown else 0.0)
+
+    async def client(self, *, address: str | list[str] | None = None) -> Client:
+        """A client of this endpoint. ``address`` (``tcp://HOST:PORT``) is for static TCP endpoints."""
+        return await self.runtime._client(self, address)
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.path.url}>"
