@@ -1,0 +1,39 @@
+"""``python -m dynamo_nb <command>``.
+
+Commands:
+    demo          the runtime demo: serve and call endpoints in one process, then across processes
+    demo-worker   the demo's worker (started by ``demo``; runtime flags as every component)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamo_nb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("command", choices=("demo", "demo-worker"))
+    parser.add_argument(
+        "--in-process-only", action="store_true", help="demo: skip the part that starts etcd/NATS"
+    )
+    if not argv or argv[0] not in ("demo-worker",):
+        args = parser.parse_args(argv)
+        return asyncio.run(_demo(args.in_process_only))
+    from .demo import serve_worker
+
+    return asyncio.run(serve_worker(argv[1:]))
+
+
+async def _demo(in_process_only: bool) -> int:
+    from .demo import run_demo
+
+    return await run_demo(in_process_only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

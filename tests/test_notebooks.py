@@ -1,0 +1,158 @@
+"""Notebooks: plain nbconvert export runs as a program; a worker in a real kernel serves while idle."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from conftest import ROOT, collect
+
+from dynamo_nb import DistributedRuntime, LocalServices
+from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_there_are_notebooks() -> None:
+    assert [p.name for p in NOTEBOOKS][:1] == ["01_runtime_basics.ipynb"]
+
+
+def export(notebook: Path, cwd: Path, output_dir: Path) -> Path:
+    """Plain `jupyter nbconvert --to script` (no flags: the installed config removes the cells)."""
+    relative = os.path.relpath(notebook, cwd)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "nbconvert",
+            "--to",
+            "script",
+            relative,
+            "--output-dir",
+            str(output_dir),
+        ],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return output_dir / (notebook.stem + ".py")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("where", ["root", "notebooks"])
+def test_plain_export_is_a_program_that_passes_its_smoke_check(
+    notebook: Path, where: str, tmp_path: Path
+) -> None:
+    cwd = ROOT if where == "root" else ROOT / "notebooks"
+    script = export(notebook, cwd, tmp_path)
+    source = script.read_text()
+    ast.parse(source)  # no top-level await left: it is plain Python
+    interactive = [
+        c for c in nbformat.read(notebook, 4).cells if NOTEBOOK_ONLY_TAG in c.metadata.get("tags", [])
+    ]
+    assert interactive, "the notebook should tag its interactive cells"
+    for cell in interactive:
+        assert cell.source.strip() not in source
+    result = subprocess.run(
+        [sys.executable, str(script), "--smoke"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "smoke ok" in result.stdout
+
+
+def test_other_exports_keep_every_cell(tmp_path: Path) -> None:
+    notebook = NOTEBOOKS[0]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "nbconvert",
+            "--to",
+            "markdown",
+            str(notebook),
+            "--output-dir",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert "await DistributedRuntime.create()" in (tmp_path / (notebook.stem + ".md")).read_text()
+
+
+async def test_the_exported_script_serves_the_endpoint_across_processes(
+    services: LocalServices, tmp_path: Path
+) -> None:
+    script = export(NOTEBOOKS[0], ROOT, tmp_path)
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:  # noqa: ASYNC230
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, str(script), "--discovery", str(services.etcd_url), "--request-plane", "tcp",
+            "--endpoint", "nbexport.words.generate", stdout=out, stderr=out,
+        )  # fmt: skip
+    try:
+        async with await DistributedRuntime.create(str(services.etcd_url), "tcp") as rt:
+            client = await rt.endpoint("nbexport.words.generate").client()
+            await client.wait_for_instances(timeout=60)
+            assert await collect(client.round_robin({"text": "from a script"})) == [
+                {"index": 0, "word": "from"},
+                {"index": 1, "word": "a"},
+                {"index": 2, "word": "script"},
+            ]
+    finally:
+        worker.terminate()
+        assert await asyncio.wait_for(worker.wait(), 15) == 0, log.read_text()
+
+
+def test_a_worker_started_in_a_cell_keeps_serving_while_no_cell_runs(services: LocalServices) -> None:
+    """A real kernel serves over etcd + TCP; this process calls it while the kernel is idle."""
+    import jupyter_client
+
+    manager, kernel = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        cell = textwrap.dedent(
+            f"""
+            import asyncio, dynamo_nb
+            async def generate(request, context):
+                for word in request["text"].split():
+                    await asyncio.sleep(0.01)   # the handler really awaits between items
+                    yield {{"word": word}}
+            rt = await dynamo_nb.DistributedRuntime.create("{services.etcd_url}", "tcp")
+            server = await rt.endpoint("kernel.words.generate").serve(generate)
+            print("served", server.instance_id)
+            """
+        )
+        outputs: list[str] = []
+        reply = kernel.execute_interactive(
+            cell, timeout=60, output_hook=lambda m: outputs.append(m["content"].get("text", ""))
+        )
+        assert reply["content"]["status"] == "ok", outputs
+        served_id = int("".join(outputs).split()[-1])
+
+        async def call_while_idle() -> list[Any]:
+            await asyncio.sleep(0.5)  # no cell is running now
+            async with await DistributedRuntime.create(str(services.etcd_url), "tcp") as rt:
+                client = await rt.endpoint("kernel.words.generate").client()
+                assert await client.wait_for_instances(timeout=30) == [served_id]
+                return [await collect(client.round_robin({"text": f"idle call {i}"})) for i in range(3)]
+
+        results = asyncio.run(call_while_idle())
+        assert results == [[{"word": "idle"}, {"word": "call"}, {"word": str(i)}] for i in range(3)]
+        status = kernel.execute_interactive("print(server.requests_total)", timeout=30)
+        assert status["content"]["status"] == "ok"
+    finally:
+        kernel.execute_interactive("await rt.shutdown()", timeout=30)
+        kernel.stop_channels()
+        manager.shutdown_kernel(now=True)

@@ -1,0 +1,56 @@
+"""LocalServices: real etcd and nats-server as child processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from dynamo_nb import LocalServices
+from dynamo_nb.errors import BinaryNotFoundError, ServiceError
+from dynamo_nb.services import _INSTALL_HINTS, find_binary
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_start_answer_and_stop() -> None:
+    services = await LocalServices.start()
+    etcd_port = int(str(services.etcd_url).rsplit(":", 1)[1])
+    nats_port = int(str(services.nats_url).rsplit(":", 1)[1])
+    assert str(services.etcd_url).startswith("etcd://127.0.0.1:")
+    assert str(services.nats_url).startswith("nats://127.0.0.1:")
+    children = [c.process for c in services._children.values()]
+    for port in (etcd_port, nats_port):
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.close()
+    await services.stop()
+    assert all(p.poll() is not None for p in children)
+    for port in (etcd_port, nats_port):
+        with pytest.raises(OSError):
+            await asyncio.open_connection("127.0.0.1", port)
+    assert not services.workdir.exists()
+
+
+async def test_only_what_is_asked_for() -> None:
+    async with await LocalServices.start(etcd=False) as services:
+        assert services.etcd_url is None
+        assert str(services.nats_url).startswith("nats://")
+
+
+def test_binaries_are_found() -> None:
+    assert os.access(find_binary("etcd"), os.X_OK)
+    assert os.access(find_binary("nats-server"), os.X_OK)
+
+
+def test_a_missing_binary_names_both_ways_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(
+        _INSTALL_HINTS, "no-such-server", ("no-such-server-bin", "no-such-server", "DYN_NB_NOPE_BIN")
+    )
+    with pytest.raises(BinaryNotFoundError) as info:
+        find_binary("no-such-server")
+    message = str(info.value)
+    assert "pip install no-such-server-bin" in message
+    assert "apt-get install no-such-server" in message
+    assert "DYN_NB_NOPE_BIN" in message
+    assert isinstance(info.value, ServiceError)
