@@ -74,33 +74,29 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-async def _etcd_ready(port: int) -> bool:
+async def _answers(port: int, send: bytes, expect: bytes) -> bool:
+    """Connect to 127.0.0.1:port, send ``send``, look for ``expect`` in the answer (1 s per step)."""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
     except (OSError, asyncio.TimeoutError):
         return False
     try:
-        writer.write(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        body = await asyncio.wait_for(reader.read(), 1.0)
-        return b'"health":"true"' in body
+        if send:
+            writer.write(send)
+        answer = await asyncio.wait_for(reader.read(4096), 1.0)
+        return expect in answer
     except (OSError, asyncio.TimeoutError):
         return False
     finally:
         writer.close()
+
+
+async def _etcd_ready(port: int) -> bool:
+    return await _answers(port, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", b'"health":"true"')
 
 
 async def _nats_ready(port: int) -> bool:
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
-    except (OSError, asyncio.TimeoutError):
-        return False
-    try:
-        line = await asyncio.wait_for(reader.readline(), 1.0)
-        return line.startswith(b"INFO")
-    except (OSError, asyncio.TimeoutError):
-        return False
-    finally:
-        writer.close()
+    return await _answers(port, b"", b"INFO")
 
 
 class _Child:

@@ -26,27 +26,19 @@ def test_there_are_notebooks() -> None:
     assert [p.name for p in NOTEBOOKS][:1] == ["01_runtime_basics.ipynb"]
 
 
-def export(notebook: Path, cwd: Path, output_dir: Path) -> Path:
+def export(notebook: Path, cwd: Path, output_dir: Path, to: str = "script", suffix: str = ".py") -> Path:
     """Plain `jupyter nbconvert --to script` (no flags: the installed config removes the cells)."""
-    relative = os.path.relpath(notebook, cwd)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "nbconvert",
-            "--to",
-            "script",
-            relative,
-            "--output-dir",
-            str(output_dir),
-        ],
-        cwd=cwd,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return output_dir / (notebook.stem + ".py")
+    command = [
+        "jupyter",
+        "nbconvert",
+        "--to",
+        to,
+        os.path.relpath(notebook, cwd),
+        "--output-dir",
+        str(output_dir),
+    ]
+    subprocess.run([sys.executable, "-m", *command], cwd=cwd, check=True, capture_output=True, timeout=120)
+    return output_dir / (notebook.stem + suffix)
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -72,24 +64,8 @@ def test_plain_export_is_a_program_that_passes_its_smoke_check(
 
 
 def test_other_exports_keep_every_cell(tmp_path: Path) -> None:
-    notebook = NOTEBOOKS[0]
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            "nbconvert",
-            "--to",
-            "markdown",
-            str(notebook),
-            "--output-dir",
-            str(tmp_path),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    assert "await DistributedRuntime.create()" in (tmp_path / (notebook.stem + ".md")).read_text()
+    markdown = export(NOTEBOOKS[0], ROOT, tmp_path, to="markdown", suffix=".md")
+    assert "await DistributedRuntime.create()" in markdown.read_text()
 
 
 async def test_the_exported_script_serves_the_endpoint_across_processes(
