@@ -240,7 +240,8 @@ class DistributedRuntime:
             await asyncio.gather(*(s.stop(grace) for s in list(self._servers)), return_exceptions=True)
             for task in list(self._tasks):
                 task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._tasks:
+                await asyncio.wait(list(self._tasks), timeout=2.0)
             await self.request_plane.close()
             await self.discovery.close()
         finally:

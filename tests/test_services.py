@@ -54,3 +54,27 @@ def test_a_missing_binary_names_both_ways_to_install_it(monkeypatch: pytest.Monk
     assert "apt-get install no-such-server" in message
     assert "DYN_NB_NOPE_BIN" in message
     assert isinstance(info.value, ServiceError)
+
+
+def test_services_stop_when_the_interpreter_exits(tmp_path: object) -> None:
+    """A script that never calls stop() leaves no etcd or nats-server behind."""
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio, dynamo_nb\n"
+        "async def main():\n"
+        "    s = await dynamo_nb.LocalServices.start()\n"
+        "    print(*[c.process.pid for c in s._children.values()], flush=True)\n"
+        "asyncio.run(main())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    pids = [int(p) for p in result.stdout.split()]
+    assert len(pids) == 2
+    for pid in pids:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            continue
+        assert state == "Z", f"service process {pid} outlived the interpreter (state {state})"

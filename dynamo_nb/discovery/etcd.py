@@ -120,7 +120,7 @@ class EtcdDiscovery(KeyValueDiscovery):
         self._closed = True
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.wait(self._tasks, timeout=2.0) if self._tasks else None
         if self._client is not None:
             try:
                 await asyncio.wait_for(self._client.revoke_lease(self._lease_id), 2.0)
