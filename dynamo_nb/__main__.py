@@ -14,6 +14,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo-worker"]:  # its own flags: the runtime flags every component takes
+        from .demo import serve_worker
+
+        return asyncio.run(serve_worker(argv[1:]))
     parser = argparse.ArgumentParser(
         prog="python -m dynamo_nb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -21,18 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--in-process-only", action="store_true", help="demo: skip the part that starts etcd/NATS"
     )
-    if not argv or argv[0] not in ("demo-worker",):
-        args = parser.parse_args(argv)
-        return asyncio.run(_demo(args.in_process_only))
-    from .demo import serve_worker
-
-    return asyncio.run(serve_worker(argv[1:]))
-
-
-async def _demo(in_process_only: bool) -> int:
+    args = parser.parse_args(argv)
     from .demo import run_demo
 
-    return await run_demo(in_process_only)
+    return asyncio.run(run_demo(args.in_process_only))
 
 
 if __name__ == "__main__":
