@@ -18,9 +18,7 @@ _ITEM, _END, _ERROR = 0, 1, 2
 def error_from_frame(instance: Instance, code: str, error_type: str, message: str) -> RequestError:
     """Turn an ERROR frame into the exception the caller sees."""
     endpoint, iid = str(instance.path), instance.instance_id
-    if code == ErrorCode.HANDLER:
-        return RemoteHandlerError(error_type, message, endpoint=endpoint, instance_id=iid)
-    if code == ErrorCode.ENCODE:
+    if code in (ErrorCode.HANDLER, ErrorCode.ENCODE):
         return RemoteHandlerError(error_type, message, endpoint=endpoint, instance_id=iid)
     if code == ErrorCode.NO_INSTANCE:
         return InstanceDownError(

@@ -11,7 +11,7 @@ from ._client import Client
 from ._ids import new_instance_id
 from ._instance import Instance
 from ._names import EndpointPath, validate_name
-from ._server import EndpointServer, Handler, adapt_handler
+from ._server import EndpointServer, Handler
 from .discovery import DEFAULT_LEASE_TTL, Discovery, StaticDiscovery, make_discovery
 from .discovery.static import static_instance
 from .errors import ConfigError, RuntimeClosedError
@@ -160,13 +160,13 @@ class DistributedRuntime:
 
     async def _serve(self, endpoint: Endpoint, handler: Handler) -> EndpointServer:
         self._check_open()
-        adapt_handler(handler)  # a bad handler fails here, not on the first request
         path = endpoint.path
         static = self.is_static
         instance_id = self.connection_id
         if (path, instance_id) in self._used_ids:
             instance_id = new_instance_id()
         target = str(path) if static else f"{path}/{instance_id:x}"
+        # EndpointServer checks the handler: a bad one fails here, before anything is registered.
         server = EndpointServer(
             endpoint, handler, Instance(path.namespace, path.component, path.endpoint, instance_id)
         )

@@ -133,7 +133,7 @@ class _ServerConnection(asyncio.Protocol):
                 sink.error(ErrorCode.NO_INSTANCE, "InstanceNotFound", f"{target} is not served here")
                 return
             stream = server.start_stream(str(request_id), body, sink)
-            if stream is not None and stream.task is not None and not stream.task.done():
+            if stream is not None:
                 self.streams[sid] = stream
         elif kind == STOP:
             stream = self.streams.get(sid)
