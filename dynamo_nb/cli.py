@@ -16,11 +16,30 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 
+from ._names import EndpointPath
 from .discovery import DEFAULT_LEASE_TTL
+from .errors import ConfigError
 from .runtime import DistributedRuntime
 
-__all__ = ["add_endpoint_arg", "add_runtime_args", "runtime_from_args"]
+__all__ = [
+    "DEFAULT_WORKER_ENDPOINT",
+    "add_endpoint_arg",
+    "add_frontend_args",
+    "add_http_args",
+    "add_model_args",
+    "add_runtime_args",
+    "add_worker_args",
+    "frontend_parser",
+    "hf_worker_parser",
+    "model_name_from_args",
+    "model_path_from_args",
+    "runtime_from_args",
+    "validate_frontend_args",
+]
+
+DEFAULT_WORKER_ENDPOINT = "dynamo.backend.generate"
 
 
 def _env(name: str, default: str | None) -> str | None:
@@ -82,12 +101,201 @@ def add_endpoint_arg(parser: argparse.ArgumentParser, default: str) -> None:
 
 
 async def runtime_from_args(args: argparse.Namespace) -> DistributedRuntime:
-    """Create the runtime the flags describe."""
+    """Create the runtime the flags describe (``--static`` or ``--static-endpoint``: no discovery)."""
+    static = args.static or getattr(args, "static_endpoint", None) is not None
     return await DistributedRuntime.create(
-        "static" if args.static else args.discovery,
+        "static" if static else args.discovery,
         args.request_plane,
         args.nats_url,
         lease_ttl=args.lease_ttl,
         tcp_host=args.tcp_host,
         tcp_port=args.tcp_port,
     )
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--model-path`` (default: the built-in tiny model) and ``--model-name``."""
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model-path",
+        default=_env("MODEL_PATH", None),
+        help="local Hugging Face model folder (env DYN_NB_MODEL_PATH; default: the built-in tiny model)",
+    )
+    group.add_argument(
+        "--model-name",
+        default=_env("MODEL_NAME", None),
+        help="name the model is served as (env DYN_NB_MODEL_NAME; default: the folder's name, "
+        "tiny-llama for the built-in model)",
+    )
+
+
+def add_http_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--http-host`` and ``--http-port``."""
+    group = parser.add_argument_group("http")
+    group.add_argument(
+        "--http-host",
+        default=_env("HTTP_HOST", "127.0.0.1"),
+        help="frontend listen host (default: %(default)s)",
+    )
+    group.add_argument(
+        "--http-port",
+        type=int,
+        default=int(_env("HTTP_PORT", "8000") or 8000),
+        help="frontend port, 0 = free (env DYN_NB_HTTP_PORT; default: %(default)s)",
+    )
+
+
+def add_frontend_args(parser: argparse.ArgumentParser) -> None:
+    """Add the frontend's own flags: HTTP address, ``--router-mode`` and static mode."""
+    add_http_args(parser)
+    group = parser.add_argument_group("frontend")
+    group.add_argument(
+        "--router-mode",
+        choices=("round-robin", "random"),
+        default=_env("ROUTER_MODE", "round-robin"),
+        help="how requests pick a worker instance (default: %(default)s)",
+    )
+    group.add_argument(
+        "--static-endpoint",
+        default=None,
+        help="static mode: serve the model at this worker endpoint (ns.comp.ep) with no discovery; "
+        "needs --model-name and --model-path (default: off, models come from discovery)",
+    )
+    group.add_argument(
+        "--static-address",
+        default=None,
+        help="static mode on the TCP plane: the worker's tcp://HOST:PORT, as it prints it (default: none)",
+    )
+
+
+def add_worker_args(parser: argparse.ArgumentParser, default_endpoint: str = DEFAULT_WORKER_ENDPOINT) -> None:
+    """Add what an engine worker takes: ``--endpoint``, ``--mode`` and the engine settings."""
+    add_endpoint_arg(parser, default_endpoint)
+    group = parser.add_argument_group("engine")
+    group.add_argument(
+        "--mode",
+        choices=("aggregated",),
+        default="aggregated",
+        help="worker role (default: %(default)s; prefill/decode come with disaggregated serving)",
+    )
+    group.add_argument(
+        "--device",
+        default=_env("DEVICE", "auto"),
+        help="auto (CUDA when present) | cpu | cuda[:N] (default: %(default)s)",
+    )
+    group.add_argument(
+        "--dtype", default="auto", help="auto | float32 | float16 | bfloat16 (default: %(default)s)"
+    )
+    group.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=64,
+        help="requests running at once; more wait (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-cache-block-size",
+        type=int,
+        default=16,
+        help="KV block size published in the model card (default: %(default)s)",
+    )
+
+
+def hf_worker_parser(prog: str = "hf_worker", description: str | None = None) -> argparse.ArgumentParser:
+    """Every flag of the ``hf`` engine worker (components/hf_worker.py)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_runtime_args(parser)
+    add_model_args(parser)
+    add_worker_args(parser)
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    return parser
+
+
+def frontend_parser(prog: str = "frontend", description: str | None = None) -> argparse.ArgumentParser:
+    """Every flag of the OpenAI frontend (components/frontend.py)."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_runtime_args(parser)
+    add_frontend_args(parser)
+    add_model_args(parser)
+    parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
+    return parser
+
+
+def model_path_from_args(args: argparse.Namespace) -> Path:
+    """``--model-path`` checked, or the built-in tiny model (built on first use)."""
+    from .llm.card import check_model_dir
+
+    if args.model_path is None:
+        from .models import tiny_model_path
+
+        return tiny_model_path()
+    return check_model_dir(args.model_path, flag="--model-path")
+
+
+def model_name_from_args(args: argparse.Namespace, model_path: Path) -> str:
+    """``--model-name``, or the model folder's name (``tiny-llama`` for the built-in model)."""
+    if args.model_name is not None:
+        if not args.model_name.strip():
+            raise ConfigError("--model-name is empty: give a name such as tiny-llama, or leave the flag out")
+        return args.model_name
+    if args.model_path is None:
+        from .models import TINY_MODEL_NAME
+
+        return TINY_MODEL_NAME
+    return model_path.name
+
+
+def validate_frontend_args(args: argparse.Namespace) -> None:
+    """Reject flag combinations that cannot work, naming the flag and the fix (before anything starts)."""
+    if args.static_endpoint is None:
+        if args.discovery == "memory" and not args.static:
+            raise ConfigError(
+                "a frontend on its own finds workers through etcd: add --discovery etcd://HOST:PORT, or use "
+                "static mode (--static-endpoint ns.comp.ep --model-name NAME --model-path DIR); to run frontend "
+                "and worker in one process use `python -m dynamo_nb run --in http --out hf`"
+            )
+        if args.model_name is not None or args.model_path is not None:
+            raise ConfigError(
+                "--model-name/--model-path are for static mode: add --static-endpoint ns.comp.ep, or drop "
+                "them (with discovery the workers' model cards name the model)"
+            )
+        if args.static_address is not None:
+            raise ConfigError("--static-address is for static mode: add --static-endpoint ns.comp.ep")
+        return
+    try:
+        EndpointPath.parse(args.static_endpoint)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"--static-endpoint {args.static_endpoint!r} is not namespace.component.endpoint "
+            f"(e.g. {DEFAULT_WORKER_ENDPOINT}): {exc}"
+        ) from None
+    missing = [
+        flag
+        for flag, value in (("--model-name", args.model_name), ("--model-path", args.model_path))
+        if value is None
+    ]
+    if missing:
+        raise ConfigError(
+            f"--static-endpoint needs {' and '.join(missing)}: with no discovery the frontend builds the model "
+            "card itself (e.g. --model-name tiny-llama --model-path DIR)"
+        )
+    if not args.model_name.strip():
+        raise ConfigError("--model-name is empty: give the name clients will send as 'model'")
+    from .llm.card import check_model_dir
+
+    check_model_dir(args.model_path, flag="--model-path")
+    if args.discovery not in ("memory", "static"):
+        raise ConfigError(f"--static-endpoint runs without discovery: drop --discovery {args.discovery}")
+    plane = args.request_plane or ("nats" if args.nats_url else "tcp")
+    if plane == "nats" and not args.nats_url:
+        raise ConfigError("static mode on NATS needs --nats-url nats://HOST:PORT")
+    if plane == "tcp" and args.static_address is None:
+        raise ConfigError(
+            "static mode on TCP needs the worker's address: --static-address tcp://HOST:PORT "
+            "(or use NATS: --nats-url nats://HOST:PORT)"
+        )
+    if plane == "inproc":
+        raise ConfigError("static mode reaches a worker in another process: use --request-plane nats or tcp")

@@ -13,6 +13,7 @@ working::
     │   ├── ServiceStartError
     │   └── ServiceUnavailableError (ConnectionError)
     ├── RequestError                         a request that did not complete
+    │   ├── InvalidRequestError (ValueError) a request whose fields cannot be served (HTTP 400)
     │   ├── NoInstancesError (TimeoutError)  nobody serves the endpoint (within the timeout)
     │   │   └── InstanceNotFoundError        `direct()` to an id that is not serving
     │   ├── InstanceDownError (ConnectionError)
@@ -36,6 +37,7 @@ __all__ = [
     "InstanceNotFoundError",
     "InvalidHandlerError",
     "InvalidNameError",
+    "InvalidRequestError",
     "NoInstancesError",
     "RemoteHandlerError",
     "RequestError",
@@ -98,6 +100,18 @@ class RequestError(DynamoNBError):
         super().__init__(message)
         self.endpoint = endpoint
         self.instance_id = instance_id
+
+
+class InvalidRequestError(RequestError, ValueError):
+    """A request whose fields cannot be served; the message says what to change.
+
+    Attributes:
+        param: the offending field, e.g. ``"temperature"`` (OpenAI's ``param``), or None.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class NoInstancesError(RequestError, TimeoutError):

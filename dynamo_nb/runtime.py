@@ -12,7 +12,7 @@ from ._ids import new_instance_id
 from ._instance import Instance
 from ._names import EndpointPath, validate_name
 from ._server import EndpointServer, Handler
-from .discovery import DEFAULT_LEASE_TTL, Discovery, StaticDiscovery, make_discovery
+from .discovery import DEFAULT_LEASE_TTL, Discovery, KeyValueDiscovery, StaticDiscovery, make_discovery
 from .discovery.static import static_instance
 from .errors import ConfigError, RuntimeClosedError
 from .planes import RequestPlane, make_plane
@@ -54,6 +54,7 @@ class DistributedRuntime:
         self.request_plane = plane
         self._servers: list[EndpointServer] = []
         self._used_ids: set[tuple[EndpointPath, int]] = set()
+        self._instance_keys: dict[int, list[str]] = {}  # id(server) → keys that leave with it
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._closed = asyncio.Event()
@@ -186,10 +187,24 @@ class DistributedRuntime:
         logger.info("serving %s as instance %x at %s", path, server.instance_id, server.address)
         return server
 
+    async def put_instance_key(self, server: EndpointServer, key: str, value: bytes) -> None:
+        """Write ``key`` in discovery for as long as ``server``'s instance lives (e.g. a model card).
+
+        The key is deleted when the server stops; with etcd it also hangs on this runtime's
+        lease, so it disappears when the process dies.
+        """
+        self._check_open()
+        if not isinstance(self.discovery, KeyValueDiscovery):
+            raise ConfigError(f"discovery {self.discovery.kind!r} stores no keys; use memory or etcd")
+        await self.discovery.put(key, value)
+        self._instance_keys.setdefault(id(server), []).append(key)
+
     async def _unserve(self, server: EndpointServer) -> None:
         if server in self._servers:
             self._servers.remove(server)
         try:
+            for key in self._instance_keys.pop(id(server), []):
+                await self.discovery.delete(key)  # type: ignore[attr-defined]
             await self.discovery.deregister_instance(server.instance)
         except Exception as exc:  # discovery gone: the lease expires on its own
             logger.warning("could not deregister %s: %s", server.instance.describe(), exc)

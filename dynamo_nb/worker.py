@@ -11,10 +11,11 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from .errors import ConfigError
 from .notebook import in_notebook
 from .runtime import DistributedRuntime
 
-__all__ = ["dynamo_worker", "shutdown_on_signals"]
+__all__ = ["dynamo_worker", "run_program", "shutdown_on_signals"]
 
 logger = logging.getLogger("dynamo_nb.worker")
 
@@ -104,3 +105,22 @@ def shutdown_on_signals(runtime: DistributedRuntime) -> Callable[[], None]:
             loop.remove_signal_handler(signum)
 
     return remove
+
+
+def run_program(main: Callable[[], Awaitable[int]]) -> int:
+    """Run a component's ``async def main()`` as a program: a `ConfigError` is one line and exit 2.
+
+    Example::
+
+        if __name__ == "__main__":
+            sys.exit(run_program(main))
+    """
+    import sys
+
+    try:
+        return asyncio.run(main())
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,6 +18,8 @@ from dynamo_nb import DistributedRuntime, LocalServices
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO_WORKER = ROOT / "components" / "echo_worker.py"
+HF_WORKER = ROOT / "components" / "hf_worker.py"
+FRONTEND = ROOT / "components" / "frontend.py"
 
 # (discovery, request plane): every combination a user can pick.
 MODES = ["memory-inproc", "memory-tcp", "etcd-tcp", "etcd-nats", "static-nats"]
@@ -112,4 +116,29 @@ async def collect(stream: object) -> list[object]:
     return [item async for item in stream]  # type: ignore[attr-defined]
 
 
-__all__ = ["ECHO_WORKER", "MODES", "ROOT", "WorkerProcess", "collect", "dynamo_nb"]
+__all__ = ["ECHO_WORKER", "FRONTEND", "HF_WORKER", "MODES", "ROOT", "WorkerProcess", "collect", "dynamo_nb", "free_port"]
+
+
+# -- LLM serving: the built-in tiny model and one hf engine for the whole session
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> Path:
+    from dynamo_nb.models import tiny_model_path
+
+    return tiny_model_path()
+
+
+@pytest.fixture(scope="session")
+async def hf_engine(tiny_path: Path) -> AsyncIterator[Any]:
+    from dynamo_nb.engines import HFEngine
+
+    engine = await HFEngine.load(tiny_path)
+    yield engine
+    await engine.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,247 @@
+"""What the OpenAI frontend costs, against the worker endpoint asked straight, in the same run.
+
+Part 1 (real model): an hf worker (built-in tiny model) and a frontend, each its own process,
+over etcd + TCP. A greedy 32-token streamed chat request is sent N times through the
+frontend (HTTP + SSE) and N times straight to the worker endpoint (the same token ids as a
+PreprocessedRequest over the TCP plane). TTFT and end-to-end medians, ratio frontend/direct.
+
+Part 2 (zero-cost engine): an echo worker and a frontend, each its own process. Requests/s at
+concurrency 1, 8, 32 and 128 with 32-token streams, through the frontend and straight to the
+worker endpoint; the ratio, and the frontend process's CPU time per request.
+
+    python benchmarks/frontend_overhead.py [--requests 40] [--out benchmarks/results/frontend_overhead.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from dynamo_nb import DistributedRuntime, LocalServices
+from dynamo_nb.llm import ModelTokenizer
+from dynamo_nb.models import tiny_model_path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+TOKENS = 32
+CONCURRENCY = (1, 8, 32, 128)
+MESSAGES = [{"role": "user", "content": "Tell me a story about a small robot in a quiet library."}]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Program:
+    """A subprocess that prints READY when it serves."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, *argv: str, timeout: float = 90) -> Program:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, *argv, "--log-level", "WARNING", cwd=str(ROOT),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        assert process.stdout is not None
+        seen = []
+        while True:
+            line = (await asyncio.wait_for(process.stdout.readline(), timeout)).decode()
+            if not line:
+                raise RuntimeError(f"{argv} exited before READY:\n{''.join(seen)}")
+            seen.append(line)
+            if line.startswith("READY"):
+                break
+        asyncio.get_running_loop().create_task(cls._drain(process.stdout))
+        return cls(process)
+
+    @staticmethod
+    async def _drain(stream: asyncio.StreamReader) -> None:
+        while await stream.readline():
+            pass
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except asyncio.TimeoutError:
+                self.process.kill()
+
+
+async def wait_for_model(http: aiohttp.ClientSession, url: str, name: str) -> None:
+    for _ in range(300):
+        async with http.get(f"{url}/v1/models") as response:
+            if name in [m["id"] for m in (await response.json())["data"]]:
+                return
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{name} never appeared at {url}")
+
+
+async def via_frontend(http: aiohttp.ClientSession, url: str, model: str) -> tuple[float, float, int]:
+    """One streamed chat request: (TTFT, end-to-end, content chunks)."""
+    body = {"model": model, "messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    start = time.perf_counter()
+    first = 0.0
+    chunks = 0
+    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(await response.text())
+        async for line in response.content:
+            if line.startswith(b'data: {') and b'"content":"' in line and b'"role"' not in line:
+                chunks += 1
+                if not first:
+                    first = time.perf_counter() - start
+    return first, time.perf_counter() - start, chunks
+
+
+async def direct(client: Any, token_ids: list[int]) -> tuple[float, float, int]:
+    """The same request straight to the worker endpoint: (TTFT, end-to-end, items)."""
+    request = {"token_ids": token_ids, "stop_conditions": {"max_tokens": TOKENS, "ignore_eos": True},
+               "sampling_options": {"temperature": 0}}
+    start = time.perf_counter()
+    first = 0.0
+    items = 0
+    async for _ in client.round_robin(request):
+        items += 1
+        if not first:
+            first = time.perf_counter() - start
+    return first, time.perf_counter() - start, items
+
+
+async def sequential(call: Any, n: int) -> dict[str, float]:
+    results = [await call() for _ in range(n)]
+    assert all(r[2] >= TOKENS - 1 for r in results), "a stream came back short"
+    return {
+        "ttft_p50_ms": statistics.median(r[0] for r in results) * 1e3,
+        "e2e_p50_ms": statistics.median(r[1] for r in results) * 1e3,
+    }
+
+
+async def throughput(call: Any, concurrency: int, total: int) -> float:
+    done = 0
+
+    async def user() -> None:
+        nonlocal done
+        while done < total:
+            done += 1
+            await call()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return total / (time.perf_counter() - start)
+
+
+async def main(requests: int, out: Path) -> dict[str, Any]:
+    model_path = tiny_model_path()
+    tokenizer = ModelTokenizer.load(model_path)
+    token_ids = tokenizer.encode(tokenizer.render_chat(MESSAGES), add_special_tokens=False)
+    services = await LocalServices.start(nats=False)
+    etcd = ["--discovery", services.etcd_url]
+    programs: list[Program] = []
+    runtime = await DistributedRuntime.create(services.etcd_url, "tcp")
+    connector = aiohttp.TCPConnector(limit=0)
+    http = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120))
+    report: dict[str, Any] = {}
+    try:
+        # part 1: the tiny model
+        hf_port = free_port()
+        programs.append(await Program.start("components/hf_worker.py", *etcd, "--endpoint", "bench.hf.generate"))
+        programs.append(await Program.start("components/frontend.py", *etcd, "--http-port", str(hf_port)))
+        hf_url = f"http://127.0.0.1:{hf_port}"
+        await wait_for_model(http, hf_url, "tiny-llama")
+        hf_client = await runtime.endpoint("bench.hf.generate").client()
+        await hf_client.wait_for_instances(timeout=30)
+        for _ in range(3):  # warm both paths
+            await via_frontend(http, hf_url, "tiny-llama")
+            await direct(hf_client, token_ids)
+        fe = await sequential(lambda: via_frontend(http, hf_url, "tiny-llama"), requests)
+        dr = await sequential(lambda: direct(hf_client, token_ids), requests)
+        report["hf_stream"] = {
+            "frontend": fe, "direct": dr,
+            "ttft_ratio": fe["ttft_p50_ms"] / dr["ttft_p50_ms"], "e2e_ratio": fe["e2e_p50_ms"] / dr["e2e_p50_ms"],
+        }
+        for program in programs:
+            await program.stop()
+        programs.clear()
+
+        # part 2: zero-cost echo engine
+        echo_port = free_port()
+        programs.append(await Program.start("-m", "dynamo_nb", "run", "--in", "dyn://bench.echo.generate",
+                                            "--out", "echo", *etcd))
+        frontend = await Program.start("-m", "dynamo_nb", "run", "--in", "http", "--out",
+                                       "dyn://bench.echo.generate", *etcd, "--http-port", str(echo_port))
+        programs.append(frontend)
+        echo_url = f"http://127.0.0.1:{echo_port}"
+        await wait_for_model(http, echo_url, "tiny-llama")
+        echo_client = await runtime.endpoint("bench.echo.generate").client()
+        await echo_client.wait_for_instances(timeout=30)
+        rows = []
+        for concurrency in CONCURRENCY:
+            total = max(100, concurrency * 6)
+            await throughput(lambda: via_frontend(http, echo_url, "tiny-llama"), concurrency, concurrency)
+            cpu = frontend.cpu_seconds()
+            fe_rps = await throughput(lambda: via_frontend(http, echo_url, "tiny-llama"), concurrency, total)
+            cpu_ms = (frontend.cpu_seconds() - cpu) / total * 1e3
+            dr_rps = await throughput(lambda: direct(echo_client, token_ids), concurrency, total)
+            rows.append({"concurrency": concurrency, "requests": total, "frontend_rps": fe_rps,
+                         "direct_rps": dr_rps, "ratio": fe_rps / dr_rps, "frontend_cpu_ms_per_request": cpu_ms})
+        report["echo_throughput"] = rows
+    finally:
+        await http.close()
+        for program in programs:
+            await program.stop()
+        await runtime.shutdown()
+        await services.stop()
+
+    report["setup"] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "requests_sequential": requests, "tokens_per_stream": TOKENS,
+        "note": "client (this process), frontend and worker share the machine's cores",
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    hf = report["hf_stream"]
+    print(f"\nTiny model, {TOKENS}-token greedy stream, p50 over {report['setup']['requests_sequential']} requests")
+    print(f"{'path':<28}{'TTFT ms':>10}{'end-to-end ms':>16}")
+    print(f"{'frontend (HTTP/SSE)':<28}{hf['frontend']['ttft_p50_ms']:>10.2f}{hf['frontend']['e2e_p50_ms']:>16.2f}")
+    print(f"{'worker endpoint (TCP)':<28}{hf['direct']['ttft_p50_ms']:>10.2f}{hf['direct']['e2e_p50_ms']:>16.2f}")
+    print(f"{'ratio':<28}{hf['ttft_ratio']:>10.2f}{hf['e2e_ratio']:>16.2f}")
+    print(f"\nEcho engine, {TOKENS}-token streams: requests/s")
+    print(f"{'concurrency':>11}{'frontend':>11}{'direct':>10}{'ratio':>8}{'frontend CPU ms/req':>22}")
+    for row in report["echo_throughput"]:
+        print(f"{row['concurrency']:>11}{row['frontend_rps']:>11.1f}{row['direct_rps']:>10.1f}{row['ratio']:>8.2f}"
+              f"{row['frontend_cpu_ms_per_request']:>22.3f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=40, help="sequential requests per path (default: %(default)s)")
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "frontend_overhead.json")
+    args = parser.parse_args()
+    result = asyncio.run(main(args.requests, args.out))
+    print_table(result)
+    print(f"\nwrote {args.out}")

@@ -1,0 +1,64 @@
+"""hf engine worker: a local Hugging Face model (PyTorch + transformers) behind an endpoint.
+
+A plain program: the runtime, the engine, the endpoint, its server and the model card are
+the objects you see in ``main``. It serves ``PreprocessedRequest`` → token deltas at
+``--endpoint`` and registers its model card so that frontends find it (not with ``--static``).
+
+    python components/hf_worker.py --help
+    python components/hf_worker.py --discovery etcd://127.0.0.1:2379            # + frontend.py
+    python components/hf_worker.py --static --nats-url nats://127.0.0.1:4222    # static mode
+    python components/hf_worker.py --model-path /models/Qwen2.5-0.5B-Instruct --model-name qwen
+
+It prints ``READY <endpoint> instance=<id> address=<address> model=<name>`` once it serves.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from dynamo_nb import DistributedRuntime
+from dynamo_nb.cli import hf_worker_parser, model_name_from_args, model_path_from_args, runtime_from_args
+from dynamo_nb.engines import HFEngine
+from dynamo_nb.llm import serve_llm
+from dynamo_nb.worker import run_program, shutdown_on_signals
+
+
+def build_parser():
+    return hf_worker_parser(prog="hf_worker", description=__doc__)
+
+
+async def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    model_path = model_path_from_args(args)  # the built-in tiny model unless --model-path
+    model_name = model_name_from_args(args, model_path)
+
+    runtime: DistributedRuntime = await runtime_from_args(args)
+    engine = await HFEngine.load(
+        model_path, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs
+    )
+    endpoint = runtime.endpoint(args.endpoint)
+    # serve, then publish the model card (skipped with --static: the frontend is told the model)
+    server, card = await serve_llm(
+        endpoint,
+        engine.generate,
+        model_path,
+        model_name=model_name,
+        kv_cache_block_size=args.kv_cache_block_size,
+    )
+    print(
+        f"READY {endpoint.path} instance={server.instance_id:x} address={server.address} model={card.name}",
+        flush=True,
+    )
+
+    shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown()
+    await runtime.wait_closed()
+    await engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_program(main))

@@ -1,0 +1,30 @@
+"""Engines: what runs the model behind a worker endpoint.
+
+``hf`` (PyTorch + transformers; needs the ``hf`` extra) and ``echo`` (zero-cost, streams the
+prompt back). Each engine's ``generate`` is an endpoint handler: ``PreprocessedRequest`` dict
+in, ``LLMEngineOutput`` dicts out.
+
+Example:
+    >>> from dynamo_nb.engines import EchoEngine
+    >>> engine = EchoEngine()
+    >>> server = await endpoint.serve(engine.generate)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .echo import EchoEngine
+
+if TYPE_CHECKING:
+    from .hf import HFEngine
+
+__all__ = ["EchoEngine", "HFEngine"]
+
+
+def __getattr__(name: str) -> Any:  # HFEngine imports torch only when asked for
+    if name == "HFEngine":
+        from .hf import HFEngine
+
+        return HFEngine
+    raise AttributeError(name)

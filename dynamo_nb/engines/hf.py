@@ -1,0 +1,257 @@
+"""The ``hf`` engine: a local Hugging Face model run with PyTorch + transformers (CPU or CUDA).
+
+Requests are interleaved: a scheduler task runs one step (prefill or one decode token) of
+every active sequence per round, in a worker thread so the event loop stays free, and hands
+each new token to its stream. A short request therefore finishes while a long one runs.
+Cancelling a stream drops its sequence and KV cache at once.
+
+Example:
+    >>> engine = await HFEngine.load(tiny_model_path())                      # doctest: +SKIP
+    >>> server = await endpoint.serve(engine.generate)                        # doctest: +SKIP
+    >>> [x async for x in engine.generate({"token_ids": [5, 6], "stop_conditions": {"max_tokens": 2},
+    ...                                     "sampling_options": {"temperature": 0}})]   # doctest: +SKIP
+    [{'token_ids': [311]}, {'token_ids': [87], 'finish_reason': 'length', 'completion_usage': {...}}]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .._context import Context
+from ..errors import ConfigError, DynamoNBError
+from ..llm.card import check_model_dir
+from ..llm.protocol import PreprocessedRequest, SamplingOptions
+from ._base import final_item, token_budget
+
+__all__ = ["HFEngine"]
+
+logger = logging.getLogger("dynamo_nb.engines.hf")
+
+
+@dataclass
+class _Sequence:
+    """One running request: its tokens, KV cache, sampler and the queue its stream reads."""
+
+    seq_id: int
+    prompt: list[int]
+    budget: int
+    sampling: SamplingOptions
+    eos: frozenset[int]
+    min_tokens: int
+    queue: asyncio.Queue[Any]
+    generator: Any
+    cache: Any = None
+    last_token: int = -1
+    generated: int = 0
+    finish: str | None = None
+    outputs: list[int] = field(default_factory=list)
+
+
+class HFEngine:
+    """Runs a causal LM from a local folder; ``generate`` is its endpoint handler."""
+
+    def __init__(self, model: Any, *, device: str, eos_token_ids: list[int], max_num_seqs: int = 64) -> None:
+        """Use `HFEngine.load`."""
+        self.model = model
+        self.device = device
+        self.eos_token_ids = eos_token_ids
+        self.context_length: int | None = getattr(model.config, "max_position_embeddings", None)
+        self.max_num_seqs = max_num_seqs
+        self._admission = asyncio.Semaphore(max_num_seqs)
+        self._active: dict[int, _Sequence] = {}
+        self._ids = itertools.count(1)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dynamo_nb-hf")
+        self._scheduler: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.steps_total = 0
+
+    @classmethod
+    async def load(
+        cls, model_path: str | Path, *, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64
+    ) -> HFEngine:
+        """Load the model in ``model_path`` off the event loop.
+
+        Args:
+            device: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda[:N]``.
+            dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``float16`` or ``bfloat16``.
+            max_num_seqs: requests running at once; more wait for a slot.
+        """
+        folder = check_model_dir(model_path)
+        if max_num_seqs < 1:
+            raise ConfigError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+        model, device_name, eos = await asyncio.to_thread(_load_model, folder, device, dtype)
+        logger.info("loaded %s on %s", folder, device_name)
+        return cls(model, device=device_name, eos_token_ids=eos, max_num_seqs=max_num_seqs)
+
+    @property
+    def active(self) -> int:
+        """Sequences running now (a cancelled one leaves at once)."""
+        return len(self._active)
+
+    async def generate(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream ``{"token_ids": [t]}`` per new token; the last item has ``finish_reason`` and usage."""
+        parsed = PreprocessedRequest.from_dict(request)
+        budget = token_budget(parsed, self.context_length)
+        vocab = self.model.config.vocab_size
+        if max(parsed.token_ids) >= vocab:
+            from ..errors import InvalidRequestError
+
+            raise InvalidRequestError(f"token id {max(parsed.token_ids)} is outside the vocabulary ({vocab})")
+        stop = parsed.stop_conditions
+        eos = frozenset() if stop.ignore_eos else frozenset(parsed.eos_token_ids or self.eos_token_ids)
+        async with self._admission:
+            seq = _Sequence(
+                seq_id=next(self._ids),
+                prompt=parsed.token_ids,
+                budget=budget,
+                sampling=parsed.sampling_options,
+                eos=eos,
+                min_tokens=stop.min_tokens,
+                queue=asyncio.Queue(),
+                generator=_make_generator(self.device, parsed.sampling_options.seed),
+            )
+            self._active[seq.seq_id] = seq
+            self._ensure_scheduler()
+            try:
+                while True:
+                    token, finish = await seq.queue.get()
+                    if isinstance(token, BaseException):
+                        raise token
+                    if finish is not None:
+                        yield final_item([token], finish, len(seq.prompt), seq.generated)
+                        return
+                    yield {"token_ids": [token]}
+                    if context is not None and context.is_stopped():
+                        yield final_item([], "cancelled", len(seq.prompt), seq.generated)
+                        return
+            finally:
+                self._active.pop(seq.seq_id, None)
+                seq.cache = None
+
+    def _ensure_scheduler(self) -> None:
+        self._wake.set()
+        if self._scheduler is None or self._scheduler.done():
+            self._scheduler = asyncio.get_running_loop().create_task(
+                self._schedule(), name="dynamo_nb-hf-scheduler"
+            )
+
+    async def _schedule(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._active:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = list(self._active.values())
+            try:
+                results = await loop.run_in_executor(self._executor, self._step_all, batch)
+            except Exception as exc:  # the model failed: every running stream gets the error
+                logger.exception("model step failed")
+                error = DynamoNBError(f"the model step failed: {exc!r}")
+                for seq in batch:
+                    seq.queue.put_nowait((error, None))
+                    self._active.pop(seq.seq_id, None)
+                continue
+            for seq, token in zip(batch, results, strict=True):
+                if self._active.get(seq.seq_id) is seq:
+                    seq.queue.put_nowait((token, seq.finish))
+                    if seq.finish is not None:
+                        self._active.pop(seq.seq_id, None)
+
+    def _step_all(self, batch: list[_Sequence]) -> list[int]:
+        """One step of every sequence in ``batch`` (runs in the engine's thread)."""
+        import torch
+
+        tokens = []
+        with torch.inference_mode():
+            for seq in batch:
+                tokens.append(self._step(seq, torch))
+        self.steps_total += 1
+        return tokens
+
+    def _step(self, seq: _Sequence, torch: Any) -> int:
+        if seq.cache is None:
+            from transformers import DynamicCache
+
+            seq.cache = DynamicCache(config=self.model.config)
+            input_ids = torch.tensor([seq.prompt], device=self.device)
+        else:
+            input_ids = torch.tensor([[seq.last_token]], device=self.device)
+        logits = self.model(input_ids=input_ids, past_key_values=seq.cache, use_cache=True).logits[0, -1]
+        token = _sample(logits.float(), seq.sampling, seq.generator, torch)
+        seq.last_token = token
+        seq.generated += 1
+        if token in seq.eos and seq.generated > seq.min_tokens:
+            seq.finish = "stop"
+        elif seq.generated >= seq.budget:
+            seq.finish = "length"
+        return token
+
+    async def close(self) -> None:
+        """Stop the scheduler and release the model thread."""
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+            await asyncio.gather(self._scheduler, return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def __repr__(self) -> str:
+        return f"<HFEngine {self.model.config.model_type} on {self.device}, {self.active} active>"
+
+
+def _make_generator(device: str, seed: int | None) -> Any:
+    import torch
+
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else random.getrandbits(63))
+    return generator
+
+
+def _sample(logits: Any, options: SamplingOptions, generator: Any, torch: Any) -> int:
+    if options.greedy:
+        return int(torch.argmax(logits))
+    logits = logits / (1.0 if options.temperature is None else options.temperature)
+    if options.top_k is not None and options.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, options.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if options.top_p is not None and options.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > options.top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def _load_model(folder: Path, device: str, dtype: str) -> tuple[Any, str, list[int]]:
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' asked for, but torch sees no CUDA device: use --device cpu or auto")
+    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype == "auto":
+        torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    elif dtype in dtypes:
+        torch_dtype = dtypes[dtype]
+    else:
+        raise ConfigError(f"unknown dtype {dtype!r}: use auto, {', '.join(dtypes)}")
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype).to(device).eval()
+    eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+    if eos is None:
+        eos = model.config.eos_token_id
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    return model, device, eos_ids

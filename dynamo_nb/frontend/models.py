@@ -1,0 +1,192 @@
+"""The models a frontend serves: found from model cards in discovery, or given (static mode).
+
+Each model keeps its tokenizer and a client of its endpoint. When the last card of a model
+disappears the model leaves ``/v1/models``, but requests naming it get 503 (its workers are
+gone) rather than 404 (never heard of it).
+
+Example:
+    >>> manager = ModelManager(runtime)                         # doctest: +SKIP
+    >>> await manager.watch()                                    # follow cards in discovery
+    >>> await manager.add_card(card_from_folder(path, name="tiny"))   # static mode
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from .._client import Client, ResponseStream
+from .._names import EndpointPath
+from ..discovery import KeyValueDiscovery
+from ..errors import ConfigError, InvalidRequestError
+from ..llm.card import CARD_PREFIX, ModelCard
+from ..llm.tokenizer import ModelTokenizer
+
+if TYPE_CHECKING:
+    from ..runtime import DistributedRuntime
+
+__all__ = ["ROUTER_MODES", "ModelManager", "ServedModel"]
+
+logger = logging.getLogger("dynamo_nb.frontend")
+
+ROUTER_MODES = ("round-robin", "random")
+SERVED_KINDS = ("chat", "completions")
+
+
+class ServedModel:
+    """One model name: its card, tokenizer, endpoint client and live cards."""
+
+    def __init__(self, card: ModelCard, tokenizer: ModelTokenizer, client: Client, router_mode: str) -> None:
+        self.card = card
+        self.name = card.name
+        self.tokenizer = tokenizer
+        self.client = client
+        self.created = int(time.time())
+        self.cards: dict[str, ModelCard] = {}
+        self._send = client.random if router_mode == "random" else client.round_robin
+
+    @property
+    def live(self) -> bool:
+        """Whether any worker has a card for this model now."""
+        return bool(self.cards)
+
+    def send(self, request: dict[str, Any]) -> ResponseStream:
+        """Route ``request`` to an instance (raises `NoInstancesError` when there is none)."""
+        return self._send(request)
+
+    def tokenize(
+        self, kind: str, messages: list[dict[str, Any]] | None, prompt: str | list[int] | None
+    ) -> list[int]:
+        """Token ids of a chat's rendered template or of a completion prompt."""
+        if kind == "chat":
+            text = self.tokenizer.render_chat(messages or [], add_generation_prompt=True)
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        if isinstance(prompt, list):
+            vocab = self.tokenizer.vocab_size
+            bad = [t for t in prompt if not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError(
+                    f"prompt token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param="prompt"
+                )
+            return prompt
+        return self.tokenizer.encode(prompt or "", add_special_tokens=True)
+
+
+class ModelManager:
+    """Builds `ServedModel` objects from model cards and keeps them up to date."""
+
+    def __init__(
+        self,
+        runtime: DistributedRuntime,
+        router_mode: str = "round-robin",
+        *,
+        only_endpoint: str | None = None,
+    ) -> None:
+        if router_mode not in ROUTER_MODES:
+            raise ConfigError(f"unknown router mode {router_mode!r}: use one of {', '.join(ROUTER_MODES)}")
+        self.runtime = runtime
+        self.router_mode = router_mode
+        self.only_endpoint = str(EndpointPath.parse(only_endpoint)) if only_endpoint else None
+        self.models: dict[str, ServedModel] = {}
+        self._card_names: dict[str, str] = {}  # discovery key → model name
+        self._changed = asyncio.Event()
+
+    def get(self, name: str) -> ServedModel | None:
+        return self.models.get(name)
+
+    def live_models(self) -> list[ServedModel]:
+        return [m for m in self.models.values() if m.live]
+
+    async def add_card(
+        self, card: ModelCard, key: str | None = None, *, address: str | None = None
+    ) -> ServedModel:
+        """Serve ``card``'s model (a second card of a known model only adds to its live cards)."""
+        key = key or f"local/{card.name}"
+        model = self.models.get(card.name)
+        if model is None:
+            tokenizer = await asyncio.to_thread(ModelTokenizer.load, card.model_path)
+            endpoint = self.runtime.endpoint(card.endpoint)
+            client = await endpoint.client(address=address)
+            model = self.models.get(card.name)  # another card may have won while we loaded
+            if model is None:
+                model = self.models[card.name] = ServedModel(card, tokenizer, client, self.router_mode)
+                logger.info("serving model %s from %s", card.name, card.endpoint)
+        elif card.endpoint != model.card.endpoint:
+            logger.warning(
+                "model %s is served at %s; ignoring its card from %s",
+                card.name,
+                model.card.endpoint,
+                card.endpoint,
+            )
+            return model
+        model.cards[key] = card
+        self._card_names[key] = card.name
+        self._notify()
+        return model
+
+    def remove_card(self, key: str) -> None:
+        name = self._card_names.pop(key, None)
+        model = self.models.get(name) if name else None
+        if model is not None:
+            model.cards.pop(key, None)
+            if not model.live:
+                logger.info("model %s has no workers left", name)
+            self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_for_model(self, name: str, timeout: float = 30.0) -> ServedModel:
+        """Wait until ``name`` is served by at least one worker."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            model = self.models.get(name)
+            if model is not None and model.live:
+                return model
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                known = ", ".join(m.name for m in self.live_models()) or "none"
+                raise TimeoutError(f"model {name!r} did not appear within {timeout:g} s (serving: {known})")
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+
+    async def watch(self) -> None:
+        """Follow model cards in discovery (memory or etcd)."""
+        discovery = self.runtime.discovery
+        if not isinstance(discovery, KeyValueDiscovery):
+            raise ConfigError(
+                "static discovery has no model cards to watch: give the model with "
+                "--static-endpoint ns.comp.ep --model-name NAME --model-path DIR"
+            )
+        watch = await discovery.watch_prefix(CARD_PREFIX)
+
+        def on_change(key: str, value: bytes | None) -> None:
+            if value is None:
+                self.remove_card(key)
+                return
+            try:
+                card = ModelCard.from_json(value)
+            except ValueError as exc:
+                logger.warning("ignoring malformed model card at %s: %s", key, exc)
+                return
+            if not any(kind in SERVED_KINDS for kind in card.kinds):
+                return  # prefill-only workers are reached through the decode workers' routers
+            if self.only_endpoint is not None and card.endpoint != self.only_endpoint:
+                return
+            self.runtime.spawn(self._add_logged(card, key), name=f"model-card-{card.name}")
+
+        watch.add_listener(on_change)
+        for key, value in list(watch.items.items()):
+            on_change(key, value)
+
+    async def _add_logged(self, card: ModelCard, key: str) -> None:
+        try:
+            await self.add_card(card, key)
+        except Exception as exc:
+            logger.error("cannot serve model %s from %s: %s", card.name, card.endpoint, exc)

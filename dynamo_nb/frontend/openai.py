@@ -1,0 +1,191 @@
+"""The OpenAI request bodies the frontend accepts, checked field by field.
+
+Every rejected field raises `InvalidRequestError` naming the field (OpenAI's ``param``) and
+what to send instead; the server turns it into a 400.
+
+Example:
+    >>> req = parse_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "chat")
+    >>> req.model, req.stream, req.sampling.temperature
+    ('m', False, None)
+    >>> parse_request({"model": "m", "messages": []}, "chat")
+    Traceback (most recent call last):
+    ...
+    dynamo_nb.errors.InvalidRequestError: messages must be a non-empty list of {"role", "content"} objects
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequestError
+from ..llm.protocol import SamplingOptions, StopConditions
+
+__all__ = ["OpenAIRequest", "parse_request"]
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI and vLLM
+
+
+@dataclass
+class OpenAIRequest:
+    """A checked ``/v1/chat/completions`` (kind ``chat``) or ``/v1/completions`` body."""
+
+    kind: str
+    model: str
+    stream: bool
+    include_usage: bool
+    stop: StopConditions
+    sampling: SamplingOptions
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | list[int] | None = None
+
+
+def _bad(message: str, param: str) -> InvalidRequestError:
+    return InvalidRequestError(message, param=param)
+
+
+def _text_content(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
+                raise _bad(
+                    f"messages[{index}].content: only text parts ({{'type': 'text', 'text': ...}}) are supported",
+                    f"messages[{index}].content",
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(
+        f"messages[{index}].content must be a string or a list of text parts", f"messages[{index}].content"
+    )
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad('messages must be a non-empty list of {"role", "content"} objects', "messages")
+    out = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise _bad(f'messages[{index}] must be an object with "role" and "content"', f"messages[{index}]")
+        role = message.get("role")
+        if role not in CHAT_ROLES:
+            raise _bad(
+                f"messages[{index}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}",
+                f"messages[{index}].role",
+            )
+        out.append({**message, "content": _text_content(message.get("content"), index)})
+    return out
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise _bad("prompt is empty: send some text", "prompt")
+        return prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        return prompt
+    if isinstance(prompt, list) and len(prompt) > 1:
+        raise _bad("batched prompts are not supported: send one prompt per request", "prompt")
+    raise _bad("prompt must be a string or a list of token ids", "prompt")
+
+
+def _unsupported(body: dict[str, Any], kind: str) -> None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise _bad(f"n={n!r} is not supported: send n=1 (or leave it out) and repeat the request", "n")
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != 1:
+        raise _bad("best_of is not supported: leave it out", "best_of")
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if value is not None and value != 0:
+            raise _bad(f"{name} is not supported by dynamo_nb engines: leave it out or send 0", name)
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+        raise _bad("logprobs are not supported: leave logprobs out", "logprobs")
+    if body.get("echo"):
+        raise _bad("echo is not supported: leave it out", "echo")
+    if body.get("suffix"):
+        raise _bad("suffix is not supported: leave it out", "suffix")
+    if body.get("tools") or body.get("functions"):
+        raise _bad("tools and function calling are not supported: leave tools out", "tools")
+    response_format = body.get("response_format")
+    if response_format is not None and (
+        not isinstance(response_format, dict) or response_format.get("type") != "text"
+    ):
+        raise _bad(
+            "response_format is not supported: leave it out or send {'type': 'text'}", "response_format"
+        )
+
+
+def _stop_strings(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise _bad("stop must be a non-empty string or a list of them", "stop")
+    return stop
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _bad(f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
+def parse_request(body: Any, kind: str) -> OpenAIRequest:
+    """Check an OpenAI request body; ``kind`` is ``chat`` or ``completions``."""
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model is required: name one of the models listed by GET /v1/models", "model")
+    _unsupported(body, kind)
+    stream = _flag(body, "stream")
+    stream_options = body.get("stream_options")
+    include_usage = False
+    if stream_options is not None:
+        if not stream:
+            raise _bad("stream_options is only allowed with stream=true", "stream_options")
+        if not isinstance(stream_options, dict):
+            raise _bad("stream_options must be an object such as {'include_usage': true}", "stream_options")
+        include_usage = _flag(stream_options, "include_usage")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None and kind == "completions":
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    stop = StopConditions.from_dict(
+        {
+            "max_tokens": max_tokens,
+            "ignore_eos": _flag(body, "ignore_eos"),
+            "min_tokens": body.get("min_tokens"),
+        }
+    )
+    stop.stop = _stop_strings(body)
+    sampling = SamplingOptions.from_dict({k: body.get(k) for k in ("temperature", "top_p", "top_k", "seed")})
+    request = OpenAIRequest(kind, model, stream, include_usage, stop, sampling)
+    if kind == "chat":
+        request.messages = _messages(body)
+    else:
+        request.prompt = _prompt(body)
+    return request

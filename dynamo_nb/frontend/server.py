@@ -1,0 +1,462 @@
+"""The OpenAI-compatible HTTP frontend (aiohttp): preprocess, route, detokenize, stream.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE with ``stream: true``,
+ending in ``data: [DONE]``; else one JSON body), ``GET /v1/models``, ``GET /health`` (the
+instances behind each model), ``GET /live`` and ``GET /metrics`` (Prometheus).
+
+Example:
+    >>> frontend = await Frontend.start(runtime, port=8000)     # doctest: +SKIP
+    >>> frontend.url                                             # doctest: +SKIP
+    'http://127.0.0.1:8000'
+    >>> await frontend.stop()                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+from .._client import ResponseStream
+from .._ids import new_request_id
+from ..errors import (
+    ConfigError,
+    InstanceDownError,
+    InvalidRequestError,
+    NoInstancesError,
+    RemoteHandlerError,
+    RequestError,
+)
+from ..llm.card import ModelCard
+from ..llm.detokenize import StreamDetokenizer
+from .errors import HTTPError, error_body
+from .metrics import FrontendMetrics
+from .models import ModelManager, ServedModel
+from .openai import OpenAIRequest, parse_request
+
+if TYPE_CHECKING:
+    from ..runtime import DistributedRuntime
+
+__all__ = ["DEFAULT_HTTP_PORT", "Frontend"]
+
+logger = logging.getLogger("dynamo_nb.frontend")
+
+DEFAULT_HTTP_PORT = 8000
+MAX_BODY_BYTES = 32 * 1024 * 1024
+_ENDPOINT_LABELS = {"chat": "chat_completions", "completions": "completions"}
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+_DONE = b"data: [DONE]\n\n"
+
+
+@dataclass
+class _Outcome:
+    """What a relayed stream ended with."""
+
+    finish_reason: str = "stop"
+    completion_tokens: int = 0
+    error: str | None = None
+
+
+class Frontend:
+    """An OpenAI-compatible HTTP server in front of the workers that registered models.
+
+    Create it with `Frontend.start`; with memory or etcd discovery it follows model cards,
+    with static discovery give it the model with `add_model`.
+    """
+
+    def __init__(self, runtime: DistributedRuntime, manager: ModelManager, host: str, port: int) -> None:
+        """Use `Frontend.start`."""
+        self.runtime = runtime
+        self.models = manager
+        self.host = host
+        self.port = port
+        self.metrics = FrontendMetrics()
+        self._runner: web.AppRunner | None = None
+
+    @classmethod
+    async def start(
+        cls,
+        runtime: DistributedRuntime,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_HTTP_PORT,
+        router_mode: str = "round-robin",
+        only_endpoint: str | None = None,
+    ) -> Frontend:
+        """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
+
+        Args:
+            runtime: where workers are found; its discovery's model cards are followed
+                (memory, etcd), or models are added with `add_model` (static).
+            router_mode: ``round-robin`` or ``random``.
+            only_endpoint: serve only the models registered at this endpoint (``ns.comp.ep``).
+        """
+        manager = ModelManager(runtime, router_mode, only_endpoint=only_endpoint)
+        if not runtime.is_static:
+            await manager.watch()
+        frontend = cls(runtime, manager, host, port)
+        await frontend._listen()
+        return frontend
+
+    async def add_model(self, card: ModelCard, *, address: str | None = None) -> ServedModel:
+        """Serve ``card``'s model without discovery (static mode); ``address`` for static TCP."""
+        return await self.models.add_card(card, address=address)
+
+    async def wait_for_model(self, name: str, timeout: float = 30.0) -> ServedModel:
+        """Wait until a worker serves ``name`` (its card arrived)."""
+        return await self.models.wait_for_model(name, timeout)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def _listen(self) -> None:
+        app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._list_models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/live", self._live)
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise ConfigError(
+                f"the frontend cannot listen on {self.host}:{self.port} ({exc.strerror or exc}): pick another "
+                "--http-port (0 = a free one)"
+            ) from None
+        if self.port == 0:
+            self.port = self._runner.addresses[0][1]
+        logger.info("frontend listening on %s", self.url)
+
+    async def stop(self) -> None:
+        """Stop the HTTP server (the runtime stays up)."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Frontend:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return f"<Frontend {self.url} models={[m.name for m in self.models.live_models()]}>"
+
+    # -- plumbing
+
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except HTTPError as exc:
+            return web.json_response(exc.body(), status=exc.status)
+        except InvalidRequestError as exc:
+            return web.json_response(error_body(400, str(exc), exc.param), status=400)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            message = {
+                404: f"no route {request.method} {request.path}: see /v1/models, /v1/chat/completions, "
+                "/v1/completions, /health, /live, /metrics",
+                405: f"{request.method} is not allowed on {request.path}",
+                413: f"the request body is larger than {MAX_BODY_BYTES} bytes",
+            }.get(exc.status, exc.reason)
+            return web.json_response(error_body(exc.status, message), status=exc.status)
+        except Exception:
+            logger.exception("internal error on %s %s", request.method, request.path)
+            return web.json_response(
+                error_body(500, "internal error in the frontend; see its log"), status=500
+            )
+
+    @staticmethod
+    async def _json(request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise HTTPError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+
+    def _served(self, name: str, kind: str) -> ServedModel:
+        model = self.models.get(name)
+        if model is None:
+            known = ", ".join(sorted(m.name for m in self.models.live_models())) or "none yet"
+            raise HTTPError(
+                404,
+                f"model {name!r} not found; served models: {known}",
+                param="model",
+                code="model_not_found",
+            )
+        if not model.live:
+            raise HTTPError(503, f"model {name!r} has no workers now; start one that registers it")
+        if kind not in model.card.kinds:
+            other = "/v1/completions" if kind == "chat" else "/v1/chat/completions"
+            raise HTTPError(400, f"model {name!r} does not take {kind} requests; use {other}", param="model")
+        return model
+
+    # -- routes
+
+    async def _live(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "live"})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def _list_models(self, request: web.Request) -> web.Response:
+        data = [
+            {"id": m.name, "object": "model", "created": m.created, "owned_by": "dynamo_nb"}
+            for m in sorted(self.models.live_models(), key=lambda m: m.name)
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _health(self, request: web.Request) -> web.Response:
+        instances = [
+            {
+                "model": m.name,
+                "endpoint": m.card.endpoint,
+                "instance_id": f"{i.instance_id:x}",
+                "transport": i.transport,
+            }
+            for m in self.models.live_models()
+            for i in m.client.instances()
+        ]
+        healthy = bool(instances)
+        body = {
+            "status": "healthy" if healthy else "unhealthy",
+            "models": sorted(m.name for m in self.models.live_models()),
+            "instances": instances,
+        }
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "chat")
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "completions")
+
+    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        started = time.perf_counter()
+        parsed = parse_request(await self._json(request), kind)
+        model = self._served(parsed.model, kind)
+        token_ids = model.tokenize(kind, parsed.messages, parsed.prompt)
+        _check_context(model, parsed, len(token_ids))
+        engine_request: dict[str, Any] = {
+            "token_ids": token_ids,
+            "stop_conditions": {
+                "max_tokens": parsed.stop.max_tokens,
+                "ignore_eos": parsed.stop.ignore_eos,
+                "min_tokens": parsed.stop.min_tokens,
+            },
+            "sampling_options": {k: v for k, v in vars(parsed.sampling).items() if v is not None},
+            "eos_token_ids": model.card.eos_token_ids,
+            "model": model.name,
+        }
+        metrics = self.metrics
+        name = model.name
+        status = "error"
+        metrics.inflight.inc(model=name)
+        try:
+            stream, first = await self._open(model, engine_request)
+            metrics.ttft.observe(time.perf_counter() - started, model=name)
+            metrics.input_tokens.observe(len(token_ids), model=name)
+            outcome = _Outcome()
+            try:
+                pieces = self._relay(model, stream, first, parsed.stop.stop, outcome)
+                if parsed.stream:
+                    response = await self._send_stream(request, parsed, pieces, outcome, len(token_ids))
+                else:
+                    response = await _send_unary(parsed, pieces, outcome, len(token_ids))
+            except ConnectionResetError:
+                status = "cancelled"
+                raise
+            finally:
+                await stream.aclose()
+            metrics.output_tokens.observe(outcome.completion_tokens, model=name)
+            status = "success" if outcome.error is None else "error"
+            return response
+        finally:
+            metrics.inflight.dec(model=name)
+            metrics.duration.observe(time.perf_counter() - started, model=name)
+            metrics.requests.inc(
+                model=name,
+                endpoint=_ENDPOINT_LABELS[kind],
+                request_type="stream" if parsed.stream else "unary",
+                status=status,
+            )
+
+    async def _open(self, model: ServedModel, engine_request: dict[str, Any]) -> tuple[ResponseStream, Any]:
+        """Send the request and wait for its first item; a worker that is down is skipped."""
+        last_error: Exception | None = None
+        for _ in range(3):
+            try:
+                stream = model.send(engine_request)
+            except NoInstancesError:
+                break
+            try:
+                return stream, await stream.__anext__()
+            except StopAsyncIteration:
+                raise HTTPError(500, f"a worker of {model.name!r} ended the stream without output") from None
+            except InstanceDownError as exc:  # marked down by the client: the next try goes elsewhere
+                last_error = exc
+            except RemoteHandlerError as exc:
+                if exc.error_type == "InvalidRequestError":
+                    raise HTTPError(400, exc.remote_message) from None
+                raise HTTPError(500, f"the worker failed: {exc.error_type}: {exc.remote_message}") from None
+        detail = f" (last error: {last_error})" if last_error else ""
+        raise HTTPError(503, f"no worker of model {model.name!r} is reachable now{detail}; retry later")
+
+    async def _relay(
+        self, model: ServedModel, stream: ResponseStream, first: Any, stop: list[str], outcome: _Outcome
+    ) -> AsyncIterator[str]:
+        """Text pieces of the stream, as soon as they are final; ``outcome`` holds how it ended."""
+        detok = StreamDetokenizer(model.tokenizer, stop)
+        push = detok.push
+        itl = self.metrics.itl
+        name = model.name
+        item = first
+        last = time.perf_counter()
+        count = 0
+        while True:
+            ids = item.get("token_ids") or ()
+            count += len(ids)
+            text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
+            if text:
+                yield text
+            finish = item.get("finish_reason")
+            if detok.stopped:
+                outcome.finish_reason = "stop"
+                break
+            if finish is not None:
+                outcome.finish_reason = _FINISH.get(finish, "stop")
+                usage = item.get("completion_usage")
+                if usage and isinstance(usage.get("completion_tokens"), int):
+                    count = usage["completion_tokens"]
+                break
+            try:
+                item = await stream.__anext__()
+            except StopAsyncIteration:
+                break
+            except RequestError as exc:
+                outcome.error = str(exc)
+                break
+            now = time.perf_counter()
+            itl.observe(now - last, model=name)
+            last = now
+        tail = detok.finish()
+        if tail:
+            yield tail
+        outcome.completion_tokens = count
+
+    async def _send_stream(
+        self,
+        request: web.Request,
+        parsed: OpenAIRequest,
+        pieces: AsyncIterator[str],
+        outcome: _Outcome,
+        prompt_tokens: int,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers=_SSE_HEADERS)
+        await response.prepare(request)
+        chat = parsed.kind == "chat"
+        request_id = ("chatcmpl-" if chat else "cmpl-") + new_request_id()
+        head = json.dumps(
+            {
+                "id": request_id,
+                "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()),
+                "model": parsed.model,
+            },
+            separators=(",", ":"),
+        )[:-1]
+        if chat:
+            prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'
+            suffix = '},"logprobs":null,"finish_reason":null}]}\n\n'
+            await response.write(
+                f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
+                f'"logprobs":null,"finish_reason":null}}]}}\n\n'.encode()
+            )
+        else:
+            prefix = f'data: {head},"choices":[{{"index":0,"text":'
+            suffix = ',"logprobs":null,"finish_reason":null}]}\n\n'
+        write = response.write
+        dumps = json.dumps
+        async for text in pieces:
+            await write(f"{prefix}{dumps(text)}{suffix}".encode())
+        if outcome.error is not None:
+            await write(f"data: {dumps(error_body(500, outcome.error))}\n\n".encode())
+            await write(_DONE)
+            return response
+        empty = '"delta":{}' if chat else '"text":""'
+        await write(
+            f'data: {head},"choices":[{{"index":0,{empty},"logprobs":null,'
+            f'"finish_reason":"{outcome.finish_reason}"}}]}}\n\n'.encode()
+        )
+        if parsed.include_usage:
+            usage = _usage(prompt_tokens, outcome.completion_tokens)
+            await write(f'data: {head},"choices":[],"usage":{dumps(usage)}}}\n\n'.encode())
+        await write(_DONE)
+        return response
+
+
+async def _send_unary(
+    parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: _Outcome, prompt_tokens: int
+) -> web.Response:
+    text = "".join([piece async for piece in pieces])
+    if outcome.error is not None:
+        raise HTTPError(500, f"the worker failed mid-stream: {outcome.error}")
+    chat = parsed.kind == "chat"
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    choice.update(logprobs=None, finish_reason=outcome.finish_reason)
+    body = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + new_request_id(),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": parsed.model,
+        "choices": [choice],
+        "usage": _usage(prompt_tokens, outcome.completion_tokens),
+    }
+    return web.json_response(body)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _check_context(model: ServedModel, parsed: OpenAIRequest, prompt_tokens: int) -> None:
+    context = model.card.context_length
+    if not context:
+        return
+    param = "messages" if parsed.kind == "chat" else "prompt"
+    if prompt_tokens >= context:
+        raise InvalidRequestError(
+            f"the prompt is {prompt_tokens} tokens and {model.name!r} has a context of {context}: shorten it",
+            param=param,
+        )
+    asked = parsed.stop.max_tokens
+    if asked is not None and prompt_tokens + asked > context:
+        raise InvalidRequestError(
+            f"{model.name!r} has a context of {context} tokens, but the prompt ({prompt_tokens}) plus "
+            f"max_tokens ({asked}) is {prompt_tokens + asked}: lower max_tokens to at most {context - prompt_tokens}",
+            param="max_tokens",
+        )

@@ -1,0 +1,48 @@
+"""Serve an engine's handler and register its model: the two steps every LLM worker takes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._server import EndpointServer, Handler
+from .card import ModelCard, ModelRuntimeConfig, card_from_folder, register_llm
+
+if TYPE_CHECKING:
+    from ..runtime import Endpoint
+
+__all__ = ["serve_llm"]
+
+
+async def serve_llm(
+    endpoint: Endpoint,
+    handler: Handler,
+    model_path: str | Path,
+    *,
+    model_name: str | None = None,
+    kind: list[str] | str | None = None,
+    kv_cache_block_size: int = 16,
+    runtime_config: ModelRuntimeConfig | dict[str, Any] | None = None,
+) -> tuple[EndpointServer, ModelCard]:
+    """Serve ``handler`` at ``endpoint`` and publish its model card (not with static discovery).
+
+    Example:
+        >>> engine = await HFEngine.load(tiny_model_path())                                # doctest: +SKIP
+        >>> server, card = await serve_llm(endpoint, engine.generate, tiny_model_path(), model_name="tiny")  # doctest: +SKIP
+    """
+    # check the folder before serving, so a bad path fails before anything is published
+    card_from_folder(model_path, name=model_name, endpoint=str(endpoint.path), kinds=kind)
+    server = await endpoint.serve(handler)
+    try:
+        card = await register_llm(
+            endpoint,
+            model_path,
+            model_name=model_name,
+            kind=kind,
+            kv_cache_block_size=kv_cache_block_size,
+            runtime_config=runtime_config,
+        )
+    except BaseException:
+        await server.stop(grace=0)
+        raise
+    return server, card

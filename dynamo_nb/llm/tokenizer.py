@@ -1,0 +1,107 @@
+"""Tokenizer and chat template of a model folder, for the frontend (no torch, no transformers).
+
+Uses the fast ``tokenizers`` library for ``tokenizer.json`` and a sandboxed Jinja2 for the
+chat template (``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_template``).
+
+Example:
+    >>> from dynamo_nb.models import tiny_model_path
+    >>> tok = ModelTokenizer.load(tiny_model_path())                                   # doctest: +SKIP
+    >>> tok.render_chat([{"role": "user", "content": "hi"}])                           # doctest: +SKIP
+    '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n'
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, InvalidRequestError
+from .card import check_model_dir
+
+__all__ = ["ModelTokenizer"]
+
+
+def _token_text(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _raise_exception(message: str) -> None:
+    raise InvalidRequestError(f"the chat template rejected the messages: {message}", param="messages")
+
+
+class ModelTokenizer:
+    """Encode, decode and apply the chat template of one model folder."""
+
+    def __init__(self, folder: Path) -> None:
+        from tokenizers import Tokenizer
+
+        self.folder = check_model_dir(folder)
+        self.tokenizer = Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+        config_file = self.folder / "tokenizer_config.json"
+        self.config: dict[str, Any] = json.loads(config_file.read_text()) if config_file.is_file() else {}
+        template_file = self.folder / "chat_template.jinja"
+        self.chat_template: str | None = (
+            template_file.read_text() if template_file.is_file() else self.config.get("chat_template")
+        )
+        if isinstance(self.chat_template, list):  # named templates: take "default"
+            named = {t.get("name"): t.get("template") for t in self.chat_template if isinstance(t, dict)}
+            self.chat_template = named.get("default")
+        self.bos_token = _token_text(self.config.get("bos_token"))
+        self.eos_token = _token_text(self.config.get("eos_token"))
+
+    @classmethod
+    def load(cls, folder: str | Path) -> ModelTokenizer:
+        """Load the tokenizer of ``folder``; raises `ConfigError` if it has no ``tokenizer.json``."""
+        return cls(Path(folder))
+
+    @cached_property
+    def _template(self) -> Any:
+        if not self.chat_template:
+            raise ConfigError(f"{self.folder} has no chat template; use /v1/completions")
+        from jinja2.ext import loopcontrols
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.globals["raise_exception"] = _raise_exception
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(
+            value, indent=indent, ensure_ascii=False
+        )
+        return env.from_string(self.chat_template)
+
+    def render_chat(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
+        """The prompt text for ``messages``, as the model's chat template writes it."""
+        import jinja2
+
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token or "",
+                eos_token=self.eos_token or "",
+                **extra,
+            )
+        except InvalidRequestError:
+            raise
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(
+                f"the chat template failed on these messages: {exc}", "messages"
+            ) from None
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def token_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)

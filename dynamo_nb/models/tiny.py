@@ -1,0 +1,146 @@
+"""The built-in tiny model: a random-weight Llama and a byte-level BPE tokenizer, built locally.
+
+It is built on first use (about a second, no network), deterministically, and cached in the
+user cache folder (``$DYN_NB_CACHE_DIR``, else ``$XDG_CACHE_HOME/dynamo_nb``, else
+``~/.cache/dynamo_nb``) as an ordinary Hugging Face model folder, so anything that takes a
+model folder takes it: ``AutoModelForCausalLM.from_pretrained(tiny_model_path())``.
+
+Its weights are random (``initializer_range=0.3`` so that greedy outputs vary instead of
+repeating one token): the text it writes is gibberish, but it is real model execution with a
+real KV cache, tokenizer and ChatML chat template.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+__all__ = ["TINY_MODEL_NAME", "cache_dir", "tiny_model_path"]
+
+TINY_MODEL_NAME = "tiny-llama"
+_VERSION = "v1"  # bump when the recipe changes: a new folder is built next to the old one
+_DONE_MARKER = ".dynamo_nb_complete"
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+VOCAB_SIZE = 512
+CONTEXT_LENGTH = 1024
+
+
+def cache_dir() -> Path:
+    """Where dynamo_nb keeps what it builds (``$DYN_NB_CACHE_DIR`` wins)."""
+    explicit = os.environ.get("DYN_NB_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dynamo_nb"
+
+
+def tiny_model_path() -> Path:
+    """The folder of the built-in tiny model, built on the first call.
+
+    Needs ``torch`` and ``transformers`` (``pip install -e ".[hf]"``) the first time.
+
+    Example:
+        >>> from transformers import AutoModelForCausalLM, AutoTokenizer   # doctest: +SKIP
+        >>> model = AutoModelForCausalLM.from_pretrained(tiny_model_path())  # doctest: +SKIP
+    """
+    target = cache_dir() / f"{TINY_MODEL_NAME}-{_VERSION}"
+    if (target / _DONE_MARKER).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        _build(staging)
+        (staging / _DONE_MARKER).write_text("ok\n")
+        try:
+            os.replace(staging, target)
+        except OSError:  # another process finished first, or a stale partial folder is in the way
+            if not (target / _DONE_MARKER).exists():
+                shutil.rmtree(target, ignore_errors=True)
+                os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _train_tokenizer():  # type: ignore[no-untyped-def]
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    corpus = (Path(__file__).with_name("corpus.txt")).read_text(encoding="utf-8")
+    tokenizer.train_from_iterator(corpus.splitlines(), trainer=trainer)
+    return tokenizer
+
+
+def _build(folder: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    raw = _train_tokenizer()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=CONTEXT_LENGTH,
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    eos_ids = [raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")]
+    config = LlamaConfig(
+        vocab_size=raw.get_vocab_size(),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=CONTEXT_LENGTH,
+        initializer_range=0.3,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos_ids,
+        pad_token_id=raw.token_to_id("<|endoftext|>"),
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(config).eval()
+        with torch.no_grad():  # tokens that print as noise (lone bytes, control characters) get logit 0
+            for token_id in _noisy_token_ids(raw):
+                model.lm_head.weight[token_id].zero_()
+    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=config.pad_token_id)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _noisy_token_ids(raw) -> list[int]:  # type: ignore[no-untyped-def]
+    """Ids of ordinary tokens whose text is not printable on its own."""
+    noisy = []
+    for token_id in range(raw.get_vocab_size()):
+        if raw.id_to_token(token_id) in SPECIAL_TOKENS:
+            continue
+        text = raw.decode([token_id])
+        if not text or any(not (ch.isprintable() or ch == "\n") or ch == "\ufffd" for ch in text):
+            noisy.append(token_id)
+    return noisy

@@ -1,0 +1,235 @@
+"""The OpenAI frontend in one process (memory discovery, inproc plane) with the real tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from conftest import collect
+
+from dynamo_nb import DistributedRuntime
+from dynamo_nb.engines import EchoEngine
+from dynamo_nb.frontend import Frontend
+from dynamo_nb.llm import ModelTokenizer, serve_llm
+
+MODEL = "tiny"
+HI = [{"role": "user", "content": "Hello! How are you today?"}]
+
+
+class Served:
+    def __init__(self, runtime: DistributedRuntime, frontend: Frontend, engine: Any, tokenizer: ModelTokenizer):
+        self.runtime = runtime
+        self.frontend = frontend
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.http = httpx.AsyncClient(base_url=frontend.url, timeout=30)
+        self.openai = openai.AsyncOpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+async def served(hf_engine: Any, tiny_path: Path) -> AsyncIterator[Served]:
+    runtime = await DistributedRuntime.create()
+    await serve_llm(runtime.endpoint("fe.backend.generate"), hf_engine.generate, tiny_path, model_name=MODEL)
+    frontend = await Frontend.start(runtime, port=0)
+    await frontend.wait_for_model(MODEL, timeout=10)
+    s = Served(runtime, frontend, hf_engine, ModelTokenizer.load(tiny_path))
+    yield s
+    await s.http.aclose()
+    await s.openai.close()
+    await frontend.stop()
+    await runtime.shutdown()
+
+
+async def direct_text(s: Served, token_ids: list[int], max_tokens: int) -> tuple[str, list[int]]:
+    """What the engine generates for ``token_ids`` when asked straight, greedy."""
+    items = await collect(s.engine.generate({"token_ids": token_ids, "stop_conditions": {"max_tokens": max_tokens},
+                                             "sampling_options": {"temperature": 0}, "eos_token_ids": [2, 0]}))
+    tokens = [t for item in items for t in item["token_ids"]]
+    return s.tokenizer.decode(tokens), tokens
+
+
+async def engine_idle(engine: Any, timeout: float = 5.0) -> bool:
+    """Whether the engine drops every sequence within ``timeout`` (cancellation is asynchronous)."""
+    for _ in range(int(timeout / 0.02)):
+        if engine.active == 0:
+            return True
+        await asyncio.sleep(0.02)
+    return engine.active == 0
+
+
+def chat_token_ids(s: Served, messages: list[dict[str, str]]) -> list[int]:
+    return s.tokenizer.encode(s.tokenizer.render_chat(messages), add_special_tokens=False)
+
+
+async def test_openai_client_chat_unary_and_stream_equal_the_engine_output(served: Served) -> None:
+    expected, tokens = await direct_text(served, chat_token_ids(served, HI), 24)
+    reply = await served.openai.chat.completions.create(model=MODEL, messages=HI, max_tokens=24, temperature=0)
+    assert reply.choices[0].message.content == expected and reply.choices[0].message.role == "assistant"
+    assert reply.usage.completion_tokens == len(tokens)
+    assert reply.usage.prompt_tokens == len(chat_token_ids(served, HI))
+    assert reply.choices[0].finish_reason == ("length" if len(tokens) == 24 else "stop")
+    stream = await served.openai.chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(tokens)
+    assert chunks[-2].choices[0].finish_reason == reply.choices[0].finish_reason
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_openai_client_completions_unary_and_stream(served: Served) -> None:
+    prompt = "Once upon a time a small robot"
+    expected, _ = await direct_text(served, served.tokenizer.encode(prompt), 12)
+    reply = await served.openai.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert reply.choices[0].text == expected and reply.object == "text_completion"
+    stream = await served.openai.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                                    stream=True)
+    assert "".join([c.choices[0].text async for c in stream]) == expected
+    default = await served.openai.completions.create(model=MODEL, prompt=prompt, temperature=0, extra_body={"ignore_eos": True})
+    assert default.usage.completion_tokens == 16  # OpenAI's default max_tokens for completions
+    by_ids = await served.openai.completions.create(model=MODEL, prompt=served.tokenizer.encode(prompt), max_tokens=12,
+                                                    temperature=0)
+    assert by_ids.choices[0].text == expected
+
+
+async def test_stop_strings_end_the_text_and_the_worker_stream(served: Served) -> None:
+    expected, _ = await direct_text(served, chat_token_ids(served, HI), 30)
+    stop = expected[8:11]
+    cut = expected[: expected.index(stop)]
+    reply = await served.openai.chat.completions.create(model=MODEL, messages=HI, max_tokens=30, temperature=0,
+                                                        stop=[stop])
+    assert reply.choices[0].message.content == cut and reply.choices[0].finish_reason == "stop"
+    stream = await served.openai.chat.completions.create(model=MODEL, messages=HI, max_tokens=30, temperature=0,
+                                                         stop=stop, stream=True)
+    assert "".join([c.choices[0].delta.content or "" async for c in stream]) == cut
+    assert await engine_idle(served.engine)
+
+
+async def test_seeded_sampling_through_the_frontend_is_reproducible(served: Served) -> None:
+    async def ask(seed: int) -> str:
+        reply = await served.openai.chat.completions.create(model=MODEL, messages=HI, max_tokens=16, seed=seed,
+                                                            temperature=1.0, top_p=0.9)
+        return reply.choices[0].message.content or ""
+
+    assert await ask(7) == await ask(7)
+
+
+CHAT = "/v1/chat/completions"
+GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "says"),
+    [
+        (CHAT, b"{not json", 400, None, "not valid JSON"),
+        (CHAT, b"[1, 2]", 400, None, "JSON object"),
+        (CHAT, {"messages": HI}, 400, "model", "model is required"),
+        (CHAT, {"model": MODEL}, 400, "messages", "messages"),
+        (CHAT, {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", "role"),
+        (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+         "messages[0].content", "text"),
+        (CHAT, {**GOOD, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
+        (CHAT, {**GOOD, "max_tokens": "many"}, 400, "max_tokens", "integer"),
+        (CHAT, {**GOOD, "max_tokens": 5000}, 400, "max_tokens", "lower max_tokens"),
+        (CHAT, {**GOOD, "temperature": 9}, 400, "temperature", "between 0 and 2"),
+        (CHAT, {**GOOD, "top_p": -1}, 400, "top_p", "between"),
+        (CHAT, {**GOOD, "top_k": 0}, 400, "top_k", "top_k"),
+        (CHAT, {**GOOD, "n": 2}, 400, "n", "n=1"),
+        (CHAT, {**GOOD, "stop": 5}, 400, "stop", "stop"),
+        (CHAT, {**GOOD, "stream": "yes"}, 400, "stream", "true or false"),
+        (CHAT, {**GOOD, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream=true"),
+        (CHAT, {**GOOD, "logprobs": True}, 400, "logprobs", "not supported"),
+        (CHAT, {**GOOD, "presence_penalty": 1.0}, 400, "presence_penalty", "not supported"),
+        (CHAT, {**GOOD, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+        (CHAT, {**GOOD, "messages": [{"role": "user", "content": "word " * 1200}]}, 400, "messages", "context"),
+        ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt", "empty"),
+        ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),
+        ("/v1/completions", {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", "vocabulary"),
+        (CHAT, {**GOOD, "model": "nope"}, 404, "model", "not found"),
+        ("/v1/nothing", GOOD, 404, None, "no route"),
+    ],
+)
+async def test_bad_input_gets_an_openai_error_envelope(
+    served: Served, path: str, body: Any, status: int, param: str | None, says: str
+) -> None:
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = await served.http.post(path, content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param and says in error["message"]
+    assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
+    ok = await served.http.post(CHAT, json=GOOD)  # and the server keeps serving
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+async def test_openai_client_raises_its_own_error_types(served: Served) -> None:
+    with pytest.raises(openai.NotFoundError):
+        await served.openai.chat.completions.create(model="nope", messages=HI)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        await served.openai.chat.completions.create(model=MODEL, messages=HI, temperature=5)
+
+
+async def test_wrong_method_and_completions_only_models(served: Served, tiny_path: Path) -> None:
+    response = await served.http.get(CHAT)
+    assert response.status_code == 405 and "not allowed" in response.json()["error"]["message"]
+    echo = EchoEngine()
+    server, _ = await serve_llm(served.runtime.endpoint("fe.echo.generate"), echo.generate, tiny_path,
+                                model_name="echo-only", kind="completions")
+    await served.frontend.wait_for_model("echo-only", timeout=5)
+    response = await served.http.post(CHAT, json={**GOOD, "model": "echo-only"})
+    assert response.status_code == 400 and "/v1/completions" in response.json()["error"]["message"]
+    await server.stop()
+
+
+async def test_models_health_live_and_metrics(served: Served) -> None:
+    models = (await served.http.get("/v1/models")).json()
+    assert models["object"] == "list" and MODEL in [m["id"] for m in models["data"]]
+    health = await served.http.get("/health")
+    assert health.status_code == 200 and health.json()["status"] == "healthy"
+    assert any(i["model"] == MODEL and i["endpoint"] == "fe.backend.generate" for i in health.json()["instances"])
+    assert (await served.http.get("/live")).json() == {"status": "live"}
+    await served.http.post(CHAT, json={**GOOD, "stream": True})
+    metrics = (await served.http.get("/metrics")).text
+    for line in (
+        'dynamo_frontend_requests_total{model="tiny",endpoint="chat_completions",request_type="stream",status="success"}',
+        'dynamo_frontend_inflight_requests{model="tiny"} 0',
+        "dynamo_frontend_time_to_first_token_seconds_count{model=\"tiny\"}",
+        "dynamo_frontend_inter_token_latency_seconds_bucket{model=\"tiny\",le=\"+Inf\"}",
+    ):
+        assert line in metrics
+
+
+async def test_a_client_that_disconnects_cancels_the_worker_request(served: Served) -> None:
+    body = {**GOOD, "max_tokens": 900, "ignore_eos": True, "stream": True}
+    async with served.http.stream("POST", CHAT, json=body) as response:
+        lines = response.aiter_lines()
+        assert (await lines.__anext__()).startswith("data: ")
+        assert served.engine.active == 1
+    assert await engine_idle(served.engine)  # the frontend notices at its next write
+    metrics = (await served.http.get("/metrics")).text
+    assert 'request_type="stream",status="cancelled"} 1' in metrics
+
+
+async def test_no_workers_gives_503_and_a_returning_worker_is_served(served: Served, tiny_path: Path) -> None:
+    echo = EchoEngine()
+    endpoint = served.runtime.endpoint("fe.gone.generate")
+    server, _ = await serve_llm(endpoint, echo.generate, tiny_path, model_name="gone")
+    await served.frontend.wait_for_model("gone", timeout=5)
+    assert (await served.http.post(CHAT, json={**GOOD, "model": "gone"})).status_code == 200
+    await server.stop()
+    response = await served.http.post(CHAT, json={**GOOD, "model": "gone"})
+    assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable_error"
+    assert "gone" not in [m["id"] for m in (await served.http.get("/v1/models")).json()["data"]]
+    server, _ = await serve_llm(endpoint, echo.generate, tiny_path, model_name="gone")
+    await served.frontend.wait_for_model("gone", timeout=5)
+    assert (await served.http.post(CHAT, json={**GOOD, "model": "gone"})).status_code == 200
+    await server.stop()
