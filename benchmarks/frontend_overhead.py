@@ -54,8 +54,13 @@ class Program:
     @classmethod
     async def start(cls, *argv: str, timeout: float = 90) -> Program:
         process = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, "--log-level", "WARNING", cwd=str(ROOT),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            sys.executable,
+            *argv,
+            "--log-level",
+            "WARNING",
+            cwd=str(ROOT),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
         )
         assert process.stdout is not None
         seen = []
@@ -98,8 +103,14 @@ async def wait_for_model(http: aiohttp.ClientSession, url: str, name: str) -> No
 
 async def via_frontend(http: aiohttp.ClientSession, url: str, model: str) -> tuple[float, float, int]:
     """One streamed chat request: (TTFT, end-to-end, content chunks)."""
-    body = {"model": model, "messages": MESSAGES, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": model,
+        "messages": MESSAGES,
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     start = time.perf_counter()
     first = 0.0
     chunks = 0
@@ -107,7 +118,7 @@ async def via_frontend(http: aiohttp.ClientSession, url: str, model: str) -> tup
         if response.status != 200:
             raise RuntimeError(await response.text())
         async for line in response.content:
-            if line.startswith(b'data: {') and b'"content":"' in line and b'"role"' not in line:
+            if line.startswith(b"data: {") and b'"content":"' in line and b'"role"' not in line:
                 chunks += 1
                 if not first:
                     first = time.perf_counter() - start
@@ -116,8 +127,11 @@ async def via_frontend(http: aiohttp.ClientSession, url: str, model: str) -> tup
 
 async def direct(client: Any, token_ids: list[int]) -> tuple[float, float, int]:
     """The same request straight to the worker endpoint: (TTFT, end-to-end, items)."""
-    request = {"token_ids": token_ids, "stop_conditions": {"max_tokens": TOKENS, "ignore_eos": True},
-               "sampling_options": {"temperature": 0}}
+    request = {
+        "token_ids": token_ids,
+        "stop_conditions": {"max_tokens": TOKENS, "ignore_eos": True},
+        "sampling_options": {"temperature": 0},
+    }
     start = time.perf_counter()
     first = 0.0
     items = 0
@@ -151,7 +165,7 @@ async def throughput(call: Any, concurrency: int, total: int) -> float:
     return total / (time.perf_counter() - start)
 
 
-async def main(requests: int, out: Path) -> dict[str, Any]:
+async def main(requests: int) -> dict[str, Any]:
     model_path = tiny_model_path()
     tokenizer = ModelTokenizer.load(model_path)
     token_ids = tokenizer.encode(tokenizer.render_chat(MESSAGES), add_special_tokens=False)
@@ -165,7 +179,9 @@ async def main(requests: int, out: Path) -> dict[str, Any]:
     try:
         # part 1: the tiny model
         hf_port = free_port()
-        programs.append(await Program.start("components/hf_worker.py", *etcd, "--endpoint", "bench.hf.generate"))
+        programs.append(
+            await Program.start("components/hf_worker.py", *etcd, "--endpoint", "bench.hf.generate")
+        )
         programs.append(await Program.start("components/frontend.py", *etcd, "--http-port", str(hf_port)))
         hf_url = f"http://127.0.0.1:{hf_port}"
         await wait_for_model(http, hf_url, "tiny-llama")
@@ -177,8 +193,10 @@ async def main(requests: int, out: Path) -> dict[str, Any]:
         fe = await sequential(lambda: via_frontend(http, hf_url, "tiny-llama"), requests)
         dr = await sequential(lambda: direct(hf_client, token_ids), requests)
         report["hf_stream"] = {
-            "frontend": fe, "direct": dr,
-            "ttft_ratio": fe["ttft_p50_ms"] / dr["ttft_p50_ms"], "e2e_ratio": fe["e2e_p50_ms"] / dr["e2e_p50_ms"],
+            "frontend": fe,
+            "direct": dr,
+            "ttft_ratio": fe["ttft_p50_ms"] / dr["ttft_p50_ms"],
+            "e2e_ratio": fe["e2e_p50_ms"] / dr["e2e_p50_ms"],
         }
         for program in programs:
             await program.stop()
@@ -186,10 +204,23 @@ async def main(requests: int, out: Path) -> dict[str, Any]:
 
         # part 2: zero-cost echo engine
         echo_port = free_port()
-        programs.append(await Program.start("-m", "dynamo_nb", "run", "--in", "dyn://bench.echo.generate",
-                                            "--out", "echo", *etcd))
-        frontend = await Program.start("-m", "dynamo_nb", "run", "--in", "http", "--out",
-                                       "dyn://bench.echo.generate", *etcd, "--http-port", str(echo_port))
+        programs.append(
+            await Program.start(
+                "-m", "dynamo_nb", "run", "--in", "dyn://bench.echo.generate", "--out", "echo", *etcd
+            )
+        )
+        frontend = await Program.start(
+            "-m",
+            "dynamo_nb",
+            "run",
+            "--in",
+            "http",
+            "--out",
+            "dyn://bench.echo.generate",
+            *etcd,
+            "--http-port",
+            str(echo_port),
+        )
         programs.append(frontend)
         echo_url = f"http://127.0.0.1:{echo_port}"
         await wait_for_model(http, echo_url, "tiny-llama")
@@ -203,8 +234,16 @@ async def main(requests: int, out: Path) -> dict[str, Any]:
             fe_rps = await throughput(lambda: via_frontend(http, echo_url, "tiny-llama"), concurrency, total)
             cpu_ms = (frontend.cpu_seconds() - cpu) / total * 1e3
             dr_rps = await throughput(lambda: direct(echo_client, token_ids), concurrency, total)
-            rows.append({"concurrency": concurrency, "requests": total, "frontend_rps": fe_rps,
-                         "direct_rps": dr_rps, "ratio": fe_rps / dr_rps, "frontend_cpu_ms_per_request": cpu_ms})
+            rows.append(
+                {
+                    "concurrency": concurrency,
+                    "requests": total,
+                    "frontend_rps": fe_rps,
+                    "direct_rps": dr_rps,
+                    "ratio": fe_rps / dr_rps,
+                    "frontend_cpu_ms_per_request": cpu_ms,
+                }
+            )
         report["echo_throughput"] = rows
     finally:
         await http.close()
@@ -215,33 +254,46 @@ async def main(requests: int, out: Path) -> dict[str, Any]:
 
     report["setup"] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        "requests_sequential": requests, "tokens_per_stream": TOKENS,
+        "requests_sequential": requests,
+        "tokens_per_stream": TOKENS,
         "note": "client (this process), frontend and worker share the machine's cores",
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
 def print_table(report: dict[str, Any]) -> None:
     hf = report["hf_stream"]
-    print(f"\nTiny model, {TOKENS}-token greedy stream, p50 over {report['setup']['requests_sequential']} requests")
+    print(
+        f"\nTiny model, {TOKENS}-token greedy stream, p50 over {report['setup']['requests_sequential']} requests"
+    )
     print(f"{'path':<28}{'TTFT ms':>10}{'end-to-end ms':>16}")
-    print(f"{'frontend (HTTP/SSE)':<28}{hf['frontend']['ttft_p50_ms']:>10.2f}{hf['frontend']['e2e_p50_ms']:>16.2f}")
-    print(f"{'worker endpoint (TCP)':<28}{hf['direct']['ttft_p50_ms']:>10.2f}{hf['direct']['e2e_p50_ms']:>16.2f}")
+    print(
+        f"{'frontend (HTTP/SSE)':<28}{hf['frontend']['ttft_p50_ms']:>10.2f}{hf['frontend']['e2e_p50_ms']:>16.2f}"
+    )
+    print(
+        f"{'worker endpoint (TCP)':<28}{hf['direct']['ttft_p50_ms']:>10.2f}{hf['direct']['e2e_p50_ms']:>16.2f}"
+    )
     print(f"{'ratio':<28}{hf['ttft_ratio']:>10.2f}{hf['e2e_ratio']:>16.2f}")
     print(f"\nEcho engine, {TOKENS}-token streams: requests/s")
     print(f"{'concurrency':>11}{'frontend':>11}{'direct':>10}{'ratio':>8}{'frontend CPU ms/req':>22}")
     for row in report["echo_throughput"]:
-        print(f"{row['concurrency']:>11}{row['frontend_rps']:>11.1f}{row['direct_rps']:>10.1f}{row['ratio']:>8.2f}"
-              f"{row['frontend_cpu_ms_per_request']:>22.3f}")
+        print(
+            f"{row['concurrency']:>11}{row['frontend_rps']:>11.1f}{row['direct_rps']:>10.1f}{row['ratio']:>8.2f}"
+            f"{row['frontend_cpu_ms_per_request']:>22.3f}"
+        )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=40, help="sequential requests per path (default: %(default)s)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--requests", type=int, default=40, help="sequential requests per path (default: %(default)s)"
+    )
     parser.add_argument("--out", type=Path, default=HERE / "results" / "frontend_overhead.json")
     args = parser.parse_args()
-    result = asyncio.run(main(args.requests, args.out))
+    result = asyncio.run(main(args.requests))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
     print(f"\nwrote {args.out}")

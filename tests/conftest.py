@@ -116,7 +116,17 @@ async def collect(stream: object) -> list[object]:
     return [item async for item in stream]  # type: ignore[attr-defined]
 
 
-__all__ = ["ECHO_WORKER", "FRONTEND", "HF_WORKER", "MODES", "ROOT", "WorkerProcess", "collect", "dynamo_nb", "free_port"]
+__all__ = [
+    "ECHO_WORKER",
+    "FRONTEND",
+    "HF_WORKER",
+    "MODES",
+    "ROOT",
+    "WorkerProcess",
+    "collect",
+    "dynamo_nb",
+    "free_port",
+]
 
 
 # -- LLM serving: the built-in tiny model and one hf engine for the whole session

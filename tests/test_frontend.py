@@ -23,7 +23,9 @@ HI = [{"role": "user", "content": "Hello! How are you today?"}]
 
 
 class Served:
-    def __init__(self, runtime: DistributedRuntime, frontend: Frontend, engine: Any, tokenizer: ModelTokenizer):
+    def __init__(
+        self, runtime: DistributedRuntime, frontend: Frontend, engine: Any, tokenizer: ModelTokenizer
+    ):
         self.runtime = runtime
         self.frontend = frontend
         self.engine = engine
@@ -48,8 +50,16 @@ async def served(hf_engine: Any, tiny_path: Path) -> AsyncIterator[Served]:
 
 async def direct_text(s: Served, token_ids: list[int], max_tokens: int) -> tuple[str, list[int]]:
     """What the engine generates for ``token_ids`` when asked straight, greedy."""
-    items = await collect(s.engine.generate({"token_ids": token_ids, "stop_conditions": {"max_tokens": max_tokens},
-                                             "sampling_options": {"temperature": 0}, "eos_token_ids": [2, 0]}))
+    items = await collect(
+        s.engine.generate(
+            {
+                "token_ids": token_ids,
+                "stop_conditions": {"max_tokens": max_tokens},
+                "sampling_options": {"temperature": 0},
+                "eos_token_ids": [2, 0],
+            }
+        )
+    )
     tokens = [t for item in items for t in item["token_ids"]]
     return s.tokenizer.decode(tokens), tokens
 
@@ -69,13 +79,20 @@ def chat_token_ids(s: Served, messages: list[dict[str, str]]) -> list[int]:
 
 async def test_openai_client_chat_unary_and_stream_equal_the_engine_output(served: Served) -> None:
     expected, tokens = await direct_text(served, chat_token_ids(served, HI), 24)
-    reply = await served.openai.chat.completions.create(model=MODEL, messages=HI, max_tokens=24, temperature=0)
+    reply = await served.openai.chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=24, temperature=0
+    )
     assert reply.choices[0].message.content == expected and reply.choices[0].message.role == "assistant"
     assert reply.usage.completion_tokens == len(tokens)
     assert reply.usage.prompt_tokens == len(chat_token_ids(served, HI))
     assert reply.choices[0].finish_reason == ("length" if len(tokens) == 24 else "stop")
     stream = await served.openai.chat.completions.create(
-        model=MODEL, messages=HI, max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}
+        model=MODEL,
+        messages=HI,
+        max_tokens=24,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     chunks = [chunk async for chunk in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -90,13 +107,17 @@ async def test_openai_client_completions_unary_and_stream(served: Served) -> Non
     expected, _ = await direct_text(served, served.tokenizer.encode(prompt), 12)
     reply = await served.openai.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
     assert reply.choices[0].text == expected and reply.object == "text_completion"
-    stream = await served.openai.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
-                                                    stream=True)
+    stream = await served.openai.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True
+    )
     assert "".join([c.choices[0].text async for c in stream]) == expected
-    default = await served.openai.completions.create(model=MODEL, prompt=prompt, temperature=0, extra_body={"ignore_eos": True})
+    default = await served.openai.completions.create(
+        model=MODEL, prompt=prompt, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert default.usage.completion_tokens == 16  # OpenAI's default max_tokens for completions
-    by_ids = await served.openai.completions.create(model=MODEL, prompt=served.tokenizer.encode(prompt), max_tokens=12,
-                                                    temperature=0)
+    by_ids = await served.openai.completions.create(
+        model=MODEL, prompt=served.tokenizer.encode(prompt), max_tokens=12, temperature=0
+    )
     assert by_ids.choices[0].text == expected
 
 
@@ -104,19 +125,22 @@ async def test_stop_strings_end_the_text_and_the_worker_stream(served: Served) -
     expected, _ = await direct_text(served, chat_token_ids(served, HI), 30)
     stop = expected[8:11]
     cut = expected[: expected.index(stop)]
-    reply = await served.openai.chat.completions.create(model=MODEL, messages=HI, max_tokens=30, temperature=0,
-                                                        stop=[stop])
+    reply = await served.openai.chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=30, temperature=0, stop=[stop]
+    )
     assert reply.choices[0].message.content == cut and reply.choices[0].finish_reason == "stop"
-    stream = await served.openai.chat.completions.create(model=MODEL, messages=HI, max_tokens=30, temperature=0,
-                                                         stop=stop, stream=True)
+    stream = await served.openai.chat.completions.create(
+        model=MODEL, messages=HI, max_tokens=30, temperature=0, stop=stop, stream=True
+    )
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == cut
     assert await engine_idle(served.engine)
 
 
 async def test_seeded_sampling_through_the_frontend_is_reproducible(served: Served) -> None:
     async def ask(seed: int) -> str:
-        reply = await served.openai.chat.completions.create(model=MODEL, messages=HI, max_tokens=16, seed=seed,
-                                                            temperature=1.0, top_p=0.9)
+        reply = await served.openai.chat.completions.create(
+            model=MODEL, messages=HI, max_tokens=16, seed=seed, temperature=1.0, top_p=0.9
+        )
         return reply.choices[0].message.content or ""
 
     assert await ask(7) == await ask(7)
@@ -133,9 +157,20 @@ GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
         (CHAT, b"[1, 2]", 400, None, "JSON object"),
         (CHAT, {"messages": HI}, 400, "model", "model is required"),
         (CHAT, {"model": MODEL}, 400, "messages", "messages"),
-        (CHAT, {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0].role", "role"),
-        (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-         "messages[0].content", "text"),
+        (
+            CHAT,
+            {"model": MODEL, "messages": [{"role": "robot", "content": "x"}]},
+            400,
+            "messages[0].role",
+            "role",
+        ),
+        (
+            CHAT,
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "messages[0].content",
+            "text",
+        ),
         (CHAT, {**GOOD, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
         (CHAT, {**GOOD, "max_tokens": "many"}, 400, "max_tokens", "integer"),
         (CHAT, {**GOOD, "max_tokens": 5000}, 400, "max_tokens", "lower max_tokens"),
@@ -149,7 +184,13 @@ GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
         (CHAT, {**GOOD, "logprobs": True}, 400, "logprobs", "not supported"),
         (CHAT, {**GOOD, "presence_penalty": 1.0}, 400, "presence_penalty", "not supported"),
         (CHAT, {**GOOD, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
-        (CHAT, {**GOOD, "messages": [{"role": "user", "content": "word " * 1200}]}, 400, "messages", "context"),
+        (
+            CHAT,
+            {**GOOD, "messages": [{"role": "user", "content": "word " * 1200}]},
+            400,
+            "messages",
+            "context",
+        ),
         ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt", "empty"),
         ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),
         ("/v1/completions", {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", "vocabulary"),
@@ -182,8 +223,13 @@ async def test_wrong_method_and_completions_only_models(served: Served, tiny_pat
     response = await served.http.get(CHAT)
     assert response.status_code == 405 and "not allowed" in response.json()["error"]["message"]
     echo = EchoEngine()
-    server, _ = await serve_llm(served.runtime.endpoint("fe.echo.generate"), echo.generate, tiny_path,
-                                model_name="echo-only", kind="completions")
+    server, _ = await serve_llm(
+        served.runtime.endpoint("fe.echo.generate"),
+        echo.generate,
+        tiny_path,
+        model_name="echo-only",
+        kind="completions",
+    )
     await served.frontend.wait_for_model("echo-only", timeout=5)
     response = await served.http.post(CHAT, json={**GOOD, "model": "echo-only"})
     assert response.status_code == 400 and "/v1/completions" in response.json()["error"]["message"]
@@ -195,15 +241,17 @@ async def test_models_health_live_and_metrics(served: Served) -> None:
     assert models["object"] == "list" and MODEL in [m["id"] for m in models["data"]]
     health = await served.http.get("/health")
     assert health.status_code == 200 and health.json()["status"] == "healthy"
-    assert any(i["model"] == MODEL and i["endpoint"] == "fe.backend.generate" for i in health.json()["instances"])
+    assert any(
+        i["model"] == MODEL and i["endpoint"] == "fe.backend.generate" for i in health.json()["instances"]
+    )
     assert (await served.http.get("/live")).json() == {"status": "live"}
     await served.http.post(CHAT, json={**GOOD, "stream": True})
     metrics = (await served.http.get("/metrics")).text
     for line in (
         'dynamo_frontend_requests_total{model="tiny",endpoint="chat_completions",request_type="stream",status="success"}',
         'dynamo_frontend_inflight_requests{model="tiny"} 0',
-        "dynamo_frontend_time_to_first_token_seconds_count{model=\"tiny\"}",
-        "dynamo_frontend_inter_token_latency_seconds_bucket{model=\"tiny\",le=\"+Inf\"}",
+        'dynamo_frontend_time_to_first_token_seconds_count{model="tiny"}',
+        'dynamo_frontend_inter_token_latency_seconds_bucket{model="tiny",le="+Inf"}',
     ):
         assert line in metrics
 

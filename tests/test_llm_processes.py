@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import re
 import shlex
 import subprocess
 import sys
@@ -39,7 +38,9 @@ async def test_worker_and_frontend_processes_over_etcd(
 ) -> None:
     port = free_port()
     etcd = ["--discovery", services.etcd_url]
-    worker = await start_worker(*etcd, "--endpoint", "xp.backend.generate", "--lease-ttl", "2", script=HF_WORKER)
+    worker = await start_worker(
+        *etcd, "--endpoint", "xp.backend.generate", "--lease-ttl", "2", script=HF_WORKER
+    )
     assert "model=tiny-llama" in worker.ready_line
     frontend = await start_worker(*etcd, "--http-port", str(port), script=FRONTEND)
     url = f"http://127.0.0.1:{port}"
@@ -53,19 +54,34 @@ async def test_worker_and_frontend_processes_over_etcd(
     rt = await make_runtime("etcd-tcp")
     direct = await rt.endpoint("xp.backend.generate").client()
     await direct.wait_for_instances(timeout=10)
-    items = await collect(direct.round_robin({"token_ids": ids, "stop_conditions": {"max_tokens": 20},
-                                              "sampling_options": {"temperature": 0}, "eos_token_ids": [2, 0]}))
+    items = await collect(
+        direct.round_robin(
+            {
+                "token_ids": ids,
+                "stop_conditions": {"max_tokens": 20},
+                "sampling_options": {"temperature": 0},
+                "eos_token_ids": [2, 0],
+            }
+        )
+    )
     expected = tokenizer.decode([t for item in items for t in item["token_ids"]])  # type: ignore[index]
 
-    reply = await client.chat.completions.create(model="tiny-llama", messages=HI, max_tokens=20, temperature=0)
+    reply = await client.chat.completions.create(
+        model="tiny-llama", messages=HI, max_tokens=20, temperature=0
+    )
     assert reply.choices[0].message.content == expected
-    stream = await client.chat.completions.create(model="tiny-llama", messages=HI, max_tokens=20, temperature=0,
-                                                  stream=True)
+    stream = await client.chat.completions.create(
+        model="tiny-llama", messages=HI, max_tokens=20, temperature=0, stream=True
+    )
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == expected
-    completion = await client.completions.create(model="tiny-llama", prompt="Once upon a time", max_tokens=8,
-                                                 temperature=0)
-    assert completion.usage.completion_tokens == len(tokenizer.encode(completion.choices[0].text)) or \
-        completion.choices[0].finish_reason == "stop" or completion.usage.completion_tokens == 8
+    completion = await client.completions.create(
+        model="tiny-llama", prompt="Once upon a time", max_tokens=8, temperature=0
+    )
+    assert (
+        completion.usage.completion_tokens == len(tokenizer.encode(completion.choices[0].text))
+        or completion.choices[0].finish_reason == "stop"
+        or completion.usage.completion_tokens == 8
+    )
 
     # kill the only worker: the next request gets 503 at once, not a hang
     worker.kill()
@@ -89,37 +105,68 @@ async def test_static_mode_on_nats_without_etcd(services: Any, start_worker: Any
     worker = await start_worker("--static", *nats, "--endpoint", "static.backend.generate", script=HF_WORKER)
     assert "address=nats://" in worker.ready_line
     await start_worker(
-        "--static-endpoint", "static.backend.generate", "--model-name", "tiny-static", "--model-path",
-        str(tiny_path), *nats, "--http-port", str(port), script=FRONTEND,
+        "--static-endpoint",
+        "static.backend.generate",
+        "--model-name",
+        "tiny-static",
+        "--model-path",
+        str(tiny_path),
+        *nats,
+        "--http-port",
+        str(port),
+        script=FRONTEND,
     )
     url = f"http://127.0.0.1:{port}"
     await wait_for_model(url, "tiny-static", timeout=5)
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0) as client:
-        reply = await client.chat.completions.create(model="tiny-static", messages=HI, max_tokens=6, temperature=0)
+        reply = await client.chat.completions.create(
+            model="tiny-static", messages=HI, max_tokens=6, temperature=0
+        )
         assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.content is not None
-        stream = await client.completions.create(model="tiny-static", prompt="Hello", max_tokens=6, stream=True)
+        stream = await client.completions.create(
+            model="tiny-static", prompt="Hello", max_tokens=6, stream=True
+        )
         assert len([c async for c in stream]) >= 2
 
 
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--static-endpoint", "backend.generate", "--model-name", "m", "--model-path", "{tiny}"],
-         "is not namespace.component.endpoint"),
+        (
+            ["--static-endpoint", "backend.generate", "--model-name", "m", "--model-path", "{tiny}"],
+            "is not namespace.component.endpoint",
+        ),
         (["--static-endpoint", "dynamo.backend.generate", "--model-path", "{tiny}"], "needs --model-name"),
         (["--static-endpoint", "dynamo.backend.generate"], "needs --model-name and --model-path"),
-        (["--static-endpoint", "dynamo.backend.generate", "--model-name", " ", "--model-path", "{tiny}"],
-         "--model-name is empty"),
-        (["--static-endpoint", "dynamo.backend.generate", "--model-name", "m", "--model-path", "/no/such/dir"],
-         "is not a directory"),
-        (["--static-endpoint", "dynamo.backend.generate", "--model-name", "m", "--model-path", "{empty}"],
-         "holds no tokenizer.json"),
-        (["--static-endpoint", "dynamo.backend.generate", "--model-name", "m", "--model-path", "{tiny}"],
-         "--static-address"),
+        (
+            ["--static-endpoint", "dynamo.backend.generate", "--model-name", " ", "--model-path", "{tiny}"],
+            "--model-name is empty",
+        ),
+        (
+            [
+                "--static-endpoint",
+                "dynamo.backend.generate",
+                "--model-name",
+                "m",
+                "--model-path",
+                "/no/such/dir",
+            ],
+            "is not a directory",
+        ),
+        (
+            ["--static-endpoint", "dynamo.backend.generate", "--model-name", "m", "--model-path", "{empty}"],
+            "holds no tokenizer.json",
+        ),
+        (
+            ["--static-endpoint", "dynamo.backend.generate", "--model-name", "m", "--model-path", "{tiny}"],
+            "--static-address",
+        ),
         (["--model-name", "m"], "--discovery etcd://HOST:PORT"),
     ],
 )
-def test_frontend_flags_fail_fast_with_the_fix(flags: list[str], says: str, tiny_path: Any, tmp_path: Any) -> None:
+def test_frontend_flags_fail_fast_with_the_fix(
+    flags: list[str], says: str, tiny_path: Any, tmp_path: Any
+) -> None:
     argv = [f.format(tiny=tiny_path, empty=tmp_path) for f in flags]
     done = subprocess.run([sys.executable, str(FRONTEND), *argv], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
@@ -128,7 +175,9 @@ def test_frontend_flags_fail_fast_with_the_fix(flags: list[str], says: str, tiny
 
 @pytest.mark.parametrize("component", [FRONTEND, HF_WORKER])
 def test_components_help_shows_every_default(component: Any) -> None:
-    done = subprocess.run([sys.executable, str(component), "--help"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(component), "--help"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and "--discovery" in done.stdout and "--model-path" in done.stdout
     # the flag definitions are importable (a launcher reuses them), and each value flag names its default
     spec = importlib.util.spec_from_file_location(component.stem, component)
@@ -151,9 +200,14 @@ def readme_command_one() -> str:
 
 async def test_readme_command_one_serves_and_answers_curl(start_worker: Any) -> None:
     port = free_port()
-    argv = shlex.split(readme_command_one())[3:] + ["--http-port", str(port)]  # after `python3 -m dynamo_nb`
+    argv = [*shlex.split(readme_command_one())[3:], "--http-port", str(port)]  # after `python3 -m dynamo_nb`
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "dynamo_nb", *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        sys.executable,
+        "-m",
+        "dynamo_nb",
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
         cwd=str(ROOT),
     )
     try:
@@ -166,8 +220,16 @@ async def test_readme_command_one_serves_and_answers_curl(start_worker: Any) -> 
         assert "models: tiny-llama" in lines[-1]
         body = json.dumps({"model": "tiny-llama", "messages": HI, "max_tokens": 8})
         curl = await asyncio.create_subprocess_exec(
-            "curl", "-sS", "--max-time", "30", f"http://127.0.0.1:{port}/v1/chat/completions",
-            "-H", "Content-Type: application/json", "-d", body, stdout=asyncio.subprocess.PIPE,
+            "curl",
+            "-sS",
+            "--max-time",
+            "30",
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            "-H",
+            "Content-Type: application/json",
+            "-d",
+            body,
+            stdout=asyncio.subprocess.PIPE,
         )
         out, _ = await asyncio.wait_for(curl.communicate(), 40)
         reply = json.loads(out)
