@@ -18,9 +18,8 @@ import logging
 import sys
 
 from dynamo_nb import DistributedRuntime
-from dynamo_nb.cli import hf_worker_parser, model_name_from_args, model_path_from_args, runtime_from_args
+from dynamo_nb.cli import hf_worker_parser, model_path_from_args, runtime_from_args, serve_model_from_args
 from dynamo_nb.engines import HFEngine
-from dynamo_nb.llm import serve_llm
 from dynamo_nb.worker import run_program, shutdown_on_signals
 
 
@@ -34,25 +33,15 @@ async def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     model_path = model_path_from_args(args)  # the built-in tiny model unless --model-path
-    model_name = model_name_from_args(args, model_path)
 
     runtime: DistributedRuntime = await runtime_from_args(args)
     engine = await HFEngine.load(
         model_path, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs
     )
-    endpoint = runtime.endpoint(args.endpoint)
-    # serve, then publish the model card (skipped with --static: the frontend is told the model)
-    server, card = await serve_llm(
-        endpoint,
-        engine.generate,
-        model_path,
-        model_name=model_name,
-        kv_cache_block_size=args.kv_cache_block_size,
-    )
-    print(
-        f"READY {endpoint.path} instance={server.instance_id:x} address={server.address} model={card.name}",
-        flush=True,
-    )
+    # serve engine.generate at --endpoint, then publish the model card (not with --static:
+    # the frontend is told the model); prints the READY line
+    endpoint, server, card = await serve_model_from_args(runtime, args, engine.generate, model_path)
+    logging.getLogger("hf_worker").info("%s serves %s with %s; card %s", server, endpoint, engine, card)
 
     shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown()
     await runtime.wait_closed()

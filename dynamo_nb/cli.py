@@ -17,11 +17,17 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._names import EndpointPath
 from .discovery import DEFAULT_LEASE_TTL
 from .errors import ConfigError
 from .runtime import DistributedRuntime
+
+if TYPE_CHECKING:
+    from ._server import EndpointServer, Handler
+    from .llm.card import ModelCard
+    from .runtime import Endpoint
 
 __all__ = [
     "DEFAULT_WORKER_ENDPOINT",
@@ -36,6 +42,7 @@ __all__ = [
     "model_name_from_args",
     "model_path_from_args",
     "runtime_from_args",
+    "serve_model_from_args",
     "validate_frontend_args",
 ]
 
@@ -299,3 +306,27 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
         )
     if plane == "inproc":
         raise ConfigError("static mode reaches a worker in another process: use --request-plane nats or tcp")
+
+
+async def serve_model_from_args(
+    runtime: DistributedRuntime, args: argparse.Namespace, handler: Handler, model_path: Path
+) -> tuple[Endpoint, EndpointServer, ModelCard]:
+    """Serve an engine's ``handler`` at ``--endpoint`` and register the model (not with ``--static``).
+
+    Prints the worker's ``READY <endpoint> instance=<id> address=<address> model=<name>`` line.
+    """
+    from .llm.serve import serve_llm
+
+    endpoint = runtime.endpoint(args.endpoint)
+    server, card = await serve_llm(
+        endpoint,
+        handler,
+        model_path,
+        model_name=model_name_from_args(args, model_path),
+        kv_cache_block_size=args.kv_cache_block_size,
+    )
+    print(
+        f"READY {endpoint.path} instance={server.instance_id:x} address={server.address} model={card.name}",
+        flush=True,
+    )
+    return endpoint, server, card

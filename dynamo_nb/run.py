@@ -107,11 +107,8 @@ async def run(argv: list[str] | None = None) -> int:
 
 
 async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, closers: list[Any]) -> str:
-    """Start the engine worker; prints its READY line and returns the model name."""
-    from .llm import serve_llm
-
+    """Start the engine worker (it prints its READY line); returns the model name."""
     model_path = cli.model_path_from_args(args)
-    model_name = cli.model_name_from_args(args, model_path)
     if args.output == "hf":
         from .engines import HFEngine
 
@@ -123,18 +120,7 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
         from .engines import EchoEngine
 
         engine = EchoEngine()
-    endpoint = runtime.endpoint(args.endpoint)
-    server, card = await serve_llm(
-        endpoint,
-        engine.generate,
-        model_path,
-        model_name=model_name,
-        kv_cache_block_size=args.kv_cache_block_size,
-    )
-    print(
-        f"READY worker {endpoint.path} instance={server.instance_id:x} address={server.address} model={card.name}",
-        flush=True,
-    )
+    _, _, card = await cli.serve_model_from_args(runtime, args, engine.generate, model_path)
     return card.name
 
 
