@@ -75,13 +75,14 @@ async def test_worker_and_frontend_processes_over_etcd(
     )
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == expected
     completion = await client.completions.create(
-        model="tiny-llama", prompt="Once upon a time", max_tokens=8, temperature=0
+        model="tiny-llama",
+        prompt="Once upon a time",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
-    assert (
-        completion.usage.completion_tokens == len(tokenizer.encode(completion.choices[0].text))
-        or completion.choices[0].finish_reason == "stop"
-        or completion.usage.completion_tokens == 8
-    )
+    assert completion.usage.completion_tokens == 8 and completion.choices[0].finish_reason == "length"
+    assert completion.usage.prompt_tokens == len(tokenizer.encode("Once upon a time"))
 
     # kill the only worker: the next request gets 503 at once, not a hang
     worker.kill()

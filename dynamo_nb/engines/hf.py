@@ -21,12 +21,12 @@ import logging
 import random
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._context import Context
-from ..errors import ConfigError, DynamoNBError
+from ..errors import ConfigError, DynamoNBError, InvalidRequestError
 from ..llm.card import check_model_dir
 from ..llm.protocol import PreprocessedRequest, SamplingOptions
 from ._base import final_item, token_budget
@@ -52,7 +52,6 @@ class _Sequence:
     last_token: int = -1
     generated: int = 0
     finish: str | None = None
-    outputs: list[int] = field(default_factory=list)
 
 
 class HFEngine:
@@ -104,8 +103,6 @@ class HFEngine:
         budget = token_budget(parsed, self.context_length)
         vocab = self.model.config.vocab_size
         if max(parsed.token_ids) >= vocab:
-            from ..errors import InvalidRequestError
-
             raise InvalidRequestError(f"token id {max(parsed.token_ids)} is outside the vocabulary ({vocab})")
         stop = parsed.stop_conditions
         eos = frozenset() if stop.ignore_eos else frozenset(parsed.eos_token_ids or self.eos_token_ids)

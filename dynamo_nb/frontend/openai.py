@@ -106,7 +106,7 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
     raise _bad("prompt must be a string or a list of token ids", "prompt")
 
 
-def _unsupported(body: dict[str, Any], kind: str) -> None:
+def _unsupported(body: dict[str, Any]) -> None:
     n = body.get("n")
     if n is not None and n != 1:
         raise _bad(f"n={n!r} is not supported: send n=1 (or leave it out) and repeat the request", "n")
@@ -161,7 +161,7 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model is required: name one of the models listed by GET /v1/models", "model")
-    _unsupported(body, kind)
+    _unsupported(body)
     stream = _flag(body, "stream")
     stream_options = body.get("stream_options")
     include_usage = False
