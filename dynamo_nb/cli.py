@@ -207,28 +207,25 @@ def add_worker_args(parser: argparse.ArgumentParser, default_endpoint: str = DEF
     )
 
 
-def hf_worker_parser(prog: str = "hf_worker", description: str | None = None) -> argparse.ArgumentParser:
-    """Every flag of the ``hf`` engine worker (components/hf_worker.py)."""
+def _component_parser(prog: str, description: str | None, *add_groups: object) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_runtime_args(parser)
-    add_model_args(parser)
-    add_worker_args(parser)
+    for add in add_groups:
+        add(parser)  # type: ignore[operator]
     parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
     return parser
+
+
+def hf_worker_parser(prog: str = "hf_worker", description: str | None = None) -> argparse.ArgumentParser:
+    """Every flag of the ``hf`` engine worker (components/hf_worker.py)."""
+    return _component_parser(prog, description, add_model_args, add_worker_args)
 
 
 def frontend_parser(prog: str = "frontend", description: str | None = None) -> argparse.ArgumentParser:
     """Every flag of the OpenAI frontend (components/frontend.py)."""
-    parser = argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_runtime_args(parser)
-    add_frontend_args(parser)
-    add_model_args(parser)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
-    return parser
+    return _component_parser(prog, description, add_frontend_args, add_model_args)
 
 
 def model_path_from_args(args: argparse.Namespace) -> Path:

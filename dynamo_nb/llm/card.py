@@ -33,6 +33,7 @@ __all__ = [
     "card_from_folder",
     "card_key",
     "check_model_dir",
+    "publish_card",
     "register_llm",
 ]
 
@@ -221,8 +222,8 @@ async def register_llm(
     """Publish the model card of ``endpoint``'s instance so that frontends serve the model.
 
     ``kind``: ``"chat"``, ``"completions"``, ``"prefill"`` or a list (default: chat and completions,
-    or completions only when the tokenizer has no chat template). Serve the endpoint first; the card lives as long as that instance. With static discovery
-    nothing is published (the frontend builds the card from its own flags) and the card is
+    or completions only when the tokenizer has no chat template). Serve the endpoint first; the
+    card lives as long as that instance. With static discovery nothing is published (the frontend builds the card from its own flags) and the card is
     only returned.
 
     Example:
@@ -238,6 +239,11 @@ async def register_llm(
         runtime_config=runtime_config,
         context_length=context_length,
     )
+    return await publish_card(endpoint, card)
+
+
+async def publish_card(endpoint: Endpoint, card: ModelCard) -> ModelCard:
+    """Publish a built ``card`` for ``endpoint``'s instance (see `register_llm`)."""
     runtime = endpoint.runtime
     server = next((s for s in runtime.servers if s.endpoint.path == endpoint.path), None)
     if server is None:

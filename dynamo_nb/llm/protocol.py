@@ -30,6 +30,10 @@ __all__ = [
 FINISH_REASONS = ("stop", "length", "error", "cancelled")
 
 
+def _without_none(obj: Any) -> dict[str, Any]:
+    return {k: v for k, v in asdict(obj).items() if v is not None}
+
+
 def _mapping(value: Any, name: str) -> dict[str, Any]:
     if value is None:
         return {}
@@ -157,7 +161,7 @@ class PreprocessedRequest:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able form, without fields left at None."""
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return _without_none(self)
 
 
 @dataclass
@@ -181,4 +185,4 @@ class LLMEngineOutput:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return _without_none(self)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._server import EndpointServer, Handler
-from .card import ModelCard, ModelRuntimeConfig, card_from_folder, register_llm
+from .card import ModelCard, ModelRuntimeConfig, card_from_folder, publish_card
 
 if TYPE_CHECKING:
     from ..runtime import Endpoint
@@ -30,18 +30,18 @@ async def serve_llm(
         >>> engine = await HFEngine.load(tiny_model_path())                                # doctest: +SKIP
         >>> server, card = await serve_llm(endpoint, engine.generate, tiny_model_path(), model_name="tiny")  # doctest: +SKIP
     """
-    # check the folder before serving, so a bad path fails before anything is published
-    card_from_folder(model_path, name=model_name, endpoint=str(endpoint.path), kinds=kind)
+    # the card is built (and the folder checked) before serving, so a bad path publishes nothing
+    card = card_from_folder(
+        model_path,
+        name=model_name,
+        endpoint=str(endpoint.path),
+        kinds=kind,
+        kv_cache_block_size=kv_cache_block_size,
+        runtime_config=runtime_config,
+    )
     server = await endpoint.serve(handler)
     try:
-        card = await register_llm(
-            endpoint,
-            model_path,
-            model_name=model_name,
-            kind=kind,
-            kv_cache_block_size=kv_cache_block_size,
-            runtime_config=runtime_config,
-        )
+        await publish_card(endpoint, card)
     except BaseException:
         await server.stop(grace=0)
         raise
