@@ -30,12 +30,14 @@ from .errors import (
     InstanceNotFoundError,
     InvalidHandlerError,
     InvalidNameError,
+    LaunchError,
     NoInstancesError,
     RemoteHandlerError,
     RequestError,
     RuntimeClosedError,
     ServiceError,
 )
+from .launch import ManagedProcess, launch, launched
 from .notebook import in_notebook
 from .runtime import Component, DistributedRuntime, Endpoint, Namespace
 from .services import LocalServices
@@ -58,7 +60,9 @@ __all__ = [
     "InstanceNotFoundError",
     "InvalidHandlerError",
     "InvalidNameError",
+    "LaunchError",
     "LocalServices",
+    "ManagedProcess",
     "Namespace",
     "NoInstancesError",
     "RemoteHandlerError",
@@ -69,6 +73,8 @@ __all__ = [
     "dynamo_worker",
     "errors",
     "in_notebook",
+    "launch",
+    "launched",
 ]
 
 for _name in __all__:

@@ -8,6 +8,9 @@ working::
     ├── ConfigError (ValueError)             a setting, flag or URL that cannot work
     │   └── InvalidNameError                 a namespace/component/endpoint name
     ├── InvalidHandlerError (TypeError)      a handler that is not an async generator
+    ├── ProcessStartError                    a child process exited or was not ready in time
+    │   ├── ServiceStartError                (also a ServiceError) a local etcd / nats-server
+    │   └── LaunchError                      a component started with `dynamo_nb.launch`
     ├── ServiceError                         etcd / NATS: missing, failed to start, unreachable
     │   ├── BinaryNotFoundError
     │   ├── ServiceStartError
@@ -38,7 +41,9 @@ __all__ = [
     "InvalidHandlerError",
     "InvalidNameError",
     "InvalidRequestError",
+    "LaunchError",
     "NoInstancesError",
+    "ProcessStartError",
     "RemoteHandlerError",
     "RequestError",
     "RuntimeClosedError",
@@ -72,16 +77,26 @@ class BinaryNotFoundError(ServiceError):
     """The etcd or nats-server executable is not installed."""
 
 
-class ServiceStartError(ServiceError):
-    """A local etcd or nats-server exited or did not answer in time.
+class ProcessStartError(DynamoNBError):
+    """A child process exited or did not become ready in time.
 
     Attributes:
-        log_tail: the last lines the process wrote.
+        log_tail: the last lines the process wrote (they end the message too).
+        returncode: its exit status, or None when it was still running (and was stopped).
     """
 
-    def __init__(self, message: str, log_tail: str = "") -> None:
+    def __init__(self, message: str, log_tail: str = "", returncode: int | None = None) -> None:
         super().__init__(message + (f"\n--- last log lines ---\n{log_tail}" if log_tail else ""))
         self.log_tail = log_tail
+        self.returncode = returncode
+
+
+class ServiceStartError(ServiceError, ProcessStartError):
+    """A local etcd or nats-server exited or did not answer in time."""
+
+
+class LaunchError(ProcessStartError):
+    """A program started with `dynamo_nb.launch` exited, or was not ready within its timeout."""
 
 
 class ServiceUnavailableError(ServiceError, ConnectionError):

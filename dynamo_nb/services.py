@@ -6,7 +6,6 @@ import asyncio
 import atexit
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from ._process import stop_group
 from .errors import BinaryNotFoundError, ServiceStartError
 
 __all__ = ["LocalServices", "find_binary"]
@@ -108,26 +108,14 @@ class _Child:
         self.log = log
         self.url = url
 
-    def signal(self, signum: int) -> None:
-        try:
-            os.killpg(self.process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
     async def stop(self, timeout: float = 5.0) -> None:
         if self.process.poll() is not None:
             return
-        await asyncio.to_thread(self.stop_now, timeout)
+        await asyncio.to_thread(stop_group, self.process, timeout)
 
     def stop_now(self, timeout: float = 5.0) -> None:
         """SIGTERM the process group, then SIGKILL it if it has not exited after ``timeout``."""
-        if self.process.poll() is None:
-            self.signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.signal(signal.SIGKILL)
-                self.process.wait(timeout=5)
+        stop_group(self.process, timeout)
 
 
 class LocalServices:

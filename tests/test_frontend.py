@@ -184,6 +184,8 @@ GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
         (CHAT, {**GOOD, "logprobs": True}, 400, "logprobs", "not supported"),
         (CHAT, {**GOOD, "presence_penalty": 1.0}, 400, "presence_penalty", "not supported"),
         (CHAT, {**GOOD, "tools": [{"type": "function"}]}, 400, "tools", "not supported"),
+        (CHAT, {**GOOD, "nvext": "worker_id"}, 400, "nvext", "must be an object"),
+        (CHAT, {**GOOD, "nvext": {"extra_fields": "worker_id"}}, 400, "nvext.extra_fields", "list of names"),
         (
             CHAT,
             {**GOOD, "messages": [{"role": "user", "content": "word " * 1200}]},

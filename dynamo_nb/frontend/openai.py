@@ -39,6 +39,7 @@ class OpenAIRequest:
     sampling: SamplingOptions
     messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
+    extra_fields: frozenset[str] = frozenset()
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -154,6 +155,19 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
+def _extra_fields(body: dict[str, Any]) -> frozenset[str]:
+    """``nvext.extra_fields`` (as in Dynamo): response fields asked for, e.g. ``["worker_id"]``."""
+    nvext = body.get("nvext")
+    if nvext is None:
+        return frozenset()
+    if not isinstance(nvext, dict):
+        raise _bad("nvext must be an object such as {'extra_fields': ['worker_id']}", "nvext")
+    fields = nvext.get("extra_fields") or []
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise _bad("nvext.extra_fields must be a list of names such as ['worker_id']", "nvext.extra_fields")
+    return frozenset(fields)
+
+
 def parse_request(body: Any, kind: str) -> OpenAIRequest:
     """Check an OpenAI request body; ``kind`` is ``chat`` or ``completions``."""
     if not isinstance(body, dict):
@@ -183,7 +197,9 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
     )
     stop.stop = _stop_strings(body)
     sampling = SamplingOptions.from_dict({k: body.get(k) for k in ("temperature", "top_p", "top_k", "seed")})
-    request = OpenAIRequest(kind, model, stream, include_usage, stop, sampling)
+    request = OpenAIRequest(
+        kind, model, stream, include_usage, stop, sampling, extra_fields=_extra_fields(body)
+    )
     if kind == "chat":
         request.messages = _messages(body)
     else:

@@ -61,6 +61,7 @@ class _Outcome:
     finish_reason: str = "stop"
     completion_tokens: int = 0
     error: str | None = None
+    nvext: dict[str, Any] | None = None  # sent with the last chunk when the request asked for it
 
 
 class Frontend:
@@ -272,7 +273,7 @@ class Frontend:
             stream, first = await self._open(model, engine_request)
             metrics.ttft.observe(time.perf_counter() - started, model=name)
             metrics.input_tokens.observe(len(token_ids), model=name)
-            outcome = _Outcome()
+            outcome = _Outcome(nvext=_nvext(parsed, stream))
             try:
                 pieces = self._relay(model, stream, first, parsed.stop.stop, outcome)
                 if parsed.stream:
@@ -400,9 +401,10 @@ class Frontend:
             await write(_DONE)
             return response
         empty = '"delta":{}' if chat else '"text":""'
+        nvext = f',"nvext":{dumps(outcome.nvext)}' if outcome.nvext else ""
         await write(
             f'data: {head},"choices":[{{"index":0,{empty},"logprobs":null,'
-            f'"finish_reason":"{outcome.finish_reason}"}}]}}\n\n'.encode()
+            f'"finish_reason":"{outcome.finish_reason}"}}]{nvext}}}\n\n'.encode()
         )
         if parsed.include_usage:
             usage = _usage(prompt_tokens, outcome.completion_tokens)
@@ -432,7 +434,16 @@ async def _send_unary(
         "choices": [choice],
         "usage": _usage(prompt_tokens, outcome.completion_tokens),
     }
+    if outcome.nvext:
+        body["nvext"] = outcome.nvext
     return web.json_response(body)
+
+
+def _nvext(parsed: OpenAIRequest, stream: ResponseStream) -> dict[str, Any] | None:
+    """Dynamo's ``nvext`` response fields the request asked for (``worker_id``: who served it)."""
+    if "worker_id" not in parsed.extra_fields:
+        return None
+    return {"worker_id": {"prefill_worker_id": None, "decode_worker_id": stream.instance_id}}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

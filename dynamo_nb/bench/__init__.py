@@ -1,0 +1,57 @@
+"""Load generator, statistics and charts for any OpenAI-compatible server (``dynamo_nb.bench``).
+
+Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
+
+Example:
+    >>> from dynamo_nb import bench
+    >>> df = await bench.run("http://127.0.0.1:8000", "tiny-llama",                 # doctest: +SKIP
+    ...                      prompts=bench.random_prompts(32), concurrency=[1, 8, 32],
+    ...                      requests=64, max_tokens=32, live=bench.live("ttft_itl"))
+    >>> bench.summary(df)                                                          # doctest: +SKIP
+    >>> bench.ttft_itl_chart(df)                                                   # doctest: +SKIP
+
+From a shell::
+
+    python -m dynamo_nb.bench --url http://127.0.0.1:8000 --model tiny-llama \\
+        --concurrency 1,8,32 --out results.json --plot chart.png
+"""
+
+from __future__ import annotations
+
+from .charts import CHARTS, Chart, latency_cdf, per_worker_chart, throughput_chart, ttft_itl_chart
+from .client import RECORD_COLUMNS
+from .live import LiveChart, live
+from .prompts import (
+    PROMPT_SETS,
+    Prompt,
+    multi_turn_prompts,
+    prompt_set,
+    random_prompts,
+    shared_prefix_prompts,
+)
+from .runner import run
+from .stats import load_json, save_json, summary
+from .stub_server import StubServer
+
+__all__ = [
+    "CHARTS",
+    "PROMPT_SETS",
+    "RECORD_COLUMNS",
+    "Chart",
+    "LiveChart",
+    "Prompt",
+    "StubServer",
+    "latency_cdf",
+    "live",
+    "load_json",
+    "multi_turn_prompts",
+    "per_worker_chart",
+    "prompt_set",
+    "random_prompts",
+    "run",
+    "save_json",
+    "shared_prefix_prompts",
+    "summary",
+    "throughput_chart",
+    "ttft_itl_chart",
+]

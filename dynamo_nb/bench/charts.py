@@ -1,0 +1,199 @@
+"""Charts of a `bench.run` DataFrame: each function returns a matplotlib Figure.
+
+The figures are made without pyplot (no global state, no second copy shown at the end of
+a cell); a notebook shows one as a PNG when it is a cell's value, and ``fig.savefig(path)``
+writes it. Several labels in the frame (router modes, servers) become several lines.
+
+Example:
+    >>> fig = bench.ttft_itl_chart(df)          # doctest: +SKIP
+    >>> fig.savefig("ttft.png")                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ..errors import ConfigError
+from .stats import level_summary
+
+__all__ = ["CHARTS", "Chart", "latency_cdf", "per_worker_chart", "throughput_chart", "ttft_itl_chart"]
+
+
+class Chart(Figure):
+    """A Figure on the Agg canvas that a notebook displays as a PNG."""
+
+    def to_png(self, dpi: int = 100) -> bytes:
+        """The figure as PNG bytes."""
+        buffer = io.BytesIO()
+        self.savefig(buffer, format="png", dpi=dpi, bbox_inches="tight")
+        return buffer.getvalue()
+
+    def _repr_png_(self) -> bytes:
+        return self.to_png()
+
+
+def _chart(columns: int, width: float = 5.0, height: float = 3.6) -> tuple[Chart, list]:
+    figure = Chart(figsize=(width * columns, height), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(1, columns, squeeze=False)[0]
+    return figure, list(axes)
+
+
+def _by_label(df: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
+    for label, group in df.groupby("label", sort=False):
+        yield str(label), group
+
+
+def _levels_table(df: pd.DataFrame) -> pd.DataFrame:
+    rows = [{"concurrency": c, **level_summary(g)} for c, g in df.groupby("concurrency", sort=True)]
+    return pd.DataFrame(rows)
+
+
+def _concurrency_axis(ax, levels: list[int]) -> None:
+    if levels and max(levels) / min(levels) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency")
+    ax.grid(True, alpha=0.3)
+
+
+def _empty(ax, message: str) -> None:
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, wrap=True)
+    ax.set_axis_off()
+
+
+def ttft_itl_chart(df: pd.DataFrame) -> Chart:
+    """TTFT and inter-token latency (p50 solid, p90 dashed, p99 dotted) against concurrency."""
+    figure, (ttft_ax, itl_ax) = _chart(2)
+    levels = sorted(df["concurrency"].unique().tolist()) if len(df) else []
+    multi = df["label"].nunique() > 1 if len(df) else False
+    for color, (label, group) in zip(_colors(), _by_label(df), strict=False):
+        table = _levels_table(group)
+        for ax, metric in ((ttft_ax, "ttft"), (itl_ax, "itl")):
+            for p, style in ((50, "-"), (90, "--"), (99, ":")):
+                name = f"{label} p{p}" if multi else f"p{p}"
+                ax.plot(
+                    table["concurrency"],
+                    table[f"{metric}_p{p}_ms"],
+                    style,
+                    marker="o",
+                    color=color,
+                    label=name,
+                )
+    for ax, title in ((ttft_ax, "time to first token"), (itl_ax, "inter-token latency")):
+        ax.set_title(title)
+        ax.set_ylabel("ms")
+        _concurrency_axis(ax, levels)
+        if ax.lines:
+            ax.legend(fontsize="small")
+    return figure
+
+
+def throughput_chart(df: pd.DataFrame) -> Chart:
+    """Requests/s and output tokens/s against concurrency."""
+    figure, (req_ax, tok_ax) = _chart(2)
+    levels = sorted(df["concurrency"].unique().tolist()) if len(df) else []
+    for color, (label, group) in zip(_colors(), _by_label(df), strict=False):
+        table = _levels_table(group)
+        req_ax.plot(table["concurrency"], table["req_per_s"], marker="o", color=color, label=label or None)
+        tok_ax.plot(
+            table["concurrency"], table["output_tok_per_s"], marker="o", color=color, label=label or None
+        )
+    for ax, title, unit in (
+        (req_ax, "requests per second", "req/s"),
+        (tok_ax, "output tokens per second", "tok/s"),
+    ):
+        ax.set_title(title)
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        _concurrency_axis(ax, levels)
+        if df["label"].nunique() > 1:
+            ax.legend(fontsize="small")
+    return figure
+
+
+_CDF_METRICS = {"ttft": "ttft_s", "e2e": "e2e_s", "itl": "itl_s"}
+
+
+def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:
+    """The share of requests (of gaps, for ``itl``) at or under each latency, one line per level."""
+    if metric not in _CDF_METRICS:
+        raise ConfigError(f"metric must be one of {', '.join(_CDF_METRICS)}, got {metric!r}")
+    figure, (ax,) = _chart(1, width=6.0)
+    column = _CDF_METRICS[metric]
+    ok = df[df["error"].isna()]
+    multi = df["label"].nunique() > 1 if len(df) else False
+    for (label, level), group in ok.groupby(["label", "concurrency"], sort=True):
+        values = group[column]
+        flat = [g for gaps in values for g in gaps] if metric == "itl" else values.dropna().tolist()
+        if not flat:
+            continue
+        xs = np.sort(np.asarray(flat, dtype=float)) * 1000.0
+        ys = np.arange(1, xs.size + 1) / xs.size
+        ax.step(xs, ys, where="post", label=f"{label} c={level}" if multi else f"c={level}")
+    if not ax.lines:
+        _empty(ax, "no successful requests")
+        return figure
+    ax.set_title(
+        {"ttft": "time to first token", "e2e": "end-to-end latency", "itl": "inter-token latency"}[metric]
+        + " CDF"
+    )
+    ax.set_xlabel("ms")
+    ax.set_ylabel("fraction")
+    ax.set_ylim(0, 1.02)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return figure
+
+
+def per_worker_chart(df: pd.DataFrame) -> Chart:
+    """Requests and median TTFT per serving worker (from ``nvext.worker_id``), per label."""
+    figure, (count_ax, ttft_ax) = _chart(2)
+    served = df[df["worker"].notna()]
+    if served.empty:
+        _empty(count_ax, "no worker ids in these results:\nthe server did not report them")
+        ttft_ax.set_axis_off()
+        return figure
+    workers = sorted(served["worker"].unique().tolist())
+    labels = list(dict.fromkeys(served["label"].tolist()))
+    width = 0.8 / len(labels)
+    positions = np.arange(len(workers))
+    for i, (color, label) in enumerate(zip(_colors(), labels, strict=False)):
+        group = served[served["label"] == label]
+        counts = group.groupby("worker").size().reindex(workers, fill_value=0)
+        ttft = group[group["error"].isna()].groupby("worker")["ttft_s"].median().reindex(workers) * 1000.0
+        offset = positions + (i - (len(labels) - 1) / 2) * width
+        count_ax.bar(offset, counts.to_numpy(), width, color=color, label=label or None)
+        ttft_ax.bar(offset, ttft.to_numpy(), width, color=color, label=label or None)
+    names = [w[:8] for w in workers]
+    for ax, title, unit in (
+        (count_ax, "requests per worker", "requests"),
+        (ttft_ax, "median TTFT per worker", "ms"),
+    ):
+        ax.set_title(title)
+        ax.set_ylabel(unit)
+        ax.set_xticks(positions, names, rotation=20)
+        ax.set_xlabel("worker")
+        ax.grid(True, axis="y", alpha=0.3)
+        if len(labels) > 1:
+            ax.legend(fontsize="small")
+    return figure
+
+
+def _colors() -> Iterator[str]:
+    while True:
+        yield from ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+
+
+CHARTS = {
+    "ttft_itl": ttft_itl_chart,
+    "throughput": throughput_chart,
+    "cdf": latency_cdf,
+    "per_worker": per_worker_chart,
+}

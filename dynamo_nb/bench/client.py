@@ -1,0 +1,157 @@
+"""One timed request to an OpenAI-compatible server: the per-request record of `bench.run`.
+
+The stream is read in chunks as they arrive; every SSE event in a chunk gets the chunk's
+arrival time. A content event (a non-empty ``delta.content`` or ``text``) is a token event:
+the first gives TTFT, the gaps between them are the inter-token latencies. Usage (asked
+for with ``stream_options.include_usage``) gives the token counts when the server sends
+it, and ``nvext.worker_id`` (our frontend, and Dynamo's, when asked for it) the workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from time import perf_counter
+from typing import Any
+
+import aiohttp
+
+__all__ = ["RECORD_COLUMNS", "send_request"]
+
+RECORD_COLUMNS = [
+    "label",
+    "concurrency",
+    "index",
+    "prompt",
+    "sent_s",
+    "ttft_s",
+    "e2e_s",
+    "itl_s",
+    "output_tokens",
+    "input_tokens",
+    "status",
+    "error",
+    "worker",
+    "prefill_worker",
+    "path",
+]
+"""The DataFrame columns: times are seconds; ``sent_s`` counts from the start of the run."""
+
+_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+
+
+def _error_text(status: int, raw: bytes) -> str:
+    """``"404: model 'x' not found"`` from an OpenAI error envelope, or the start of the body."""
+    try:
+        body = json.loads(raw)
+        message = body["error"]["message"] if isinstance(body.get("error"), dict) else body.get("error")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        message = None
+    return f"{status}: {message or raw[:200].decode(errors='replace').strip() or 'no body'}"
+
+
+def _worker_ids(record: dict[str, Any], nvext: Any) -> None:
+    info = nvext.get("worker_id") if isinstance(nvext, dict) else None
+    if not isinstance(info, dict):
+        return
+    decode, prefill = info.get("decode_worker_id"), info.get("prefill_worker_id")
+    if decode is not None:
+        record["worker"] = f"{decode:x}" if isinstance(decode, int) else str(decode)
+    if prefill is not None:
+        record["prefill_worker"] = f"{prefill:x}" if isinstance(prefill, int) else str(prefill)
+    if record["worker"] is not None or record["prefill_worker"] is not None:
+        disagg = record["prefill_worker"] is not None and record["prefill_worker"] != record["worker"]
+        record["path"] = "disaggregated" if disagg else "aggregated"
+
+
+async def _read_stream(response: aiohttp.ClientResponse, record: dict[str, Any]) -> list[float]:
+    """Token event times; fills usage, workers and errors into ``record``."""
+    times: list[float] = []
+    append = times.append
+    loads = json.loads
+    pending = b""
+    async for chunk in response.content.iter_any():
+        now = perf_counter()
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n")
+        pending += chunk
+        *events, pending = pending.split(b"\n\n")
+        for event in events:
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]" or not data:
+                    continue
+                try:
+                    item = loads(data)
+                except ValueError:
+                    record["error"] = f"bad SSE data: {data[:80]!r}"
+                    continue
+                for choice in item.get("choices") or ():
+                    delta = choice.get("delta")
+                    text = delta.get("content") if delta else choice.get("text")
+                    if text:
+                        append(now)
+                usage = item.get("usage")
+                if usage:
+                    record["output_tokens"] = usage.get("completion_tokens")
+                    record["input_tokens"] = usage.get("prompt_tokens")
+                if "nvext" in item:
+                    _worker_ids(record, item["nvext"])
+                if "error" in item:
+                    record["error"] = _error_text(500, data)
+    return times
+
+
+async def _read_unary(response: aiohttp.ClientResponse, record: dict[str, Any]) -> list[float]:
+    body = await response.json(content_type=None)
+    usage = body.get("usage") or {}
+    record["output_tokens"] = usage.get("completion_tokens")
+    record["input_tokens"] = usage.get("prompt_tokens")
+    if "nvext" in body:
+        _worker_ids(record, body["nvext"])
+    return [perf_counter()]
+
+
+async def send_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: bytes,
+    record: dict[str, Any],
+    *,
+    stream: bool,
+    timeout: float,
+    origin: float,
+) -> dict[str, Any]:
+    """POST ``payload`` to ``url`` and fill ``record``'s timing columns (never raises for the server).
+
+    ``origin`` is the run's start (``perf_counter``); a request that fails keeps its error
+    text in ``record["error"]`` and NaN for the times it did not reach.
+    """
+    start = perf_counter()
+    record["sent_s"] = start - origin
+    times: list[float] = []
+    try:
+        limit = aiohttp.ClientTimeout(total=timeout)  # the whole request, the body's reading included
+        async with session.post(url, data=payload, headers=_JSON_HEADERS, timeout=limit) as response:
+            record["status"] = response.status
+            if response.status != 200:
+                record["error"] = _error_text(response.status, await response.read())
+            else:
+                times = await (_read_stream if stream else _read_unary)(response, record)
+    except asyncio.TimeoutError:
+        record["error"] = f"no complete answer within {timeout:g} s"
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    end = perf_counter()
+    record["e2e_s"] = end - start
+    if times:
+        record["ttft_s"] = times[0] - start
+        record["itl_s"] = [b - a for a, b in itertools.pairwise(times)]
+        if record["output_tokens"] is None:
+            record["output_tokens"] = len(times)
+    elif record["error"] is None:
+        record["error"] = "the answer had no tokens"
+    return record

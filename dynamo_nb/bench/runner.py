@@ -1,0 +1,197 @@
+"""`run`: a closed-loop load sweep over concurrency levels, one record per request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from time import perf_counter
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import pandas as pd
+
+from ..errors import ConfigError
+from .client import RECORD_COLUMNS, send_request
+from .prompts import Prompt, as_prompts
+
+if TYPE_CHECKING:
+    from .live import LiveChart
+
+__all__ = ["ENDPOINTS", "run"]
+
+ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def _base_url(url: str) -> str:
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"url must start with http:// or https://, got {url!r}")
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _levels(concurrency: int | Iterable[int]) -> list[int]:
+    levels = [concurrency] if isinstance(concurrency, int) else list(concurrency)
+    if not levels or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 1 for c in levels):
+        raise ConfigError(f"concurrency must be a positive integer or a list of them, got {concurrency!r}")
+    return levels
+
+
+def _payloads(
+    prompts: Sequence[Prompt],
+    model: str,
+    endpoint: str,
+    stream: bool,
+    max_tokens: int,
+    options: Mapping[str, Any],
+) -> list[bytes]:
+    """One request body per prompt, encoded once (the hot loop only sends bytes)."""
+    bodies = []
+    for prompt in prompts:
+        body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": stream}
+        if endpoint == "chat":
+            body["messages"] = list(prompt.messages)
+        else:
+            body["prompt"] = prompt.text
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        body.update(options)
+        bodies.append(json.dumps(body).encode())
+    return bodies
+
+
+async def run(
+    url: str,
+    model: str,
+    *,
+    prompts: Iterable[Prompt | str | Sequence[dict[str, str]]] | None = None,
+    concurrency: int | Iterable[int] = (1, 8, 32),
+    requests: int | None = None,
+    max_tokens: int = 64,
+    stream: bool = True,
+    endpoint: str = "chat",
+    label: str = "",
+    temperature: float | None = None,
+    ignore_eos: bool = False,
+    worker_ids: bool = True,
+    extra_body: Mapping[str, Any] | None = None,
+    api_key: str | None = None,
+    timeout: float = 300.0,
+    warmup: int = 0,
+    progress: bool = True,
+    live: LiveChart | None = None,
+) -> pd.DataFrame:
+    """Drive ``url`` at each concurrency level in turn; one row per request.
+
+    At level ``c``, ``c`` clients each send their next request as soon as the previous one
+    ends (closed loop) until ``requests`` have been sent. Prompt ``i % len(prompts)`` goes
+    with request ``i``, so every level sees the same prompts.
+
+    Args:
+        url: the server's base URL (``http://host:port``, with or without ``/v1``): ours,
+            vLLM's, SGLang's, Dynamo's or any OpenAI-compatible one.
+        model: the model name to ask for.
+        prompts: `Prompt` objects, strings or message lists (default: 100 random prompts).
+        concurrency: the levels to run, in order.
+        requests: requests per level (default: 4 × the level, at least 16).
+        max_tokens: the ``max_tokens`` of each request.
+        stream: SSE streaming (TTFT and gaps per token) or one JSON answer (TTFT = e2e).
+        endpoint: ``"chat"`` or ``"completions"``.
+        label: a value for the ``label`` column (to compare runs: router modes, servers…).
+        temperature: sent when given.
+        ignore_eos: ask the server to always produce ``max_tokens`` (vLLM, SGLang, ours).
+        worker_ids: ask for ``nvext.extra_fields = ["worker_id"]`` (Dynamo, ours) to learn
+            which worker served each request; turn off for servers that reject unknown fields.
+        extra_body: more request fields, merged last.
+        api_key: sent as ``Authorization: Bearer …``.
+        timeout: seconds one request may take; it then counts as an error.
+        warmup: requests sent (and not recorded) before the first level.
+        progress: a ``tqdm.auto`` progress bar.
+        live: a `LiveChart` (see `live`) redrawn while the run goes.
+
+    Returns:
+        A DataFrame with the columns of `RECORD_COLUMNS`: ``label``, ``concurrency``,
+        ``index``, ``prompt``, ``sent_s``, ``ttft_s``, ``e2e_s``, ``itl_s`` (the list of
+        inter-token gaps), ``output_tokens``, ``input_tokens``, ``status``, ``error``,
+        ``worker``, ``prefill_worker``, ``path``. Times are seconds. Failed requests are
+        rows with ``error`` set; nothing raises for a server error.
+
+    Example:
+        >>> df = await bench.run("http://127.0.0.1:8000", "tiny-llama", concurrency=[1, 8])  # doctest: +SKIP
+        >>> bench.summary(df)                                                            # doctest: +SKIP
+    """
+    base = _base_url(url)
+    if endpoint not in ENDPOINTS:
+        raise ConfigError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ConfigError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    if requests is not None and (not isinstance(requests, int) or requests < 1):
+        raise ConfigError(f"requests must be a positive integer, got {requests!r}")
+    levels = _levels(concurrency)
+    prompt_list = as_prompts(prompts)
+    options: dict[str, Any] = {}
+    if temperature is not None:
+        options["temperature"] = temperature
+    if ignore_eos:
+        options["ignore_eos"] = True
+    if worker_ids:
+        options["nvext"] = {"extra_fields": ["worker_id"]}
+    options.update(extra_body or {})
+    payloads = _payloads(prompt_list, model, endpoint, stream, max_tokens, options)
+    counts = [requests or max(4 * c, 16) for c in levels]
+    target = base + ENDPOINTS[endpoint]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    records: list[dict[str, Any]] = []
+
+    from tqdm.auto import tqdm
+
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+        origin = perf_counter()
+
+        async def one(index: int, level: int) -> dict[str, Any]:
+            record: dict[str, Any] = dict.fromkeys(RECORD_COLUMNS)
+            record.update(
+                label=label, concurrency=level, index=index, prompt=prompt_list[index % len(prompt_list)].name
+            )
+            payload = payloads[index % len(payloads)]
+            return await send_request(
+                session, target, payload, record, stream=stream, timeout=timeout, origin=origin
+            )
+
+        for i in range(warmup):
+            await one(i, 1)
+        bar = tqdm(total=sum(counts), desc="bench", unit="req", disable=not progress, leave=True)
+        if live is not None:
+            live.start(records)
+        try:
+            for level, count in zip(levels, counts, strict=True):
+                bar.set_description(f"concurrency {level}")
+                await _level(one, level, count, records, bar.update)
+        finally:
+            bar.close()
+            if live is not None:
+                await live.stop()
+    return records_frame(records)
+
+
+async def _level(one: Any, level: int, count: int, records: list[dict[str, Any]], tick: Any) -> None:
+    """``level`` clients share ``count`` request indices; each sends the next when one ends."""
+    indices = iter(range(count))
+
+    async def client() -> None:
+        for index in indices:
+            records.append(await one(index, level))
+            tick(1)
+
+    await asyncio.gather(*(client() for _ in range(min(level, count))))
+
+
+def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """The DataFrame of `run` from its record dicts (also used for live redraws and loading JSON)."""
+    frame = pd.DataFrame.from_records(records, columns=RECORD_COLUMNS)
+    for column in ("ttft_s", "e2e_s", "sent_s"):
+        frame[column] = frame[column].astype(float)
+    for column in ("output_tokens", "input_tokens", "status"):
+        frame[column] = frame[column].astype("Int64")
+    return frame

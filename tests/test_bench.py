@@ -1,0 +1,272 @@
+"""The load generator: records against a stub with injected delays, our frontend's worker ids, charts, CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pandas as pd
+import pytest
+from conftest import free_port
+
+from dynamo_nb import ConfigError, DistributedRuntime, launch
+from dynamo_nb.bench import (
+    RECORD_COLUMNS,
+    Chart,
+    StubServer,
+    latency_cdf,
+    live,
+    load_json,
+    multi_turn_prompts,
+    per_worker_chart,
+    prompt_set,
+    random_prompts,
+    run,
+    save_json,
+    shared_prefix_prompts,
+    summary,
+    throughput_chart,
+    ttft_itl_chart,
+)
+from dynamo_nb.engines import EchoEngine
+from dynamo_nb.frontend import Frontend
+from dynamo_nb.llm import serve_llm
+
+TTFT, ITL, TOKENS = 0.05, 0.01, 8
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+async def slow_stub() -> AsyncIterator[StubServer]:
+    async with await StubServer.start(ttft=TTFT, itl=ITL, workers=2) as stub:
+        yield stub
+
+
+@pytest.fixture(scope="module")
+async def sweep(slow_stub: StubServer) -> pd.DataFrame:
+    return await run(
+        slow_stub.url, "stub", prompts=random_prompts(5, words=6), concurrency=[1, 4], requests=8,
+        max_tokens=TOKENS, progress=False,
+    )  # fmt: skip
+
+
+async def test_records_have_every_column_and_the_injected_delays(sweep: pd.DataFrame) -> None:
+    assert list(sweep.columns) == RECORD_COLUMNS
+    assert len(sweep) == 16 and sweep["error"].isna().all() and (sweep["status"] == 200).all()
+    assert sweep.groupby("concurrency").size().to_dict() == {1: 8, 4: 8}
+    assert sorted(sweep[sweep.concurrency == 4]["index"]) == list(range(8))
+    assert sweep["prompt"].iloc[:5].tolist() == [f"random-{i}" for i in range(5)]
+    # a token cannot arrive before the server sends it: the injected delays are lower bounds
+    assert (sweep["ttft_s"] >= TTFT).all()
+    assert sweep["ttft_s"].median() < TTFT + 0.03
+    gaps = [g for gaps in sweep["itl_s"] for g in gaps]
+    assert all(len(g) == TOKENS - 1 for g in sweep["itl_s"])
+    assert abs(sum(gaps) / len(gaps) - ITL) < 0.004
+    assert (sweep["e2e_s"] >= sweep["ttft_s"] + sweep["itl_s"].map(sum) - 1e-6).all()
+    assert (sweep["output_tokens"] == TOKENS).all() and (sweep["input_tokens"] == 8).all()
+    assert set(sweep["worker"]) == {"5eed0000", "5eed0001"} and set(sweep["path"]) == {"aggregated"}
+    assert sweep["prefill_worker"].isna().all()
+    assert (sweep["sent_s"].diff().dropna()[sweep.concurrency.iloc[1:] == 1] > 0).all()
+
+
+async def test_summary_percentiles_and_throughput(sweep: pd.DataFrame) -> None:
+    table = summary(sweep)
+    assert table.index.name == "concurrency" and table.index.tolist() == [1, 4]
+    assert table["requests"].tolist() == [8, 8] and table["errors"].tolist() == [0, 0]
+    for level, row in table.iterrows():
+        assert row["ttft_p50_ms"] <= row["ttft_p90_ms"] <= row["ttft_p99_ms"]
+        assert TTFT * 1000 <= row["ttft_p50_ms"] < TTFT * 1000 + 30
+        assert abs(row["itl_p50_ms"] - ITL * 1000) < 4
+        group = sweep[sweep.concurrency == level]
+        wall = (group.sent_s + group.e2e_s).max() - group.sent_s.min()
+        assert row["req_per_s"] == pytest.approx(8 / wall)
+        assert row["output_tok_per_s"] == pytest.approx(8 * TOKENS / wall)
+    # four clients at once finish the same work faster than one
+    assert table.loc[4, "req_per_s"] > 2 * table.loc[1, "req_per_s"]
+
+
+async def test_labels_group_the_summary(sweep: pd.DataFrame) -> None:
+    both = pd.concat([sweep.assign(label="a"), sweep.assign(label="b")], ignore_index=True)
+    table = summary(both)
+    assert table.index.names == ["label", "concurrency"] and len(table) == 4
+    assert table.loc[("a", 1), "ttft_p50_ms"] == table.loc[("b", 1), "ttft_p50_ms"]
+
+
+async def test_unary_and_completions_requests(slow_stub: StubServer) -> None:
+    unary = await run(
+        slow_stub.url, "stub", concurrency=2, requests=4, max_tokens=5, stream=False, progress=False
+    )
+    assert unary["error"].isna().all() and (unary["output_tokens"] == 5).all()
+    assert (unary["ttft_s"] <= unary["e2e_s"]).all() and unary["itl_s"].map(len).eq(0).all()
+    completions = await run(
+        slow_stub.url + "/v1/", "stub", concurrency=1, requests=2, max_tokens=3, endpoint="completions",
+        worker_ids=False, progress=False,
+    )  # fmt: skip
+    assert completions["error"].isna().all() and (completions["output_tokens"] == 3).all()
+    assert completions["worker"].isna().all()  # not asked for, not reported
+
+
+async def test_server_errors_are_rows_not_exceptions(slow_stub: StubServer) -> None:
+    wrong_model = await run(slow_stub.url, "nope", concurrency=2, requests=3, progress=False)
+    assert (wrong_model["status"] == 404).all()
+    assert wrong_model["error"].str.contains("model 'nope' not found").all()
+    assert wrong_model["ttft_s"].isna().all()
+    refused = await run(f"http://127.0.0.1:{free_port()}", "x", concurrency=1, requests=1, progress=False)
+    assert "Connect" in refused["error"].iloc[0] and pd.isna(refused["status"].iloc[0])
+    slow = await run(
+        slow_stub.url, "stub", concurrency=1, requests=1, max_tokens=50, timeout=0.2, progress=False
+    )
+    assert slow["error"].iloc[0] == "no complete answer within 0.2 s"
+    assert summary(slow)["errors"].iloc[0] == 1 and math.isnan(summary(slow)["ttft_p50_ms"].iloc[0])
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"concurrency": 0}, "concurrency must be a positive integer"),
+        ({"concurrency": [1, "8"]}, "concurrency"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"requests": -1}, "requests"),
+        ({"endpoint": "embeddings"}, "endpoint must be one of chat, completions"),
+        ({"prompts": []}, "prompts is empty"),
+        ({"prompts": [42]}, "prompts[0] must be"),
+    ],
+)
+async def test_bad_arguments_say_what_to_change(kwargs: dict, says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        await run("http://127.0.0.1:1", "m", progress=False, **kwargs)
+    assert says in str(caught.value)
+    with pytest.raises(ConfigError, match="http://"):
+        await run("127.0.0.1:8000", "m")
+
+
+def test_prompt_sets_are_deterministic_and_shaped_for_their_use() -> None:
+    assert random_prompts(3, seed=7) == random_prompts(3, seed=7) != random_prompts(3, seed=8)
+    assert all(len(p.text.split()) == 64 for p in random_prompts(3))
+    shared = shared_prefix_prompts(4, system_words=20, user_words=5)
+    assert len({p.messages[0]["content"] for p in shared}) == 1 and len({p.text for p in shared}) == 4
+    conversations = multi_turn_prompts(conversations=3, turns=3, words=5)
+    assert len(conversations) == 9
+    by_name = {p.name: p for p in conversations}
+    for conv in range(3):
+        for turn in (1, 2):
+            earlier, later = by_name[f"conv{conv}-turn{turn - 1}"], by_name[f"conv{conv}-turn{turn}"]
+            assert later.messages[: len(earlier.messages)] == earlier.messages  # a growing shared prefix
+            assert [m["role"] for m in later.messages[-2:]] == ["assistant", "user"]
+    assert prompt_set("multi-turn", conversations=2, turns=1) == multi_turn_prompts(conversations=2, turns=1)
+    with pytest.raises(ConfigError, match="unknown prompt set"):
+        prompt_set("poems")
+    with pytest.raises(ConfigError, match="words must be a positive integer"):
+        random_prompts(2, words=0)
+
+
+def test_charts_render_to_png_headless(sweep: pd.DataFrame, tmp_path: Path) -> None:
+    labelled = pd.concat([sweep.assign(label="a"), sweep.assign(label="b")], ignore_index=True)
+    figures = [ttft_itl_chart(labelled), throughput_chart(sweep), per_worker_chart(labelled)]
+    figures += [latency_cdf(sweep, metric) for metric in ("ttft", "itl", "e2e")]
+    for figure in figures:
+        assert isinstance(figure, Chart) and figure._repr_png_().startswith(PNG)
+    ttft_axes = figures[0].axes[0]
+    assert len(ttft_axes.lines) == 6  # p50/p90/p99 for two labels
+    assert list(ttft_axes.lines[0].get_xdata()) == [1, 4]
+    counts = [bar.get_height() for bar in figures[2].axes[0].patches]
+    assert sorted(counts) == [8, 8, 8, 8]  # two workers × two labels, 8 requests each
+    figures[0].savefig(tmp_path / "chart.png")
+    assert (tmp_path / "chart.png").read_bytes().startswith(PNG)
+    no_ids = per_worker_chart(sweep.assign(worker=None))
+    assert "did not report" in no_ids.axes[0].texts[0].get_text()
+    with pytest.raises(ConfigError, match="metric must be one of"):
+        latency_cdf(sweep, "tpot")
+
+
+async def test_live_chart_redraws_during_a_run(slow_stub: StubServer, tmp_path: Path) -> None:
+    view = live("throughput", every=0.1, path=tmp_path / "live.png")
+    df = await run(
+        slow_stub.url, "stub", concurrency=[1, 2], requests=6, max_tokens=4, live=view, progress=False
+    )
+    assert len(df) == 12 and view.redraws >= 2
+    assert view.last_png is not None and (tmp_path / "live.png").read_bytes() == view.last_png
+    with pytest.raises(ConfigError, match="unknown chart"):
+        live("pie")
+
+
+async def test_json_round_trip(sweep: pd.DataFrame, tmp_path: Path) -> None:
+    path = save_json(sweep, tmp_path / "deep" / "run.json", url="http://x", model="stub")
+    document = json.loads(path.read_text())
+    assert document["config"] == {"url": "http://x", "model": "stub"}
+    assert [row["concurrency"] for row in document["summary"]] == [1, 4]
+    back = load_json(path)
+    assert list(back.columns) == RECORD_COLUMNS and len(back) == len(sweep)
+    flat = [gap for gaps in back["itl_s"] for gap in gaps]
+    assert flat == pytest.approx([gap for gaps in sweep["itl_s"] for gap in gaps])
+    pd.testing.assert_frame_equal(summary(back), summary(sweep))
+
+
+async def test_our_frontend_reports_the_serving_worker_of_each_request(tiny_path: Path) -> None:
+    workers = [await DistributedRuntime.create() for _ in range(2)]
+    front = await DistributedRuntime.create()
+    try:
+        for runtime in workers:
+            await serve_llm(
+                runtime.endpoint("bench.backend.generate"),
+                EchoEngine().generate,
+                tiny_path,
+                model_name="echo",
+            )
+        frontend = await Frontend.start(front, port=0)
+        await frontend.wait_for_model("echo")
+        for _ in range(250):  # the second card may come a moment after the first
+            if len(frontend.models.get("echo").cards) == 2:
+                break
+            await asyncio.sleep(0.02)
+        df = await run(
+            frontend.url, "echo", concurrency=2, requests=8, max_tokens=6, progress=False, ignore_eos=True
+        )
+        assert df["error"].isna().all() and (df["output_tokens"] == 6).all()
+        ids = {f"{runtime.connection_id:x}" for runtime in workers}
+        assert set(df["worker"]) == ids and df.groupby("worker").size().tolist() == [4, 4]  # round robin
+        assert set(df["path"]) == {"aggregated"}
+        async with httpx.AsyncClient(base_url=frontend.url) as http:
+            body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+            plain = (await http.post("/v1/chat/completions", json=body)).json()
+            asked = (
+                await http.post(
+                    "/v1/chat/completions", json={**body, "nvext": {"extra_fields": ["worker_id"]}}
+                )
+            ).json()
+        assert "nvext" not in plain
+        assert asked["nvext"]["worker_id"]["prefill_worker_id"] is None
+        assert f"{asked['nvext']['worker_id']['decode_worker_id']:x}" in ids
+        await frontend.stop()
+    finally:
+        for runtime in [*workers, front]:
+            await runtime.shutdown()
+
+
+async def test_cli_writes_json_and_png_against_a_launched_stub(tmp_path: Path) -> None:
+    stub = await launch(
+        "-m", "dynamo_nb.bench.stub_server", "--ttft", "0.01", show_logs=False, log_dir=tmp_path
+    )
+    try:
+        out, plot = tmp_path / "r.json", tmp_path / "c.png"
+        command = [
+            sys.executable, "-m", "dynamo_nb.bench", "--url", stub.url, "--model", "stub", "--concurrency", "1,2",
+            "--requests", "4", "--max-tokens", "3", "--out", str(out), "--plot", str(plot), "--no-progress",
+        ]  # fmt: skip
+        result = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert "ttft_p50_ms" in result.stdout and f"wrote {out}" in result.stdout
+        document = json.loads(out.read_text())
+        assert len(document["requests"]) == 8 and document["config"]["concurrency"] == [1, 2]
+        assert plot.read_bytes().startswith(PNG)
+        bad = [*command[:8], "0,x"]
+        result = await asyncio.to_thread(subprocess.run, bad, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and "like 1,8,32" in result.stderr
+    finally:
+        await stub.stop()

@@ -1,0 +1,222 @@
+"""The launcher: readiness (line or discovery), log capture, timeout errors, whole-group stop, exit clean-up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import ECHO_WORKER, ROOT
+
+import dynamo_nb
+from dynamo_nb import ConfigError, DistributedRuntime, LaunchError, LocalServices, launch, launched
+
+CHATTY = ROOT / "tests" / "programs" / "chatty.py"
+
+
+async def group_gone(pgid: int, timeout: float = 5.0) -> bool:
+    """Whether no process of group ``pgid`` is left (zombies are reaped by their parent quickly)."""
+    for _ in range(int(timeout / 0.05)):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie waiting for its reaper is gone for our purposes
+
+
+async def pid_gone(pid: int, timeout: float = 5.0) -> bool:
+    for _ in range(int(timeout / 0.05)):
+        if not _alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False
+
+
+async def test_ready_line_logs_and_stop(tmp_path: Path) -> None:
+    proc = await launch(CHATTY, "--ready-after", "0.2", "--lines", "3", log_dir=tmp_path, show_logs=False)
+    try:
+        assert proc.running and proc in launched()
+        assert proc.ready_line.startswith("READY chatty")
+        assert proc.url == "http://127.0.0.1:1/" and proc.instance_id == 0xABC123
+        assert proc.logs() == ["line 0", "line 1", "line 2", proc.ready_line]
+        assert proc.tail(1) == proc.ready_line
+        assert proc.log_path.parent == tmp_path and proc.log_path.name == f"chatty-{proc.pid}.log"
+        assert repr(proc) == f"<ManagedProcess chatty pid={proc.pid} ready>"
+    finally:
+        code = await proc.stop()
+    assert code == -signal.SIGTERM and not proc.running and proc not in launched()
+    assert proc.log_path.read_text().splitlines()[:3] == ["line 0", "line 1", "line 2"]
+    assert await group_gone(proc.pid)
+    assert await proc.stop() == code  # twice is harmless
+
+
+async def test_stderr_is_captured_and_shown_on_stdout_in_a_script(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc = await launch(CHATTY, "--stderr", "--ready-after", "0", name="noisy", log_dir=tmp_path)
+    await proc.stop()
+    shown = capsys.readouterr().out.splitlines()
+    assert "[noisy] line 0" in shown and "[noisy] line 2" in shown
+    assert any(line.startswith("[noisy] READY") for line in shown)
+    assert "line 1" in proc.log_path.read_text()
+
+
+async def test_a_program_that_is_never_ready_times_out_with_its_last_lines(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError) as caught:
+        await launch(CHATTY, "--lines", "30", "--grandchild", timeout=1.0, log_dir=tmp_path, show_logs=False)
+    error = caught.value
+    assert "chatty was not ready within 1 s" in str(error) and "'^READY\\\\b'" in str(error)
+    assert error.returncode is None
+    assert error.log_tail.splitlines()[-1] == "line 29" and "line 29" in str(error)
+    assert len(error.log_tail.splitlines()) == 20
+    grandchild = int(
+        re.search(r"grandchild (\d+)", (tmp_path / os.listdir(tmp_path)[0]).read_text()).group(1)
+    )
+    assert await pid_gone(grandchild)
+    assert launched() == []
+
+
+async def test_a_program_that_exits_before_ready_reports_its_status(tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="exited with status 3 before it was ready") as caught:
+        await launch(CHATTY, "--exit-code", "3", log_dir=tmp_path, show_logs=False)
+    assert caught.value.returncode == 3 and caught.value.log_tail.endswith("line 2")
+
+
+async def test_stop_kills_the_whole_group_even_when_sigterm_is_ignored(tmp_path: Path) -> None:
+    proc = await launch(
+        CHATTY, "--grandchild", "--ignore-term", "--ready-after", "0", log_dir=tmp_path, show_logs=False
+    )
+    grandchild = int(proc.logs()[0].split()[1])
+    assert os.getpgid(grandchild) == proc.pid  # the grandchild is in the launched group
+    code = await proc.stop(timeout=0.5)
+    assert code == -signal.SIGKILL
+    assert await group_gone(proc.pid)
+    assert await pid_gone(grandchild)
+
+
+async def test_a_leader_that_exits_leaves_no_grandchild_behind(tmp_path: Path) -> None:
+    proc = await launch(CHATTY, "--grandchild", "--ready-after", "0", log_dir=tmp_path, show_logs=False)
+    grandchild = int(proc.logs()[0].split()[1])
+    proc.send_signal(signal.SIGTERM)  # the leader dies, the grandchild (ignoring SIGTERM) stays
+    assert await proc.wait(timeout=5) == -signal.SIGTERM
+    assert _alive(grandchild)
+    await proc.stop()  # stopping an exited program still clears its group
+    assert await group_gone(proc.pid)
+
+
+async def test_ready_when_the_instance_appears_in_discovery(services: LocalServices, tmp_path: Path) -> None:
+    runtime = await DistributedRuntime.create(discovery=services.etcd_url)
+    try:
+        proc = await launch(
+            ECHO_WORKER,
+            "--discovery",
+            services.etcd_url,
+            "--endpoint",
+            "launchtest.echo.generate",
+            ready=None,
+            instance="launchtest.echo.generate",
+            runtime=runtime,
+            log_dir=tmp_path,
+            show_logs=False,
+        )
+        client = await runtime.endpoint("launchtest.echo.generate").client()
+        assert proc.instance_id in client.instance_ids()
+        assert proc.ready_line == ""
+        items = [item async for item in client.direct({"text": "a b"}, proc.instance_id)]
+        assert items
+        await proc.stop()
+        assert await group_gone(proc.pid)
+    finally:
+        await runtime.shutdown()
+
+
+async def test_bad_arguments_say_what_to_change(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"no_such\.py not found"):
+        await launch("components/no_such.py")
+    with pytest.raises(ConfigError, match="needs runtime="):
+        await launch(CHATTY, instance="a.b.c")
+    with pytest.raises(ConfigError, match=r"not a \.py file"):
+        await launch("no-such-binary-anywhere")
+    assert launched() == []
+
+
+async def test_relative_components_are_found_from_the_notebooks_folder(tmp_path: Path) -> None:
+    proc = await launch(
+        "components/echo_worker.py", cwd=ROOT / "notebooks", log_dir=tmp_path, show_logs=False
+    )
+    assert proc.command[2] == str(ECHO_WORKER) and proc.ready_line.startswith("READY dynamo.echo.generate")
+    await proc.stop()
+
+
+EXITING_SCRIPT = """
+import asyncio
+import dynamo_nb
+
+async def main():
+    proc = await dynamo_nb.launch({chatty!r}, "--grandchild", "--ready-after", "0",
+                                  show_logs=False)
+    print(proc.pid, proc.logs()[0].split()[1], flush=True)
+    # no stop(): the exit clean-up must take the group down (the grandchild ignores SIGTERM)
+
+asyncio.run(main())
+"""
+
+
+async def test_launched_programs_stop_when_the_interpreter_exits(tmp_path: Path) -> None:
+    script = tmp_path / "launcher.py"
+    script.write_text(EXITING_SCRIPT.format(chatty=str(CHATTY)))
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    pid, grandchild = map(int, result.stdout.split())
+    assert await group_gone(pid) and await pid_gone(grandchild)
+
+
+async def test_parent_death_signal_stops_a_well_behaved_component(tmp_path: Path) -> None:
+    script = tmp_path / "launcher.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio, os
+            import dynamo_nb
+
+            async def main():
+                proc = await dynamo_nb.launch({str(ECHO_WORKER)!r}, show_logs=False)
+                print(proc.pid, flush=True)
+                os.kill(os.getpid(), 9)
+
+            asyncio.run(main())
+            """
+        )
+    )
+    result = await asyncio.to_thread(
+        subprocess.run, [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    assert await group_gone(int(result.stdout.split()[0]))
+
+
+def test_the_package_exports_the_launcher() -> None:
+    assert dynamo_nb.launch is launch and dynamo_nb.ManagedProcess.__module__ == "dynamo_nb"
+    assert issubclass(LaunchError, dynamo_nb.errors.ProcessStartError)
