@@ -21,14 +21,13 @@ import os
 import platform
 import socket
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from dynamo_nb import DistributedRuntime, LocalServices
+from dynamo_nb import DistributedRuntime, LocalServices, ManagedProcess, launch
 from dynamo_nb.llm import ModelTokenizer
 from dynamo_nb.models import tiny_model_path
 
@@ -45,51 +44,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Program:
-    """A subprocess that prints READY when it serves."""
-
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        self.process = process
-
-    @classmethod
-    async def start(cls, *argv: str, timeout: float = 90) -> Program:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *argv,
-            "--log-level",
-            "WARNING",
-            cwd=str(ROOT),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        assert process.stdout is not None
-        seen = []
-        while True:
-            line = (await asyncio.wait_for(process.stdout.readline(), timeout)).decode()
-            if not line:
-                raise RuntimeError(f"{argv} exited before READY:\n{''.join(seen)}")
-            seen.append(line)
-            if line.startswith("READY"):
-                break
-        asyncio.get_running_loop().create_task(cls._drain(process.stdout))
-        return cls(process)
-
-    @staticmethod
-    async def _drain(stream: asyncio.StreamReader) -> None:
-        while await stream.readline():
-            pass
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    async def stop(self) -> None:
-        if self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 10)
-            except asyncio.TimeoutError:
-                self.process.kill()
+async def start(*argv: str) -> ManagedProcess:
+    """A component as its own process (quiet logs), once it prints READY."""
+    return await launch(*argv, "--log-level", "WARNING", cwd=ROOT, show_logs=False, timeout=90)
 
 
 async def wait_for_model(http: aiohttp.ClientSession, url: str, name: str) -> None:
@@ -171,7 +128,7 @@ async def main(requests: int) -> dict[str, Any]:
     token_ids = tokenizer.encode(tokenizer.render_chat(MESSAGES), add_special_tokens=False)
     services = await LocalServices.start(nats=False)
     etcd = ["--discovery", services.etcd_url]
-    programs: list[Program] = []
+    programs: list[ManagedProcess] = []
     runtime = await DistributedRuntime.create(services.etcd_url, "tcp")
     connector = aiohttp.TCPConnector(limit=0)
     http = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120))
@@ -179,10 +136,8 @@ async def main(requests: int) -> dict[str, Any]:
     try:
         # part 1: the tiny model
         hf_port = free_port()
-        programs.append(
-            await Program.start("components/hf_worker.py", *etcd, "--endpoint", "bench.hf.generate")
-        )
-        programs.append(await Program.start("components/frontend.py", *etcd, "--http-port", str(hf_port)))
+        programs.append(await start("components/hf_worker.py", *etcd, "--endpoint", "bench.hf.generate"))
+        programs.append(await start("components/frontend.py", *etcd, "--http-port", str(hf_port)))
         hf_url = f"http://127.0.0.1:{hf_port}"
         await wait_for_model(http, hf_url, "tiny-llama")
         hf_client = await runtime.endpoint("bench.hf.generate").client()
@@ -205,11 +160,9 @@ async def main(requests: int) -> dict[str, Any]:
         # part 2: zero-cost echo engine
         echo_port = free_port()
         programs.append(
-            await Program.start(
-                "-m", "dynamo_nb", "run", "--in", "dyn://bench.echo.generate", "--out", "echo", *etcd
-            )
+            await start("-m", "dynamo_nb", "run", "--in", "dyn://bench.echo.generate", "--out", "echo", *etcd)
         )
-        frontend = await Program.start(
+        frontend = await start(
             "-m",
             "dynamo_nb",
             "run",

@@ -107,6 +107,16 @@ class ManagedProcess:
         """The last ``last`` output lines as one string."""
         return "\n".join(self.logs(last))
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, seconds) the process itself has used so far (Linux ``/proc``)."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            raise ProcessLookupError(
+                f"{self.name} (pid {self.pid}) is not running, or this is not Linux"
+            ) from None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def send_signal(self, signum: int) -> None:
         """Send ``signum`` to the whole process group (e.g. ``signal.SIGKILL`` to test failover)."""
         signal_group(self.pid, signum)

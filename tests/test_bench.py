@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import statistics
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -33,6 +34,7 @@ from dynamo_nb.bench import (
     summary,
     throughput_chart,
     ttft_itl_chart,
+    wait_for_model,
 )
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.frontend import Frontend
@@ -67,7 +69,7 @@ async def test_records_have_every_column_and_the_injected_delays(sweep: pd.DataF
     assert sweep["ttft_s"].median() < TTFT + 0.03
     gaps = [g for gaps in sweep["itl_s"] for g in gaps]
     assert all(len(g) == TOKENS - 1 for g in sweep["itl_s"])
-    assert abs(sum(gaps) / len(gaps) - ITL) < 0.004
+    assert abs(statistics.median(gaps) - ITL) < 0.004  # medians: a stalled machine moves a few, not half
     assert (sweep["e2e_s"] >= sweep["ttft_s"] + sweep["itl_s"].map(sum) - 1e-6).all()
     assert (sweep["output_tokens"] == TOKENS).all() and (sweep["input_tokens"] == 8).all()
     assert set(sweep["worker"]) == {"5eed0000", "5eed0001"} and set(sweep["path"]) == {"aggregated"}
@@ -81,7 +83,7 @@ async def test_summary_percentiles_and_throughput(sweep: pd.DataFrame) -> None:
     assert table["requests"].tolist() == [8, 8] and table["errors"].tolist() == [0, 0]
     for level, row in table.iterrows():
         assert row["ttft_p50_ms"] <= row["ttft_p90_ms"] <= row["ttft_p99_ms"]
-        assert TTFT * 1000 <= row["ttft_p50_ms"] < TTFT * 1000 + 30
+        assert TTFT * 1000 <= row["ttft_p50_ms"] < TTFT * 1000 * 3
         assert abs(row["itl_p50_ms"] - ITL * 1000) < 4
         group = sweep[sweep.concurrency == level]
         wall = (group.sent_s + group.e2e_s).max() - group.sent_s.min()
@@ -144,6 +146,14 @@ async def test_bad_arguments_say_what_to_change(kwargs: dict, says: str) -> None
     assert says in str(caught.value)
     with pytest.raises(ConfigError, match="http://"):
         await run("127.0.0.1:8000", "m")
+
+
+async def test_wait_for_model_on_any_openai_server(slow_stub: StubServer) -> None:
+    assert await wait_for_model(slow_stub.url + "/v1", "stub", timeout=5) == ["stub"]
+    with pytest.raises(TimeoutError, match=r"'other' was not ready .* models \['stub'\]"):
+        await wait_for_model(slow_stub.url, "other", timeout=0.3)
+    with pytest.raises(TimeoutError, match="ClientConnectorError"):
+        await wait_for_model(f"http://127.0.0.1:{free_port()}", "x", timeout=0.3)
 
 
 def test_prompt_sets_are_deterministic_and_shaped_for_their_use() -> None:
@@ -220,11 +230,9 @@ async def test_our_frontend_reports_the_serving_worker_of_each_request(tiny_path
                 model_name="echo",
             )
         frontend = await Frontend.start(front, port=0)
-        await frontend.wait_for_model("echo")
-        for _ in range(250):  # the second card may come a moment after the first
-            if len(frontend.models.get("echo").cards) == 2:
-                break
-            await asyncio.sleep(0.02)
+        assert await wait_for_model(frontend.url, "echo", instances=2, timeout=10) == ["echo"]
+        with pytest.raises(TimeoutError, match="2 instance"):
+            await wait_for_model(frontend.url, "echo", instances=3, timeout=0.3)
         df = await run(
             frontend.url, "echo", concurrency=2, requests=8, max_tokens=6, progress=False, ignore_eos=True
         )

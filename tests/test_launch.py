@@ -57,6 +57,7 @@ async def test_ready_line_logs_and_stop(tmp_path: Path) -> None:
         assert proc.tail(1) == proc.ready_line
         assert proc.log_path.parent == tmp_path and proc.log_path.name == f"chatty-{proc.pid}.log"
         assert repr(proc) == f"<ManagedProcess chatty pid={proc.pid} ready>"
+        assert proc.cpu_seconds() > 0  # a Python interpreter started
     finally:
         code = await proc.stop()
     assert code == -signal.SIGTERM and not proc.running and proc not in launched()

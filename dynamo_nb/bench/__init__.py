@@ -29,7 +29,7 @@ from .prompts import (
     random_prompts,
     shared_prefix_prompts,
 )
-from .runner import run
+from .runner import run, wait_for_model
 from .stats import load_json, save_json, summary
 from .stub_server import StubServer
 
@@ -54,4 +54,5 @@ __all__ = [
     "summary",
     "throughput_chart",
     "ttft_itl_chart",
+    "wait_for_model",
 ]

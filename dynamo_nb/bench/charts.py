@@ -171,7 +171,7 @@ def per_worker_chart(df: pd.DataFrame) -> Chart:
         offset = positions + (i - (len(labels) - 1) / 2) * width
         count_ax.bar(offset, counts.to_numpy(), width, color=color, label=label or None)
         ttft_ax.bar(offset, ttft.to_numpy(), width, color=color, label=label or None)
-    names = [w[:8] for w in workers]
+    names = [w if len(w) <= 8 else "…" + w[-6:] for w in workers]  # ids often share a prefix
     for ax, title, unit in (
         (count_ax, "requests per worker", "requests"),
         (ttft_ax, "median TTFT per worker", "ms"),

@@ -18,7 +18,7 @@ from .prompts import Prompt, as_prompts
 if TYPE_CHECKING:
     from .live import LiveChart
 
-__all__ = ["ENDPOINTS", "run"]
+__all__ = ["ENDPOINTS", "run", "wait_for_model"]
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -185,6 +185,45 @@ async def _level(one: Any, level: int, count: int, records: list[dict[str, Any]]
             tick(1)
 
     await asyncio.gather(*(client() for _ in range(min(level, count))))
+
+
+async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: float = 120.0) -> list[str]:
+    """Wait until ``GET /v1/models`` lists ``model`` (and, on our frontend, ``/health`` shows
+    at least ``instances`` workers serving it); the listed model names.
+
+    Works with any OpenAI-compatible server (``instances`` needs our frontend's or Dynamo's
+    ``/health``). Raises `TimeoutError` naming what was last seen.
+
+    Example:
+        >>> await bench.wait_for_model(frontend.url, "tiny-llama", instances=2)   # doctest: +SKIP
+        ['tiny-llama']
+    """
+    base = _base_url(url)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    seen = "no answer"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while True:
+            try:
+                async with session.get(base + "/v1/models") as response:
+                    names = [m.get("id") for m in (await response.json(content_type=None)).get("data", [])]
+                seen = f"models {names}"
+                if model in names and instances > 0:
+                    async with session.get(base + "/health") as response:
+                        health = await response.json(content_type=None)
+                    serving = [i for i in health.get("instances", []) if i.get("model") == model]
+                    seen += f", {len(serving)} instance(s) of {model!r}"
+                    if len(serving) >= instances:
+                        return names
+                elif model in names:
+                    return names
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError) as exc:
+                seen = f"{type(exc).__name__}: {exc}"
+            if loop.time() >= deadline:
+                raise TimeoutError(
+                    f"{model!r} was not ready at {base} within {timeout:g} s (last seen: {seen})"
+                )
+            await asyncio.sleep(0.2)
 
 
 def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
