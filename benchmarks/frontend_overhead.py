@@ -14,9 +14,7 @@ worker endpoint; the ratio, and the frontend process's CPU time per request.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import os
 import platform
 import socket
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from _harness import run_benchmark
 
 from dynamo_nb import DistributedRuntime, LocalServices, ManagedProcess, launch
 from dynamo_nb.llm import ModelTokenizer
@@ -237,16 +236,11 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    run_benchmark(
+        __doc__,
+        "frontend_overhead",
+        main,
+        print_table,
+        requests=40,
+        requests_help="sequential requests per path",
     )
-    parser.add_argument(
-        "--requests", type=int, default=40, help="sequential requests per path (default: %(default)s)"
-    )
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "frontend_overhead.json")
-    args = parser.parse_args()
-    result = asyncio.run(main(args.requests))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(result)
-    print(f"\nwrote {args.out}")

@@ -19,19 +19,18 @@ CPU time per request in this process. The target is at least 1000 requests/s fro
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from _harness import run_benchmark
+
 from dynamo_nb import bench, launch
 
-HERE = Path(__file__).resolve().parent
 TOKENS = 32
 TARGET_RPS = 1000
 CONCURRENCY = (32, 64, 128)
@@ -183,16 +182,6 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    run_benchmark(
+        __doc__, "loadgen_capacity", main, print_table, requests=4000, requests_help="requests per level"
     )
-    parser.add_argument(
-        "--requests", type=int, default=4000, help="requests per level (default: %(default)s)"
-    )
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "loadgen_capacity.json")
-    args = parser.parse_args()
-    result = asyncio.run(main(args.requests))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(result)
-    print(f"\nwrote {args.out}")

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import signal
 import socket
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +10,7 @@ from typing import Any
 import pytest
 
 import dynamo_nb
-from dynamo_nb import DistributedRuntime, LocalServices
+from dynamo_nb import DistributedRuntime, LocalServices, ManagedProcess, launch
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO_WORKER = ROOT / "components" / "echo_worker.py"
@@ -52,64 +48,19 @@ async def make_runtime(services: LocalServices) -> AsyncIterator[RuntimeFactory]
         await runtime.shutdown(grace=0.5)
 
 
-class WorkerProcess:
-    """A component started as a subprocess; its stdout's READY line says it serves."""
-
-    def __init__(self, process: asyncio.subprocess.Process, log: Path) -> None:
-        self.process = process
-        self.log = log
-        self.ready_line = ""
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def kill(self, signum: int = signal.SIGKILL) -> None:
-        if self.process.returncode is None:
-            try:
-                os.kill(self.process.pid, signum)
-            except ProcessLookupError:
-                pass
-
-    async def wait(self, timeout: float = 10.0) -> int:
-        return await asyncio.wait_for(self.process.wait(), timeout)
-
-
 @pytest.fixture
-async def start_worker(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[WorkerProcess]]]:
-    """``await start_worker(*flags, script=ECHO_WORKER)`` → a ready `WorkerProcess` (killed after the test)."""
-    started: list[WorkerProcess] = []
+async def start_worker(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[ManagedProcess]]]:
+    """``await start_worker(*flags, script=ECHO_WORKER)`` → a ready component (stopped after the test)."""
+    started: list[ManagedProcess] = []
 
-    async def start(*flags: str, script: Path = ECHO_WORKER, timeout: float = 60.0) -> WorkerProcess:
-        log = tmp_path / f"worker-{len(started)}.log"
-        with open(log, "wb") as err:  # noqa: ASYNC230
-            process = await asyncio.create_subprocess_exec(
-                sys.executable, str(script), *flags, stdout=asyncio.subprocess.PIPE, stderr=err, cwd=str(ROOT)
-            )
-        worker = WorkerProcess(process, log)
+    async def start(*flags: str, script: Path = ECHO_WORKER, timeout: float = 60.0) -> ManagedProcess:
+        worker = await launch(script, *flags, cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=timeout)
         started.append(worker)
-        assert process.stdout is not None
-        try:
-            while True:
-                line = (await asyncio.wait_for(process.stdout.readline(), timeout)).decode()
-                if not line:
-                    raise AssertionError(f"worker exited before READY; log:\n{log.read_text()[-3000:]}")
-                if line.startswith("READY"):
-                    worker.ready_line = line.strip()
-                    return worker
-        except asyncio.TimeoutError:
-            raise AssertionError(
-                f"worker not READY within {timeout} s; log:\n{log.read_text()[-3000:]}"
-            ) from None
+        return worker
 
     yield start
     for worker in started:
-        worker.kill(signal.SIGTERM)
-        try:
-            await worker.wait(5)
-        except asyncio.TimeoutError:
-            worker.kill()
-            await worker.wait(5)
+        await worker.stop(timeout=5)
 
 
 async def collect(stream: object) -> list[object]:
@@ -122,7 +73,6 @@ __all__ = [
     "HF_WORKER",
     "MODES",
     "ROOT",
-    "WorkerProcess",
     "collect",
     "dynamo_nb",
     "free_port",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 from typing import Any
 
@@ -97,7 +98,7 @@ async def test_a_sigkilled_worker_fails_its_stream_and_leaves_discovery(
     [instance_id] = await client.wait_for_instances(timeout=10)
     stream = await client.round_robin({"text": "w " * 10000, "delay_ms": 10})
     assert (await stream.__anext__())["index"] == 0
-    worker.kill()  # SIGKILL: no goodbye
+    worker.send_signal(signal.SIGKILL)  # no goodbye
     with pytest.raises(InstanceDownError) as info:
         await asyncio.wait_for(
             collect(stream), 15
@@ -156,7 +157,7 @@ async def test_a_refused_connection_marks_the_instance_down(
     rt = await make_runtime("etcd-tcp")
     client = await rt.endpoint("refused.echo.generate").client()
     [instance_id] = await client.wait_for_instances(timeout=10)
-    worker.kill()
+    worker.send_signal(signal.SIGKILL)
     await worker.wait()
     with pytest.raises(InstanceDownError, match="cannot connect"):
         await collect(client.direct({"text": "x"}, instance_id))

@@ -7,6 +7,7 @@ import asyncio
 import importlib.util
 import json
 import shlex
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -85,7 +86,7 @@ async def test_worker_and_frontend_processes_over_etcd(
     assert completion.usage.prompt_tokens == len(tokenizer.encode("Once upon a time"))
 
     # kill the only worker: the next request gets 503 at once, not a hang
-    worker.kill()
+    worker.send_signal(signal.SIGKILL)
     await worker.wait()
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
         body = {"model": "tiny-llama", "messages": HI, "max_tokens": 4}

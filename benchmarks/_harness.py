@@ -1,0 +1,35 @@
+"""What every benchmark script shares: its command line, the JSON it writes, the table it prints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def run_benchmark(
+    doc: str,
+    name: str,
+    main: Callable[[int], Coroutine[Any, Any, dict[str, Any]]],
+    print_table: Callable[[dict[str, Any]], None],
+    *,
+    requests: int,
+    requests_help: str,
+) -> None:
+    """Parse ``--requests`` and ``--out``, run ``main(requests)``, write its JSON, print its table."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--requests", type=int, default=requests, help=f"{requests_help} (default: %(default)s)"
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / f"{name}.json", help="where the JSON goes")
+    args = parser.parse_args()
+    result = asyncio.run(main(args.requests))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(f"\nwrote {args.out}")
