@@ -278,3 +278,36 @@ async def test_cli_writes_json_and_png_against_a_launched_stub(tmp_path: Path) -
         assert result.returncode == 2 and "like 1,8,32" in result.stderr
     finally:
         await stub.stop()
+
+
+def test_in_a_kernel_the_live_view_updates_one_display_and_charts_show_once() -> None:
+    import jupyter_client
+
+    manager, kernel = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        cell = (
+            "from dynamo_nb import bench\n"
+            "stub = await bench.StubServer.start(ttft=0.02, itl=0.01)\n"
+            "df = await bench.run(stub.url, 'stub', concurrency=[1, 2], requests=10, max_tokens=5,\n"
+            "                     progress=False, live=bench.live(every=0.1))\n"
+            "await stub.stop()\n"
+            "bench.ttft_itl_chart(df)"
+        )
+        messages: list[dict] = []
+        reply = kernel.execute_interactive(cell, timeout=60, output_hook=messages.append)
+        assert reply["content"]["status"] == "ok", messages
+        shown = [m for m in messages if m["msg_type"] == "display_data"]
+        updates = [m for m in messages if m["msg_type"] == "update_display_data"]
+        assert len(shown) == 1 and "image/png" in shown[0]["content"]["data"]  # one live figure…
+        display_id = shown[0]["content"]["transient"]["display_id"]
+        assert updates and all(
+            m["content"]["transient"]["display_id"] == display_id for m in updates
+        )  # …redrawn
+        results = [m for m in messages if m["msg_type"] == "execute_result"]
+        assert (
+            len(results) == 1 and "image/png" in results[0]["content"]["data"]
+        )  # a chart shows once, inline
+        assert results[0]["content"]["data"]["text/plain"].startswith("<Chart size")
+    finally:
+        kernel.stop_channels()
+        manager.shutdown_kernel(now=True)

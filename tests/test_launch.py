@@ -221,3 +221,32 @@ async def test_parent_death_signal_stops_a_well_behaved_component(tmp_path: Path
 def test_the_package_exports_the_launcher() -> None:
     assert dynamo_nb.launch is launch and dynamo_nb.ManagedProcess.__module__ == "dynamo_nb"
     assert issubclass(LaunchError, dynamo_nb.errors.ProcessStartError)
+
+
+def test_in_a_kernel_logs_go_to_a_widget_and_shutdown_stops_the_group() -> None:
+    """A real kernel: the log widget is displayed and filled; a kernel shutdown stops what it launched."""
+    import jupyter_client
+
+    manager, kernel = jupyter_client.manager.start_new_kernel(kernel_name="python3")
+    try:
+        messages: list[dict] = []
+        cell = (
+            "import dynamo_nb\n"
+            f"proc = await dynamo_nb.launch({str(CHATTY)!r}, '--grandchild', '--ready-after', '0', '--lines', '3')\n"
+            "print(proc.pid, proc.logs()[0].split()[1])"
+        )
+        reply = kernel.execute_interactive(cell, timeout=60, output_hook=messages.append)
+        assert reply["content"]["status"] == "ok", messages
+        printed = "".join(m["content"].get("text", "") for m in messages if m["msg_type"] == "stream")
+        pid, grandchild = map(int, printed.split())
+        shown = [m for m in messages if m["msg_type"] == "display_data"]
+        assert any("application/vnd.jupyter.widget-view+json" in m["content"]["data"] for m in shown)
+        states = [str(m["content"]["data"].get("state", {})) for m in messages if m["msg_type"] == "comm_msg"]
+        assert any("line 2" in state and "READY chatty" in state for state in states)
+        assert any("ready after" in state for state in states)  # the title says it is ready
+        kernel.stop_channels()
+        manager.shutdown_kernel(now=False)  # a shutdown request: the kernel exits normally
+    finally:
+        if manager.is_alive():
+            manager.shutdown_kernel(now=True)
+    assert asyncio.run(group_gone(pid)) and asyncio.run(pid_gone(grandchild))
