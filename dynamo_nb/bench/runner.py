@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pandas as pd
+from tqdm.auto import tqdm
 
 from ..errors import ConfigError
 from .client import RECORD_COLUMNS, send_request
@@ -143,8 +144,6 @@ async def run(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     records: list[dict[str, Any]] = []
 
-    from tqdm.auto import tqdm
-
     connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
         origin = perf_counter()
@@ -175,7 +174,13 @@ async def run(
     return records_frame(records)
 
 
-async def _level(one: Any, level: int, count: int, records: list[dict[str, Any]], tick: Any) -> None:
+async def _level(
+    one: Callable[[int, int], Awaitable[dict[str, Any]]],
+    level: int,
+    count: int,
+    records: list[dict[str, Any]],
+    tick: Callable[[int], object],
+) -> None:
     """``level`` clients share ``count`` request indices; each sends the next when one ends."""
     indices = iter(range(count))
 
