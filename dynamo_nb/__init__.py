@@ -25,6 +25,7 @@ from ._names import EndpointPath
 from ._server import EndpointServer
 from .errors import (
     ConfigError,
+    DisaggregationError,
     DynamoNBError,
     InstanceDownError,
     InstanceNotFoundError,
@@ -50,6 +51,7 @@ __all__ = [
     "Component",
     "ConfigError",
     "Context",
+    "DisaggregationError",
     "DistributedRuntime",
     "DynamoNBError",
     "Endpoint",

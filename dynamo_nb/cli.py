@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._names import EndpointPath
 from .discovery import DEFAULT_LEASE_TTL
@@ -47,6 +47,8 @@ __all__ = [
 ]
 
 DEFAULT_WORKER_ENDPOINT = "dynamo.backend.generate"
+DEFAULT_PREFILL_ENDPOINT = "dynamo.prefill.generate"
+WORKER_MODES = ("aggregated", "prefill", "decode")
 
 
 def _env(name: str, default: str | None) -> str | None:
@@ -181,9 +183,11 @@ def add_worker_args(parser: argparse.ArgumentParser, default_endpoint: str = DEF
     group = parser.add_argument_group("engine")
     group.add_argument(
         "--mode",
-        choices=("aggregated",),
+        choices=WORKER_MODES,
         default="aggregated",
-        help="worker role (default: %(default)s; prefill/decode come with disaggregated serving)",
+        help="worker role: aggregated (prefill + decode), prefill (serves at --prefill-endpoint, parks "
+        "KV caches in its bootstrap server) or decode (serves at --endpoint, fetches them) "
+        "(default: %(default)s)",
     )
     group.add_argument(
         "--device",
@@ -204,6 +208,34 @@ def add_worker_args(parser: argparse.ArgumentParser, default_endpoint: str = DEF
         type=int,
         default=16,
         help="KV block size published in the model card (default: %(default)s)",
+    )
+    disagg = parser.add_argument_group("disaggregated serving")
+    disagg.add_argument(
+        "--prefill-endpoint",
+        default=DEFAULT_PREFILL_ENDPOINT,
+        help="where prefill workers serve; a decode worker asks one itself when a request comes "
+        "without bootstrap info (default: %(default)s)",
+    )
+    disagg.add_argument(
+        "--bootstrap-host",
+        default=_env("BOOTSTRAP_HOST", "127.0.0.1"),
+        help="prefill: address of the bootstrap server decode workers fetch KV caches from "
+        "(default: %(default)s)",
+    )
+    disagg.add_argument(
+        "--bootstrap-port", type=int, default=0, help="prefill: its port (default: 0, a free one)"
+    )
+    disagg.add_argument(
+        "--kv-ttl",
+        type=float,
+        default=60.0,
+        help="prefill: seconds a parked KV cache waits for its decode before it is dropped (default: %(default)s)",
+    )
+    disagg.add_argument(
+        "--kv-timeout",
+        type=float,
+        default=30.0,
+        help="decode: seconds to wait for a prefill's KV cache (default: %(default)s)",
     )
 
 
@@ -306,21 +338,31 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
 
 
 async def serve_model_from_args(
-    runtime: DistributedRuntime, args: argparse.Namespace, handler: Handler, model_path: Path
+    runtime: DistributedRuntime,
+    args: argparse.Namespace,
+    handler: Handler,
+    model_path: Path,
+    *,
+    endpoint_path: str | None = None,
+    kind: list[str] | None = None,
+    runtime_config: dict[str, Any] | None = None,
 ) -> tuple[Endpoint, EndpointServer, ModelCard]:
-    """Serve an engine's ``handler`` at ``--endpoint`` and register the model (not with ``--static``).
+    """Serve an engine's ``handler`` at ``endpoint_path`` (default ``--endpoint``) and register
+    the model (not with ``--static``) with ``kind`` and ``runtime_config``.
 
     Prints the worker's ``READY <endpoint> instance=<id> address=<address> model=<name>`` line.
     """
     from .llm.serve import serve_llm
 
-    endpoint = runtime.endpoint(args.endpoint)
+    endpoint = runtime.endpoint(endpoint_path or args.endpoint)
     server, card = await serve_llm(
         endpoint,
         handler,
         model_path,
         model_name=model_name_from_args(args, model_path),
+        kind=kind,
         kv_cache_block_size=args.kv_cache_block_size,
+        runtime_config=runtime_config,
     )
     print(
         f"READY {endpoint.path} instance={server.instance_id:x} address={server.address} model={card.name}",

@@ -21,7 +21,8 @@ working::
     │   │   └── InstanceNotFoundError        `direct()` to an id that is not serving
     │   ├── InstanceDownError (ConnectionError)
     │   │                                    refused, cut mid-stream, or silent past the heartbeat timeout
-    │   └── RemoteHandlerError               the handler raised; its type and message came back
+    │   ├── RemoteHandlerError               the handler raised; its type and message came back
+    │   └── DisaggregationError              a prefill → decode handoff failed (bad params, KV fetch)
     └── RuntimeClosedError                   the runtime was shut down
 
 Example:
@@ -35,6 +36,7 @@ from __future__ import annotations
 __all__ = [
     "BinaryNotFoundError",
     "ConfigError",
+    "DisaggregationError",
     "DynamoNBError",
     "InstanceDownError",
     "InstanceNotFoundError",
@@ -163,6 +165,12 @@ class RemoteHandlerError(RequestError):
         )
         self.error_type = error_type
         self.remote_message = remote_message
+
+
+class DisaggregationError(RequestError):
+    """A prefill → decode handoff failed: malformed ``disaggregated_params`` or ``bootstrap_info``,
+    a KV fetch that timed out or was refused, a prefill that failed, or a KV payload that does
+    not fit the model. The message names what is wrong."""
 
 
 class RuntimeClosedError(DynamoNBError):

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import random
@@ -26,7 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from .._context import Context
-from ..errors import ConfigError, DynamoNBError, InvalidRequestError
+from ..disagg import (
+    MAX_ROOM,
+    BootstrapInfo,
+    BootstrapServer,
+    KVLayout,
+    draw_room,
+    fetch_kv,
+    pack_kv,
+    unpack_kv,
+)
+from ..errors import ConfigError, DisaggregationError, DynamoNBError, InvalidRequestError
 from ..llm.card import check_model_dir
 from ..llm.protocol import PreprocessedRequest, SamplingOptions
 from ._base import final_item, token_budget
@@ -70,7 +81,10 @@ class HFEngine:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dynamo_nb-hf")
         self._scheduler: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
+        self._layout = KVLayout.of(model.config)
         self.steps_total = 0
+        self.bootstrap: BootstrapServer | None = None
+        self.kv_timeout = 30.0  # how long a decode waits for its prefill's KV
 
     @classmethod
     async def load(
@@ -99,41 +113,141 @@ class HFEngine:
         self, request: dict[str, Any], context: Context | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream ``{"token_ids": [t]}`` per new token; the last item has ``finish_reason`` and usage."""
+        parsed = self._parse(request)
+        async with self._admission:
+            seq = self._new_sequence(parsed, token_budget(parsed, self.context_length))
+            async for item in self._stream(seq, context):
+                yield item
+
+    async def prefill(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The prefill role: compute the prompt's KV cache and first token, park them for a decode.
+
+        Yields ``{"token_ids": [], "disaggregated_params": {bootstrap_host, bootstrap_port,
+        bootstrap_room}}`` first (the room is ``bootstrap_info.bootstrap_room`` when the router
+        drew one, else a new one), then the first token as the final item. A prefill that
+        fails or is cancelled fails its room, so its decode gets the reason at once.
+        Needs `start_bootstrap` first.
+        """
+        if self.bootstrap is None:
+            raise ConfigError(
+                "the prefill role needs a bootstrap server: await engine.start_bootstrap() first"
+            )
+        parsed = self._parse(request)
+        room = _requested_room(parsed.bootstrap_info)
+        yield {"token_ids": [], "disaggregated_params": {**self.bootstrap.endpoint, "bootstrap_room": room}}
+        try:
+            async with self._admission:
+                seq = self._new_sequence(parsed, 1)
+                try:
+                    token, _finish = await self._next_token(seq)
+                    loop = asyncio.get_running_loop()
+                    layers = [(layer.keys, layer.values) for layer in seq.cache.layers]
+                    header, payload = await loop.run_in_executor(
+                        self._executor, functools.partial(pack_kv, layers, first_token=token)
+                    )
+                finally:
+                    self._active.pop(seq.seq_id, None)
+                    seq.cache = None
+            self.bootstrap.park(room, header, payload)
+        except BaseException as exc:
+            self.bootstrap.fail(room, f"{type(exc).__name__}: {exc}")
+            raise
+        yield final_item([token], "length", len(parsed.token_ids), 1)
+
+    async def decode(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The decode role: fetch the prompt's KV cache from the prefill's bootstrap server, go on.
+
+        Takes ``bootstrap_info`` (fast path) or ``prefill_result.disaggregated_params``
+        (fallback path); streams like `generate`, starting with the prefill's first token.
+        """
+        parsed = self._parse(request)
+        info = _bootstrap_of(parsed)
+        header, payload = await fetch_kv(info, timeout=self.kv_timeout)
+        if header.get("prompt_tokens") != len(parsed.token_ids):
+            raise DisaggregationError(
+                f"room {info.room} holds the KV of {header.get('prompt_tokens')} prompt tokens, "
+                f"but this request has {len(parsed.token_ids)}: prefill and decode got different prompts"
+            )
+        loop = asyncio.get_running_loop()
+        cache = await loop.run_in_executor(self._executor, self._import_cache, header, payload)
+        async with self._admission:
+            seq = self._new_sequence(parsed, token_budget(parsed, self.context_length))
+            seq.cache, seq.last_token, seq.generated = cache, header["first_token"], 1
+            _check_finish(seq, seq.last_token)
+            if seq.finish is not None:
+                yield final_item([seq.last_token], seq.finish, len(seq.prompt), 1)
+                return
+            yield {"token_ids": [seq.last_token]}
+            async for item in self._stream(seq, context):
+                yield item
+
+    async def start_bootstrap(
+        self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0
+    ) -> BootstrapServer:
+        """Start (once) the bootstrap server the prefill role parks KV caches in."""
+        if self.bootstrap is None:
+            self.bootstrap = await BootstrapServer.start(host, port, ttl=ttl)
+        return self.bootstrap
+
+    def _parse(self, request: dict[str, Any]) -> PreprocessedRequest:
         parsed = PreprocessedRequest.from_dict(request)
-        budget = token_budget(parsed, self.context_length)
         vocab = self.model.config.vocab_size
         if max(parsed.token_ids) >= vocab:
             raise InvalidRequestError(f"token id {max(parsed.token_ids)} is outside the vocabulary ({vocab})")
+        return parsed
+
+    def _new_sequence(self, parsed: PreprocessedRequest, budget: int) -> _Sequence:
         stop = parsed.stop_conditions
         eos = frozenset() if stop.ignore_eos else frozenset(parsed.eos_token_ids or self.eos_token_ids)
-        async with self._admission:
-            seq = _Sequence(
-                seq_id=next(self._ids),
-                prompt=parsed.token_ids,
-                budget=budget,
-                sampling=parsed.sampling_options,
-                eos=eos,
-                min_tokens=stop.min_tokens,
-                queue=asyncio.Queue(),
-                generator=_make_generator(self.device, parsed.sampling_options.seed),
-            )
+        return _Sequence(
+            seq_id=next(self._ids),
+            prompt=parsed.token_ids,
+            budget=budget,
+            sampling=parsed.sampling_options,
+            eos=eos,
+            min_tokens=stop.min_tokens,
+            queue=asyncio.Queue(),
+            generator=_make_generator(self.device, parsed.sampling_options.seed),
+        )
+
+    async def _next_token(self, seq: _Sequence) -> tuple[int, str | None]:
+        """Schedule ``seq`` (if it is not yet) and wait for its next token."""
+        if seq.seq_id not in self._active:
             self._active[seq.seq_id] = seq
             self._ensure_scheduler()
-            try:
-                while True:
-                    token, finish = await seq.queue.get()
-                    if isinstance(token, BaseException):
-                        raise token
-                    if finish is not None:
-                        yield final_item([token], finish, len(seq.prompt), seq.generated)
-                        return
-                    yield {"token_ids": [token]}
-                    if context is not None and context.is_stopped():
-                        yield final_item([], "cancelled", len(seq.prompt), seq.generated)
-                        return
-            finally:
-                self._active.pop(seq.seq_id, None)
-                seq.cache = None
+        token, finish = await seq.queue.get()
+        if isinstance(token, BaseException):
+            raise token
+        return token, finish
+
+    async def _stream(self, seq: _Sequence, context: Context | None) -> AsyncIterator[dict[str, Any]]:
+        """Run ``seq`` to its end, one item per token; it leaves the scheduler however it ends."""
+        try:
+            while True:
+                token, finish = await self._next_token(seq)
+                if finish is not None:
+                    yield final_item([token], finish, len(seq.prompt), seq.generated)
+                    return
+                yield {"token_ids": [token]}
+                if context is not None and context.is_stopped():
+                    yield final_item([], "cancelled", len(seq.prompt), seq.generated)
+                    return
+        finally:
+            self._active.pop(seq.seq_id, None)
+            seq.cache = None
+
+    def _import_cache(self, header: dict[str, Any], payload: bytes) -> Any:
+        """A DynamicCache from a received KV payload (runs in the engine's thread)."""
+        from transformers import DynamicCache
+
+        layers = unpack_kv(header, payload, expect=self._layout, device=self.device)
+        model_dtype = next(self.model.parameters()).dtype
+        layers = [(k.to(model_dtype), v.to(model_dtype)) for k, v in layers]
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
 
     def _ensure_scheduler(self) -> None:
         self._wake.set()
@@ -188,14 +302,13 @@ class HFEngine:
         token = _sample(logits.float(), seq.sampling, seq.generator, torch)
         seq.last_token = token
         seq.generated += 1
-        if token in seq.eos and seq.generated > seq.min_tokens:
-            seq.finish = "stop"
-        elif seq.generated >= seq.budget:
-            seq.finish = "length"
+        _check_finish(seq, token)
         return token
 
     async def close(self) -> None:
-        """Stop the scheduler and release the model thread."""
+        """Stop the scheduler and the bootstrap server, release the model thread."""
+        if self.bootstrap is not None:
+            await self.bootstrap.stop()
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
@@ -203,6 +316,43 @@ class HFEngine:
 
     def __repr__(self) -> str:
         return f"<HFEngine {self.model.config.model_type} on {self.device}, {self.active} active>"
+
+
+def _check_finish(seq: _Sequence, token: int) -> None:
+    """Set ``seq.finish`` when ``token`` (its latest) ends it: an eos past min_tokens, or the budget."""
+    if token in seq.eos and seq.generated > seq.min_tokens:
+        seq.finish = "stop"
+    elif seq.generated >= seq.budget:
+        seq.finish = "length"
+
+
+def _requested_room(bootstrap_info: dict[str, Any] | None) -> int:
+    """The router's room from ``bootstrap_info``, or a fresh one."""
+    room = (bootstrap_info or {}).get("bootstrap_room")
+    if room is None:
+        return draw_room()
+    if not isinstance(room, int) or isinstance(room, bool) or not 0 <= room <= MAX_ROOM:
+        raise DisaggregationError(
+            f"bootstrap_info.bootstrap_room must be an integer in 0..2**63-1, got {room!r}"
+        )
+    return room
+
+
+def _bootstrap_of(parsed: PreprocessedRequest) -> BootstrapInfo:
+    """Where a decode request's KV is: ``bootstrap_info``, else ``prefill_result.disaggregated_params``."""
+    if parsed.bootstrap_info is not None:
+        return BootstrapInfo.parse(parsed.bootstrap_info, "bootstrap_info")
+    if parsed.prefill_result is not None:
+        params = (
+            parsed.prefill_result.get("disaggregated_params")
+            if isinstance(parsed.prefill_result, dict)
+            else None
+        )
+        return BootstrapInfo.parse(params, "prefill_result.disaggregated_params")
+    raise DisaggregationError(
+        "a decode request needs bootstrap_info (fast path) or prefill_result.disaggregated_params "
+        "(fallback path); neither was sent"
+    )
 
 
 def _make_generator(device: str, seed: int | None) -> Any:

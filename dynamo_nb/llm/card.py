@@ -40,7 +40,7 @@ __all__ = [
 logger = logging.getLogger("dynamo_nb.llm")
 
 CARD_PREFIX = "v1/mdc/"
-MODEL_KINDS = ("chat", "completions", "prefill")
+MODEL_KINDS = ("chat", "completions", "prefill", "decode")
 DEFAULT_KV_BLOCK_SIZE = 16
 
 

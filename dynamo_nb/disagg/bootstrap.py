@@ -1,0 +1,232 @@
+"""The bootstrap server of a prefill worker: KV caches parked by room, fetched once by a decode.
+
+A prefill `park`\\ s the KV of its prompt under the request's room (or `fail`\\ s the room, so
+the decode learns why). A decode calls `fetch_kv`: it connects to ``bootstrap_host:port``,
+asks for the room and waits — the prefill may not have finished yet — up to its timeout.
+A room is handed out once; rooms nobody fetches (or parks) expire after ``ttl`` seconds, so a
+decode that never comes leaks nothing. It listens on 127.0.0.1 unless told otherwise.
+
+Frames on the wire: a 4-byte big-endian length, a JSON header, then (for a KV answer) the
+raw payload whose size the header gives. Nothing is pickled.
+
+Example:
+    >>> server = await BootstrapServer.start()                          # doctest: +SKIP
+    >>> server.park(room, header, payload)                              # doctest: +SKIP
+    >>> header, payload = await fetch_kv(BootstrapInfo("127.0.0.1", server.port, room))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import DisaggregationError
+from .rooms import BootstrapInfo
+
+__all__ = ["BootstrapServer", "fetch_kv"]
+
+logger = logging.getLogger("dynamo_nb.disagg")
+
+_LENGTH = struct.Struct(">I")
+MAX_HEADER_BYTES = 1 << 20
+MAX_PAYLOAD_BYTES = 8 << 30
+
+
+async def _write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes = b"") -> None:
+    data = json.dumps(header, separators=(",", ":")).encode()
+    writer.write(_LENGTH.pack(len(data)) + data)
+    if payload:
+        writer.write(payload)
+    await writer.drain()
+
+
+async def _read_header(reader: asyncio.StreamReader) -> dict[str, Any]:
+    (size,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    if size > MAX_HEADER_BYTES:
+        raise DisaggregationError(f"a bootstrap header of {size} bytes is too large")
+    header = json.loads(await reader.readexactly(size))
+    if not isinstance(header, dict):
+        raise DisaggregationError("a bootstrap header must be a JSON object")
+    return header
+
+
+@dataclass
+class _Room:
+    created: float
+    ready: asyncio.Future[tuple[dict[str, Any], bytes] | str] = field(default_factory=asyncio.Future)
+
+
+class BootstrapServer:
+    """Parks KV caches by room until their decode fetches them. Start it with `BootstrapServer.start`.
+
+    Attributes:
+        host, port: where it listens (publish them as the worker's ``disaggregated_endpoint``).
+        expired_total: rooms dropped because nobody fetched (or parked) them within ``ttl``.
+        served_total: KV caches handed to a decode.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        """Use `BootstrapServer.start`."""
+        self.ttl = ttl
+        self.host = ""
+        self.port = 0
+        self.expired_total = 0
+        self.served_total = 0
+        self._rooms: dict[int, _Room] = {}
+        self._server: asyncio.base_events.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    @classmethod
+    async def start(cls, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0) -> BootstrapServer:
+        """Listen on ``host:port`` (0: a free port); rooms expire ``ttl`` seconds after they appear."""
+        server = cls(ttl)
+        server._server = await asyncio.start_server(server._serve, host, port)
+        server.host, server.port = server._server.sockets[0].getsockname()[:2]
+        server._sweeper = asyncio.get_running_loop().create_task(
+            server._sweep(), name="dynamo_nb-bootstrap-expiry"
+        )
+        return server
+
+    @property
+    def endpoint(self) -> dict[str, Any]:
+        """``{"bootstrap_host", "bootstrap_port"}``: the runtime config's ``disaggregated_endpoint``."""
+        return {"bootstrap_host": self.host, "bootstrap_port": self.port}
+
+    @property
+    def parked(self) -> int:
+        """Rooms holding a KV cache (or a failure) that no decode has fetched yet."""
+        return sum(1 for room in self._rooms.values() if room.ready.done())
+
+    def _room(self, room: int) -> _Room:
+        entry = self._rooms.get(room)
+        if entry is None:
+            entry = self._rooms[room] = _Room(time.monotonic())
+        return entry
+
+    def park(self, room: int, header: dict[str, Any], payload: bytes) -> None:
+        """Hold ``header`` and ``payload`` for the decode that asks for ``room``."""
+        entry = self._room(room)
+        if entry.ready.done():
+            raise DisaggregationError(f"bootstrap room {room} is already in use: draw rooms at random")
+        entry.ready.set_result((header, payload))
+
+    def fail(self, room: int, message: str) -> None:
+        """Tell the decode of ``room`` that its prefill failed (``message`` says why)."""
+        entry = self._room(room)
+        if not entry.ready.done():
+            entry.ready.set_result(f"the prefill failed: {message}")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        try:
+            request = await asyncio.wait_for(_read_header(reader), 10.0)
+            room, wait = request.get("room"), request.get("timeout", 30.0)
+            if not isinstance(room, int) or not isinstance(wait, (int, float)):
+                await _write_frame(
+                    writer, {"ok": False, "error": "ask for {'room': int, 'timeout': seconds}"}
+                )
+                return
+            entry = self._room(room)
+            try:
+                result = await asyncio.wait_for(asyncio.shield(entry.ready), wait)
+            except asyncio.TimeoutError:
+                await _write_frame(
+                    writer,
+                    {
+                        "ok": False,
+                        "error": f"no KV cache for room {room} within {wait:g} s: the prefill did not finish",
+                    },
+                )
+                return
+            self._rooms.pop(room, None)  # handed out once
+            if isinstance(result, str):
+                await _write_frame(writer, {"ok": False, "error": f"room {room}: {result}"})
+                return
+            header, payload = result
+            await _write_frame(writer, {"ok": True, **header}, payload)
+            self.served_total += 1
+        except (
+            asyncio.IncompleteReadError,
+            ConnectionError,
+            asyncio.TimeoutError,
+            ValueError,
+            DisaggregationError,
+        ) as exc:
+            logger.debug("bootstrap connection dropped: %r", exc)
+        finally:
+            if task is not None:
+                self._connections.discard(task)
+            writer.close()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.ttl / 4, 5.0))
+            self.expire()
+
+    def expire(self) -> int:
+        """Drop rooms older than ``ttl`` now (the sweeper does it every ``ttl/4`` s); how many went."""
+        cutoff = time.monotonic() - self.ttl
+        old = [room for room, entry in self._rooms.items() if entry.created < cutoff]
+        for room in old:
+            entry = self._rooms.pop(room)
+            if not entry.ready.done():  # a decode still waiting learns why
+                entry.ready.set_result(f"expired after {self.ttl:g} s without a KV cache")
+        if old:
+            self.expired_total += len(old)
+            logger.info("dropped %d bootstrap room(s) nobody fetched within %g s", len(old), self.ttl)
+        return len(old)
+
+    async def stop(self) -> None:
+        """Stop listening, drop every room, close the connections."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*self._connections, return_exceptions=True), 2.0)
+        self._rooms.clear()
+
+    def __repr__(self) -> str:
+        return f"<BootstrapServer {self.host}:{self.port} parked={self.parked}>"
+
+
+async def fetch_kv(info: BootstrapInfo, timeout: float = 30.0) -> tuple[dict[str, Any], bytes]:
+    """The KV header and payload parked under ``info.room`` (waits up to ``timeout`` for the prefill).
+
+    Raises:
+        DisaggregationError: unreachable server, timeout, a failed prefill, or a bad answer.
+    """
+    where = f"bootstrap server {info.host}:{info.port}"
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(info.host, info.port), 5.0)
+    except (OSError, asyncio.TimeoutError) as exc:
+        raise DisaggregationError(f"cannot reach the {where}: {exc!r}") from None
+    try:
+        await _write_frame(writer, {"room": info.room, "timeout": timeout})
+        header = await asyncio.wait_for(_read_header(reader), timeout + 5.0)
+        if not header.pop("ok", False):
+            raise DisaggregationError(f"{where}: {header.get('error', 'refused')}")
+        size = header.get("payload_bytes")
+        if not isinstance(size, int) or not 0 <= size <= MAX_PAYLOAD_BYTES:
+            raise DisaggregationError(f"{where} sent a KV header without a valid payload_bytes: {size!r}")
+        payload = await asyncio.wait_for(reader.readexactly(size), timeout + 5.0)
+        return header, payload
+    except asyncio.TimeoutError:
+        raise DisaggregationError(
+            f"{where} did not answer for room {info.room} within {timeout + 5:g} s"
+        ) from None
+    except (asyncio.IncompleteReadError, ConnectionError, ValueError) as exc:
+        raise DisaggregationError(f"{where} closed the connection for room {info.room}: {exc!r}") from None
+    finally:
+        writer.close()

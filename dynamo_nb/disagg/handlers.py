@@ -1,0 +1,116 @@
+"""Worker-side handlers of disaggregated serving: the decode handler's own prefill fallback.
+
+A decode request normally arrives with ``bootstrap_info`` (the frontend's prefill router
+chose the prefill worker and the room) or ``prefill_result`` (the router waited for the
+prefill's ``disaggregated_params``). When it has neither — a frontend without a prefill
+router, or a direct call — the decode handler asks a prefill worker itself, then decodes
+from its KV cache. With no prefill worker reachable it generates the whole answer itself
+(aggregated) and logs a warning.
+
+Example:
+    >>> prefill = await runtime.endpoint("dynamo.prefill.generate").client()     # doctest: +SKIP
+    >>> handler = DecodeHandler(engine, prefill)                                 # doctest: +SKIP
+    >>> await runtime.endpoint("dynamo.backend.generate").serve(handler.generate)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from .._context import Context
+from ..errors import DisaggregationError, RequestError
+
+if TYPE_CHECKING:
+    from .._client import Client, ResponseStream
+    from ..engines.hf import HFEngine
+
+__all__ = ["DecodeHandler"]
+
+logger = logging.getLogger("dynamo_nb.disagg")
+
+
+class DecodeHandler:
+    """Serves ``engine.decode``; asks ``prefill`` (a client of the prefill endpoint) when needed.
+
+    Attributes:
+        self_prefills: requests it sent to a prefill worker itself.
+        aggregated_fallbacks: requests it generated whole because no prefill worker could help.
+    """
+
+    def __init__(self, engine: HFEngine, prefill: Client, *, prefill_timeout: float = 30.0) -> None:
+        self.engine = engine
+        self.prefill = prefill
+        self.prefill_timeout = prefill_timeout
+        self.self_prefills = 0
+        self.aggregated_fallbacks = 0
+        self._drains: set[asyncio.Task[None]] = set()
+
+    async def generate(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The decode endpoint's handler."""
+        own_prefill = request.get("bootstrap_info") is None and request.get("prefill_result") is None
+        if own_prefill:
+            try:
+                params = await self._ask_prefill(request)
+                request = {**request, "prefill_result": {"disaggregated_params": params}}
+            except (RequestError, asyncio.TimeoutError) as exc:
+                async for item in self._aggregated(
+                    request, context, f"no prefill worker could take it ({exc})"
+                ):
+                    yield item
+                return
+        started = False
+        try:
+            async for item in self.engine.decode(request, context):
+                started = True
+                yield item
+        except DisaggregationError as exc:
+            if started or not own_prefill:
+                raise  # tokens went out, or the router chose this handoff: the failure goes back
+            async for item in self._aggregated(request, context, str(exc)):
+                yield item
+
+    async def _aggregated(
+        self, request: dict[str, Any], context: Context | None, why: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        self.aggregated_fallbacks += 1
+        logger.warning("generating a request here, without a prefill worker: %s", why)
+        clean = {k: v for k, v in request.items() if k not in ("prefill_result", "bootstrap_info")}
+        async for item in self.engine.generate(clean, context):
+            yield item
+
+    async def _ask_prefill(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send the prefill (max_tokens 1) and wait for its ``disaggregated_params``."""
+        stop = dict(request.get("stop_conditions") or {})
+        stop["max_tokens"] = 1
+        prefill_request = {**request, "stop_conditions": stop}
+        stream = self.prefill.round_robin(prefill_request)  # NoInstancesError: nobody serves prefill
+        self.self_prefills += 1
+        try:
+            first = await asyncio.wait_for(stream.__anext__(), self.prefill_timeout)
+        except StopAsyncIteration:
+            raise DisaggregationError("the prefill worker ended its stream without output") from None
+        params = first.get("disaggregated_params") if isinstance(first, dict) else None
+        if params is None:
+            await stream.aclose()
+            raise DisaggregationError("the prefill worker's first item had no disaggregated_params")
+        self._drain(stream)
+        return params
+
+    def _drain(self, stream: ResponseStream) -> None:
+        """Read the rest of the prefill stream in the background; log its failure."""
+
+        async def drain() -> None:
+            try:
+                async for _ in stream:
+                    pass
+            except RequestError as exc:
+                logger.warning("prefill stream failed after its disaggregated_params: %s", exc)
+
+        task = asyncio.get_running_loop().create_task(drain())
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)

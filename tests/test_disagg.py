@@ -1,0 +1,250 @@
+"""Disaggregated prefill/decode, worker side: rooms, the KV wire format, the bootstrap server,
+the hf engine's prefill and decode roles, and prefill + decode worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FRONTEND, HF_WORKER, RuntimeFactory, collect, free_port
+
+from dynamo_nb import DisaggregationError, bench
+from dynamo_nb.disagg import (
+    MAX_ROOM,
+    BootstrapInfo,
+    BootstrapServer,
+    KVLayout,
+    check_header,
+    draw_room,
+    fetch_kv,
+    pack_kv,
+    unpack_kv,
+)
+from dynamo_nb.llm import ModelTokenizer
+
+PROMPT = list(range(5, 45))
+GREEDY = {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 12}, "sampling_options": {"temperature": 0}}
+
+
+def tokens(items: list[Any]) -> list[int]:
+    return [t for item in items for t in item["token_ids"]]
+
+
+def test_rooms_are_unique_and_in_range() -> None:
+    rooms = [draw_room() for _ in range(10_000)]
+    assert len(set(rooms)) == 10_000 and all(0 <= r <= MAX_ROOM for r in rooms)
+    assert max(rooms) > 2**62  # they use the whole 63-bit range
+
+
+@pytest.mark.parametrize(
+    "params, says",
+    [
+        (None, "must be an object"),
+        ({"bootstrap_host": "h"}, "lacks bootstrap_port, bootstrap_room"),
+        (
+            {"bootstrap_host": "h", "bootstrap_port": "7", "bootstrap_room": 1},
+            "bootstrap_port must be a port",
+        ),
+        ({"bootstrap_host": "h", "bootstrap_port": 7, "bootstrap_room": -1}, "0..2**63-1"),
+        ({"bootstrap_host": "h", "bootstrap_port": 7, "bootstrap_room": 2**63}, "0..2**63-1"),
+        ({"bootstrap_host": "", "bootstrap_port": 7, "bootstrap_room": 1}, "bootstrap_host must be"),
+    ],
+)
+def test_malformed_disaggregated_params_name_what_is_wrong(params: Any, says: str) -> None:
+    with pytest.raises(DisaggregationError, match="disaggregated_params") as caught:
+        BootstrapInfo.parse(params)
+    assert says in str(caught.value)
+
+
+async def test_bootstrap_server_parks_waits_fails_and_expires() -> None:
+    server = await BootstrapServer.start(ttl=60)
+    try:
+        where = (server.host, server.port)
+        assert server.endpoint == {"bootstrap_host": "127.0.0.1", "bootstrap_port": server.port}
+        header = {"payload_bytes": 3, "first_token": 7}
+        # parked first, fetched after
+        server.park(1, header, b"abc")
+        assert server.parked == 1
+        assert await fetch_kv(BootstrapInfo(*where, 1), timeout=1) == (header, b"abc")
+        assert server.parked == 0 and server.served_total == 1
+        # fetched first: the decode waits for the prefill
+        waiting = asyncio.ensure_future(fetch_kv(BootstrapInfo(*where, 2), timeout=5))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        server.park(2, header, b"xyz")
+        assert (await waiting)[1] == b"xyz"
+        # a room is handed out once
+        with pytest.raises(DisaggregationError, match=re.escape("no KV cache for room 2 within 0.2 s")):
+            await fetch_kv(BootstrapInfo(*where, 2), timeout=0.2)
+        # a failed prefill reaches its decode as an error
+        server.fail(3, "RuntimeError: out of memory")
+        with pytest.raises(
+            DisaggregationError, match="room 3: the prefill failed: RuntimeError: out of memory"
+        ):
+            await fetch_kv(BootstrapInfo(*where, 3), timeout=1)
+        with pytest.raises(DisaggregationError, match="already in use"):
+            server.park(4, header, b"abc") or server.park(4, header, b"abc")
+    finally:
+        await server.stop()
+    with pytest.raises(DisaggregationError, match="cannot reach the bootstrap server"):
+        await fetch_kv(BootstrapInfo("127.0.0.1", free_port(), 1), timeout=1)
+
+
+async def test_parked_kv_expires_and_a_waiting_decode_learns_why() -> None:
+    server = await BootstrapServer.start(ttl=0.2)  # its sweeper looks every ttl/4
+    try:
+        server.park(10, {"payload_bytes": 1}, b"x")  # a decode that never comes
+        waiting = fetch_kv(
+            BootstrapInfo(server.host, server.port, 11), timeout=10
+        )  # a prefill that never comes
+        with pytest.raises(DisaggregationError, match=re.escape("room 11: expired after 0.2 s")):
+            await waiting
+        for _ in range(40):
+            if server.expired_total == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert server.expired_total == 2 and server.parked == 0 and not server._rooms
+        with pytest.raises(DisaggregationError, match="no KV cache for room 10"):
+            await fetch_kv(BootstrapInfo(server.host, server.port, 10), timeout=0.1)
+    finally:
+        await server.stop()
+
+
+def test_kv_wire_round_trip_and_checks(hf_engine: Any) -> None:
+    import torch
+
+    layout = KVLayout.of(hf_engine.model.config)
+    layers = [
+        (
+            torch.randn(1, layout.kv_heads, 5, layout.head_dim),
+            torch.randn(1, layout.kv_heads, 5, layout.head_dim),
+        )
+        for _ in range(layout.layers)
+    ]
+    header, payload = pack_kv(layers, first_token=42)
+    assert json.loads(json.dumps(header)) == header  # plain JSON: nothing pickled
+    assert (
+        header["prompt_tokens"] == 5
+        and header["first_token"] == 42
+        and len(payload) == header["payload_bytes"]
+    )
+    back = unpack_kv(header, payload, expect=layout)
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(layers, back, strict=True))
+    half = [(k.to(torch.bfloat16), v.to(torch.bfloat16)) for k, v in layers]
+    h16, p16 = pack_kv(half, first_token=1)
+    assert h16["dtype"] == "bfloat16" and torch.equal(unpack_kv(h16, p16)[0][0], half[0][0])
+    with pytest.raises(DisaggregationError, match="payload is 10 bytes"):
+        check_header(header, 10)
+    with pytest.raises(DisaggregationError, match=re.escape("not a dynamo_nb.kv.v1")):
+        check_header({**header, "format": "pickle"}, len(payload))
+    with pytest.raises(DisaggregationError, match="same model"):
+        check_header(header, len(payload), KVLayout(layout.layers + 1, layout.kv_heads, layout.head_dim))
+    with pytest.raises(DisaggregationError, match="dtype"):
+        check_header({**header, "dtype": "int64"}, len(payload))
+
+
+async def test_engine_roles_give_the_aggregated_tokens_on_both_paths(hf_engine: Any) -> None:
+    await hf_engine.start_bootstrap()
+    aggregated = tokens(await collect(hf_engine.generate(GREEDY)))
+
+    # fast path: the room is drawn up front and the decode is sent before the prefill runs
+    info = {**hf_engine.bootstrap.endpoint, "bootstrap_room": draw_room()}
+    events: list[str] = []
+
+    async def decode() -> list[Any]:
+        events.append("decode sent")
+        items = await collect(hf_engine.decode({**GREEDY, "bootstrap_info": info}))
+        events.append("decode done")
+        return items
+
+    decoding = asyncio.ensure_future(decode())
+    await asyncio.sleep(0)  # the decode is on its way (waiting for the KV) before the prefill starts
+    prefill = await collect(hf_engine.prefill({**GREEDY, "bootstrap_info": info}))
+    events.append("prefill done")
+    fast = await decoding
+    assert events == ["decode sent", "prefill done", "decode done"]
+    assert prefill[0] == {"token_ids": [], "disaggregated_params": info}
+    assert prefill[1]["token_ids"] == aggregated[:1] and prefill[1]["finish_reason"] == "length"
+    assert tokens(fast) == aggregated and fast[-1]["completion_usage"]["completion_tokens"] == 12
+
+    # fallback path: the prefill draws its room, the decode gets its disaggregated_params
+    prefill = await collect(hf_engine.prefill(GREEDY))
+    params = prefill[0]["disaggregated_params"]
+    assert 0 <= params["bootstrap_room"] <= MAX_ROOM and params["bootstrap_port"] == info["bootstrap_port"]
+    fallback = await collect(hf_engine.decode({**GREEDY, "prefill_result": {"disaggregated_params": params}}))
+    assert tokens(fallback) == aggregated
+    assert hf_engine.bootstrap.parked == 0 and hf_engine.active == 0
+
+
+async def test_decode_refuses_what_it_cannot_use(hf_engine: Any) -> None:
+    await hf_engine.start_bootstrap()
+    with pytest.raises(DisaggregationError, match=r"needs bootstrap_info .* or prefill_result"):
+        await collect(hf_engine.decode(GREEDY))
+    with pytest.raises(
+        DisaggregationError, match=re.escape("prefill_result.disaggregated_params lacks bootstrap_room")
+    ):
+        params = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 1}
+        await collect(hf_engine.decode({**GREEDY, "prefill_result": {"disaggregated_params": params}}))
+    prefill = await collect(hf_engine.prefill(GREEDY))
+    shorter = {
+        **GREEDY,
+        "token_ids": PROMPT[:-3],
+        "prefill_result": {"disaggregated_params": prefill[0]["disaggregated_params"]},
+    }
+    with pytest.raises(
+        DisaggregationError, match="holds the KV of 40 prompt tokens, but this request has 37"
+    ):
+        await collect(hf_engine.decode(shorter))
+    with pytest.raises(DisaggregationError, match="bootstrap_room must be an integer"):
+        await collect(hf_engine.prefill({**GREEDY, "bootstrap_info": {"bootstrap_room": "x"}}))
+
+
+async def test_prefill_and_decode_worker_processes_behind_a_frontend(
+    services: Any, start_worker: Any, make_runtime: RuntimeFactory, hf_engine: Any, tiny_path: Path
+) -> None:
+    etcd = ["--discovery", services.etcd_url, "--log-level", "INFO"]
+    endpoints = ["--endpoint", "dg.backend.generate", "--prefill-endpoint", "dg.prefill.generate"]
+    prefill = await start_worker(*etcd, *endpoints, "--mode", "prefill", script=HF_WORKER)
+    decode = await start_worker(*etcd, *endpoints, "--mode", "decode", script=HF_WORKER)
+    assert prefill.ready_line.startswith("READY dg.prefill.generate")
+    assert decode.ready_line.startswith("READY dg.backend.generate")
+    rt = await make_runtime("etcd-tcp")
+    cards = (await rt.discovery.watch_prefix("v1/mdc/dg/")).items  # READY comes after the card
+    by_kind = {tuple(json.loads(v)["kinds"]): json.loads(v) for v in cards.values()}
+    assert set(by_kind) == {("prefill",), ("chat", "completions", "decode")}
+    endpoint = by_kind[("prefill",)]["runtime_config"]["disaggregated_endpoint"]
+    assert endpoint["bootstrap_host"] == "127.0.0.1" and endpoint["bootstrap_port"] > 0
+
+    # the frontend routes to the decode worker, which asks the prefill worker itself
+    port = free_port()
+    await start_worker("--discovery", services.etcd_url, "--http-port", str(port), script=FRONTEND)
+    url = f"http://127.0.0.1:{port}"
+    await bench.wait_for_model(url, "tiny-llama", timeout=30)
+    tokenizer = ModelTokenizer.load(tiny_path)
+    prompt = "Once upon a time"
+    ids = tokenizer.encode(prompt, add_special_tokens=True)
+    request = {
+        "token_ids": ids,
+        "stop_conditions": {"max_tokens": 16},
+        "sampling_options": {"temperature": 0},
+    }
+    expected = tokenizer.decode(tokens(await collect(hf_engine.generate(request))))
+    import httpx
+
+    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 16, "temperature": 0}
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        reply = (await http.post("/v1/completions", json=body)).json()
+        assert reply["choices"][0]["text"] == expected
+        # the prefill worker dies: the decode worker generates the request itself, no hang
+        prefill.send_signal(signal.SIGKILL)
+        await prefill.wait(timeout=10)
+        reply = (await http.post("/v1/completions", json=body)).json()
+        assert reply["choices"][0]["text"] == expected
+    await decode.stop()
+    log = decode.log_path.read_text()
+    assert "without a prefill worker" in log  # the fallback was taken, and said so
