@@ -248,3 +248,17 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
     await decode.stop()
     log = decode.log_path.read_text()
     assert "without a prefill worker" in log  # the fallback was taken, and said so
+
+
+async def test_a_cancelled_decode_frees_its_sequence(hf_engine: Any) -> None:
+    await hf_engine.start_bootstrap()
+    prefill = await collect(hf_engine.prefill(GREEDY))
+    long = {**GREEDY, "stop_conditions": {"max_tokens": 300, "ignore_eos": True}}
+    stream = hf_engine.decode(
+        {**long, "prefill_result": {"disaggregated_params": prefill[0]["disaggregated_params"]}}
+    )
+    await stream.__anext__()  # the prefill's first token
+    await stream.__anext__()  # one decoded here
+    assert hf_engine.active == 1
+    await stream.aclose()
+    assert hf_engine.active == 0

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -53,25 +54,27 @@ class DecodeHandler:
     ) -> AsyncIterator[dict[str, Any]]:
         """The decode endpoint's handler."""
         own_prefill = request.get("bootstrap_info") is None and request.get("prefill_result") is None
+        fallback: str | None = None
         if own_prefill:
             try:
                 params = await self._ask_prefill(request)
                 request = {**request, "prefill_result": {"disaggregated_params": params}}
             except (RequestError, asyncio.TimeoutError) as exc:
-                async for item in self._aggregated(
-                    request, context, f"no prefill worker could take it ({exc})"
-                ):
-                    yield item
+                fallback = f"no prefill worker could take it ({exc})"
+        if fallback is None:
+            started = False
+            try:
+                async with contextlib.aclosing(self.engine.decode(request, context)) as items:
+                    async for item in items:
+                        started = True
+                        yield item
                 return
-        started = False
-        try:
-            async for item in self.engine.decode(request, context):
-                started = True
-                yield item
-        except DisaggregationError as exc:
-            if started or not own_prefill:
-                raise  # tokens went out, or the router chose this handoff: the failure goes back
-            async for item in self._aggregated(request, context, str(exc)):
+            except DisaggregationError as exc:
+                if started or not own_prefill:
+                    raise  # tokens went out, or the router chose this handoff: the failure goes back
+                fallback = str(exc)
+        async with contextlib.aclosing(self._aggregated(request, context, fallback)) as items:
+            async for item in items:
                 yield item
 
     async def _aggregated(
@@ -80,8 +83,9 @@ class DecodeHandler:
         self.aggregated_fallbacks += 1
         logger.warning("generating a request here, without a prefill worker: %s", why)
         clean = {k: v for k, v in request.items() if k not in ("prefill_result", "bootstrap_info")}
-        async for item in self.engine.generate(clean, context):
-            yield item
+        async with contextlib.aclosing(self.engine.generate(clean, context)) as items:
+            async for item in items:
+                yield item
 
     async def _ask_prefill(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send the prefill (max_tokens 1) and wait for its ``disaggregated_params``."""

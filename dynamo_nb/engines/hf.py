@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -116,8 +117,9 @@ class HFEngine:
         parsed = self._parse(request)
         async with self._admission:
             seq = self._new_sequence(parsed, token_budget(parsed, self.context_length))
-            async for item in self._stream(seq, context):
-                yield item
+            async with contextlib.aclosing(self._stream(seq, context)) as items:  # closed with this stream
+                async for item in items:
+                    yield item
 
     async def prefill(
         self, request: dict[str, Any], context: Context | None = None
@@ -182,8 +184,9 @@ class HFEngine:
                 yield final_item([seq.last_token], seq.finish, len(seq.prompt), 1)
                 return
             yield {"token_ids": [seq.last_token]}
-            async for item in self._stream(seq, context):
-                yield item
+            async with contextlib.aclosing(self._stream(seq, context)) as items:  # closed with this stream
+                async for item in items:
+                    yield item
 
     async def start_bootstrap(
         self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0
