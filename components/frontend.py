@@ -37,7 +37,11 @@ async def main(argv: list[str] | None = None) -> int:
 
     runtime: DistributedRuntime = await runtime_from_args(args)  # static discovery with --static-endpoint
     frontend = await Frontend.start(
-        runtime, host=args.http_host, port=args.http_port, router_mode=args.router_mode
+        runtime,
+        host=args.http_host,
+        port=args.http_port,
+        router_mode=args.router_mode,
+        enforce_disagg=args.enforce_disagg,
     )
     if args.static_endpoint:  # static mode: build the model card here; no etcd, no registration
         card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)

@@ -171,6 +171,12 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "needs --model-name and --model-path (default: off, models come from discovery)",
     )
     group.add_argument(
+        "--enforce-disagg",
+        action="store_true",
+        help="with prefill workers, never fall back to aggregated serving: a failed prefill is a 503 "
+        "(default: off, it falls back with a warning)",
+    )
+    group.add_argument(
         "--static-address",
         default=None,
         help="static mode on the TCP plane: the worker's tcp://HOST:PORT, as it prints it (default: none)",
@@ -224,6 +230,12 @@ def add_worker_args(parser: argparse.ArgumentParser, default_endpoint: str = DEF
     )
     disagg.add_argument(
         "--bootstrap-port", type=int, default=0, help="prefill: its port (default: 0, a free one)"
+    )
+    disagg.add_argument(
+        "--no-bootstrap-endpoint",
+        action="store_true",
+        help="prefill: do not publish the bootstrap server as disaggregated_endpoint, so routers take "
+        "the fallback path (wait for disaggregated_params), as with engines that have none (default: off)",
     )
     disagg.add_argument(
         "--kv-ttl",

@@ -141,6 +141,7 @@ async def _start_frontend(
         port=args.http_port,
         router_mode=args.router_mode,
         only_endpoint=str(out_path) if out_path is not None and not runtime.is_static else None,
+        enforce_disagg=args.enforce_disagg,
     )
     closers.append(frontend.stop)
     if args.static_endpoint:

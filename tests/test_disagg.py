@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import FRONTEND, HF_WORKER, RuntimeFactory, collect, free_port
 
@@ -207,24 +208,28 @@ async def test_decode_refuses_what_it_cannot_use(hf_engine: Any) -> None:
 async def test_prefill_and_decode_worker_processes_behind_a_frontend(
     services: Any, start_worker: Any, make_runtime: RuntimeFactory, hf_engine: Any, tiny_path: Path
 ) -> None:
-    etcd = ["--discovery", services.etcd_url, "--log-level", "INFO"]
+    etcd = ["--discovery", services.etcd_url]
     endpoints = ["--endpoint", "dg.backend.generate", "--prefill-endpoint", "dg.prefill.generate"]
-    prefill = await start_worker(*etcd, *endpoints, "--mode", "prefill", script=HF_WORKER)
+    prefills = [
+        await start_worker(*etcd, *endpoints, "--mode", "prefill", script=HF_WORKER),
+        await start_worker(
+            *etcd, *endpoints, "--mode", "prefill", "--no-bootstrap-endpoint", script=HF_WORKER
+        ),
+    ]
     decode = await start_worker(*etcd, *endpoints, "--mode", "decode", script=HF_WORKER)
-    assert prefill.ready_line.startswith("READY dg.prefill.generate")
+    assert prefills[0].ready_line.startswith("READY dg.prefill.generate")
     assert decode.ready_line.startswith("READY dg.backend.generate")
     rt = await make_runtime("etcd-tcp")
     cards = (await rt.discovery.watch_prefix("v1/mdc/dg/")).items  # READY comes after the card
-    by_kind = {tuple(json.loads(v)["kinds"]): json.loads(v) for v in cards.values()}
-    assert set(by_kind) == {("prefill",), ("chat", "completions", "decode")}
-    endpoint = by_kind[("prefill",)]["runtime_config"]["disaggregated_endpoint"]
+    by_worker = {int(key.rsplit("/", 1)[1], 16): json.loads(value) for key, value in cards.items()}
+    fast_id, fallback_id = prefills[0].instance_id, prefills[1].instance_id
+    assert (
+        by_worker[fast_id]["kinds"] == ["prefill"] and by_worker[decode.instance_id]["kinds"][-1] == "decode"
+    )
+    endpoint = by_worker[fast_id]["runtime_config"]["disaggregated_endpoint"]
     assert endpoint["bootstrap_host"] == "127.0.0.1" and endpoint["bootstrap_port"] > 0
+    assert by_worker[fallback_id]["runtime_config"]["disaggregated_endpoint"] is None
 
-    # the frontend routes to the decode worker, which asks the prefill worker itself
-    port = free_port()
-    await start_worker("--discovery", services.etcd_url, "--http-port", str(port), script=FRONTEND)
-    url = f"http://127.0.0.1:{port}"
-    await bench.wait_for_model(url, "tiny-llama", timeout=30)
     tokenizer = ModelTokenizer.load(tiny_path)
     prompt = "Once upon a time"
     ids = tokenizer.encode(prompt, add_special_tokens=True)
@@ -233,21 +238,61 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
         "stop_conditions": {"max_tokens": 16},
         "sampling_options": {"temperature": 0},
     }
-    expected = tokenizer.decode(tokens(await collect(hf_engine.generate(request))))
-    import httpx
+    aggregated = tokens(await collect(hf_engine.generate(request)))
+    expected = tokenizer.decode(aggregated)
 
+    # a decode request with no bootstrap info: the decode worker asks a prefill worker itself
+    decode_client = await rt.endpoint("dg.backend.generate").client()
+    assert tokens(await collect(decode_client.round_robin(request))) == aggregated
+
+    port, strict_port = free_port(), free_port()
+    await start_worker(*etcd, "--http-port", str(port), script=FRONTEND)
+    await start_worker(*etcd, "--http-port", str(strict_port), "--enforce-disagg", script=FRONTEND)
+    url = f"http://127.0.0.1:{port}"
+    await bench.wait_for_model(url, "tiny-llama", timeout=30)
     body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 16, "temperature": 0}
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        reply = (await http.post("/v1/completions", json=body)).json()
-        assert reply["choices"][0]["text"] == expected
-        # the prefill worker dies: the decode worker generates the request itself, no hang
-        prefill.send_signal(signal.SIGKILL)
-        await prefill.wait(timeout=10)
-        reply = (await http.post("/v1/completions", json=body)).json()
-        assert reply["choices"][0]["text"] == expected
-    await decode.stop()
-    log = decode.log_path.read_text()
-    assert "without a prefill worker" in log  # the fallback was taken, and said so
+        seen = {}
+        for _ in range(2):  # round robin over the two prefill workers: one of each path
+            response = await http.post("/v1/completions", json=body)
+            assert response.json()["choices"][0]["text"] == expected
+            seen[response.headers["x-dynamo-path"]] = response.headers
+        assert set(seen) == {"fast", "fallback"}
+        assert seen["fast"]["x-dynamo-prefill-worker"] == f"{fast_id:x}"
+        assert seen["fallback"]["x-dynamo-prefill-worker"] == f"{fallback_id:x}"
+        assert all(h["x-dynamo-decode-worker"] == f"{decode.instance_id:x}" for h in seen.values())
+        assert all(0 <= int(h["x-dynamo-bootstrap-room"]) <= MAX_ROOM for h in seen.values())
+        streamed = await http.post("/v1/completions", json={**body, "stream": True})
+        assert (
+            "".join(
+                json.loads(line[6:])["choices"][0]["text"]
+                for line in streamed.text.splitlines()
+                if line.startswith("data: {") and json.loads(line[6:])["choices"]
+            )
+            == expected
+        )
+
+        # the prefill workers die: aggregated with a warning, or a 503 when enforced — never a hang
+        for prefill in prefills:
+            prefill.send_signal(signal.SIGKILL)
+            await prefill.wait(timeout=10)
+        for _ in range(2):
+            response = await http.post("/v1/completions", json=body)
+            assert response.status_code == 200 and response.json()["choices"][0]["text"] == expected
+            assert response.headers["x-dynamo-path"] == "aggregated"
+        strict = await http.post(f"http://127.0.0.1:{strict_port}/v1/completions", json=body)
+        assert strict.status_code == 503 and "disaggregation is enforced" in strict.json()["error"]["message"]
+        metrics = (await http.get("/metrics")).text
+    counts = {
+        line.split('path="')[1].split('"')[0]: float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("dynamo_frontend_disagg_requests_total{")
+    }
+    assert counts["fast"] + counts["fallback"] == 3 and counts["aggregated"] == 2
+    errors = [
+        line for line in metrics.splitlines() if line.startswith("dynamo_frontend_prefill_errors_total{")
+    ]
+    assert errors and float(errors[0].split()[-1]) >= 2  # each aggregated request followed a failure
 
 
 async def test_a_cancelled_decode_frees_its_sequence(hf_engine: Any) -> None:

@@ -55,6 +55,11 @@ class DecodeHandler:
         """The decode endpoint's handler."""
         own_prefill = request.get("bootstrap_info") is None and request.get("prefill_result") is None
         fallback: str | None = None
+        if (request.get("extra_args") or {}).get("aggregated"):  # the frontend's router chose it
+            async with contextlib.aclosing(self.engine.generate(request, context)) as items:
+                async for item in items:
+                    yield item
+            return
         if own_prefill:
             try:
                 params = await self._ask_prefill(request)

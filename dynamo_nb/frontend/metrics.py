@@ -137,6 +137,14 @@ class FrontendMetrics:
         self.input_tokens = Histogram(
             "dynamo_frontend_input_sequence_tokens", "prompt tokens per request", ("model",), _TOKEN_BUCKETS
         )
+        self.disagg_requests = Counter(
+            "dynamo_frontend_disagg_requests_total",
+            "requests of models with prefill workers, by the path they took (fast, fallback, aggregated)",
+            ("model", "path"),
+        )
+        self.prefill_errors = Counter(
+            "dynamo_frontend_prefill_errors_total", "prefills that failed or whose handoff failed", ("model",)
+        )
         self.output_tokens = Histogram(
             "dynamo_frontend_output_sequence_tokens",
             "generated tokens per request",
@@ -154,6 +162,8 @@ class FrontendMetrics:
             self.duration,
             self.input_tokens,
             self.output_tokens,
+            self.disagg_requests,
+            self.prefill_errors,
         ):
             lines.extend(metric.render())
         return "\n".join(lines) + "\n"

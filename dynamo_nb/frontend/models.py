@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .._client import Client, ResponseStream
@@ -23,6 +24,7 @@ from ..discovery import KeyValueDiscovery
 from ..errors import ConfigError, InvalidRequestError
 from ..llm.card import CARD_PREFIX, ModelCard
 from ..llm.tokenizer import ModelTokenizer
+from .prefill_router import PrefillRouter
 
 if TYPE_CHECKING:
     from ..runtime import DistributedRuntime
@@ -83,6 +85,8 @@ class ModelManager:
         router_mode: str = "round-robin",
         *,
         only_endpoint: str | None = None,
+        enforce_disagg: bool = False,
+        on_prefill_error: Callable[[str], None] | None = None,
     ) -> None:
         if router_mode not in ROUTER_MODES:
             raise ConfigError(f"unknown router mode {router_mode!r}: use one of {', '.join(ROUTER_MODES)}")
@@ -90,6 +94,9 @@ class ModelManager:
         self.router_mode = router_mode
         self.only_endpoint = str(EndpointPath.parse(only_endpoint)) if only_endpoint else None
         self.models: dict[str, ServedModel] = {}
+        self.prefill: dict[str, PrefillRouter] = {}  # model name → its prefill router
+        self.enforce_disagg = enforce_disagg
+        self._on_prefill_error = on_prefill_error
         self._card_names: dict[str, str] = {}  # discovery key → model name
         self._changed = asyncio.Event()
 
@@ -126,7 +133,30 @@ class ModelManager:
         self._notify()
         return model
 
+    async def add_prefill_card(self, card: ModelCard, key: str) -> PrefillRouter:
+        """A prefill worker's card: the model's prefill router learns it (and starts, if new)."""
+        router = self.prefill.get(card.name)
+        if router is None:
+            client = await self.runtime.endpoint(card.endpoint).client()
+            router = self.prefill.get(card.name)  # another card may have won while we waited
+            if router is None:
+                on_error = (lambda: self._on_prefill_error(card.name)) if self._on_prefill_error else None
+                router = PrefillRouter(card.endpoint, client, enforce=self.enforce_disagg, on_error=on_error)
+                self.prefill[card.name] = router
+                logger.info("model %s: disaggregated serving, prefill at %s", card.name, card.endpoint)
+        instance_id = int(key.rsplit("/", 1)[-1], 16)
+        router.add_worker(key, instance_id, card.runtime_config.disaggregated_endpoint)
+        return router
+
+    def prefill_router(self, name: str) -> PrefillRouter | None:
+        """The prefill router of model ``name`` while a prefill worker has a card, else None."""
+        router = self.prefill.get(name)
+        return router if router is not None and router.active else None
+
     def remove_card(self, key: str) -> None:
+        for router in self.prefill.values():
+            if router.remove_worker(key):
+                return
         name = self._card_names.pop(key, None)
         model = self.models.get(name) if name else None
         if model is not None:
@@ -175,8 +205,13 @@ class ModelManager:
             except ValueError as exc:
                 logger.warning("ignoring malformed model card at %s: %s", key, exc)
                 return
+            if "prefill" in card.kinds:
+                self.runtime.spawn(
+                    self._add_logged(card, key, prefill=True), name=f"prefill-card-{card.name}"
+                )
+                return
             if not any(kind in SERVED_KINDS for kind in card.kinds):
-                return  # prefill-only workers are reached through the decode workers' routers
+                return
             if self.only_endpoint is not None and card.endpoint != self.only_endpoint:
                 return
             self.runtime.spawn(self._add_logged(card, key), name=f"model-card-{card.name}")
@@ -185,8 +220,8 @@ class ModelManager:
         for key, value in list(watch.items.items()):
             on_change(key, value)
 
-    async def _add_logged(self, card: ModelCard, key: str) -> None:
+    async def _add_logged(self, card: ModelCard, key: str, prefill: bool = False) -> None:
         try:
-            await self.add_card(card, key)
+            await (self.add_prefill_card(card, key) if prefill else self.add_card(card, key))
         except Exception as exc:
             logger.error("cannot serve model %s from %s: %s", card.name, card.endpoint, exc)

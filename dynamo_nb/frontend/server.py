@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -26,6 +26,7 @@ from .._client import ResponseStream
 from .._ids import new_request_id
 from ..errors import (
     ConfigError,
+    DisaggregationError,
     InstanceDownError,
     InvalidRequestError,
     NoInstancesError,
@@ -38,6 +39,7 @@ from .errors import HTTPError, error_body
 from .metrics import FrontendMetrics
 from .models import ModelManager, ServedModel
 from .openai import OpenAIRequest, parse_request
+from .prefill_router import PrefillPlan
 
 if TYPE_CHECKING:
     from ..runtime import DistributedRuntime
@@ -54,6 +56,10 @@ _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"
 _DONE = b"data: [DONE]\n\n"
 
 
+class _HandoffFailed(Exception):
+    """The decode worker could not take the prefill's KV (before any token)."""
+
+
 @dataclass
 class _Outcome:
     """What a relayed stream ended with."""
@@ -62,6 +68,7 @@ class _Outcome:
     completion_tokens: int = 0
     error: str | None = None
     nvext: dict[str, Any] | None = None  # sent with the last chunk when the request asked for it
+    headers: dict[str, str] = field(default_factory=dict)  # who served it, which disaggregated path
 
 
 class Frontend:
@@ -71,13 +78,20 @@ class Frontend:
     with static discovery give it the model with `add_model`.
     """
 
-    def __init__(self, runtime: DistributedRuntime, manager: ModelManager, host: str, port: int) -> None:
+    def __init__(
+        self,
+        runtime: DistributedRuntime,
+        manager: ModelManager,
+        host: str,
+        port: int,
+        metrics: FrontendMetrics | None = None,
+    ) -> None:
         """Use `Frontend.start`."""
         self.runtime = runtime
         self.models = manager
         self.host = host
         self.port = port
-        self.metrics = FrontendMetrics()
+        self.metrics = metrics or FrontendMetrics()
         self._runner: web.AppRunner | None = None
 
     @classmethod
@@ -89,6 +103,7 @@ class Frontend:
         port: int = DEFAULT_HTTP_PORT,
         router_mode: str = "round-robin",
         only_endpoint: str | None = None,
+        enforce_disagg: bool = False,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -97,11 +112,20 @@ class Frontend:
                 (memory, etcd), or models are added with `add_model` (static).
             router_mode: ``round-robin`` or ``random``.
             only_endpoint: serve only the models registered at this endpoint (``ns.comp.ep``).
+            enforce_disagg: a model with prefill workers never falls back to aggregated
+                serving: a failed prefill is a 503 naming the reason.
         """
-        manager = ModelManager(runtime, router_mode, only_endpoint=only_endpoint)
+        metrics = FrontendMetrics()
+        manager = ModelManager(
+            runtime,
+            router_mode,
+            only_endpoint=only_endpoint,
+            enforce_disagg=enforce_disagg,
+            on_prefill_error=lambda model: metrics.prefill_errors.inc(model=model),
+        )
         if not runtime.is_static:
             await manager.watch()
-        frontend = cls(runtime, manager, host, port)
+        frontend = cls(runtime, manager, host, port, metrics)
         await frontend._listen()
         return frontend
 
@@ -269,11 +293,12 @@ class Frontend:
         name = model.name
         status = "error"
         metrics.inflight.inc(model=name)
+        plan: PrefillPlan | None = None
         try:
-            stream, first = await self._open(model, engine_request)
+            stream, first, plan = await self._open_planned(model, engine_request)
             metrics.ttft.observe(time.perf_counter() - started, model=name)
             metrics.input_tokens.observe(len(token_ids), model=name)
-            outcome = _Outcome(nvext=_nvext(parsed, stream))
+            outcome = _Outcome(nvext=_nvext(parsed, stream, plan), headers=_route_headers(stream, plan))
             try:
                 pieces = self._relay(model, stream, first, parsed.stop.stop, outcome)
                 if parsed.stream:
@@ -289,6 +314,8 @@ class Frontend:
             status = "success" if outcome.error is None else "error"
             return response
         finally:
+            if plan is not None:
+                plan.cancel()  # the prefill goes with its decode
             metrics.inflight.dec(model=name)
             metrics.duration.observe(time.perf_counter() - started, model=name)
             metrics.requests.inc(
@@ -297,6 +324,31 @@ class Frontend:
                 request_type="stream" if parsed.stream else "unary",
                 status=status,
             )
+
+    async def _open_planned(
+        self, model: ServedModel, engine_request: dict[str, Any]
+    ) -> tuple[ResponseStream, Any, PrefillPlan | None]:
+        """Open the decode stream: aggregated, or after the model's prefill router planned it."""
+        router = self.models.prefill_router(model.name)
+        if router is None:
+            stream, first = await self._open(model, engine_request)
+            return stream, first, None
+        try:
+            plan = await router.plan(engine_request)
+        except DisaggregationError as exc:  # enforced disaggregation and the prefill failed
+            raise HTTPError(503, str(exc)) from None
+        try:
+            stream, first = await self._open(model, plan.decode_request)
+        except _HandoffFailed as exc:
+            router.handoff_failed(plan, str(exc))
+            if router.enforce:
+                raise HTTPError(
+                    503, f"the prefill → decode handoff failed: {exc}; disaggregation is enforced"
+                ) from None
+            plan = router.aggregated(engine_request, f"the handoff failed: {exc}", plan.events)
+            stream, first = await self._open(model, plan.decode_request)
+        self.metrics.disagg_requests.inc(model=model.name, path=plan.path)
+        return stream, first, plan
 
     async def _open(self, model: ServedModel, engine_request: dict[str, Any]) -> tuple[ResponseStream, Any]:
         """Send the request and wait for its first item; a worker that is down is skipped."""
@@ -315,6 +367,8 @@ class Frontend:
             except RemoteHandlerError as exc:
                 if exc.error_type == "InvalidRequestError":
                     raise HTTPError(400, exc.remote_message) from None
+                if exc.error_type == "DisaggregationError":
+                    raise _HandoffFailed(exc.remote_message) from None
                 raise HTTPError(500, f"the worker failed: {exc.error_type}: {exc.remote_message}") from None
         detail = f" (last error: {last_error})" if last_error else ""
         raise HTTPError(503, f"no worker of model {model.name!r} is reachable now{detail}; retry later")
@@ -369,7 +423,7 @@ class Frontend:
         outcome: _Outcome,
         prompt_tokens: int,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(headers=_SSE_HEADERS)
+        response = web.StreamResponse(headers={**_SSE_HEADERS, **outcome.headers})
         await response.prepare(request)
         chat = parsed.kind == "chat"
         request_id = ("chatcmpl-" if chat else "cmpl-") + new_request_id()
@@ -436,14 +490,27 @@ async def _send_unary(
     }
     if outcome.nvext:
         body["nvext"] = outcome.nvext
-    return web.json_response(body)
+    return web.json_response(body, headers=outcome.headers)
 
 
-def _nvext(parsed: OpenAIRequest, stream: ResponseStream) -> dict[str, Any] | None:
+def _nvext(parsed: OpenAIRequest, stream: ResponseStream, plan: PrefillPlan | None) -> dict[str, Any] | None:
     """Dynamo's ``nvext`` response fields the request asked for (``worker_id``: who served it)."""
     if "worker_id" not in parsed.extra_fields:
         return None
-    return {"worker_id": {"prefill_worker_id": None, "decode_worker_id": stream.instance_id}}
+    prefill = plan.prefill_worker if plan is not None else None
+    return {"worker_id": {"prefill_worker_id": prefill, "decode_worker_id": stream.instance_id}}
+
+
+def _route_headers(stream: ResponseStream, plan: PrefillPlan | None) -> dict[str, str]:
+    """``x-dynamo-*`` response headers: the decode worker, and the disaggregated path when there is one."""
+    headers = {"x-dynamo-decode-worker": f"{stream.instance_id:x}"}
+    if plan is not None:
+        headers["x-dynamo-path"] = plan.path
+        if plan.prefill_worker is not None:
+            headers["x-dynamo-prefill-worker"] = f"{plan.prefill_worker:x}"
+        if plan.room is not None:
+            headers["x-dynamo-bootstrap-room"] = str(plan.room)
+    return headers
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
