@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import FRONTEND, HF_WORKER, RuntimeFactory, collect, free_port
 
-from dynamo_nb import DisaggregationError, bench
+from dynamo_nb import DisaggregationError, DistributedRuntime, bench
 from dynamo_nb.disagg import (
     MAX_ROOM,
     BootstrapInfo,
@@ -26,7 +26,9 @@ from dynamo_nb.disagg import (
     pack_kv,
     unpack_kv,
 )
-from dynamo_nb.llm import ModelTokenizer
+from dynamo_nb.disagg.handlers import DecodeHandler
+from dynamo_nb.frontend import Frontend
+from dynamo_nb.llm import ModelTokenizer, serve_llm
 
 PROMPT = list(range(5, 45))
 GREEDY = {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 12}, "sampling_options": {"temperature": 0}}
@@ -307,3 +309,106 @@ async def test_a_cancelled_decode_frees_its_sequence(hf_engine: Any) -> None:
     assert hf_engine.active == 1
     await stream.aclose()
     assert hf_engine.active == 0
+
+
+async def test_fast_path_sends_decode_before_its_prefill_finishes(hf_engine: Any, tiny_path: Path) -> None:
+    """Shown by event order: on the fast path the prefill handler is held until the decode has
+    arrived; a router that waited for the prefill before sending the decode would never finish."""
+    await hf_engine.start_bootstrap()
+    events: list[str] = []
+    decode_arrived = asyncio.Event()
+
+    async def prefill(request: dict[str, Any], context: Any) -> Any:
+        events.append("prefill received")
+        await asyncio.wait_for(decode_arrived.wait(), 10)
+        async for item in hf_engine.prefill(request, context):
+            yield item
+        events.append("prefill finished")
+
+    async def decode(request: dict[str, Any], context: Any) -> Any:
+        events.append("decode received")
+        decode_arrived.set()
+        async for item in hf_engine.decode(request, context):
+            yield item
+
+    runtime = await DistributedRuntime.create()
+    try:
+        endpoint = {"disaggregated_endpoint": hf_engine.bootstrap.endpoint}
+        await serve_llm(
+            runtime.endpoint("ev.prefill.generate"),
+            prefill,
+            tiny_path,
+            model_name="ev",
+            kind="prefill",
+            runtime_config=endpoint,
+        )
+        await serve_llm(
+            runtime.endpoint("ev.backend.generate"),
+            decode,
+            tiny_path,
+            model_name="ev",
+            kind=["completions", "decode"],
+        )
+        frontend = await Frontend.start(runtime, port=0)
+        await frontend.wait_for_model("ev")
+        for _ in range(100):
+            if frontend.models.prefill_router("ev") is not None:
+                break
+            await asyncio.sleep(0.02)
+        request = {
+            "token_ids": PROMPT,
+            "stop_conditions": {"max_tokens": 8},
+            "sampling_options": {"temperature": 0},
+        }
+        expected = ModelTokenizer.load(tiny_path).decode(tokens(await collect(hf_engine.generate(request))))
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+            body = {"model": "ev", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
+            response = await http.post("/v1/completions", json=body)
+        assert response.status_code == 200 and response.headers["x-dynamo-path"] == "fast"
+        assert response.json()["choices"][0]["text"] == expected
+        assert events.index("decode received") < events.index("prefill finished")
+        await frontend.stop()
+    finally:
+        await runtime.shutdown()
+
+
+async def test_malformed_disaggregated_params_from_a_prefill_worker(hf_engine: Any, tiny_path: Path) -> None:
+    async def bad_prefill(request: dict[str, Any], context: Any) -> Any:
+        yield {"token_ids": [], "disaggregated_params": {"bootstrap_host": "127.0.0.1"}}
+
+    runtime = await DistributedRuntime.create()
+    try:
+        prefill_client = await runtime.endpoint("bad.prefill.generate").client()
+        await serve_llm(
+            runtime.endpoint("bad.prefill.generate"), bad_prefill, tiny_path, model_name="bad", kind="prefill"
+        )
+        handler = DecodeHandler(hf_engine, prefill_client)
+        await serve_llm(
+            runtime.endpoint("bad.backend.generate"),
+            handler.generate,
+            tiny_path,
+            model_name="bad",
+            kind=["completions", "decode"],
+        )
+        lenient = await Frontend.start(runtime, port=0)
+        strict = await Frontend.start(runtime, port=0, enforce_disagg=True)
+        for frontend in (lenient, strict):
+            await frontend.wait_for_model("bad")
+            for _ in range(100):
+                if frontend.models.prefill_router("bad") is not None:
+                    break
+                await asyncio.sleep(0.02)
+        body = {"model": "bad", "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+        async with httpx.AsyncClient(timeout=30) as http:
+            served = await http.post(lenient.url + "/v1/completions", json=body)
+            refused = await http.post(strict.url + "/v1/completions", json=body)
+        assert served.status_code == 200 and served.headers["x-dynamo-path"] == "aggregated"
+        assert refused.status_code == 503
+        message = refused.json()["error"]["message"]
+        assert (
+            "disaggregated_params lacks bootstrap_port, bootstrap_room" in message and "enforced" in message
+        )
+        await lenient.stop()
+        await strict.stop()
+    finally:
+        await runtime.shutdown()

@@ -4,7 +4,8 @@ The stream is read in chunks as they arrive; every SSE event in a chunk gets the
 arrival time. A content event (a non-empty ``delta.content`` or ``text``) is a token event:
 the first gives TTFT, the gaps between them are the inter-token latencies. Usage (asked
 for with ``stream_options.include_usage``) gives the token counts when the server sends
-it, and ``nvext.worker_id`` (our frontend, and Dynamo's, when asked for it) the workers.
+it, and ``nvext.worker_id`` (our frontend, and Dynamo's, when asked for it) the workers; our
+frontend's ``x-dynamo-path`` header gives the disaggregated path (fast, fallback, aggregated).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def _worker_ids(record: dict[str, Any], nvext: Any) -> None:
         record["worker"] = f"{decode:x}" if isinstance(decode, int) else str(decode)
     if prefill is not None:
         record["prefill_worker"] = f"{prefill:x}" if isinstance(prefill, int) else str(prefill)
-    if record["worker"] is not None or record["prefill_worker"] is not None:
+    if record["path"] is None and (record["worker"] is not None or record["prefill_worker"] is not None):
         disagg = record["prefill_worker"] is not None and record["prefill_worker"] != record["worker"]
         record["path"] = "disaggregated" if disagg else "aggregated"
 
@@ -137,6 +138,9 @@ async def send_request(
         limit = aiohttp.ClientTimeout(total=timeout)  # the whole request, the body's reading included
         async with session.post(url, data=payload, headers=_JSON_HEADERS, timeout=limit) as response:
             record["status"] = response.status
+            route = response.headers.get("x-dynamo-path")  # our frontend: fast, fallback or aggregated
+            if route:
+                record["path"] = route
             if response.status != 200:
                 record["error"] = _error_text(response.status, await response.read())
             else:
