@@ -54,7 +54,9 @@ async def main(argv: list[str] | None = None) -> int:
     if args.mode == "prefill":
         bootstrap = await engine.start_bootstrap(args.bootstrap_host, args.bootstrap_port, ttl=args.kv_ttl)
         handler, endpoint_path, kind = engine.prefill, args.prefill_endpoint, ["prefill"]
-        runtime_config = {"disaggregated_endpoint": None if args.no_bootstrap_endpoint else bootstrap.endpoint}
+        runtime_config = {
+            "disaggregated_endpoint": None if args.no_bootstrap_endpoint else bootstrap.endpoint
+        }
     elif args.mode == "decode":
         prefill = await runtime.endpoint(args.prefill_endpoint).client()
         handler = DecodeHandler(engine, prefill).generate

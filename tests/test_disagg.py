@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import FRONTEND, HF_WORKER, RuntimeFactory, collect, free_port
 
-from dynamo_nb import DisaggregationError, DistributedRuntime, bench
+from dynamo_nb import DisaggregationError, DistributedRuntime, DynamoNBError, bench
 from dynamo_nb.disagg import (
     MAX_ROOM,
     BootstrapInfo,
@@ -27,8 +27,9 @@ from dynamo_nb.disagg import (
     unpack_kv,
 )
 from dynamo_nb.disagg.handlers import DecodeHandler
+from dynamo_nb.engines import EchoEngine
 from dynamo_nb.frontend import Frontend
-from dynamo_nb.llm import ModelTokenizer, serve_llm
+from dynamo_nb.llm import ModelTokenizer, ReadinessGate, serve_llm
 
 PROMPT = list(range(5, 45))
 GREEDY = {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 12}, "sampling_options": {"temperature": 0}}
@@ -412,3 +413,50 @@ async def test_malformed_disaggregated_params_from_a_prefill_worker(hf_engine: A
         await strict.stop()
     finally:
         await runtime.shutdown()
+
+
+async def test_a_request_before_registration_completes_waits_for_it(tiny_path: Path) -> None:
+    """serve_llm serves first and publishes the card after; a request in between is held, not lost."""
+    runtime = await DistributedRuntime.create()
+    publish = runtime.discovery.put
+    card_written = asyncio.Event()
+    let_card_through = asyncio.Event()
+
+    async def slow_put(key: str, value: bytes) -> None:  # the real put, held until the test says so
+        if key.startswith("v1/mdc/"):
+            card_written.set()
+            await let_card_through.wait()
+        await publish(key, value)
+
+    runtime.discovery.put = slow_put  # type: ignore[method-assign]
+    try:
+        serving = asyncio.ensure_future(
+            serve_llm(
+                runtime.endpoint("gate.backend.generate"), EchoEngine().generate, tiny_path, model_name="g"
+            )
+        )
+        await asyncio.wait_for(card_written.wait(), 10)  # the endpoint serves; its card is on its way
+        client = await runtime.endpoint("gate.backend.generate").client()
+        await client.wait_for_instances(timeout=5)
+        request = {"token_ids": [5, 6, 7], "stop_conditions": {"max_tokens": 3}}
+        answer = asyncio.ensure_future(collect(client.round_robin(request)))
+        await asyncio.sleep(0.2)
+        assert not answer.done()  # held at the gate
+        let_card_through.set()
+        _server, card = await serving
+        assert tokens(await asyncio.wait_for(answer, 10)) == [5, 6, 7]
+        assert card.name == "g"
+    finally:
+        await runtime.shutdown()
+
+
+async def test_the_gate_gives_up_with_a_clear_error() -> None:
+    async def handler(request: Any) -> Any:
+        yield request
+
+    gate = ReadinessGate(handler, timeout=0.1)
+    with pytest.raises(DynamoNBError, match=r"registration did not complete within 0\.1 s"):
+        await collect(gate.handle({"x": 1}, None))
+    assert gate.held_total == 1
+    gate.open()
+    assert await collect(gate.handle({"x": 2}, None)) == [{"x": 2}]

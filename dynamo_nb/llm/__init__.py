@@ -19,7 +19,7 @@ from .card import (
 )
 from .detokenize import StreamDetokenizer
 from .protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
-from .serve import serve_llm
+from .serve import ReadinessGate, serve_llm
 from .tokenizer import ModelTokenizer
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "ModelRuntimeConfig",
     "ModelTokenizer",
     "PreprocessedRequest",
+    "ReadinessGate",
     "SamplingOptions",
     "StopConditions",
     "StreamDetokenizer",
