@@ -25,6 +25,7 @@ from dynamo_nb.bench import (
     live,
     load_json,
     multi_turn_prompts,
+    path_chart,
     per_worker_chart,
     prompt_set,
     random_prompts,
@@ -189,6 +190,13 @@ def test_charts_render_to_png_headless(sweep: pd.DataFrame, tmp_path: Path) -> N
     assert sorted(counts) == [8, 8, 8, 8]  # two workers × two labels, 8 requests each
     figures[0].savefig(tmp_path / "chart.png")
     assert (tmp_path / "chart.png").read_bytes().startswith(PNG)
+    paths = sweep.assign(path=["fast", "fallback"] * (len(sweep) // 2))
+    by_path = path_chart(paths)
+    assert [t.get_text() for t in by_path.axes[0].get_xticklabels()] == ["fast", "fallback"]
+    assert [bar.get_height() for bar in by_path.axes[0].patches] == pytest.approx(
+        [paths[paths.path == p]["ttft_s"].median() * 1000 for p in ("fast", "fallback")]
+    )
+    assert "did not report one" in path_chart(sweep.assign(path=None)).axes[0].texts[0].get_text()
     no_ids = per_worker_chart(sweep.assign(worker=None))
     assert "did not report" in no_ids.axes[0].texts[0].get_text()
     with pytest.raises(ConfigError, match="metric must be one of"):

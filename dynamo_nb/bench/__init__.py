@@ -18,7 +18,7 @@ From a shell::
 
 from __future__ import annotations
 
-from .charts import CHARTS, Chart, latency_cdf, per_worker_chart, throughput_chart, ttft_itl_chart
+from .charts import CHARTS, Chart, latency_cdf, path_chart, per_worker_chart, throughput_chart, ttft_itl_chart
 from .client import RECORD_COLUMNS
 from .live import LiveChart, live
 from .prompts import (
@@ -45,6 +45,7 @@ __all__ = [
     "live",
     "load_json",
     "multi_turn_prompts",
+    "path_chart",
     "per_worker_chart",
     "prompt_set",
     "random_prompts",

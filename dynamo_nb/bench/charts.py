@@ -22,7 +22,15 @@ from matplotlib.figure import Figure
 from ..errors import ConfigError
 from .stats import level_summary
 
-__all__ = ["CHARTS", "Chart", "latency_cdf", "per_worker_chart", "throughput_chart", "ttft_itl_chart"]
+__all__ = [
+    "CHARTS",
+    "Chart",
+    "latency_cdf",
+    "path_chart",
+    "per_worker_chart",
+    "throughput_chart",
+    "ttft_itl_chart",
+]
 
 
 class Chart(Figure):
@@ -186,6 +194,33 @@ def per_worker_chart(df: pd.DataFrame) -> Chart:
     return figure
 
 
+def path_chart(df: pd.DataFrame) -> Chart:
+    """TTFT and end-to-end (p50 bars, p99 whiskers) per serving path: aggregated, fast, fallback."""
+    figure, (ttft_ax, e2e_ax) = _chart(2)
+    ok = df[df["error"].isna() & df["path"].notna()]
+    if ok.empty:
+        _empty(ttft_ax, "no path in these results:\nthe server did not report one")
+        e2e_ax.set_axis_off()
+        return figure
+    order = [p for p in ("aggregated", "fast", "fallback", "disaggregated") if p in set(ok["path"])]
+    order += sorted(set(ok["path"]) - set(order))
+    for ax, column, title in ((ttft_ax, "ttft_s", "time to first token"), (e2e_ax, "e2e_s", "end-to-end")):
+        values = [ok[ok["path"] == p][column] * 1000.0 for p in order]
+        p50 = [v.quantile(0.5) for v in values]
+        p99 = [v.quantile(0.99) for v in values]
+        colors = [c for c, _ in zip(_colors(), order, strict=False)]
+        ax.bar(order, p50, color=colors)
+        ax.errorbar(order, p50, yerr=[[0] * len(order), [b - a for a, b in zip(p50, p99, strict=True)]],
+                    fmt="none", ecolor="black", capsize=4)  # fmt: skip
+        for x, (count, value) in enumerate(zip([len(v) for v in values], p50, strict=True)):
+            ax.text(x, value / 2, f"{value:.1f} ms\nn={count}", ha="center", va="center", fontsize="small",
+                    color="white")  # fmt: skip
+        ax.set_title(f"{title} by path (p50, whisker to p99)")
+        ax.set_ylabel("ms")
+        ax.grid(True, axis="y", alpha=0.3)
+    return figure
+
+
 def _colors() -> Iterator[str]:
     while True:
         yield from ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
@@ -196,4 +231,5 @@ CHARTS = {
     "throughput": throughput_chart,
     "cdf": latency_cdf,
     "per_worker": per_worker_chart,
+    "path": path_chart,
 }
