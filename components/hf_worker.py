@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from dynamo_nb import DistributedRuntime
+from dynamo_nb import ConfigError, DistributedRuntime
 from dynamo_nb.cli import hf_worker_parser, model_path_from_args, runtime_from_args, serve_model_from_args
 from dynamo_nb.disagg.handlers import DecodeHandler
 from dynamo_nb.engines import HFEngine
@@ -58,7 +58,11 @@ async def main(argv: list[str] | None = None) -> int:
             "disaggregated_endpoint": None if args.no_bootstrap_endpoint else bootstrap.endpoint
         }
     elif args.mode == "decode":
-        prefill = await runtime.endpoint(args.prefill_endpoint).client()
+        try:  # to ask a prefill worker itself for requests that come without bootstrap info
+            prefill = await runtime.endpoint(args.prefill_endpoint).client()
+        except ConfigError as exc:  # e.g. static TCP: no address for the prefill workers
+            logging.getLogger("hf_worker").warning("no prefill client (%s): such requests run here", exc)
+            prefill = None
         handler = DecodeHandler(engine, prefill).generate
         endpoint_path, kind, runtime_config = args.endpoint, ["chat", "completions", "decode"], None
     else:

@@ -34,14 +34,15 @@ logger = logging.getLogger("dynamo_nb.disagg")
 
 
 class DecodeHandler:
-    """Serves ``engine.decode``; asks ``prefill`` (a client of the prefill endpoint) when needed.
+    """Serves ``engine.decode``; asks ``prefill`` (a client of the prefill endpoint) when needed
+    (with ``prefill`` None such requests are generated here).
 
     Attributes:
         self_prefills: requests it sent to a prefill worker itself.
         aggregated_fallbacks: requests it generated whole because no prefill worker could help.
     """
 
-    def __init__(self, engine: HFEngine, prefill: Client, *, prefill_timeout: float = 30.0) -> None:
+    def __init__(self, engine: HFEngine, prefill: Client | None, *, prefill_timeout: float = 30.0) -> None:
         self.engine = engine
         self.prefill = prefill
         self.prefill_timeout = prefill_timeout
@@ -94,6 +95,8 @@ class DecodeHandler:
 
     async def _ask_prefill(self, request: dict[str, Any]) -> dict[str, Any]:
         """Send the prefill (max_tokens 1) and wait for its ``disaggregated_params``."""
+        if self.prefill is None:
+            raise DisaggregationError("this decode worker has no client for the prefill endpoint")
         stop = dict(request.get("stop_conditions") or {})
         stop["max_tokens"] = 1
         prefill_request = {**request, "stop_conditions": stop}
