@@ -1,0 +1,27 @@
+"""KV-aware routing: Dynamo's block hashes, the radix-tree indexer and the worker choice.
+
+Example:
+    >>> from dynamo_nb.kv import RadixTree, block_hashes
+    >>> index = RadixTree()
+    >>> hashes = block_hashes(list(range(32)), block_size=16)
+    >>> index.insert("w1", hashes, ttl=60)                # approximate mode: a routing decision
+    >>> index.find_matches(hashes).scores
+    {'w1': 2}
+"""
+
+from __future__ import annotations
+
+from .hashing import HASH_SEED, block_hashes, sequence_hashes
+from .indexer import OverlapScores, RadixTree
+from .selector import ActiveLoad, costs, pick
+
+__all__ = [
+    "HASH_SEED",
+    "ActiveLoad",
+    "OverlapScores",
+    "RadixTree",
+    "block_hashes",
+    "costs",
+    "pick",
+    "sequence_hashes",
+]

@@ -1,0 +1,151 @@
+"""KV-aware routing, the pure parts: block hashes against xxhash by Dynamo's rule, the radix-tree
+indexer on worked examples, the cost function and the pick."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import random
+import struct
+
+import pytest
+import xxhash
+
+from dynamo_nb.kv import HASH_SEED, ActiveLoad, RadixTree, block_hashes, costs, pick, sequence_hashes
+
+
+def reference_local(tokens: list[int]) -> int:
+    """The rule, written out independently: u32 little-endian bytes, XXH3-64, seed 1337."""
+    return xxhash.xxh3_64_intdigest(b"".join(t.to_bytes(4, "little") for t in tokens), seed=1337)
+
+
+def test_block_hashes_follow_dynamos_rule() -> None:
+    rng = random.Random(5)
+    tokens = [rng.randrange(0, 150_000) for _ in range(70)]
+    hashes = block_hashes(tokens, 16)
+    assert len(hashes) == 4  # 64 tokens in full blocks; the 6-token tail never counts
+    assert hashes == [reference_local(tokens[i : i + 16]) for i in range(0, 64, 16)]
+    assert block_hashes(tokens[:64], 16) == hashes and block_hashes(tokens[:15], 16) == []
+    assert HASH_SEED == 1337
+    # a known vector: one block of token ids 0..15
+    assert block_hashes(list(range(16)), 16) == [reference_local(list(range(16)))]
+    assert block_hashes([2**32 - 1] * 4, 4) == [reference_local([2**32 - 1] * 4)]
+
+
+def test_sequence_hashes_chain_the_prefix() -> None:
+    locals_ = block_hashes(list(range(48)), 16)
+    chained = sequence_hashes(locals_)
+    assert chained[0] == locals_[0]
+    for i in (1, 2):
+        expected = xxhash.xxh3_64_intdigest(struct.pack("<QQ", chained[i - 1], locals_[i]), seed=1337)
+        assert chained[i] == expected
+    # the same block after a different prefix is a different sequence block
+    other = block_hashes([9] * 16 + list(range(16, 32)), 16)
+    assert other[1] == locals_[1] and sequence_hashes(other)[1] != chained[1]
+
+
+def test_a_lora_changes_the_seed() -> None:
+    seed = (1337 + xxhash.xxh3_64_intdigest(b"my-lora")) % 2**64
+    expected = xxhash.xxh3_64_intdigest(b"".join(t.to_bytes(4, "little") for t in range(16)), seed=seed)
+    assert block_hashes(list(range(16)), 16, lora_name="my-lora") == [expected]
+    assert block_hashes(list(range(16)), 16, lora_name="my-lora") != block_hashes(list(range(16)), 16)
+
+
+def stored(parent: int | None, *pairs: tuple[int, int]) -> dict:
+    return {
+        "stored": {"parent_hash": parent, "blocks": [{"block_hash": b, "tokens_hash": t} for b, t in pairs]}
+    }
+
+
+def test_indexer_worked_example() -> None:
+    index = RadixTree()
+    # worker A holds blocks with contents 10, 20, 30; worker B holds 10, 20, then 40
+    index.apply_event("A", stored(None, (101, 10), (102, 20)))
+    index.apply_event("A", stored(102, (103, 30)))
+    index.apply_event("B", stored(None, (201, 10), (202, 20), (203, 40)))
+    matches = index.find_matches([10, 20, 30, 50])
+    assert matches.scores == {"A": 3, "B": 2}
+    assert matches.tree_sizes == {"A": 3, "B": 3}
+    assert index.find_matches([10, 20, 40]).scores == {"A": 2, "B": 3}
+    assert index.find_matches([20, 30]).scores == {}  # not a prefix: no match
+    # overlap is consecutive from the start: B's block 40 does not count after a miss
+    assert index.find_matches([10, 99, 40]).scores == {"A": 1, "B": 1}
+
+    index.apply_event("A", {"removed": {"block_hashes": [102]}})  # evicted mid-chain
+    assert index.find_matches([10, 20, 30]).scores == {"A": 1, "B": 2}
+    index.apply_event("B", "cleared")
+    assert index.find_matches([10, 20, 40]).scores == {"A": 1}
+    assert index.workers() == ["A"] and index.block_count() == 2
+    assert index.events_applied == 5
+
+
+def test_indexer_drops_a_stored_event_after_a_gap_and_forgets_dead_workers() -> None:
+    index = RadixTree()
+    index.apply_event("A", stored(555, (1, 10)))  # parent never reported: a gap
+    assert index.events_dropped == 1 and index.find_matches([10]).scores == {}
+    index.apply_event("A", stored(None, (1, 10), (2, 20)))
+    index.apply_event("C", stored(None, (7, 10)))
+    index.remove_worker("A")
+    assert index.find_matches([10, 20]).scores == {"C": 1} and index.block_count("A") == 0
+    index.remove_worker("C")
+    assert index._root.children == {}  # empty branches are pruned
+    with pytest.raises(ValueError, match="not a KV event"):
+        index.apply_event("A", {"moved": {}})
+
+
+def test_approximate_mode_inserts_routed_blocks_with_a_ttl() -> None:
+    index = RadixTree()
+    shared = block_hashes(list(range(64)), 16)
+    index.insert("w1", shared, ttl=10, now=100.0)
+    index.insert("w2", shared[:2], ttl=10, now=105.0)
+    assert index.find_matches(shared).scores == {"w1": 4, "w2": 2}
+    assert index.expire(now=109.0) == 0
+    assert index.expire(now=110.0) == 4  # w1's four blocks
+    assert index.find_matches(shared).scores == {"w2": 2}
+    assert index.expire(now=200.0) == 2 and index.block_count() == 0
+
+
+def test_cost_function_worked_example_from_dynamos_docs() -> None:
+    """Costs 8+10=18, 5+5=10 and 2+9=11: the second worker is chosen."""
+    loads = {"a": ActiveLoad(decode_blocks=2), "b": ActiveLoad(), "c": ActiveLoad(decode_blocks=7)}
+    worker_costs = costs(
+        ["a", "b", "c"], prompt_tokens=128, block_size=16, overlaps={"b": 3, "c": 6}, loads=loads
+    )
+    assert worker_costs == {"a": 18.0, "b": 10.0, "c": 11.0}
+    assert pick(worker_costs) == "b"
+    heavier = costs(["a", "b", "c"], prompt_tokens=128, block_size=16, overlaps={"b": 3, "c": 6}, loads=loads,
+                    overlap_weight=2.0)  # fmt: skip
+    assert heavier == {"a": 26.0, "b": 15.0, "c": 13.0} and pick(heavier) == "c"
+
+
+def test_pick_breaks_ties_by_cache_size_then_at_random_and_samples_with_temperature() -> None:
+    assert pick({"a": 1.0, "b": 1.0}, tree_sizes={"a": 9, "b": 3}) == "b"
+    rng = random.Random(0)
+    assert {pick({"a": 1.0, "b": 1.0}, rng=rng) for _ in range(50)} == {"a", "b"}  # fair among equals
+    draws = [pick({"cheap": 0.0, "dear": 10.0}, temperature=0.5, rng=rng) for _ in range(2000)]
+    assert draws.count("cheap") > 3 * draws.count("dear") > 0  # mostly cheap, not only
+    with pytest.raises(ValueError, match="no workers"):
+        pick({})
+
+
+def test_active_load_follows_a_request() -> None:
+    load = ActiveLoad()
+    load.add("r1", new_tokens=100, blocks=8)
+    load.add("r2", new_tokens=20, blocks=3)
+    assert (load.prefill_tokens, load.decode_blocks) == (120, 11)
+    load.prefill_done("r1")
+    assert (load.prefill_tokens, load.decode_blocks) == (20, 11)
+    load.free("r1")
+    load.free("r2")
+    load.free("unknown")
+    assert (load.prefill_tokens, load.decode_blocks, load.requests) == (0, 0, {})
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["dynamo_nb.kv", "dynamo_nb.kv.hashing", "dynamo_nb.kv.indexer", "dynamo_nb.kv.selector",
+     "dynamo_nb.disagg.rooms", "dynamo_nb.bench.prompts"],
+)  # fmt: skip
+def test_docstring_examples_run(module: str) -> None:
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0 and result.failed == 0
