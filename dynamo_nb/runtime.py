@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ._client import Client
@@ -15,6 +15,7 @@ from ._server import EndpointServer, Handler
 from .discovery import DEFAULT_LEASE_TTL, Discovery, KeyValueDiscovery, StaticDiscovery, make_discovery
 from .discovery.static import static_instance
 from .errors import ConfigError, RuntimeClosedError
+from .events import EventPlane, event_subject, make_event_plane
 from .planes import RequestPlane, make_plane
 from .planes.nats import static_subject
 from .planes.tcp import parse_tcp_address
@@ -58,6 +59,9 @@ class DistributedRuntime:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._closed = asyncio.Event()
+        self._nats_url: str | None = None
+        self._connect_timeout = 5.0
+        self._events: EventPlane | None = None
 
     @classmethod
     async def create(
@@ -110,6 +114,7 @@ class DistributedRuntime:
             await disc.close()
             raise
         runtime = cls(disc, plane)
+        runtime._nats_url, runtime._connect_timeout = nats_url, connect_timeout
         logger.info("runtime %x up: discovery=%s plane=%s", disc.connection_id, disc.describe(), plane.name)
         return runtime
 
@@ -243,6 +248,17 @@ class DistributedRuntime:
             out.append({"kind": "tcp", "address": f"{host}:{port}", "target": str(path)})
         return out
 
+    async def events(self) -> EventPlane:
+        """The event plane (in-process with memory discovery, NATS when ``nats_url`` was given).
+
+        Raises:
+            ConfigError: etcd or static discovery without ``nats_url``: events could not cross processes.
+        """
+        self._check_open()
+        if self._events is None:
+            self._events = make_event_plane(self.discovery.kind, self._nats_url, self._connect_timeout)
+        return self._events
+
     # -- lifecycle
 
     async def shutdown(self, grace: float = 5.0) -> None:
@@ -258,6 +274,8 @@ class DistributedRuntime:
             if self._tasks:
                 await asyncio.wait(list(self._tasks), timeout=2.0)
             await self.request_plane.close()
+            if self._events is not None:
+                await self._events.close()
             await self.discovery.close()
         finally:
             self._closed.set()
@@ -306,6 +324,22 @@ class Component:
     def endpoint(self, name: str) -> Endpoint:
         """The endpoint ``name`` of this component."""
         return Endpoint(self.namespace.runtime, EndpointPath(self.namespace.name, self.name, name))
+
+    async def publish_event(self, topic: str, payload: dict[str, Any]) -> None:
+        """Send ``payload`` (a msgpack-able map) to everyone listening to this component's ``topic``.
+
+        Example:
+            >>> await component.publish_event("kv_events", {"event_id": 1})   # doctest: +SKIP
+        """
+        plane = await self.namespace.runtime.events()
+        await plane.publish(event_subject(self.namespace.name, self.name, topic), payload)
+
+    async def subscribe_events(
+        self, topic: str, listener: Callable[[dict[str, Any]], None]
+    ) -> Callable[[], None]:
+        """Call ``listener(payload)`` for each event on this component's ``topic``; returns an unsubscribe."""
+        plane = await self.namespace.runtime.events()
+        return await plane.subscribe(event_subject(self.namespace.name, self.name, topic), listener)
 
     def __repr__(self) -> str:
         return f"<Component {self.namespace.name}.{self.name}>"

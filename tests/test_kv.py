@@ -3,15 +3,28 @@ indexer on worked examples, the cost function and the pick."""
 
 from __future__ import annotations
 
+import asyncio
 import doctest
 import importlib
 import random
 import struct
+from typing import Any
 
 import pytest
 import xxhash
 
-from dynamo_nb.kv import HASH_SEED, ActiveLoad, RadixTree, block_hashes, costs, pick, sequence_hashes
+from dynamo_nb import ConfigError, DistributedRuntime, LocalServices
+from dynamo_nb.kv import (
+    HASH_SEED,
+    ActiveLoad,
+    KvEventPublisher,
+    KvIndexer,
+    RadixTree,
+    block_hashes,
+    costs,
+    pick,
+    sequence_hashes,
+)
 
 
 def reference_local(tokens: list[int]) -> int:
@@ -149,3 +162,89 @@ def test_active_load_follows_a_request() -> None:
 def test_docstring_examples_run(module: str) -> None:
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted > 0 and result.failed == 0
+
+
+class BlockCache:
+    """A worker's cache in a test: which blocks it holds, as the events that rebuild it."""
+
+    def __init__(self) -> None:
+        self.chains: dict[int, tuple[int | None, int]] = {}  # block id → (parent id, tokens hash)
+
+    def store(self, parent: int | None, pairs: list[tuple[int, int]]) -> list[dict[str, int]]:
+        for block, tokens in pairs:
+            self.chains[block] = (parent, tokens)
+            parent = block
+        return [{"block_hash": b, "tokens_hash": t} for b, t in pairs]
+
+    def snapshot(self) -> list[dict]:
+        return [
+            {"stored": {"parent_hash": parent, "blocks": [{"block_hash": b, "tokens_hash": t}]}}
+            for b, (parent, t) in self.chains.items()
+        ]
+
+
+async def until(condition: Any, timeout: float = 5.0) -> bool:
+    for _ in range(int(timeout / 0.02)):
+        if condition():
+            return True
+        await asyncio.sleep(0.02)
+    return condition()
+
+
+async def test_kv_events_reach_the_indexer_and_a_lost_event_is_repaired() -> None:
+    worker_rt, router_rt = await DistributedRuntime.create(), await DistributedRuntime.create()
+    try:
+        cache = BlockCache()
+        worker_id = worker_rt.connection_id
+        publisher = KvEventPublisher(
+            worker_rt.namespace("kvt").component("backend"), worker_id, cache.snapshot
+        )
+        await publisher.serve_sync()
+        indexer = await KvIndexer.start(router_rt.namespace("kvt").component("backend"))
+        await publisher.stored(None, cache.store(None, [(1, 10), (2, 20)]))
+        assert await until(lambda: indexer.tree.find_matches([10, 20]).scores == {worker_id: 2})
+
+        # block 30 is stored but its event is lost; the next event reveals the gap and the indexer re-syncs
+        cache.store(2, [(3, 30)])
+        publisher.event_id += 1  # the event that never arrives
+        await publisher.stored(3, cache.store(3, [(5, 50)]))
+        assert await until(lambda: indexer.gaps_repaired == 1)
+        assert indexer.tree.find_matches([10, 20, 30, 50]).scores == {worker_id: 4}
+        await publisher.removed([5])
+        del cache.chains[5]
+        assert await until(lambda: indexer.tree.find_matches([10, 20, 30, 50]).scores == {worker_id: 3})
+        assert indexer.prune(set()) == [worker_id] and indexer.tree.block_count() == 0
+        await indexer.stop()
+    finally:
+        await worker_rt.shutdown()
+        await router_rt.shutdown()
+
+
+async def test_kv_events_over_nats_between_runtimes(services: LocalServices) -> None:
+    make = lambda: DistributedRuntime.create(services.etcd_url, "tcp", services.nats_url)  # noqa: E731
+    worker_rt, router_rt = await make(), await make()
+    try:
+        cache = BlockCache()
+        publisher = KvEventPublisher(
+            worker_rt.namespace("kvn").component("backend"), worker_rt.connection_id, cache.snapshot
+        )
+        await publisher.serve_sync()
+        indexer = await KvIndexer.start(router_rt.namespace("kvn").component("backend"))
+        hashes = block_hashes(list(range(48)), 16)
+        await publisher.stored(None, cache.store(None, list(zip([101, 102, 103], hashes, strict=True))))
+        assert await until(lambda: indexer.tree.find_matches(hashes).scores == {worker_rt.connection_id: 3})
+        await publisher.cleared()
+        assert await until(lambda: indexer.tree.block_count() == 0)
+        await indexer.stop()
+    finally:
+        await worker_rt.shutdown()
+        await router_rt.shutdown()
+
+
+async def test_events_across_processes_need_nats(services: LocalServices) -> None:
+    runtime = await DistributedRuntime.create(services.etcd_url, "tcp")
+    try:
+        with pytest.raises(ConfigError, match="over NATS: create the runtime with nats_url"):
+            await runtime.namespace("x").component("y").publish_event("kv_events", {})
+    finally:
+        await runtime.shutdown()

@@ -11,13 +11,18 @@ Example:
 
 from __future__ import annotations
 
+from .events import KV_EVENTS_TOPIC, KV_SYNC_ENDPOINT, KvEventPublisher, KvIndexer
 from .hashing import HASH_SEED, block_hashes, sequence_hashes
 from .indexer import OverlapScores, RadixTree
 from .selector import ActiveLoad, costs, pick
 
 __all__ = [
     "HASH_SEED",
+    "KV_EVENTS_TOPIC",
+    "KV_SYNC_ENDPOINT",
     "ActiveLoad",
+    "KvEventPublisher",
+    "KvIndexer",
     "OverlapScores",
     "RadixTree",
     "block_hashes",
