@@ -18,7 +18,7 @@ import logging
 import sys
 
 from dynamo_nb import DistributedRuntime
-from dynamo_nb.cli import frontend_parser, runtime_from_args, validate_frontend_args
+from dynamo_nb.cli import frontend_parser, kv_config_from_args, runtime_from_args, validate_frontend_args
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.llm import card_from_folder
 from dynamo_nb.worker import run_program, shutdown_on_signals
@@ -42,6 +42,7 @@ async def main(argv: list[str] | None = None) -> int:
         port=args.http_port,
         router_mode=args.router_mode,
         enforce_disagg=args.enforce_disagg,
+        kv_config=kv_config_from_args(args),
     )
     if args.static_endpoint:  # static mode: build the model card here; no etcd, no registration
         card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)

@@ -26,6 +26,7 @@ from .runtime import DistributedRuntime
 
 if TYPE_CHECKING:
     from ._server import EndpointServer, Handler
+    from .kv.router import KvRouterConfig
     from .llm.card import ModelCard
     from .runtime import Endpoint
 
@@ -39,6 +40,7 @@ __all__ = [
     "add_worker_args",
     "frontend_parser",
     "hf_worker_parser",
+    "kv_config_from_args",
     "model_name_from_args",
     "model_path_from_args",
     "runtime_from_args",
@@ -160,9 +162,27 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("frontend")
     group.add_argument(
         "--router-mode",
-        choices=("round-robin", "random"),
+        choices=("round-robin", "random", "kv"),
         default=_env("ROUTER_MODE", "round-robin"),
-        help="how requests pick a worker instance (default: %(default)s)",
+        help="how requests pick a worker instance; kv: by KV cache overlap and load (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-overlap-score-weight",
+        type=float,
+        default=1.0,
+        help="kv router: weight of the prefill blocks against the decode blocks in a worker's cost "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--router-temperature",
+        type=float,
+        default=0.0,
+        help="kv router: 0 picks the cheapest worker, more samples by a softmax of the costs (default: %(default)s)",
+    )
+    group.add_argument(
+        "--no-kv-events",
+        action="store_true",
+        help="kv router: approximate mode, no KV events; routed blocks count as cached for a while (default: off)",
     )
     group.add_argument(
         "--static-endpoint",
@@ -296,8 +316,31 @@ def model_name_from_args(args: argparse.Namespace, model_path: Path) -> str:
     return model_path.name
 
 
+def kv_config_from_args(args: argparse.Namespace) -> KvRouterConfig:
+    """The KV router settings the frontend flags give."""
+    from .kv.router import KvRouterConfig
+
+    if args.router_temperature < 0:
+        raise ConfigError(f"--router-temperature must be 0 or more, got {args.router_temperature}")
+    return KvRouterConfig(
+        overlap_weight=args.kv_overlap_score_weight,
+        temperature=args.router_temperature,
+        use_kv_events=not args.no_kv_events,
+    )
+
+
 def validate_frontend_args(args: argparse.Namespace) -> None:
     """Reject flag combinations that cannot work, naming the flag and the fix (before anything starts)."""
+    if (
+        args.router_mode == "kv"
+        and not args.no_kv_events
+        and not args.nats_url
+        and args.discovery != "memory"
+    ):
+        raise ConfigError(
+            "--router-mode kv follows the workers' KV events, which travel over NATS: add --nats-url "
+            "nats://HOST:PORT, or --no-kv-events for approximate mode"
+        )
     if args.static_endpoint is None:
         if args.discovery == "memory" and not args.static:
             raise ConfigError(

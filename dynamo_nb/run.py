@@ -142,6 +142,7 @@ async def _start_frontend(
         router_mode=args.router_mode,
         only_endpoint=str(out_path) if out_path is not None and not runtime.is_static else None,
         enforce_disagg=args.enforce_disagg,
+        kv_config=cli.kv_config_from_args(args),
     )
     closers.append(frontend.stop)
     if args.static_endpoint:

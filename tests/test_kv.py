@@ -10,21 +10,26 @@ import random
 import struct
 from typing import Any
 
+import httpx
 import pytest
 import xxhash
 
-from dynamo_nb import ConfigError, DistributedRuntime, LocalServices
+from dynamo_nb import ConfigError, DistributedRuntime, LocalServices, bench
+from dynamo_nb.engines import EchoEngine
+from dynamo_nb.frontend import Frontend
 from dynamo_nb.kv import (
     HASH_SEED,
     ActiveLoad,
     KvEventPublisher,
     KvIndexer,
+    KvRouterConfig,
     RadixTree,
     block_hashes,
     costs,
     pick,
     sequence_hashes,
 )
+from dynamo_nb.llm import serve_llm
 
 
 def reference_local(tokens: list[int]) -> int:
@@ -248,3 +253,91 @@ async def test_events_across_processes_need_nats(services: LocalServices) -> Non
             await runtime.namespace("x").component("y").publish_event("kv_events", {})
     finally:
         await runtime.shutdown()
+
+
+async def kv_frontend(tiny_path: Any, config: KvRouterConfig, namespace: str):
+    """Two echo workers of one model (a runtime each, block size 4) behind a frontend in kv mode."""
+    workers = [await DistributedRuntime.create() for _ in range(2)]
+    for runtime in workers:
+        endpoint = runtime.endpoint(f"{namespace}.backend.generate")
+        await serve_llm(
+            endpoint, EchoEngine().generate, tiny_path, model_name=namespace, kv_cache_block_size=4
+        )
+    front = await DistributedRuntime.create()
+    frontend = await Frontend.start(front, port=0, router_mode="kv", kv_config=config)
+    await bench.wait_for_model(frontend.url, namespace, instances=2, timeout=10)
+    return workers, front, frontend
+
+
+async def served_by(http: Any, model: str, prompt: list[int]) -> int:
+    body = {"model": model, "prompt": prompt, "max_tokens": 2, "nvext": {"extra_fields": ["worker_id"]}}
+    response = await http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()["nvext"]["worker_id"]["decode_worker_id"]
+
+
+async def test_kv_router_sends_a_repeated_prefix_back_approximate_mode(tiny_path: Any) -> None:
+    workers, front, frontend = await kv_frontend(tiny_path, KvRouterConfig(use_kv_events=False), "kva")
+    try:
+        shared = list(range(10, 42))  # 8 blocks of 4
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+            first = await served_by(http, "kva", [*shared, 1, 2, 3, 4])
+            assert await served_by(http, "kva", [*shared, 5, 6, 7, 8]) == first  # same prefix, same worker
+            other = await served_by(http, "kva", list(range(100, 132)))  # nothing cached: the idle cache wins
+            assert other != first
+            assert await served_by(http, "kva", [*shared, 9, 9, 9, 9]) == first
+        router = frontend.models.get("kva").kv_router
+        assert (router.decisions, router.hit_blocks, router.prompt_blocks_total) == (
+            4,
+            16,
+            35,
+        )  # 0+8+0+8 of 9+9+8+9
+        assert all(load.decode_blocks == 0 and load.prefill_tokens == 0 for load in router.loads.values())
+        await frontend.stop()
+    finally:
+        for runtime in [*workers, front]:
+            await runtime.shutdown()
+
+
+async def test_kv_router_follows_the_workers_kv_events(tiny_path: Any) -> None:
+    workers, front, frontend = await kv_frontend(tiny_path, KvRouterConfig(), "kve")
+    try:
+        # the second worker announces that it holds the prompt's first 6 blocks
+        holder = workers[1]
+        prompt = list(range(200, 232))
+        hashes = block_hashes(prompt, 4)[:6]
+        cache = BlockCache()
+        publisher = KvEventPublisher(
+            holder.namespace("kve").component("backend"), holder.connection_id, cache.snapshot
+        )
+        await publisher.stored(None, cache.store(None, list(zip(range(1, 7), hashes, strict=True))))
+        router = frontend.models.get("kve").kv_router
+        assert await until(lambda: router.tree.find_matches(hashes).scores == {holder.connection_id: 6})
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+            for _ in range(3):
+                assert await served_by(http, "kve", prompt) == holder.connection_id
+        assert router.hit_blocks == 18  # 6 cached blocks, three times
+        await frontend.stop()
+    finally:
+        for runtime in [*workers, front]:
+            await runtime.shutdown()
+
+
+def test_kv_router_mode_across_processes_needs_nats_or_approximate_mode() -> None:
+    from dynamo_nb.cli import frontend_parser, kv_config_from_args, validate_frontend_args
+
+    args = frontend_parser().parse_args(["--discovery", "etcd://127.0.0.1:2379", "--router-mode", "kv"])
+    with pytest.raises(ConfigError, match="add --nats-url nats://HOST:PORT, or --no-kv-events"):
+        validate_frontend_args(args)
+    for extra in (["--nats-url", "nats://127.0.0.1:4222"], ["--no-kv-events"]):
+        validate_frontend_args(frontend_parser().parse_args([*args_list(args), *extra]))
+    config = kv_config_from_args(
+        frontend_parser().parse_args(
+            ["--router-mode", "kv", "--kv-overlap-score-weight", "2", "--router-temperature", "0.5"]
+        )
+    )
+    assert config == KvRouterConfig(overlap_weight=2.0, temperature=0.5, use_kv_events=True)
+
+
+def args_list(args: Any) -> list[str]:
+    return ["--discovery", args.discovery, "--router-mode", "kv"]

@@ -22,6 +22,7 @@ from .._client import Client, ResponseStream
 from .._names import EndpointPath
 from ..discovery import KeyValueDiscovery
 from ..errors import ConfigError, InvalidRequestError
+from ..kv.router import KvRouter, KvRouterConfig
 from ..llm.card import CARD_PREFIX, ModelCard
 from ..llm.tokenizer import ModelTokenizer
 from .prefill_router import PrefillRouter
@@ -33,21 +34,32 @@ __all__ = ["ROUTER_MODES", "ModelManager", "ServedModel"]
 
 logger = logging.getLogger("dynamo_nb.frontend")
 
-ROUTER_MODES = ("round-robin", "random")
+ROUTER_MODES = ("round-robin", "random", "kv")
 SERVED_KINDS = ("chat", "completions")
 
 
 class ServedModel:
     """One model name: its card, tokenizer, endpoint client and live cards."""
 
-    def __init__(self, card: ModelCard, tokenizer: ModelTokenizer, client: Client, router_mode: str) -> None:
+    def __init__(
+        self,
+        card: ModelCard,
+        tokenizer: ModelTokenizer,
+        client: Client,
+        router_mode: str,
+        kv_router: KvRouter | None = None,
+    ) -> None:
         self.card = card
         self.name = card.name
         self.tokenizer = tokenizer
         self.client = client
+        self.kv_router = kv_router
         self.created = int(time.time())
         self.cards: dict[str, ModelCard] = {}
-        self._send = client.random if router_mode == "random" else client.round_robin
+        if kv_router is not None:
+            self._send: Callable[[dict[str, Any]], Any] = kv_router.send
+        else:
+            self._send = client.random if router_mode == "random" else client.round_robin
 
     @property
     def live(self) -> bool:
@@ -87,6 +99,7 @@ class ModelManager:
         only_endpoint: str | None = None,
         enforce_disagg: bool = False,
         on_prefill_error: Callable[[str], None] | None = None,
+        kv_config: KvRouterConfig | None = None,
     ) -> None:
         if router_mode not in ROUTER_MODES:
             raise ConfigError(f"unknown router mode {router_mode!r}: use one of {', '.join(ROUTER_MODES)}")
@@ -96,6 +109,7 @@ class ModelManager:
         self.models: dict[str, ServedModel] = {}
         self.prefill: dict[str, PrefillRouter] = {}  # model name → its prefill router
         self.enforce_disagg = enforce_disagg
+        self.kv_config = kv_config or KvRouterConfig()
         self._on_prefill_error = on_prefill_error
         self._card_names: dict[str, str] = {}  # discovery key → model name
         self._changed = asyncio.Event()
@@ -116,9 +130,16 @@ class ModelManager:
             tokenizer = await asyncio.to_thread(ModelTokenizer.load, card.model_path)
             endpoint = self.runtime.endpoint(card.endpoint)
             client = await endpoint.client(address=address)
+            kv_router = None
+            if self.router_mode == "kv":
+                kv_router = await KvRouter.create(
+                    client, card.kv_cache_block_size, self.kv_config, component=endpoint.component()
+                )
             model = self.models.get(card.name)  # another card may have won while we loaded
             if model is None:
-                model = self.models[card.name] = ServedModel(card, tokenizer, client, self.router_mode)
+                model = self.models[card.name] = ServedModel(
+                    card, tokenizer, client, self.router_mode, kv_router
+                )
                 logger.info("serving model %s from %s", card.name, card.endpoint)
         elif card.endpoint != model.card.endpoint:
             logger.warning(

@@ -33,6 +33,7 @@ from ..errors import (
     RemoteHandlerError,
     RequestError,
 )
+from ..kv.router import KvRouterConfig
 from ..llm.card import ModelCard
 from ..llm.detokenize import StreamDetokenizer
 from .errors import HTTPError, error_body
@@ -104,16 +105,18 @@ class Frontend:
         router_mode: str = "round-robin",
         only_endpoint: str | None = None,
         enforce_disagg: bool = False,
+        kv_config: KvRouterConfig | None = None,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
         Args:
             runtime: where workers are found; its discovery's model cards are followed
                 (memory, etcd), or models are added with `add_model` (static).
-            router_mode: ``round-robin`` or ``random``.
+            router_mode: ``round-robin``, ``random`` or ``kv`` (KV-aware, see `dynamo_nb.kv.router`).
             only_endpoint: serve only the models registered at this endpoint (``ns.comp.ep``).
             enforce_disagg: a model with prefill workers never falls back to aggregated
                 serving: a failed prefill is a 503 naming the reason.
+            kv_config: the KV router's settings (``router_mode="kv"``).
         """
         metrics = FrontendMetrics()
         manager = ModelManager(
@@ -122,6 +125,7 @@ class Frontend:
             only_endpoint=only_endpoint,
             enforce_disagg=enforce_disagg,
             on_prefill_error=lambda model: metrics.prefill_errors.inc(model=model),
+            kv_config=kv_config,
         )
         if not runtime.is_static:
             await manager.watch()

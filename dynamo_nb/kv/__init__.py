@@ -14,6 +14,7 @@ from __future__ import annotations
 from .events import KV_EVENTS_TOPIC, KV_SYNC_ENDPOINT, KvEventPublisher, KvIndexer
 from .hashing import HASH_SEED, block_hashes, sequence_hashes
 from .indexer import OverlapScores, RadixTree
+from .router import KvRouter, KvRouterConfig, RoutingDecision
 from .selector import ActiveLoad, costs, pick
 
 __all__ = [
@@ -23,8 +24,11 @@ __all__ = [
     "ActiveLoad",
     "KvEventPublisher",
     "KvIndexer",
+    "KvRouter",
+    "KvRouterConfig",
     "OverlapScores",
     "RadixTree",
+    "RoutingDecision",
     "block_hashes",
     "costs",
     "pick",
