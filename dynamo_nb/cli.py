@@ -35,12 +35,14 @@ __all__ = [
     "add_endpoint_arg",
     "add_frontend_args",
     "add_http_args",
+    "add_mocker_args",
     "add_model_args",
     "add_runtime_args",
     "add_worker_args",
     "frontend_parser",
     "hf_worker_parser",
     "kv_config_from_args",
+    "mocker_worker_parser",
     "model_name_from_args",
     "model_path_from_args",
     "runtime_from_args",
@@ -271,6 +273,39 @@ def add_worker_args(parser: argparse.ArgumentParser, default_endpoint: str = DEF
     )
 
 
+def add_mocker_args(parser: argparse.ArgumentParser) -> None:
+    """Add the mocker engine's flags (its simulated scheduler, KV pool and timing)."""
+    add_endpoint_arg(parser, DEFAULT_WORKER_ENDPOINT)
+    group = parser.add_argument_group("mocker")
+    group.add_argument(
+        "--num-workers",
+        type=int,
+        default=1,
+        help="engines in this process, each its own instance (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-cache-block-size", type=int, default=16, help="tokens per KV block (default: %(default)s)"
+    )
+    group.add_argument(
+        "--num-gpu-blocks", type=int, default=16384, help="KV blocks per engine (default: %(default)s)"
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=8192,
+        help="token budget of a step (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-num-seqs", type=int, default=256, help="requests running at once (default: %(default)s)"
+    )
+    group.add_argument(
+        "--speedup-ratio",
+        type=float,
+        default=1.0,
+        help="divide every simulated step time by this (default: %(default)s)",
+    )
+
+
 def _component_parser(prog: str, description: str | None, *add_groups: object) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -285,6 +320,13 @@ def _component_parser(prog: str, description: str | None, *add_groups: object) -
 def hf_worker_parser(prog: str = "hf_worker", description: str | None = None) -> argparse.ArgumentParser:
     """Every flag of the ``hf`` engine worker (components/hf_worker.py)."""
     return _component_parser(prog, description, add_model_args, add_worker_args)
+
+
+def mocker_worker_parser(
+    prog: str = "mocker_worker", description: str | None = None
+) -> argparse.ArgumentParser:
+    """Every flag of the mocker engine worker (components/mocker_worker.py)."""
+    return _component_parser(prog, description, add_model_args, add_mocker_args)
 
 
 def frontend_parser(prog: str = "frontend", description: str | None = None) -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Engines: what runs the model behind a worker endpoint.
 
-``hf`` (PyTorch + transformers; needs the ``hf`` extra) and ``echo`` (zero-cost, streams the
-prompt back). Each engine's ``generate`` is an endpoint handler: ``PreprocessedRequest`` dict
+``hf`` (PyTorch + transformers; needs the ``hf`` extra), ``echo`` (zero-cost, streams the
+prompt back) and ``mocker`` (a simulated engine with a KV block manager and KV events). Each engine's ``generate`` is an endpoint handler: ``PreprocessedRequest`` dict
 in, ``LLMEngineOutput`` dicts out.
 
 Example:
@@ -15,11 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .echo import EchoEngine
+from .mocker import MockerEngine
 
 if TYPE_CHECKING:
     from .hf import HFEngine
 
-__all__ = ["EchoEngine", "HFEngine"]
+__all__ = ["EchoEngine", "HFEngine", "MockerEngine"]
 
 
 def __getattr__(name: str) -> Any:  # HFEngine imports torch only when asked for

@@ -1,0 +1,137 @@
+"""The mocker's KV block manager: prompt blocks by sequence hash, prefix reuse, LRU eviction, KV events.
+
+A request's full prompt blocks are looked up by sequence hash: the leading ones already
+cached are reused (their reference count goes up), the rest are allocated — evicting the
+least recently used unreferenced blocks when the pool is full. New blocks produce a
+``stored`` event, evicted ones a ``removed`` event (block id = sequence hash, content key =
+local hash), exactly what the KV router's indexer consumes. Finished requests release their
+blocks, which stay cached until evicted.
+
+Example:
+    >>> kv = MockKvManager(num_blocks=8, block_size=4)
+    >>> kv.allocate(list(range(12))).cached_blocks, kv.allocate(list(range(12))).cached_blocks
+    (0, 3)
+    >>> [next(iter(e)) for e in kv.drain_events()]
+    ['stored']
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..kv.hashing import block_hashes, sequence_hashes
+
+__all__ = ["Allocation", "MockKvManager"]
+
+
+@dataclass
+class _Block:
+    local: int
+    parent: int | None
+    refs: int = 0
+
+
+@dataclass
+class Allocation:
+    """A request's blocks: ``cached_blocks`` of them were reused."""
+
+    sequence: list[int] = field(default_factory=list)
+    cached_blocks: int = 0
+
+
+class MockKvManager:
+    """See the module docstring."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be at least 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._blocks: dict[int, _Block] = {}  # sequence hash → block, in creation order
+        self._free: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, oldest first
+        self._events: list[Any] = []
+
+    @property
+    def used_blocks(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def active_blocks(self) -> int:
+        """Blocks referenced by running requests."""
+        return len(self._blocks) - len(self._free)
+
+    def can_allocate(self, token_ids: list[int]) -> bool:
+        """Whether the prompt's new blocks fit (evicting unreferenced ones if needed)."""
+        needed = sum(1 for s in self._sequence(token_ids) if s not in self._blocks)
+        return needed <= self.num_blocks - self.active_blocks
+
+    def allocate(self, token_ids: list[int]) -> Allocation:
+        """Reference the prompt's blocks, reusing the cached prefix; emits events for new and evicted blocks."""
+        locals_ = block_hashes(token_ids, self.block_size)
+        sequence = sequence_hashes(locals_)
+        allocation = Allocation(sequence)
+        run: list[dict[str, int]] = []  # consecutive new blocks: one stored event each run
+        run_parent: int | None = None
+        prefix = True
+        for i, (seq, local) in enumerate(zip(sequence, locals_, strict=True)):
+            parent = sequence[i - 1] if i else None
+            block = self._blocks.get(seq)
+            if block is not None:
+                self._flush(run, run_parent)
+                run = []
+                if prefix:
+                    allocation.cached_blocks += 1
+                self._free.pop(seq, None)
+            else:
+                prefix = False
+                if len(self._blocks) >= self.num_blocks:
+                    self._evict_one()
+                block = self._blocks[seq] = _Block(local, parent)
+                if not run:
+                    run_parent = parent
+                run.append({"block_hash": seq, "tokens_hash": local})
+            block.refs += 1
+        self._flush(run, run_parent)
+        return allocation
+
+    def _flush(self, run: list[dict[str, int]], parent: int | None) -> None:
+        if run:
+            self._events.append({"stored": {"parent_hash": parent, "blocks": run}})
+
+    def release(self, allocation: Allocation) -> None:
+        """The request ended: its blocks stay cached, evictable once nobody references them."""
+        for seq in allocation.sequence:
+            block = self._blocks.get(seq)
+            if block is not None and block.refs > 0:
+                block.refs -= 1
+                if block.refs == 0:
+                    self._free[seq] = None
+
+    def _evict_one(self) -> None:
+        if not self._free:
+            raise RuntimeError("the KV cache is full of blocks in use")
+        seq, _ = self._free.popitem(last=False)
+        del self._blocks[seq]
+        self._events.append({"removed": {"block_hashes": [seq]}})
+
+    def _sequence(self, token_ids: list[int]) -> list[int]:
+        return sequence_hashes(block_hashes(token_ids, self.block_size))
+
+    def drain_events(self) -> list[Any]:
+        """The KV events since the last call, in order."""
+        events, self._events = self._events, []
+        return events
+
+    def snapshot(self) -> list[Any]:
+        """Events that rebuild the whole cache from empty (for a router's re-sync)."""
+        return [
+            {
+                "stored": {
+                    "parent_hash": block.parent,
+                    "blocks": [{"block_hash": seq, "tokens_hash": block.local}],
+                }
+            }
+            for seq, block in self._blocks.items()
+        ]

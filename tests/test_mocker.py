@@ -1,0 +1,118 @@
+"""The mocker engine: its KV block manager and events, its timing model, and KV routing over
+real processes and NATS."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from conftest import FRONTEND, ROOT, collect, free_port
+
+from dynamo_nb import LocalServices, bench
+from dynamo_nb.engines import MockerEngine
+from dynamo_nb.engines.mocker import decode_ms, prefill_ms
+from dynamo_nb.engines.mocker_kv import MockKvManager
+from dynamo_nb.kv import RadixTree, block_hashes
+
+MOCKER = ROOT / "components" / "mocker_worker.py"
+
+
+def test_block_manager_reuses_prefixes_and_evicts_the_least_recently_used() -> None:
+    kv = MockKvManager(num_blocks=6, block_size=4)
+    a = kv.allocate(list(range(16)))  # 4 blocks
+    assert a.cached_blocks == 0 and kv.active_blocks == 4
+    b = kv.allocate([*list(range(12)), 99, 98, 97, 96])  # shares 3 blocks, 1 new
+    assert b.cached_blocks == 3 and kv.used_blocks == 5
+    events = kv.drain_events()
+    assert [list(e) for e in events] == [["stored"], ["stored"]]
+    assert events[1]["stored"]["parent_hash"] == a.sequence[2]  # the new block hangs off the shared prefix
+    kv.release(a)
+    kv.release(b)
+    assert kv.active_blocks == 0 and kv.used_blocks == 5  # released blocks stay cached
+    assert not MockKvManager(num_blocks=2, block_size=4).can_allocate(list(range(12)))
+    kv.allocate([50 + i for i in range(8)])  # 2 new blocks: one eviction (the oldest free block)
+    removed = [e["removed"]["block_hashes"] for e in kv.drain_events() if "removed" in e]
+    assert removed == [[a.sequence[3]]]  # a's last block was freed first (the others were still shared)
+
+
+def test_block_manager_events_and_snapshot_rebuild_the_same_index() -> None:
+    kv = MockKvManager(num_blocks=64, block_size=4)
+    for prompt in (list(range(20)), list(range(8)) + [7] * 12, [3] * 9):
+        kv.release(kv.allocate(prompt))
+    from_events, from_snapshot = RadixTree(), RadixTree()
+    for event in kv.drain_events():
+        from_events.apply_event("w", event)
+    for event in kv.snapshot():
+        from_snapshot.apply_event("w", event)
+    for prompt in (list(range(20)), list(range(8)) + [7] * 12, [3] * 9):
+        hashes = block_hashes(prompt, 4)
+        assert (
+            from_events.find_matches(hashes).scores
+            == from_snapshot.find_matches(hashes).scores
+            == {"w": len(hashes)}
+        )
+
+
+def test_timing_model_is_dynamos_polynomials() -> None:
+    assert prefill_ms(0) == 0.0  # fully cached: no prefill
+    assert prefill_ms(1000) == pytest.approx(4.209989e-7 * 1e6 + 1.518344e-2 * 1000 + 16.50142)
+    assert decode_ms(0.0) == pytest.approx(5.74) and decode_ms(0.5) == pytest.approx(
+        -25.74 / 4 + 54.01 / 2 + 5.74
+    )
+    assert decode_ms(5.0) == 1.0  # the floor
+
+
+async def test_engine_streams_exactly_max_tokens_and_reuses_the_cache() -> None:
+    published: list[Any] = []
+
+    async def publish(event: Any) -> None:
+        published.append(event)
+
+    engine = MockerEngine(block_size=4, speedup_ratio=100.0, publish=publish)
+    request = {"token_ids": list(range(1, 33)), "stop_conditions": {"max_tokens": 7}}
+    first = await collect(engine.generate(request))
+    assert [len(i["token_ids"]) for i in first] == [1] * 7 and first[-1]["finish_reason"] == "length"
+    assert first[-1]["completion_usage"] == {"prompt_tokens": 32, "completion_tokens": 7, "total_tokens": 39}
+    both = await asyncio.gather(
+        collect(engine.generate(request)), collect(engine.generate({**request, "token_ids": [5] * 32}))
+    )
+    assert [len(items) for items in both] == [7, 7]
+    assert engine.prefix_hits == 8 and engine.prompt_blocks == 24  # the repeat found its 8 blocks cached
+    assert [next(iter(e)) for e in published] == ["stored", "stored"] and engine.active == 0
+    await engine.close()
+
+
+async def test_kv_routing_over_processes_and_nats_sends_a_repeated_prefix_back(
+    services: LocalServices, start_worker: Any, tmp_path: Path
+) -> None:
+    bus = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
+    mocker = await start_worker(*bus, "--num-workers", "2", "--speedup-ratio", "20", "--kv-cache-block-size", "4",
+                                script=MOCKER)  # fmt: skip
+    workers = mocker.ready_line.split("instances=")[1].split()[0].split(",")
+    assert len(workers) == 2
+    port = free_port()
+    await start_worker(*bus, "--http-port", str(port), "--router-mode", "kv", script=FRONTEND)
+    url = f"http://127.0.0.1:{port}"
+    await bench.wait_for_model(url, "tiny-llama", instances=2, timeout=30)
+
+    async def served_by(http: httpx.AsyncClient, prompt: list[int]) -> str:
+        body = {
+            "model": "tiny-llama",
+            "prompt": prompt,
+            "max_tokens": 3,
+            "nvext": {"extra_fields": ["worker_id"]},
+        }
+        reply = (await http.post("/v1/completions", json=body)).json()
+        assert reply["usage"]["completion_tokens"] == 3
+        return f"{reply['nvext']['worker_id']['decode_worker_id']:x}"
+
+    shared = list(range(10, 74))  # 16 blocks
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        holder = await served_by(http, [*shared, 1, 2, 3, 4])
+        await asyncio.sleep(0.3)  # its stored event crosses NATS to the frontend's indexer
+        assert [await served_by(http, [*shared, 9, 9, 9, i]) for i in range(3)] == [holder] * 3
+        other = await served_by(http, list(range(300, 364)))  # nothing cached anywhere: the emptier worker
+        assert {holder, other} == set(workers)
