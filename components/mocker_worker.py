@@ -1,7 +1,7 @@
 """mocker engine worker: simulated engines for KV-routing experiments, no GPU, no model weights.
 
 Each of ``--num-workers`` engines gets its own runtime (its own instance), serves ``--endpoint``
-with the `MockerEngine`, registers the model card (the tokenizer comes from ``--model-path``,
+with the `MockerEngine` (and its counters at ``{ns}.{comp}.stats``), registers the model card (the tokenizer comes from ``--model-path``,
 the built-in tiny model by default) and publishes its KV events on the event plane, with a
 ``kv_sync`` snapshot for routers that lost some. KV events need NATS across processes
 (``--nats-url``); without it the engines run and the router can use ``--no-kv-events``.
@@ -55,8 +55,23 @@ async def start_engine(args, model_path) -> tuple[DistributedRuntime, MockerEngi
         model_path,
         model_name=model_name_from_args(args, model_path),
         kv_cache_block_size=args.kv_cache_block_size,
+        context_length=args.context_length,
     )
+    await endpoint.component().endpoint("stats").serve(engine_stats(engine))
     return runtime, engine
+
+
+def engine_stats(engine: MockerEngine):
+    """A handler that reports the engine's prefix cache hits (for benchmarks and notebooks)."""
+
+    async def stats(request, context=None):
+        yield {
+            "prefix_hits": engine.prefix_hits,
+            "prompt_blocks": engine.prompt_blocks,
+            "steps": engine.steps,
+        }
+
+    return stats
 
 
 async def main(argv: list[str] | None = None) -> int:

@@ -304,6 +304,12 @@ def add_mocker_args(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="divide every simulated step time by this (default: %(default)s)",
     )
+    group.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="longest prompt + output published in the model card (default: the model folder's)",
+    )
 
 
 def _component_parser(prog: str, description: str | None, *add_groups: object) -> argparse.ArgumentParser:

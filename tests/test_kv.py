@@ -123,9 +123,16 @@ def test_approximate_mode_inserts_routed_blocks_with_a_ttl() -> None:
     assert index.expire(now=200.0) == 2 and index.block_count() == 0
 
 
+def busy(blocks: int) -> ActiveLoad:
+    """A worker running one request that holds ``blocks`` distinct blocks."""
+    load = ActiveLoad()
+    load.add("running", 0, [10_000 + i for i in range(blocks)])
+    return load
+
+
 def test_cost_function_worked_example_from_dynamos_docs() -> None:
     """Costs 8+10=18, 5+5=10 and 2+9=11: the second worker is chosen."""
-    loads = {"a": ActiveLoad(decode_blocks=2), "b": ActiveLoad(), "c": ActiveLoad(decode_blocks=7)}
+    loads = {"a": busy(2), "b": ActiveLoad(), "c": busy(7)}
     worker_costs = costs(
         ["a", "b", "c"], prompt_tokens=128, block_size=16, overlaps={"b": 3, "c": 6}, loads=loads
     )
@@ -146,17 +153,30 @@ def test_pick_breaks_ties_by_cache_size_then_at_random_and_samples_with_temperat
         pick({})
 
 
-def test_active_load_follows_a_request() -> None:
+def test_active_load_follows_a_request_and_counts_shared_blocks_once() -> None:
     load = ActiveLoad()
-    load.add("r1", new_tokens=100, blocks=8)
-    load.add("r2", new_tokens=20, blocks=3)
-    assert (load.prefill_tokens, load.decode_blocks) == (120, 11)
+    load.add("r1", new_tokens=100, sequence=[1, 2, 3, 4])
+    load.add("r2", new_tokens=20, sequence=[1, 2, 3, 9])  # shares a 3-block prefix with r1
+    assert (load.prefill_tokens, load.decode_blocks) == (120, 5)
+    assert load.new_blocks([1, 2, 7, 8]) == 2
     load.prefill_done("r1")
-    assert (load.prefill_tokens, load.decode_blocks) == (20, 11)
+    assert (load.prefill_tokens, load.decode_blocks) == (20, 5)
     load.free("r1")
+    assert load.decode_blocks == 4  # the shared blocks stay in use by r2
     load.free("r2")
     load.free("unknown")
     assert (load.prefill_tokens, load.decode_blocks, load.requests) == (0, 0, {})
+
+
+def test_a_shared_prefix_in_use_adds_no_decode_load() -> None:
+    shared = [1, 2, 3, 4, 5, 6]
+    running = ActiveLoad()
+    running.add("r", 0, shared)  # a worker already running a request with this prefix
+    worker_costs = costs(
+        ["holder", "idle"], prompt_tokens=112, block_size=16, overlaps={"holder": 6}, loads={"holder": running},
+        sequence=[*shared, 7],
+    )  # fmt: skip
+    assert worker_costs == {"holder": 1.0 + 7.0, "idle": 7.0 + 7.0}
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .._ids import new_request_id
 from ..errors import NoInstancesError
 from .events import KvIndexer
-from .hashing import block_hashes
+from .hashing import block_hashes, sequence_hashes
 from .indexer import RadixTree
 from .selector import ActiveLoad, costs, pick
 
@@ -106,6 +106,7 @@ class KvRouter:
         else:
             self.tree.expire()
         hashes = block_hashes(token_ids, self.block_size)
+        sequence = sequence_hashes(hashes)
         matches = self.tree.find_matches(hashes)
         worker_costs = costs(
             sorted(live),
@@ -114,6 +115,7 @@ class KvRouter:
             overlaps=matches.scores,
             loads=self.loads,
             overlap_weight=self.config.overlap_weight,
+            sequence=sequence,
         )
         worker = int(
             pick(
@@ -125,8 +127,7 @@ class KvRouter:
         )
         overlap = matches.scores.get(worker, 0)
         new_tokens = max(len(token_ids) - overlap * self.block_size, 0)
-        blocks = -(-len(token_ids) // self.block_size)
-        self.loads.setdefault(worker, ActiveLoad()).add(request_id, new_tokens, blocks)
+        self.loads.setdefault(worker, ActiveLoad()).add(request_id, new_tokens, sequence)
         if self.indexer is None:
             self.tree.insert(worker, hashes, self.config.approx_ttl)
         self.decisions += 1

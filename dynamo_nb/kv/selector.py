@@ -4,7 +4,8 @@ For each candidate worker (as in Dynamo's ``selector.rs``):
 
 - ``prefill_blocks = (active prefill tokens + this request's new tokens) / block_size``, where
   the new tokens are the prompt minus what the worker already holds (``overlap × block_size``);
-- ``decode_blocks`` = the worker's active blocks with this request added;
+- ``decode_blocks`` = the worker's distinct active blocks with this request added (blocks a
+  running request already uses there, such as a shared system prompt, count once);
 - ``cost = overlap_weight × prefill_blocks + decode_blocks`` — lower is better.
 
 Temperature 0 picks the cheapest (ties: the smallest cache, then at random); otherwise a
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,31 +34,44 @@ class ActiveLoad:
 
     Attributes:
         prefill_tokens: prompt tokens routed to it whose prefill has not finished.
-        decode_blocks: KV blocks of the requests it is running.
+        blocks: the KV blocks (sequence hashes) its running requests use, each counted once
+            however many requests share it — a shared system prompt is one set of blocks.
     """
 
     prefill_tokens: int = 0
-    decode_blocks: int = 0
-    requests: dict[str, tuple[int, int]] = field(default_factory=dict)  # id → (prefill tokens, blocks)
+    blocks: Counter[int] = field(default_factory=Counter)
+    requests: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
 
-    def add(self, request_id: str, new_tokens: int, blocks: int) -> None:
-        """A request was routed here: ``new_tokens`` to prefill, ``blocks`` to hold."""
-        self.requests[request_id] = (new_tokens, blocks)
+    @property
+    def decode_blocks(self) -> int:
+        """Distinct KV blocks in use."""
+        return len(self.blocks)
+
+    def new_blocks(self, sequence: Sequence[int]) -> int:
+        """How many of ``sequence``'s blocks are not in use here yet."""
+        return sum(1 for block in set(sequence) if block not in self.blocks)
+
+    def add(self, request_id: str, new_tokens: int, sequence: Sequence[int]) -> None:
+        """A request was routed here: ``new_tokens`` to prefill, the blocks ``sequence`` to hold."""
+        self.requests[request_id] = (new_tokens, tuple(sequence))
         self.prefill_tokens += new_tokens
-        self.decode_blocks += blocks
+        self.blocks.update(sequence)
 
     def prefill_done(self, request_id: str) -> None:
         """Its first token came back: its prompt is no longer waiting for prefill."""
-        tokens, blocks = self.requests.get(request_id, (0, 0))
+        tokens, sequence = self.requests.get(request_id, (0, ()))
         if tokens:
             self.prefill_tokens -= tokens
-            self.requests[request_id] = (0, blocks)
+            self.requests[request_id] = (0, sequence)
 
     def free(self, request_id: str) -> None:
-        """It finished: its blocks are no longer active."""
-        tokens, blocks = self.requests.pop(request_id, (0, 0))
+        """It finished: its blocks are released (those shared with running requests stay)."""
+        tokens, sequence = self.requests.pop(request_id, (0, ()))
         self.prefill_tokens -= tokens
-        self.decode_blocks -= blocks
+        self.blocks.subtract(sequence)
+        for block in sequence:
+            if self.blocks.get(block, 0) <= 0:
+                self.blocks.pop(block, None)
 
 
 def costs(
@@ -67,8 +82,13 @@ def costs(
     overlaps: Mapping[Hashable, int],
     loads: Mapping[Hashable, ActiveLoad],
     overlap_weight: float = 1.0,
+    sequence: Sequence[int] | None = None,
 ) -> dict[Hashable, float]:
-    """The cost of each worker for a prompt of ``prompt_tokens`` (see the module docstring)."""
+    """The cost of each worker for a prompt of ``prompt_tokens`` (see the module docstring).
+
+    With the prompt's block ``sequence`` hashes, blocks already in use on a worker (a shared
+    prefix of a running request) add no decode load there; without it, the overlap is subtracted.
+    """
     request_blocks = math.ceil(prompt_tokens / block_size)
     result = {}
     for worker in workers:
@@ -76,7 +96,8 @@ def costs(
         load = loads.get(worker) or ActiveLoad()
         new_tokens = max(prompt_tokens - overlap * block_size, 0)
         prefill_blocks = (load.prefill_tokens + new_tokens) / block_size
-        decode_blocks = load.decode_blocks + request_blocks - overlap
+        added = load.new_blocks(sequence) if sequence is not None else request_blocks - overlap
+        decode_blocks = load.decode_blocks + added
         result[worker] = overlap_weight * prefill_blocks + decode_blocks
     return result
 

@@ -70,8 +70,11 @@ async def serve_llm(
     kind: list[str] | str | None = None,
     kv_cache_block_size: int = 16,
     runtime_config: ModelRuntimeConfig | dict[str, Any] | None = None,
+    context_length: int | None = None,
 ) -> tuple[EndpointServer, ModelCard]:
     """Serve ``handler`` at ``endpoint`` and publish its model card (not with static discovery).
+
+    ``context_length`` overrides the model config's (an engine such as the mocker may take longer prompts).
 
     The endpoint serves first, behind a `ReadinessGate`: a request that reaches it before the
     card is published waits for the registration instead of being refused.
@@ -88,6 +91,7 @@ async def serve_llm(
         kinds=kind,
         kv_cache_block_size=kv_cache_block_size,
         runtime_config=runtime_config,
+        context_length=context_length,
     )
     gate = ReadinessGate(handler)  # requests that come before the card is out wait for it
     server = await endpoint.serve(gate.handle)

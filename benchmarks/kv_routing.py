@@ -1,0 +1,154 @@
+"""KV-aware routing against round robin, on the same workload, in one run.
+
+Two identical graphs over etcd + NATS, each one mocker process with 4 engines (limited KV
+pools, Dynamo's timing model) behind its own frontend: one frontend routes round robin, the
+other with ``--router-mode kv`` (KV events). The workload is 16 long shared system prompts
+with 8 short user turns each, in a seeded random order, at concurrency 8: round robin spreads every
+system prompt over all four engines, whose pools cannot hold all 16; the KV router keeps each
+on the engine that has it cached.
+
+Reported per mode: TTFT mean/p50/p99 and the prefix hit rate the engines saw (cached prompt
+blocks / prompt blocks, from their ``stats`` endpoints). Then the router's decision time per
+request with 10 k blocks indexed (hashing a 1024-token prompt, find_matches, costs, pick),
+measured in this process.
+
+    python benchmarks/kv_routing.py [--requests 128] [--out benchmarks/results/kv_routing.json]
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import random
+import time
+from typing import Any
+
+from _harness import run_benchmark
+
+from dynamo_nb import DistributedRuntime, LocalServices, bench, launch, launched
+from dynamo_nb.kv import KvRouter, KvRouterConfig
+
+MODES = ("round-robin", "kv")
+GROUPS, SYSTEM_WORDS, USER_WORDS, TOKENS, CONCURRENCY = 16, 2300, 24, 16, 8
+MOCKER_FLAGS = ["--num-workers", "4", "--num-gpu-blocks", "2400", "--kv-cache-block-size", "16",
+                "--context-length", "8192", "--speedup-ratio", "2"]  # fmt: skip
+
+
+def workload(requests: int) -> list[bench.Prompt]:
+    """``GROUPS`` shared system prompts with their user turns, in a seeded random order (so round
+    robin does not line the groups up with the engines by accident)."""
+    per_group = requests // GROUPS + 1
+    groups = [
+        bench.shared_prefix_prompts(per_group, system_words=SYSTEM_WORDS, user_words=USER_WORDS, seed=g)
+        for g in range(GROUPS)
+    ]
+    prompts = [groups[i % GROUPS][i // GROUPS] for i in range(requests)]
+    random.Random(7).shuffle(prompts)
+    return prompts
+
+
+async def start_mode(mode: str, etcd_url: str, nats_url: str) -> str:
+    """A mocker process and a frontend for one routing mode (own namespace and model name); the URL."""
+    bus = ["--discovery", etcd_url, "--nats-url", nats_url, "--log-level", "WARNING"]
+    name = f"mock-{mode}"
+    await launch("components/mocker_worker.py", *bus, *MOCKER_FLAGS, "--endpoint", f"{mode.replace('-', '')}.backend.generate",
+                 "--model-name", name, show_logs=False)  # fmt: skip
+    frontend = await launch(
+        "components/frontend.py", *bus, "--http-port", 0, "--router-mode", mode, show_logs=False
+    )
+    await bench.wait_for_model(frontend.url, name, instances=4)
+    return frontend.url
+
+
+async def engine_hit_rate(runtime: DistributedRuntime, mode: str) -> float:
+    client = await runtime.endpoint(f"{mode.replace('-', '')}.backend.stats").client()
+    await client.wait_for_instances(timeout=10)
+    hits = blocks = 0
+    for instance in client.instance_ids():
+        async for stats in client.direct({}, instance):
+            hits, blocks = hits + stats["prefix_hits"], blocks + stats["prompt_blocks"]
+    return hits / blocks if blocks else 0.0
+
+
+async def decision_time(runtime: DistributedRuntime, mode: str, samples: int = 2000) -> dict[str, float]:
+    """Microseconds per routing decision with 10 k blocks indexed over the graph's 4 engines."""
+    client = await runtime.endpoint(f"{mode.replace('-', '')}.backend.generate").client()
+    router = KvRouter(client, 16, KvRouterConfig(use_kv_events=False), indexer=None)
+    rng = random.Random(0)
+    workers = client.instance_ids()
+    for i in range(200):  # 200 chains of 50 blocks: 10 k blocks
+        chain = [rng.getrandbits(64) for _ in range(50)]
+        router.tree.store(
+            workers[i % len(workers)], None, [{"block_hash": h, "tokens_hash": h} for h in chain]
+        )
+    prompt = [rng.randrange(400) for _ in range(1024)]
+    started = time.perf_counter()
+    for n in range(samples):
+        router.choose(prompt, f"r{n}")
+        router.finished(router.choose(prompt, f"s{n}").worker, f"s{n}")
+    elapsed = (time.perf_counter() - started) / (2 * samples)
+    return {"blocks_indexed": router.tree.block_count(), "prompt_tokens": 1024, "decision_us": elapsed * 1e6}
+
+
+async def main(requests: int) -> dict[str, Any]:
+    services = await LocalServices.start()
+    runtime = await DistributedRuntime.create(services.etcd_url, "tcp", services.nats_url)
+    report: dict[str, Any] = {}
+    try:
+        urls = {mode: await start_mode(mode, services.etcd_url, services.nats_url) for mode in MODES}
+        prompts = workload(requests)
+        for mode in MODES:
+            df = await bench.run(urls[mode], f"mock-{mode}", prompts=prompts, concurrency=CONCURRENCY, requests=requests,
+                                 max_tokens=TOKENS, progress=False, label=mode)  # fmt: skip
+            failed = df["error"].dropna()
+            if len(failed):
+                raise SystemExit(f"{mode}: {len(failed)} requests failed, first: {failed.iloc[0]}")
+            ttft = df["ttft_s"] * 1000
+            report[mode] = {
+                "requests": len(df),
+                "ttft_mean_ms": float(ttft.mean()),
+                "ttft_p50_ms": float(ttft.quantile(0.5)),
+                "ttft_p99_ms": float(ttft.quantile(0.99)),
+                "e2e_p50_ms": float((df["e2e_s"] * 1000).quantile(0.5)),
+                "prefix_hit_rate": await engine_hit_rate(runtime, mode),
+            }
+        report["kv_over_round_robin_ttft_mean"] = (
+            report["kv"]["ttft_mean_ms"] / report["round-robin"]["ttft_mean_ms"]
+        )
+        report["router_decision"] = await decision_time(runtime, "kv")
+    finally:
+        for process in launched():
+            await process.stop()
+        await runtime.shutdown()
+        await services.stop()
+    report["meets_ttft_target"] = report["kv_over_round_robin_ttft_mean"] <= 0.5
+    report["meets_decision_target"] = report["router_decision"]["decision_us"] <= 200
+    report["setup"] = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "workload": f"{GROUPS} system prompts of {SYSTEM_WORDS} words, user turns of {USER_WORDS} words, "
+        f"{TOKENS} output tokens, concurrency {CONCURRENCY}",
+        "mocker": " ".join(MOCKER_FLAGS),
+    }
+    return report
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\nMocker, 4 engines per mode; {report['setup']['workload']}")
+    print(
+        f"{'mode':<12}{'requests':>9}{'TTFT mean':>11}{'p50':>9}{'p99':>9}{'e2e p50':>9}{'prefix hits':>13}"
+    )
+    for mode in MODES:
+        row = report[mode]
+        print(
+            f"{mode:<12}{row['requests']:>9}{row['ttft_mean_ms']:>11.1f}{row['ttft_p50_ms']:>9.1f}"
+            f"{row['ttft_p99_ms']:>9.1f}{row['e2e_p50_ms']:>9.1f}{row['prefix_hit_rate']:>12.0%}"
+        )
+    decision = report["router_decision"]
+    print(f"kv / round-robin mean TTFT: {report['kv_over_round_robin_ttft_mean']:.2f} (target ≤ 0.5)")
+    print(
+        f"router decision: {decision['decision_us']:.1f} µs with {decision['blocks_indexed']} blocks indexed (target ≤ 200)"
+    )
+
+
+if __name__ == "__main__":
+    run_benchmark(__doc__, "kv_routing", main, print_table, requests=128, requests_help="requests per mode")
