@@ -105,6 +105,7 @@ class RadixTree:
                 child = node.children[tokens_hash] = _Node(tokens_hash, node)
             child.workers.add(worker)
             owned[block["block_hash"]] = child
+            self._expiry.pop((worker, block["block_hash"]), None)  # confirmed by an event: no expiry
             node = child
         return True
 

@@ -4,7 +4,9 @@ For a request's token ids it hashes the full blocks, asks the indexer how many l
 each worker already holds, adds the load the router itself has routed to each worker, and
 picks with `dynamo_nb.kv.selector`. The indexer is fed by the workers' KV events
 (`KvIndexer`), or, in approximate mode (no events), by the router's own decisions: the blocks
-of a routed request are assumed cached on that worker for ``approx_ttl`` seconds.
+of a routed request are assumed cached on that worker for ``approx_ttl`` seconds. With events,
+a routed prompt also counts as cached on its worker for ``pending_ttl`` seconds or until the
+worker's stored event confirms it, so requests that follow it closely find it too.
 
 Example:
     >>> router = await KvRouter.create(client, block_size=16)     # doctest: +SKIP
@@ -40,6 +42,7 @@ class KvRouterConfig:
     temperature: float = 0.0
     use_kv_events: bool = True
     approx_ttl: float = 120.0
+    pending_ttl: float = 5.0  # with events: a routed prompt counts as cached there until its event comes
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,7 @@ class KvRouter:
             raise NoInstancesError(f"no instance of {path} to route to", endpoint=path)
         if self.indexer is not None:
             self.indexer.prune(live)
-        else:
-            self.tree.expire()
+        self.tree.expire()
         hashes = block_hashes(token_ids, self.block_size)
         sequence = sequence_hashes(hashes)
         matches = self.tree.find_matches(hashes)
@@ -128,8 +130,10 @@ class KvRouter:
         overlap = matches.scores.get(worker, 0)
         new_tokens = max(len(token_ids) - overlap * self.block_size, 0)
         self.loads.setdefault(worker, ActiveLoad()).add(request_id, new_tokens, sequence)
-        if self.indexer is None:
-            self.tree.insert(worker, hashes, self.config.approx_ttl)
+        # the chosen worker will hold this prompt: count it now (approximate mode), or until the
+        # worker's stored event confirms it (events mode), so the next same-prefix request follows
+        ttl = self.config.pending_ttl if self.indexer is not None else self.config.approx_ttl
+        self.tree.insert(worker, hashes, ttl)
         self.decisions += 1
         self.hit_blocks += overlap
         self.prompt_blocks_total += len(hashes)
