@@ -140,6 +140,15 @@ def test_a_stored_event_confirms_a_predicted_block() -> None:
     assert index.find_matches(hashes).scores == {"w": 2}
 
 
+def test_routing_again_to_a_confirmed_prefix_does_not_make_it_expire() -> None:
+    index = RadixTree()
+    hashes = block_hashes(list(range(16)), 4)
+    ids = sequence_hashes(hashes)
+    index.apply_event("w", stored(None, *zip(ids, hashes, strict=True)))  # the worker holds all four
+    index.insert("w", hashes, ttl=5, now=0.0, block_ids=ids)  # a request routed there again
+    assert index.expire(now=10.0) == 0 and index.find_matches(hashes).scores == {"w": 4}
+
+
 def test_cost_function_worked_example_from_dynamos_docs() -> None:
     """Costs 8+10=18, 5+5=10 and 2+9=11: the second worker is chosen."""
     loads = {"a": busy(2), "b": ActiveLoad(), "c": busy(7)}

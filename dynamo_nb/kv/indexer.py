@@ -128,15 +128,31 @@ class RadixTree:
     # -- approximate mode
 
     def insert(
-        self, worker: Worker, local_hashes: Sequence[int], ttl: float, now: float | None = None
+        self,
+        worker: Worker,
+        local_hashes: Sequence[int],
+        ttl: float,
+        now: float | None = None,
+        *,
+        block_ids: Sequence[int] | None = None,
     ) -> None:
-        """Assume ``worker`` now holds these blocks (a routing decision), for ``ttl`` seconds."""
+        """Assume ``worker`` now holds these blocks (a routing decision), for ``ttl`` seconds.
+
+        Block ids are the sequence hashes (pass ``block_ids`` when already computed). Blocks
+        the worker's events already stored keep no expiry; a later stored event of a
+        predicted block (same id) confirms it.
+        """
         deadline = (time.monotonic() if now is None else now) + ttl
-        ids = sequence_hashes(local_hashes)  # equal prefixes get equal ids
-        blocks = [{"block_hash": b, "tokens_hash": t} for b, t in zip(ids, local_hashes, strict=True)]
-        self.store(worker, None, blocks)
-        for block in blocks:
-            self._expiry[(worker, block["block_hash"])] = deadline
+        ids = sequence_hashes(local_hashes) if block_ids is None else block_ids  # equal prefixes, equal ids
+        owned = self._blocks.get(worker, {})
+        predicted = [b for b in ids if b not in owned or (worker, b) in self._expiry]
+        self.store(
+            worker,
+            None,
+            [{"block_hash": b, "tokens_hash": t} for b, t in zip(ids, local_hashes, strict=True)],
+        )
+        for block_hash in predicted:
+            self._expiry[(worker, block_hash)] = deadline
 
     def expire(self, now: float | None = None) -> int:
         """Drop the inserted blocks whose time is up; how many went."""

@@ -133,7 +133,7 @@ class KvRouter:
         # the chosen worker will hold this prompt: count it now (approximate mode), or until the
         # worker's stored event confirms it (events mode), so the next same-prefix request follows
         ttl = self.config.pending_ttl if self.indexer is not None else self.config.approx_ttl
-        self.tree.insert(worker, hashes, ttl)
+        self.tree.insert(worker, hashes, ttl, block_ids=sequence)
         self.decisions += 1
         self.hit_blocks += overlap
         self.prompt_blocks_total += len(hashes)

@@ -49,7 +49,7 @@ class ActiveLoad:
 
     def new_blocks(self, sequence: Sequence[int]) -> int:
         """How many of ``sequence``'s blocks are not in use here yet."""
-        return sum(1 for block in set(sequence) if block not in self.blocks)
+        return len(set(sequence).difference(self.blocks))
 
     def add(self, request_id: str, new_tokens: int, sequence: Sequence[int]) -> None:
         """A request was routed here: ``new_tokens`` to prefill, the blocks ``sequence`` to hold."""
@@ -68,10 +68,13 @@ class ActiveLoad:
         """It finished: its blocks are released (those shared with running requests stay)."""
         tokens, sequence = self.requests.pop(request_id, (0, ()))
         self.prefill_tokens -= tokens
-        self.blocks.subtract(sequence)
+        blocks = self.blocks
         for block in sequence:
-            if self.blocks.get(block, 0) <= 0:
-                self.blocks.pop(block, None)
+            left = blocks[block] - 1
+            if left > 0:
+                blocks[block] = left
+            else:
+                del blocks[block]
 
 
 def costs(
