@@ -15,6 +15,7 @@ from dynamo_nb import LocalServices, bench
 from dynamo_nb.engines import MockerEngine
 from dynamo_nb.engines.mocker import decode_ms, prefill_ms
 from dynamo_nb.engines.mocker_kv import MockKvManager
+from dynamo_nb.errors import InvalidRequestError
 from dynamo_nb.kv import RadixTree, block_hashes
 
 MOCKER = ROOT / "components" / "mocker_worker.py"
@@ -24,7 +25,13 @@ def test_block_manager_reuses_prefixes_and_evicts_the_least_recently_used() -> N
     kv = MockKvManager(num_blocks=6, block_size=4)
     a = kv.allocate(list(range(16)))  # 4 blocks
     assert a.cached_blocks == 0 and kv.active_blocks == 4
+    early = kv.allocate(list(range(16)))
+    assert early.cached_blocks == 0  # not computed yet: no prefix hit
+    kv.release(early)
+    assert kv.drain_events() == []  # nor announced
+    kv.mark_computed(a, 16)
     b = kv.allocate([*list(range(12)), 99, 98, 97, 96])  # shares 3 blocks, 1 new
+    kv.mark_computed(b, 16)
     assert b.cached_blocks == 3 and kv.used_blocks == 5
     events = kv.drain_events()
     assert [list(e) for e in events] == [["stored"], ["stored"]]
@@ -36,12 +43,20 @@ def test_block_manager_reuses_prefixes_and_evicts_the_least_recently_used() -> N
     kv.allocate([50 + i for i in range(8)])  # 2 new blocks: one eviction (the oldest free block)
     removed = [e["removed"]["block_hashes"] for e in kv.drain_events() if "removed" in e]
     assert removed == [[a.sequence[3]]]  # a's last block was freed first (the others were still shared)
+    kv.allocate([80 + i for i in range(12)])  # 3 new blocks, 3 evictions in a row: one removed event
+    removed = [e["removed"]["block_hashes"] for e in kv.drain_events() if "removed" in e]
+    assert removed == [a.sequence[:3]]  # the oldest free blocks, in order
 
 
 def test_block_manager_events_and_snapshot_rebuild_the_same_index() -> None:
     kv = MockKvManager(num_blocks=64, block_size=4)
     for prompt in (list(range(20)), list(range(8)) + [7] * 12, [3] * 9):
-        kv.release(kv.allocate(prompt))
+        allocation = kv.allocate(prompt)
+        kv.mark_computed(allocation, len(prompt))
+        kv.release(allocation)
+    dropped = kv.allocate([9] * 12)  # cancelled before its prefill: never cached, never announced
+    kv.release(dropped)
+    assert not kv.allocate([9] * 12).cached_blocks
     from_events, from_snapshot = RadixTree(), RadixTree()
     for event in kv.drain_events():
         from_events.apply_event("w", event)
@@ -116,3 +131,18 @@ async def test_kv_routing_over_processes_and_nats_sends_a_repeated_prefix_back(
         assert [await served_by(http, [*shared, 9, 9, 9, i]) for i in range(3)] == [holder] * 3
         other = await served_by(http, list(range(300, 364)))  # nothing cached anywhere: the emptier worker
         assert {holder, other} == set(workers)
+
+
+async def test_engine_chunks_long_prompts_and_refuses_what_never_fits() -> None:
+    engine = MockerEngine(block_size=4, max_num_batched_tokens=16, speedup_ratio=1000.0)
+    items = await collect(
+        engine.generate({"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 2}})
+    )
+    assert len(items) == 2
+    assert engine.steps == 4  # 40 prompt tokens in chunks of 16, 16 and 8 (the first token), then one more
+    small = MockerEngine(block_size=4, num_blocks=4, speedup_ratio=1000.0)
+    with pytest.raises(InvalidRequestError, match="num-gpu-blocks"):
+        await collect(small.generate({"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 2}}))
+    assert small.active == 0
+    await engine.close()
+    await small.close()

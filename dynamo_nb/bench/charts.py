@@ -137,7 +137,7 @@ def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:
     column = _CDF_METRICS[metric]
     ok = df[df["error"].isna()]
     multi = df["label"].nunique() > 1 if len(df) else False
-    for (label, level), group in ok.groupby(["label", "concurrency"], sort=True):
+    for (label, level), group in ok.groupby(["label", "concurrency"], sort=False):
         values = group[column]
         flat = [g for gaps in values for g in gaps] if metric == "itl" else values.dropna().tolist()
         if not flat:

@@ -1,13 +1,16 @@
 """The ``mocker`` engine: a simulated LLM engine for routing experiments at scale, no GPU, no model.
 
-A vLLM-style loop: each step admits waiting requests while the token budget
-(``max_num_batched_tokens``), ``max_num_seqs`` and the KV pool allow, prefills them (their
-uncached prompt tokens) and gives every running request one token. A step lasts what
+A vLLM-style loop with chunked prefill: each step gives every prefilled request one decode
+token, spends the rest of the token budget (``max_num_batched_tokens``) on prompt chunks of
+running prefills, then admits waiting requests (while ``max_num_seqs`` and the KV pool allow)
+with chunks of their uncached prompt tokens. A request's first token comes at the end of the
+step that finishes its prompt. A step lasts what
 Dynamo's published timing model says (milliseconds, divided by ``speedup_ratio``):
 
 - prefill: ``4.209989e-7·T² + 1.518344e-2·T + 16.50142`` for T uncached prompt tokens in the
   step (0 when everything was cached);
-- decode: ``-25.74·p² + 54.01·p + 5.74`` (at least 1) with p = active KV tokens / total KV tokens.
+- decode (when the step has prefilled requests): ``-25.74·p² + 54.01·p + 5.74`` (at least 1)
+  with p = active KV tokens / total KV tokens.
 
 Its KV block manager reuses cached prompt prefixes and emits real KV events (``publish``),
 so the KV router sees what it would see from vLLM. It streams exactly ``max_tokens`` tokens
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._context import Context
+from ..errors import InvalidRequestError
 from ..llm.protocol import PreprocessedRequest
 from ._base import final_item
 from .mocker_kv import Allocation, MockKvManager
@@ -54,8 +58,13 @@ class _Request:
     max_tokens: int
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     allocation: Allocation | None = None
-    generated: int = 0
+    computed: int = 0  # prompt tokens whose KV exists (cached prefix, then prefill chunks)
+    emitted: int = 0  # tokens handed to the stream
     cancelled: bool = False
+
+    @property
+    def prefilled(self) -> bool:
+        return self.computed >= len(self.prompt)
 
 
 class MockerEngine:
@@ -79,6 +88,8 @@ class MockerEngine:
     ) -> None:
         if speedup_ratio <= 0:
             raise ValueError(f"speedup_ratio must be positive, got {speedup_ratio}")
+        if max_num_batched_tokens < 1 or max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1")
         self.kv = MockKvManager(num_blocks, block_size)
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -103,20 +114,28 @@ class MockerEngine:
     ) -> AsyncIterator[dict[str, Any]]:
         """The engine's handler: exactly ``max_tokens`` tokens (default 16), the last with usage."""
         parsed = PreprocessedRequest.from_dict(request)
-        max_tokens = parsed.stop_conditions.max_tokens or 16
-        job = _Request(parsed.token_ids, max_tokens)
+        job = _Request(parsed.token_ids, parsed.stop_conditions.max_tokens or 16)
+        async with contextlib.aclosing(self._stream(job, context)) as items:
+            async for item in items:
+                yield item
+
+    async def _stream(self, job: _Request, context: Context | None) -> AsyncIterator[dict[str, Any]]:
+        """Queue ``job`` and stream its tokens; leaving early (cancel, close) frees it."""
         self._waiting.append(job)
         self._ensure_loop()
+        received = 0
         try:
             while True:
                 token = await job.queue.get()
-                job.generated += 1
-                if job.generated >= job.max_tokens:
-                    yield final_item([token], "length", len(job.prompt), job.generated)
+                if isinstance(token, Exception):
+                    raise token
+                received += 1
+                if received >= job.max_tokens:
+                    yield final_item([token], "length", len(job.prompt), received)
                     return
                 yield {"token_ids": [token]}
                 if context is not None and context.is_stopped():
-                    yield final_item([], "cancelled", len(job.prompt), job.generated)
+                    yield final_item([], "cancelled", len(job.prompt), received)
                     return
         finally:
             job.cancelled = True
@@ -134,48 +153,67 @@ class MockerEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            new_tokens = self._admit()
+            decoding = [job for job in self._running if job.prefilled and not job.cancelled]
+            chunks = self._schedule(self.max_num_batched_tokens - len(decoding))
             load = self.kv.active_blocks / self.kv.num_blocks
-            step_ms = prefill_ms(new_tokens) + (decode_ms(load) if self._running else 0.0)
-            await self._publish_events()
+            step_ms = prefill_ms(sum(n for _, n in chunks)) + (decode_ms(load) if decoding else 0.0)
             await asyncio.sleep(step_ms / 1000.0 / self.speedup_ratio)
             self.steps += 1
+            for job, tokens in chunks:
+                job.computed += tokens
+                if job.allocation is not None:
+                    self.kv.mark_computed(job.allocation, job.computed)
             self._emit()
+            await self._publish_events()
 
-    def _admit(self) -> int:
-        """Move waiting requests to running while budget and KV allow; their uncached prompt tokens."""
-        budget = self.max_num_batched_tokens - len(self._running)
-        uncached_total = 0
-        while self._waiting and len(self._running) < self.max_num_seqs:
+    def _schedule(self, budget: int) -> list[tuple[_Request, int]]:
+        """This step's prefill chunks within ``budget`` tokens: running prefills first (chunked
+        prefill), then newly admitted requests while ``max_num_seqs`` and the KV pool allow."""
+        chunks = []
+        for job in self._running:
+            if budget <= 0:
+                return chunks
+            if not job.prefilled and not job.cancelled:
+                tokens = min(len(job.prompt) - job.computed, budget)
+                chunks.append((job, tokens))
+                budget -= tokens
+        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
             job = self._waiting[0]
             if job.cancelled:
                 self._waiting.popleft()
                 continue
             if not self.kv.can_allocate(job.prompt):
-                break
-            job.allocation = self.kv.allocate(job.prompt)
-            uncached = max(len(job.prompt) - job.allocation.cached_blocks * self.block_size, 0)
-            if uncached > budget and self._running:  # too big for this step; a step of its own later
-                self.kv.release(job.allocation)
-                job.allocation = None
+                if not self._running:  # an empty pool is too small: it never fits
+                    self._waiting.popleft()
+                    job.queue.put_nowait(
+                        InvalidRequestError(
+                            f"the prompt needs {len(job.prompt) // self.block_size} KV blocks and the "
+                            f"mocker's pool has {self.kv.num_blocks}: raise --num-gpu-blocks or shorten it",
+                            param="messages",
+                        )
+                    )
+                    continue
                 break
             self._waiting.popleft()
+            job.allocation = self.kv.allocate(job.prompt)
+            job.computed = min(job.allocation.cached_blocks * self.block_size, len(job.prompt))
             self._running.append(job)
-            budget -= uncached
-            uncached_total += uncached
             self.prefix_hits += job.allocation.cached_blocks
             self.prompt_blocks += len(job.allocation.sequence)
-        return uncached_total
+            tokens = min(len(job.prompt) - job.computed, budget)
+            chunks.append((job, tokens))
+            budget -= tokens
+        return chunks
 
     def _emit(self) -> None:
-        """One token for every running request; finished and cancelled ones leave and free their blocks."""
+        """One token for every prefilled running request; finished and cancelled ones leave and free
+        their blocks."""
         still = []
         for job in self._running:
-            done = job.cancelled or job.queue.qsize() + job.generated >= job.max_tokens
-            if not done:
-                job.queue.put_nowait(job.prompt[(job.generated + job.queue.qsize()) % len(job.prompt)])
-                done = job.queue.qsize() + job.generated >= job.max_tokens
-            if done:
+            if not job.cancelled and job.prefilled and job.emitted < job.max_tokens:
+                job.queue.put_nowait(job.prompt[job.emitted % len(job.prompt)] if job.prompt else 0)
+                job.emitted += 1
+            if job.cancelled or job.emitted >= job.max_tokens:
                 if job.allocation is not None:
                     self.kv.release(job.allocation)
                     job.allocation = None

@@ -1,15 +1,19 @@
 """The mocker's KV block manager: prompt blocks by sequence hash, prefix reuse, LRU eviction, KV events.
 
 A request's full prompt blocks are looked up by sequence hash: the leading ones already
-cached are reused (their reference count goes up), the rest are allocated — evicting the
-least recently used unreferenced blocks when the pool is full. New blocks produce a
-``stored`` event, evicted ones a ``removed`` event (block id = sequence hash, content key =
-local hash), exactly what the KV router's indexer consumes. Finished requests release their
-blocks, which stay cached until evicted.
+computed are reused (their reference count goes up), the rest are allocated — evicting the
+least recently used unreferenced blocks when the pool is full. A new block joins the prefix
+cache once its tokens are computed (`mark_computed`, as the engine's prefill chunks finish):
+that emits a ``stored`` event; blocks evicted in a row emit one ``removed`` event (block id =
+sequence hash, content key = local hash), exactly what the KV router's indexer consumes.
+Finished requests release their blocks, which stay cached until evicted; a block released
+before it was computed is dropped without an event.
 
 Example:
     >>> kv = MockKvManager(num_blocks=8, block_size=4)
-    >>> kv.allocate(list(range(12))).cached_blocks, kv.allocate(list(range(12))).cached_blocks
+    >>> first = kv.allocate(list(range(12)))
+    >>> kv.mark_computed(first, 12)
+    >>> first.cached_blocks, kv.allocate(list(range(12))).cached_blocks
     (0, 3)
     >>> [next(iter(e)) for e in kv.drain_events()]
     ['stored']
@@ -31,14 +35,17 @@ class _Block:
     local: int
     parent: int | None
     refs: int = 0
+    computed: bool = False
 
 
 @dataclass
 class Allocation:
-    """A request's blocks: ``cached_blocks`` of them were reused."""
+    """A request's blocks: the first ``cached_blocks`` were computed already (a prefix hit);
+    `MockKvManager.mark_computed` has covered the first ``computed_blocks``."""
 
     sequence: list[int] = field(default_factory=list)
     cached_blocks: int = 0
+    computed_blocks: int = 0
 
 
 class MockKvManager:
@@ -64,57 +71,76 @@ class MockKvManager:
 
     def can_allocate(self, token_ids: list[int]) -> bool:
         """Whether the prompt's new blocks fit (evicting unreferenced ones if needed)."""
-        needed = sum(1 for s in self._sequence(token_ids) if s not in self._blocks)
+        free = self._free
+        needed = sum(1 for s in self._sequence(token_ids) if s not in self._blocks or s in free)
         return needed <= self.num_blocks - self.active_blocks
 
     def allocate(self, token_ids: list[int]) -> Allocation:
-        """Reference the prompt's blocks, reusing the cached prefix; emits events for new and evicted blocks."""
+        """Reference the prompt's blocks, reusing the computed prefix; evicts (and says so) to make room."""
         locals_ = block_hashes(token_ids, self.block_size)
         sequence = sequence_hashes(locals_)
         allocation = Allocation(sequence)
-        run: list[dict[str, int]] = []  # consecutive new blocks: one stored event each run
-        run_parent: int | None = None
         prefix = True
         for i, (seq, local) in enumerate(zip(sequence, locals_, strict=True)):
-            parent = sequence[i - 1] if i else None
             block = self._blocks.get(seq)
-            if block is not None:
-                self._flush(run, run_parent)
-                run = []
-                if prefix:
-                    allocation.cached_blocks += 1
-                self._free.pop(seq, None)
-            else:
-                prefix = False
+            if block is None:
                 if len(self._blocks) >= self.num_blocks:
                     self._evict_one()
-                block = self._blocks[seq] = _Block(local, parent)
-                if not run:
-                    run_parent = parent
-                run.append({"block_hash": seq, "tokens_hash": local})
+                block = self._blocks[seq] = _Block(local, sequence[i - 1] if i else None)
+            else:
+                self._free.pop(seq, None)
+            prefix = prefix and block.computed
+            if prefix:
+                allocation.cached_blocks += 1
             block.refs += 1
-        self._flush(run, run_parent)
+        allocation.computed_blocks = allocation.cached_blocks
         return allocation
+
+    def mark_computed(self, allocation: Allocation, tokens: int) -> None:
+        """The first ``tokens`` prompt tokens of ``allocation`` are computed: their full blocks join the
+        prefix cache (one ``stored`` event per run of blocks that were not cached yet)."""
+        upto = min(tokens // self.block_size, len(allocation.sequence))
+        run: list[dict[str, int]] = []
+        run_parent: int | None = None
+        for i in range(allocation.computed_blocks, upto):
+            block = self._blocks[allocation.sequence[i]]
+            if block.computed:  # another request computed it meanwhile
+                self._flush(run, run_parent)
+                run = []
+                continue
+            block.computed = True
+            if not run:
+                run_parent = block.parent
+            run.append({"block_hash": allocation.sequence[i], "tokens_hash": block.local})
+        self._flush(run, run_parent)
+        allocation.computed_blocks = max(upto, allocation.computed_blocks)
 
     def _flush(self, run: list[dict[str, int]], parent: int | None) -> None:
         if run:
             self._events.append({"stored": {"parent_hash": parent, "blocks": run}})
 
     def release(self, allocation: Allocation) -> None:
-        """The request ended: its blocks stay cached, evictable once nobody references them."""
+        """The request ended: its computed blocks stay cached, evictable once nobody references them."""
         for seq in allocation.sequence:
             block = self._blocks.get(seq)
             if block is not None and block.refs > 0:
                 block.refs -= 1
                 if block.refs == 0:
-                    self._free[seq] = None
+                    if block.computed:
+                        self._free[seq] = None
+                    else:  # never computed, never announced
+                        del self._blocks[seq]
 
     def _evict_one(self) -> None:
         if not self._free:
             raise RuntimeError("the KV cache is full of blocks in use")
         seq, _ = self._free.popitem(last=False)
         del self._blocks[seq]
-        self._events.append({"removed": {"block_hashes": [seq]}})
+        last = self._events[-1] if self._events else None
+        if isinstance(last, dict) and "removed" in last:  # consecutive evictions: one event
+            last["removed"]["block_hashes"].append(seq)
+        else:
+            self._events.append({"removed": {"block_hashes": [seq]}})
 
     def _sequence(self, token_ids: list[int]) -> list[int]:
         return sequence_hashes(block_hashes(token_ids, self.block_size))
@@ -134,4 +160,5 @@ class MockKvManager:
                 }
             }
             for seq, block in self._blocks.items()
+            if block.computed
         ]
