@@ -469,3 +469,60 @@ async def test_a_decode_waiting_on_a_prefill_that_dies_gets_an_error_not_a_hang(
     await server.stop()  # what a SIGKILLed prefill worker looks like from the decode side
     with pytest.raises(DisaggregationError, match="closed the connection for room 77"):
         await asyncio.wait_for(waiting, 5)
+
+
+async def test_kv_mode_sends_a_repeated_prefix_to_the_same_prefill_worker(
+    hf_engine: Any, tiny_path: Path
+) -> None:
+    """With ``--router-mode kv`` the prefill router asks the KV router: a prompt that went to
+    one prefill worker counts as cached there, so its repeats follow it; a new prompt goes to
+    the other (emptier) worker. Its load is released when the prefill ends."""
+    await hf_engine.start_bootstrap()
+    runtimes = [await DistributedRuntime.create() for _ in range(2)]
+    try:
+        for runtime in runtimes:  # two prefill instances of the same engine
+            await serve_llm(
+                runtime.endpoint("kvp.prefill.generate"),
+                hf_engine.prefill,
+                tiny_path,
+                model_name="kvp",
+                kind="prefill",
+                runtime_config={"disaggregated_endpoint": hf_engine.bootstrap.endpoint},
+            )
+        await serve_llm(
+            runtimes[0].endpoint("kvp.backend.generate"),
+            hf_engine.decode,
+            tiny_path,
+            model_name="kvp",
+            kind=["completions", "decode"],
+        )
+        frontend = await Frontend.start(runtimes[0], port=0, router_mode="kv")
+        await frontend.wait_for_model("kvp")
+        for _ in range(100):
+            router = frontend.models.prefill_router("kvp")
+            if router is not None and len(router.client.instance_ids()) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert router is not None and router.kv_router is not None
+
+        async def prefill_worker(http: httpx.AsyncClient, prompt: list[int]) -> str:
+            body = {"model": "kvp", "prompt": prompt, "max_tokens": 2}
+            response = await http.post("/v1/completions", json=body)
+            assert response.status_code == 200 and response.headers["x-dynamo-path"] == "fast"
+            return response.headers["x-dynamo-prefill-worker"]
+
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+            first = await prefill_worker(http, [*range(5, 69), 1])  # 4 full blocks of 16
+            repeats = [await prefill_worker(http, [*range(5, 69), 2 + i]) for i in range(3)]
+            other = await prefill_worker(http, list(range(100, 164)))
+        assert repeats == [first] * 3
+        assert other != first and {first, other} == {f"{r.connection_id:x}" for r in runtimes}
+        for _ in range(100):  # the drained prefill streams release their load
+            if all(not load.requests for load in router.kv_router.loads.values()):
+                break
+            await asyncio.sleep(0.02)
+        assert all(not load.requests for load in router.kv_router.loads.values())
+        await frontend.stop()
+    finally:
+        for runtime in runtimes:
+            await runtime.shutdown()

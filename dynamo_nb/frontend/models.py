@@ -159,12 +159,24 @@ class ModelManager:
         router = self.prefill.get(card.name)
         if router is None:
             client = await self.runtime.endpoint(card.endpoint).client()
+            kv_router = None
+            if self.router_mode == "kv":  # the prefill worker is chosen by KV overlap and load too
+                kv_router = await KvRouter.create(
+                    client,
+                    card.kv_cache_block_size,
+                    self.kv_config,
+                    component=self.runtime.endpoint(card.endpoint).component(),
+                )
             router = self.prefill.get(card.name)  # another card may have won while we waited
             if router is None:
                 on_error = (lambda: self._on_prefill_error(card.name)) if self._on_prefill_error else None
-                router = PrefillRouter(card.endpoint, client, enforce=self.enforce_disagg, on_error=on_error)
+                router = PrefillRouter(
+                    card.endpoint, client, enforce=self.enforce_disagg, on_error=on_error, kv_router=kv_router
+                )
                 self.prefill[card.name] = router
                 logger.info("model %s: disaggregated serving, prefill at %s", card.name, card.endpoint)
+            elif kv_router is not None:
+                await kv_router.stop()
         instance_id = int(key.rsplit("/", 1)[-1], 16)
         router.add_worker(key, instance_id, card.runtime_config.disaggregated_endpoint)
         return router

@@ -2,7 +2,8 @@
 
 It is active for a model once a prefill worker of that model has published its card (kind
 ``prefill``); until then the model is served aggregated. For each request it picks the
-prefill worker first (round robin) and then:
+prefill worker first (round robin; with ``--router-mode kv`` the KV router's choice, by
+prefix overlap and the load it routed there) and then:
 
 - **fast path**, when that worker published ``disaggregated_endpoint`` in its runtime config:
   draw a ``bootstrap_room``, send the prefill (``max_tokens`` 1, with ``bootstrap_info``)
@@ -32,11 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._ids import new_request_id
 from ..disagg.rooms import BootstrapInfo, draw_room
 from ..errors import DisaggregationError, NoInstancesError, RequestError
 
 if TYPE_CHECKING:
     from .._client import Client, ResponseStream
+    from ..kv import KvRouter
 
 __all__ = ["DISAGG_PATHS", "PrefillPlan", "PrefillRouter"]
 
@@ -90,9 +93,11 @@ class PrefillRouter:
         enforce: bool = False,
         prefill_timeout: float = 30.0,
         on_error: Callable[[], None] | None = None,
+        kv_router: KvRouter | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.client = client
+        self.kv_router = kv_router
         self.enforce = enforce
         self.prefill_timeout = prefill_timeout
         self.errors_total = 0
@@ -119,21 +124,35 @@ class PrefillRouter:
         """Whether any prefill worker of the model has a card now."""
         return bool(self._keys)
 
-    def _pick(self) -> int:
-        """Round robin over the prefill instances discovery lists now (a peek: no load is tracked)."""
+    def _pick(self, request: dict[str, Any]) -> tuple[int, Callable[[dict[str, Any]], ResponseStream]]:
+        """The prefill instance for ``request`` and a function that sends it there: the KV router's
+        choice (its load tracked until the prefill ends), else round robin over the instances now."""
+        if self.kv_router is not None:
+            kv_router, request_id = self.kv_router, new_request_id()
+            decision = kv_router.choose(list(request.get("token_ids") or []), request_id)
+
+            def send_tracked(prefill_request: dict[str, Any]) -> ResponseStream:
+                try:
+                    stream = self.client.direct(prefill_request, decision.worker)
+                except BaseException:
+                    kv_router.finished(decision.worker, request_id)
+                    raise
+                return kv_router.track(stream, decision, request_id)  # type: ignore[return-value]
+
+            return decision.worker, send_tracked
         ids = sorted(self.client.instance_ids())
         if not ids:
             raise NoInstancesError(f"no prefill worker serves {self.endpoint}", endpoint=self.endpoint)
         chosen = ids[self._turn % len(ids)]
         self._turn += 1
-        return chosen
+        return chosen, lambda prefill_request: self.client.direct(prefill_request, chosen)
 
     async def plan(self, request: dict[str, Any]) -> PrefillPlan:
         """Start the prefill of ``request`` and say how its decode goes (see the module docstring)."""
         events: list[str] = []
         instance: int | None = None
         try:
-            instance = self._pick()
+            instance, send = self._pick(request)
             stop = {**(request.get("stop_conditions") or {}), "max_tokens": 1}
             prefill_request = {**request, "stop_conditions": stop}
             endpoint = self._endpoints.get(instance)
@@ -141,13 +160,13 @@ class PrefillRouter:
                 info = BootstrapInfo.parse(
                     {**endpoint, "bootstrap_room": draw_room()}, "disaggregated_endpoint"
                 )
-                stream = self.client.direct({**prefill_request, "bootstrap_info": info.to_dict()}, instance)
+                stream = send({**prefill_request, "bootstrap_info": info.to_dict()})
                 plan = PrefillPlan("fast", {**request, "bootstrap_info": info.to_dict()}, instance, info.room)
                 plan.events = events
                 plan.task = self._drain(stream, plan)  # sends it: a background task
                 events.append("decode handed back")
                 return plan
-            stream = self.client.direct(prefill_request, instance)
+            stream = send(prefill_request)
             events.append("prefill sent")
             first = await asyncio.wait_for(stream.__anext__(), self.prefill_timeout)
             events.append("prefill first item")

@@ -160,7 +160,10 @@ class KvRouter:
         """Route ``request`` (it needs ``token_ids``) to the chosen worker; the stream keeps the load right."""
         request_id = new_request_id()
         decision = self.choose(list(request.get("token_ids") or []), request_id)
-        stream = self.client.direct(request, decision.worker)
+        return self.track(self.client.direct(request, decision.worker), decision, request_id)
+
+    def track(self, stream: ResponseStream, decision: RoutingDecision, request_id: str) -> TrackedStream:
+        """Wrap the stream of a request routed by `choose`, so its load leaves the worker in time."""
         return TrackedStream(
             stream,
             decision,
