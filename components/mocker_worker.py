@@ -86,8 +86,7 @@ async def main(argv: list[str] | None = None) -> int:
     ids = ",".join(f"{runtime.connection_id:x}" for runtime, _ in started)
     print(f"READY {args.endpoint} instances={ids} model={model_name_from_args(args, model_path)}", flush=True)
 
-    for runtime, _ in started:
-        shutdown_on_signals(runtime)
+    shutdown_on_signals(*(runtime for runtime, _ in started))  # SIGTERM / Ctrl-C → every engine's runtime
     await asyncio.gather(*(runtime.wait_closed() for runtime, _ in started))
     for _, engine in started:
         await engine.close()

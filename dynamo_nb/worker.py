@@ -71,9 +71,10 @@ def _nothing() -> None:
     return None
 
 
-def shutdown_on_signals(runtime: DistributedRuntime) -> Callable[[], None]:
-    """Make SIGINT and SIGTERM shut ``runtime`` down; returns a function that undoes it.
+def shutdown_on_signals(*runtimes: DistributedRuntime) -> Callable[[], None]:
+    """Make SIGINT and SIGTERM shut ``runtimes`` down; returns a function that undoes it.
 
+    Pass every runtime of the process in one call (a later call replaces the handlers).
     Does nothing inside a Jupyter kernel or outside the main thread.
 
     Example:
@@ -88,10 +89,11 @@ def shutdown_on_signals(runtime: DistributedRuntime) -> Callable[[], None]:
 
     def on_signal(signum: int) -> None:
         logger.info("received %s; shutting down", signal.Signals(signum).name)
-        if not runtime.is_shutdown:
-            task = loop.create_task(runtime.shutdown())
-            shutting_down.add(task)
-            task.add_done_callback(shutting_down.discard)
+        for runtime in runtimes:
+            if not runtime.is_shutdown:
+                task = loop.create_task(runtime.shutdown())
+                shutting_down.add(task)
+                task.add_done_callback(shutting_down.discard)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         try:

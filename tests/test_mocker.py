@@ -4,6 +4,7 @@ real processes and NATS."""
 from __future__ import annotations
 
 import asyncio
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,8 @@ async def test_kv_routing_over_processes_and_nats_sends_a_repeated_prefix_back(
         assert [await served_by(http, [*shared, 9, 9, 9, i]) for i in range(3)] == [holder] * 3
         other = await served_by(http, list(range(300, 364)))  # nothing cached anywhere: the emptier worker
         assert {holder, other} == set(workers)
+    mocker.send_signal(signal.SIGTERM)  # every engine's runtime shuts down, not only the last one's
+    assert await mocker.wait(timeout=15) == 0
 
 
 async def test_engine_chunks_long_prompts_and_refuses_what_never_fits() -> None:
