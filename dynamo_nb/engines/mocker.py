@@ -58,6 +58,7 @@ class _Request:
     max_tokens: int
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     allocation: Allocation | None = None
+    hashes: tuple[list[int], list[int]] | None = None  # the prompt's block hashes, computed once
     computed: int = 0  # prompt tokens whose KV exists (cached prefix, then prefill chunks)
     emitted: int = 0  # tokens handed to the stream
     cancelled: bool = False
@@ -182,7 +183,9 @@ class MockerEngine:
             if job.cancelled:
                 self._waiting.popleft()
                 continue
-            if not self.kv.can_allocate(job.prompt):
+            if job.hashes is None:
+                job.hashes = self.kv.hashes(job.prompt)
+            if not self.kv.can_allocate(job.prompt, job.hashes):
                 if not self._running:  # an empty pool is too small: it never fits
                     self._waiting.popleft()
                     job.queue.put_nowait(
@@ -195,7 +198,7 @@ class MockerEngine:
                     continue
                 break
             self._waiting.popleft()
-            job.allocation = self.kv.allocate(job.prompt)
+            job.allocation = self.kv.allocate(job.prompt, job.hashes)
             job.computed = min(job.allocation.cached_blocks * self.block_size, len(job.prompt))
             self._running.append(job)
             self.prefix_hits += job.allocation.cached_blocks

@@ -69,16 +69,21 @@ class MockKvManager:
         """Blocks referenced by running requests."""
         return len(self._blocks) - len(self._free)
 
-    def can_allocate(self, token_ids: list[int]) -> bool:
+    def hashes(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
+        """The prompt's local block hashes and sequence hashes (compute once, pass to the calls below)."""
+        locals_ = block_hashes(token_ids, self.block_size)
+        return locals_, sequence_hashes(locals_)
+
+    def can_allocate(self, token_ids: list[int], hashes: tuple[list[int], list[int]] | None = None) -> bool:
         """Whether the prompt's new blocks fit (evicting unreferenced ones if needed)."""
+        _, sequence = hashes or self.hashes(token_ids)
         free = self._free
-        needed = sum(1 for s in self._sequence(token_ids) if s not in self._blocks or s in free)
+        needed = sum(1 for s in sequence if s not in self._blocks or s in free)
         return needed <= self.num_blocks - self.active_blocks
 
-    def allocate(self, token_ids: list[int]) -> Allocation:
+    def allocate(self, token_ids: list[int], hashes: tuple[list[int], list[int]] | None = None) -> Allocation:
         """Reference the prompt's blocks, reusing the computed prefix; evicts (and says so) to make room."""
-        locals_ = block_hashes(token_ids, self.block_size)
-        sequence = sequence_hashes(locals_)
+        locals_, sequence = hashes or self.hashes(token_ids)
         allocation = Allocation(sequence)
         prefix = True
         for i, (seq, local) in enumerate(zip(sequence, locals_, strict=True)):
@@ -141,9 +146,6 @@ class MockKvManager:
             last["removed"]["block_hashes"].append(seq)
         else:
             self._events.append({"removed": {"block_hashes": [seq]}})
-
-    def _sequence(self, token_ids: list[int]) -> list[int]:
-        return sequence_hashes(block_hashes(token_ids, self.block_size))
 
     def drain_events(self) -> list[Any]:
         """The KV events since the last call, in order."""
