@@ -19,6 +19,10 @@ its runtime config (card kind ``prefill``); it parks each prompt's KV cache ther
 worker (card kinds chat, completions, decode) fetches it by ``bootstrap_info`` or
 ``prefill_result``, and asks a prefill worker itself when a request carries neither.
 
+Prefix caching is on (``--prefix-cache-blocks``, ``--no-enable-prefix-caching``): the KV of
+full prompt blocks is kept for later prompts, its KV events go out on the event plane (with
+``--nats-url``) so ``--router-mode kv`` follows it, and ``{ns}.{comp}.stats`` reports the hits.
+
 It prints ``READY <endpoint> instance=<id> address=<address> model=<name>`` once it serves.
 """
 
@@ -27,10 +31,16 @@ from __future__ import annotations
 import logging
 import sys
 
-from dynamo_nb import ConfigError, DistributedRuntime
-from dynamo_nb.cli import hf_worker_parser, model_path_from_args, runtime_from_args, serve_model_from_args
-from dynamo_nb.disagg.handlers import DecodeHandler
-from dynamo_nb.engines import HFEngine
+from dynamo_nb import DistributedRuntime
+from dynamo_nb.cli import (
+    hf_worker_parser,
+    model_path_from_args,
+    role_from_args,
+    runtime_from_args,
+    serve_model_from_args,
+)
+from dynamo_nb.engines import HFEngine, stats_handler
+from dynamo_nb.kv import KvEventPublisher
 from dynamo_nb.worker import run_program, shutdown_on_signals
 
 
@@ -47,37 +57,32 @@ async def main(argv: list[str] | None = None) -> int:
 
     runtime: DistributedRuntime = await runtime_from_args(args)
     engine = await HFEngine.load(
-        model_path, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs
+        model_path,
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        prefix_cache_blocks=0 if args.no_enable_prefix_caching else args.prefix_cache_blocks,
+        block_size=args.kv_cache_block_size,
     )
-    engine.kv_timeout = args.kv_timeout
-    # the handler and the card of this worker's role
-    if args.mode == "prefill":
-        bootstrap = await engine.start_bootstrap(args.bootstrap_host, args.bootstrap_port, ttl=args.kv_ttl)
-        handler, endpoint_path, kind = engine.prefill, args.prefill_endpoint, ["prefill"]
-        runtime_config = {
-            "disaggregated_endpoint": None if args.no_bootstrap_endpoint else bootstrap.endpoint
-        }
-    elif args.mode == "decode":
-        try:  # to ask a prefill worker itself for requests that come without bootstrap info
-            prefill = await runtime.endpoint(args.prefill_endpoint).client()
-        except ConfigError as exc:  # e.g. static TCP: no address for the prefill workers
-            logging.getLogger("hf_worker").warning("no prefill client (%s): such requests run here", exc)
-            prefill = None
-        handler = DecodeHandler(engine, prefill).generate
-        endpoint_path, kind, runtime_config = args.endpoint, ["chat", "completions", "decode"], None
-    else:
-        handler, endpoint_path, kind, runtime_config = engine.generate, args.endpoint, None, None
+    # the handler, endpoint and card of this worker's --mode
+    role = await role_from_args(runtime, args, engine)
+    # the prefix cache's KV events, so a KV router follows this worker's cache
+    publisher = await KvEventPublisher.for_worker(
+        runtime, runtime.endpoint(role.endpoint_path).component(), engine.kv_snapshot
+    )
+    engine.publish = publisher.publish if publisher is not None else None
     # serve the handler, then publish the model card (not with --static: the frontend is told
     # the model); prints the READY line
     endpoint, server, card = await serve_model_from_args(
         runtime,
         args,
-        handler,
+        role.handler,
         model_path,
-        endpoint_path=endpoint_path,
-        kind=kind,
-        runtime_config=runtime_config,
+        endpoint_path=role.endpoint_path,
+        kind=role.kind,
+        runtime_config=role.runtime_config,
     )
+    await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))  # prefix hits
     logging.getLogger("hf_worker").info("%s serves %s with %s; card %s", server, endpoint, engine, card)
 
     shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown()

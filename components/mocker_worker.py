@@ -10,6 +10,13 @@ the built-in tiny model by default) and publishes its KV events on the event pla
         --num-workers 4 --speedup-ratio 10
     python components/frontend.py --discovery etcd://127.0.0.1:2379 --nats-url nats://127.0.0.1:4222 --router-mode kv
 
+``--mode prefill`` / ``--mode decode`` make disaggregated prefill and decode engines (as the
+hf worker's): a prefill engine serves ``--prefill-endpoint`` and parks a handoff in its own
+bootstrap server; a decode engine fetches it and decodes.
+
+    python components/mocker_worker.py --mode prefill --discovery etcd://… --nats-url nats://… --num-workers 2
+    python components/mocker_worker.py --mode decode --discovery etcd://… --nats-url nats://… --num-workers 2
+
 It prints ``READY <endpoint> instances=<id>,<id>… model=<name>`` once every engine serves.
 """
 
@@ -20,8 +27,14 @@ import logging
 import sys
 
 from dynamo_nb import ConfigError, DistributedRuntime
-from dynamo_nb.cli import mocker_worker_parser, model_name_from_args, model_path_from_args, runtime_from_args
-from dynamo_nb.engines import MockerEngine
+from dynamo_nb.cli import (
+    mocker_worker_parser,
+    model_name_from_args,
+    model_path_from_args,
+    role_from_args,
+    runtime_from_args,
+)
+from dynamo_nb.engines import MockerEngine, stats_handler
 from dynamo_nb.kv import KvEventPublisher
 from dynamo_nb.llm import serve_llm
 from dynamo_nb.worker import run_program, shutdown_on_signals
@@ -32,9 +45,8 @@ def build_parser():
 
 
 async def start_engine(args, model_path) -> tuple[DistributedRuntime, MockerEngine]:
-    """One engine: its runtime, KV event publisher, endpoint and model card."""
+    """One engine: its runtime, its --mode role, KV event publisher, endpoint and model card."""
     runtime = await runtime_from_args(args)
-    endpoint = runtime.endpoint(args.endpoint)
     engine = MockerEngine(
         block_size=args.kv_cache_block_size,
         num_blocks=args.num_gpu_blocks,
@@ -42,36 +54,22 @@ async def start_engine(args, model_path) -> tuple[DistributedRuntime, MockerEngi
         max_num_seqs=args.max_num_seqs,
         speedup_ratio=args.speedup_ratio,
     )
-    try:
-        await runtime.events()  # NATS (or in-process with memory discovery)
-        publisher = KvEventPublisher(endpoint.component(), runtime.connection_id, engine.kv.snapshot)
-        await publisher.serve_sync()
-        engine.publish = publisher.publish
-    except ConfigError as exc:
-        logging.getLogger("mocker_worker").warning("no KV events: %s", exc)
+    role = await role_from_args(runtime, args, engine)
+    endpoint = runtime.endpoint(role.endpoint_path)
+    publisher = await KvEventPublisher.for_worker(runtime, endpoint.component(), engine.kv_snapshot)
+    engine.publish = publisher.publish if publisher is not None else None
     await serve_llm(
         endpoint,
-        engine.generate,
+        role.handler,
         model_path,
         model_name=model_name_from_args(args, model_path),
+        kind=role.kind,
         kv_cache_block_size=args.kv_cache_block_size,
         context_length=args.context_length,
+        runtime_config=role.runtime_config,
     )
-    await endpoint.component().endpoint("stats").serve(engine_stats(engine))
+    await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))  # prefix hits
     return runtime, engine
-
-
-def engine_stats(engine: MockerEngine):
-    """A handler that reports the engine's prefix cache hits (for benchmarks and notebooks)."""
-
-    async def stats(request, context=None):
-        yield {
-            "prefix_hits": engine.prefix_hits,
-            "prompt_blocks": engine.prompt_blocks,
-            "steps": engine.steps,
-        }
-
-    return stats
 
 
 async def main(argv: list[str] | None = None) -> int:
@@ -84,7 +82,8 @@ async def main(argv: list[str] | None = None) -> int:
     model_path = model_path_from_args(args)
     started = [await start_engine(args, model_path) for _ in range(args.num_workers)]
     ids = ",".join(f"{runtime.connection_id:x}" for runtime, _ in started)
-    print(f"READY {args.endpoint} instances={ids} model={model_name_from_args(args, model_path)}", flush=True)
+    served = args.prefill_endpoint if args.mode == "prefill" else args.endpoint
+    print(f"READY {served} instances={ids} model={model_name_from_args(args, model_path)}", flush=True)
 
     shutdown_on_signals(*(runtime for runtime, _ in started))  # SIGTERM / Ctrl-C → every engine's runtime
     await asyncio.gather(*(runtime.wait_closed() for runtime, _ in started))

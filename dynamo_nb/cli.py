@@ -15,7 +15,9 @@ Example:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_WORKER_ENDPOINT",
+    "WorkerRole",
+    "add_disagg_args",
     "add_endpoint_arg",
     "add_frontend_args",
     "add_http_args",
@@ -45,6 +49,7 @@ __all__ = [
     "mocker_worker_parser",
     "model_name_from_args",
     "model_path_from_args",
+    "role_from_args",
     "runtime_from_args",
     "serve_model_from_args",
     "validate_frontend_args",
@@ -210,14 +215,6 @@ def add_worker_args(parser: argparse.ArgumentParser, default_endpoint: str = DEF
     add_endpoint_arg(parser, default_endpoint)
     group = parser.add_argument_group("engine")
     group.add_argument(
-        "--mode",
-        choices=WORKER_MODES,
-        default="aggregated",
-        help="worker role: aggregated (prefill + decode), prefill (serves at --prefill-endpoint, parks "
-        "KV caches in its bootstrap server) or decode (serves at --endpoint, fetches them) "
-        "(default: %(default)s)",
-    )
-    group.add_argument(
         "--device",
         default=_env("DEVICE", "auto"),
         help="auto (CUDA when present) | cpu | cuda[:N] (default: %(default)s)",
@@ -237,7 +234,32 @@ def add_worker_args(parser: argparse.ArgumentParser, default_endpoint: str = DEF
         default=16,
         help="KV block size published in the model card (default: %(default)s)",
     )
+    group.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        default=1024,
+        help="full prompt blocks whose KV is kept for reuse by later prompts, with KV events for "
+        "KV routing (default: %(default)s)",
+    )
+    group.add_argument(
+        "--no-enable-prefix-caching",
+        action="store_true",
+        help="no prefix cache, as --prefix-cache-blocks 0 (default: off, prefix caching on)",
+    )
+    add_disagg_args(parser)
+
+
+def add_disagg_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--mode`` and the disaggregated-serving flags (an engine worker's role)."""
     disagg = parser.add_argument_group("disaggregated serving")
+    disagg.add_argument(
+        "--mode",
+        choices=WORKER_MODES,
+        default="aggregated",
+        help="worker role: aggregated (prefill + decode), prefill (serves at --prefill-endpoint, parks "
+        "KV caches in its bootstrap server) or decode (serves at --endpoint, fetches them) "
+        "(default: %(default)s)",
+    )
     disagg.add_argument(
         "--prefill-endpoint",
         default=DEFAULT_PREFILL_ENDPOINT,
@@ -310,6 +332,7 @@ def add_mocker_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="longest prompt + output published in the model card (default: the model folder's)",
     )
+    add_disagg_args(parser)
 
 
 def _component_parser(prog: str, description: str | None, *add_groups: object) -> argparse.ArgumentParser:
@@ -438,6 +461,48 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
         )
     if plane == "inproc":
         raise ConfigError("static mode reaches a worker in another process: use --request-plane nats or tcp")
+
+
+@dataclass
+class WorkerRole:
+    """What ``--mode`` makes of an engine: the handler to serve, where, and its model card's
+    ``kind`` and ``runtime_config``."""
+
+    handler: Handler
+    endpoint_path: str
+    kind: list[str] | None = None
+    runtime_config: dict[str, Any] | None = None
+
+
+async def role_from_args(runtime: DistributedRuntime, args: argparse.Namespace, engine: Any) -> WorkerRole:
+    """The ``--mode`` role of ``engine`` (an ``HFEngine`` or ``MockerEngine``).
+
+    prefill: starts its bootstrap server, serves ``engine.prefill`` at ``--prefill-endpoint``,
+    card kind ``prefill`` with the server as ``disaggregated_endpoint``. decode: a
+    `DecodeHandler` at ``--endpoint`` (it asks a prefill worker itself for requests without
+    bootstrap info). aggregated: ``engine.generate`` at ``--endpoint``.
+    """
+    engine.kv_timeout = args.kv_timeout
+    if args.mode == "prefill":
+        bootstrap = await engine.start_bootstrap(args.bootstrap_host, args.bootstrap_port, ttl=args.kv_ttl)
+        published = None if args.no_bootstrap_endpoint else bootstrap.endpoint
+        return WorkerRole(
+            engine.prefill, args.prefill_endpoint, ["prefill"], {"disaggregated_endpoint": published}
+        )
+    if args.mode == "decode":
+        from .disagg.handlers import DecodeHandler
+
+        try:  # to ask a prefill worker itself for requests that come without bootstrap info
+            prefill = await runtime.endpoint(args.prefill_endpoint).client()
+        except ConfigError as exc:  # e.g. static TCP: no address for the prefill workers
+            logging.getLogger("dynamo_nb.worker").warning(
+                "no prefill client (%s): such requests run here", exc
+            )
+            prefill = None
+        return WorkerRole(
+            DecodeHandler(engine, prefill).generate, args.endpoint, ["chat", "completions", "decode"]
+        )
+    return WorkerRole(engine.generate, args.endpoint)
 
 
 async def serve_model_from_args(

@@ -12,10 +12,11 @@ import httpx
 import pytest
 from conftest import FRONTEND, ROOT, collect, free_port
 
-from dynamo_nb import LocalServices, bench
+from dynamo_nb import DisaggregationError, DistributedRuntime, LocalServices, bench
+from dynamo_nb.disagg.handlers import DecodeHandler
 from dynamo_nb.engines import MockerEngine
+from dynamo_nb.engines.kv_blocks import KvBlockManager
 from dynamo_nb.engines.mocker import decode_ms, prefill_ms
-from dynamo_nb.engines.mocker_kv import MockKvManager
 from dynamo_nb.errors import InvalidRequestError
 from dynamo_nb.kv import RadixTree, block_hashes
 
@@ -23,7 +24,7 @@ MOCKER = ROOT / "components" / "mocker_worker.py"
 
 
 def test_block_manager_reuses_prefixes_and_evicts_the_least_recently_used() -> None:
-    kv = MockKvManager(num_blocks=6, block_size=4)
+    kv = KvBlockManager(num_blocks=6, block_size=4)
     a = kv.allocate(list(range(16)))  # 4 blocks
     assert a.cached_blocks == 0 and kv.active_blocks == 4
     early = kv.allocate(list(range(16)))
@@ -40,17 +41,19 @@ def test_block_manager_reuses_prefixes_and_evicts_the_least_recently_used() -> N
     kv.release(a)
     kv.release(b)
     assert kv.active_blocks == 0 and kv.used_blocks == 5  # released blocks stay cached
-    assert not MockKvManager(num_blocks=2, block_size=4).can_allocate(list(range(12)))
+    assert not KvBlockManager(num_blocks=2, block_size=4).can_allocate(list(range(12)))
     kv.allocate([50 + i for i in range(8)])  # 2 new blocks: one eviction (the oldest free block)
     removed = [e["removed"]["block_hashes"] for e in kv.drain_events() if "removed" in e]
     assert removed == [[a.sequence[3]]]  # a's last block was freed first (the others were still shared)
     kv.allocate([80 + i for i in range(12)])  # 3 new blocks, 3 evictions in a row: one removed event
     removed = [e["removed"]["block_hashes"] for e in kv.drain_events() if "removed" in e]
-    assert removed == [a.sequence[:3]]  # the oldest free blocks, in order
+    # the oldest free blocks in order, each prefix from its tail: b's own block, then the shared ones
+    assert removed == [[b.sequence[3], a.sequence[2], a.sequence[1]]]
+    assert kv.allocate(list(range(4))).cached_blocks == 1  # the head of the prefix is still there
 
 
 def test_block_manager_events_and_snapshot_rebuild_the_same_index() -> None:
-    kv = MockKvManager(num_blocks=64, block_size=4)
+    kv = KvBlockManager(num_blocks=64, block_size=4)
     for prompt in (list(range(20)), list(range(8)) + [7] * 12, [3] * 9):
         allocation = kv.allocate(prompt)
         kv.mark_computed(allocation, len(prompt))
@@ -149,3 +152,85 @@ async def test_engine_chunks_long_prompts_and_refuses_what_never_fits() -> None:
     assert small.active == 0
     await engine.close()
     await small.close()
+
+
+async def test_prefill_and_decode_roles_hand_off_and_give_the_aggregated_tokens() -> None:
+    """A mocker prefill parks a tensor-less handoff; a mocker decode fetches it, holds the whole
+    prompt's blocks as computed (and says so in KV events) and streams the rest of max_tokens —
+    the same tokens as the aggregated engine; through DecodeHandler it asks a prefill itself."""
+    decode_events: list[Any] = []
+
+    async def publish(event: Any) -> None:
+        decode_events.append(event)
+
+    aggregated = MockerEngine(block_size=4, speedup_ratio=100.0)
+    prefill = MockerEngine(block_size=4, speedup_ratio=100.0)
+    decode = MockerEngine(block_size=4, speedup_ratio=100.0, publish=publish)
+    await prefill.start_bootstrap()
+    request = {"token_ids": list(range(1, 23)), "stop_conditions": {"max_tokens": 5}}
+    expected = [t for item in await collect(aggregated.generate(request)) for t in item["token_ids"]]
+    room = 1234
+    fast = {**request, "bootstrap_info": {**prefill.bootstrap.endpoint, "bootstrap_room": room}}
+    decoded, prefilled = await asyncio.gather(collect(decode.decode(fast)), collect(prefill.prefill(fast)))
+    assert prefilled[0]["disaggregated_params"]["bootstrap_room"] == room
+    assert prefilled[-1]["token_ids"] == expected[:1] and prefilled[-1]["finish_reason"] == "length"
+    assert [t for item in decoded for t in item["token_ids"]] == expected
+    assert decoded[-1]["completion_usage"]["completion_tokens"] == 5
+    assert prefill.stats()["prompt_blocks"] == 5 and prefill.stats()["cached_blocks"] == 5
+    assert decode.stats()["steps"] == 4  # tokens 2..5: no prefill step
+    assert [list(e) for e in decode_events] == [["stored"]] and len(decode_events[0]["stored"]["blocks"]) == 5
+
+    runtime = await DistributedRuntime.create()
+    try:
+        await runtime.endpoint("md.prefill.generate").serve(prefill.prefill)
+        handler = DecodeHandler(decode, await runtime.endpoint("md.prefill.generate").client())
+        items = await collect(handler.generate(request))  # no bootstrap info: it asks a prefill itself
+        assert [t for item in items for t in item["token_ids"]] == expected and handler.self_prefills == 1
+        assert prefill.stats()["prefix_hits"] == 5  # the prompt was cached on the prefill engine
+    finally:
+        await runtime.shutdown()
+    refused = {**request, "bootstrap_info": {**prefill.bootstrap.endpoint, "bootstrap_room": 99}}
+    prefill.bootstrap.park(99, {"format": "dynamo_nb.kv.v1", "prompt_tokens": 22, "payload_bytes": 0}, b"")
+    with pytest.raises(DisaggregationError, match="a mocker decode needs a mocker prefill"):
+        await collect(decode.decode(refused))
+    for engine in (aggregated, prefill, decode):
+        await engine.close()
+
+
+async def test_disaggregated_mocker_processes_behind_a_kv_routing_frontend(
+    services: LocalServices, start_worker: Any
+) -> None:
+    """Prefill and decode mocker processes over etcd + NATS: the frontend's prefill router asks
+    its KV router, so a repeated prefix goes back to the prefill engine that cached it."""
+    bus = ["--discovery", services.etcd_url, "--nats-url", services.nats_url, "--kv-cache-block-size", "4",
+           "--speedup-ratio", "20", "--endpoint", "mdg.backend.generate", "--prefill-endpoint", "mdg.prefill.generate"]  # fmt: skip
+    prefill = await start_worker(*bus, "--mode", "prefill", "--num-workers", "2", script=MOCKER)
+    assert prefill.ready_line.startswith("READY mdg.prefill.generate")
+    prefill_ids = set(prefill.ready_line.split("instances=")[1].split()[0].split(","))
+    await start_worker(*bus, "--mode", "decode", script=MOCKER)
+    port = free_port()
+    await start_worker(*bus[:4], "--http-port", str(port), "--router-mode", "kv", script=FRONTEND)
+    url = f"http://127.0.0.1:{port}"
+    await bench.wait_for_model(url, "tiny-llama", timeout=30)
+
+    async def send(http: httpx.AsyncClient, prompt: list[int]) -> str:
+        response = await http.post(
+            "/v1/completions", json={"model": "tiny-llama", "prompt": prompt, "max_tokens": 4}
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 4
+        assert response.headers["x-dynamo-path"] == "fast"
+        return response.headers["x-dynamo-prefill-worker"]
+
+    shared = list(range(10, 74))  # 16 blocks
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        seen = set()
+        for i in range(20):  # fresh prompts: the emptier prefill engine, until both are known
+            seen.add(await send(http, list(range(100 + 40 * i, 140 + 40 * i))))
+            if len(seen) == 2:
+                break
+        assert seen == prefill_ids
+        holder = await send(http, [*shared, 1])
+        await asyncio.sleep(0.3)  # its stored event crosses NATS
+        assert [await send(http, [*shared, 5 + i]) for i in range(3)] == [holder] * 3
+        assert holder in prefill_ids

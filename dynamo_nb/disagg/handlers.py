@@ -19,18 +19,30 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._context import Context
 from ..errors import DisaggregationError, RequestError
 
 if TYPE_CHECKING:
     from .._client import Client, ResponseStream
-    from ..engines.hf import HFEngine
 
-__all__ = ["DecodeHandler"]
+__all__ = ["DecodeHandler", "DisaggEngine"]
 
 logger = logging.getLogger("dynamo_nb.disagg")
+
+
+class DisaggEngine(Protocol):
+    """An engine with the decode role (``HFEngine``, ``MockerEngine``): ``generate`` runs a whole
+    request, ``decode`` goes on from a prefill's KV."""
+
+    def generate(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]: ...
+
+    def decode(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]: ...
 
 
 class DecodeHandler:
@@ -42,7 +54,9 @@ class DecodeHandler:
         aggregated_fallbacks: requests it generated whole because no prefill worker could help.
     """
 
-    def __init__(self, engine: HFEngine, prefill: Client | None, *, prefill_timeout: float = 30.0) -> None:
+    def __init__(
+        self, engine: DisaggEngine, prefill: Client | None, *, prefill_timeout: float = 30.0
+    ) -> None:
         self.engine = engine
         self.prefill = prefill
         self.prefill_timeout = prefill_timeout

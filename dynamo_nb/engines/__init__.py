@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._base import stats_handler
 from .echo import EchoEngine
 from .mocker import MockerEngine
 
 if TYPE_CHECKING:
     from .hf import HFEngine
 
-__all__ = ["EchoEngine", "HFEngine", "MockerEngine"]
+__all__ = ["EchoEngine", "HFEngine", "MockerEngine", "stats_handler"]
 
 
 def __getattr__(name: str) -> Any:  # HFEngine imports torch only when asked for

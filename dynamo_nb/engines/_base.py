@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from ..errors import InvalidRequestError
-from ..llm.protocol import PreprocessedRequest
+from ..llm.protocol import PreprocessedRequest, final_item
 
-__all__ = ["final_item", "token_budget"]
+__all__ = ["final_item", "stats_handler", "token_budget"]
 
 
 def token_budget(request: PreprocessedRequest, context_length: int | None) -> int:
@@ -32,16 +33,14 @@ def token_budget(request: PreprocessedRequest, context_length: int | None) -> in
     return room if asked is None else min(asked, room)
 
 
-def final_item(
-    token_ids: list[int], finish_reason: str, prompt_tokens: int, completion_tokens: int
-) -> dict[str, Any]:
-    """The last stream item: its tokens, why the stream ended, and the usage."""
-    return {
-        "token_ids": token_ids,
-        "finish_reason": finish_reason,
-        "completion_usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
+def stats_handler(stats: Callable[[], dict[str, Any]]) -> Callable[..., AsyncIterator[dict[str, Any]]]:
+    """An endpoint handler answering with ``stats()`` (an engine's counters, such as prefix hits).
+
+    Example:
+        >>> await component.endpoint("stats").serve(stats_handler(engine.stats))   # doctest: +SKIP
+    """
+
+    async def handler(request: Any, context: Any = None) -> AsyncIterator[dict[str, Any]]:
+        yield stats()
+
+    return handler

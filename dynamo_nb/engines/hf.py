@@ -21,27 +21,20 @@ import functools
 import itertools
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._context import Context
-from ..disagg import (
-    MAX_ROOM,
-    BootstrapInfo,
-    BootstrapServer,
-    KVLayout,
-    draw_room,
-    fetch_kv,
-    pack_kv,
-    unpack_kv,
-)
-from ..errors import ConfigError, DisaggregationError, DynamoNBError, InvalidRequestError
+from ..disagg import KVLayout, pack_kv, unpack_kv
+from ..disagg.roles import BootstrapRole, fetch_prompt_kv, prefill_stream
+from ..errors import ConfigError, DynamoNBError, InvalidRequestError
 from ..llm.card import check_model_dir
 from ..llm.protocol import PreprocessedRequest, SamplingOptions
 from ._base import final_item, token_budget
+from .prefix_cache import PrefixCache
 
 __all__ = ["HFEngine"]
 
@@ -66,12 +59,28 @@ class _Sequence:
     finish: str | None = None
 
 
-class HFEngine:
-    """Runs a causal LM from a local folder; ``generate`` is its endpoint handler."""
+class HFEngine(BootstrapRole):
+    """Runs a causal LM from a local folder; ``generate`` is its endpoint handler.
 
-    def __init__(self, model: Any, *, device: str, eos_token_ids: list[int], max_num_seqs: int = 64) -> None:
+    Attributes:
+        prefix_cache: the `PrefixCache` of full prompt blocks (None when prefix caching is off).
+        publish: set it to a coroutine function (a `KvEventPublisher`'s ``publish``) to send the
+            prefix cache's KV events, so a KV router follows this engine's cache.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        device: str,
+        eos_token_ids: list[int],
+        max_num_seqs: int = 64,
+        prefix_cache: PrefixCache | None = None,
+    ) -> None:
         """Use `HFEngine.load`."""
         self.model = model
+        self.prefix_cache = prefix_cache
+        self.publish: Callable[[Any], Awaitable[Any]] | None = None
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.context_length: int | None = getattr(model.config, "max_position_embeddings", None)
@@ -84,12 +93,17 @@ class HFEngine:
         self._wake = asyncio.Event()
         self._layout = KVLayout.of(model.config)
         self.steps_total = 0
-        self.bootstrap: BootstrapServer | None = None
-        self.kv_timeout = 30.0  # how long a decode waits for its prefill's KV
 
     @classmethod
     async def load(
-        cls, model_path: str | Path, *, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64
+        cls,
+        model_path: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        max_num_seqs: int = 64,
+        prefix_cache_blocks: int = 1024,
+        block_size: int = 16,
     ) -> HFEngine:
         """Load the model in ``model_path`` off the event loop.
 
@@ -97,18 +111,44 @@ class HFEngine:
             device: ``auto`` (CUDA when present, else CPU), ``cpu`` or ``cuda[:N]``.
             dtype: ``auto`` (float32 on CPU, bfloat16 on CUDA), ``float32``, ``float16`` or ``bfloat16``.
             max_num_seqs: requests running at once; more wait for a slot.
+            prefix_cache_blocks: full prompt blocks whose KV is kept for reuse (0: no prefix cache).
+            block_size: tokens per block (the model card's ``kv_cache_block_size``).
         """
         folder = check_model_dir(model_path)
         if max_num_seqs < 1:
             raise ConfigError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+        if prefix_cache_blocks < 0 or block_size < 1:
+            raise ConfigError(
+                f"prefix_cache_blocks must be 0 or more and block_size at least 1, got "
+                f"{prefix_cache_blocks} and {block_size}"
+            )
         model, device_name, eos = await asyncio.to_thread(_load_model, folder, device, dtype)
         logger.info("loaded %s on %s", folder, device_name)
-        return cls(model, device=device_name, eos_token_ids=eos, max_num_seqs=max_num_seqs)
+        prefix_cache = (
+            PrefixCache(prefix_cache_blocks, block_size, model.config) if prefix_cache_blocks else None
+        )
+        return cls(
+            model, device=device_name, eos_token_ids=eos, max_num_seqs=max_num_seqs, prefix_cache=prefix_cache
+        )
 
     @property
     def active(self) -> int:
         """Sequences running now (a cancelled one leaves at once)."""
         return len(self._active)
+
+    def stats(self) -> dict[str, int]:
+        """Prefix cache hits: ``prefix_hits`` of ``prompt_blocks`` full prompt blocks were reused."""
+        cache = self.prefix_cache
+        return {
+            "prefix_hits": cache.prefix_hits if cache else 0,
+            "prompt_blocks": cache.prompt_blocks if cache else 0,
+            "cached_blocks": cache.cached_blocks if cache else 0,
+            "steps": self.steps_total,
+        }
+
+    def kv_snapshot(self) -> list[Any]:
+        """Events that rebuild the prefix cache's index from empty (for a KV router's re-sync)."""
+        return self.prefix_cache.snapshot() if self.prefix_cache else []
 
     async def generate(
         self, request: dict[str, Any], context: Context | None = None
@@ -132,31 +172,24 @@ class HFEngine:
         fails or is cancelled fails its room, so its decode gets the reason at once.
         Needs `start_bootstrap` first.
         """
-        if self.bootstrap is None:
-            raise ConfigError(
-                "the prefill role needs a bootstrap server: await engine.start_bootstrap() first"
-            )
         parsed = self._parse(request)
-        room = _requested_room(parsed.bootstrap_info)
-        yield {"token_ids": [], "disaggregated_params": {**self.bootstrap.endpoint, "bootstrap_room": room}}
-        try:
+
+        async def run() -> tuple[dict[str, Any], bytes]:
             async with self._admission:
                 seq = self._new_sequence(parsed, 1)
                 try:
                     token, _finish = await self._next_token(seq)
-                    loop = asyncio.get_running_loop()
                     layers = [(layer.keys, layer.values) for layer in seq.cache.layers]
-                    header, payload = await loop.run_in_executor(
+                    return await asyncio.get_running_loop().run_in_executor(
                         self._executor, functools.partial(pack_kv, layers, first_token=token)
                     )
                 finally:
                     self._active.pop(seq.seq_id, None)
                     seq.cache = None
-            self.bootstrap.park(room, header, payload)
-        except BaseException as exc:
-            self.bootstrap.fail(room, f"{type(exc).__name__}: {exc}")
-            raise
-        yield final_item([token], "length", len(parsed.token_ids), 1)
+
+        async with contextlib.aclosing(prefill_stream(self.bootstrap, parsed, run)) as items:
+            async for item in items:
+                yield item
 
     async def decode(
         self, request: dict[str, Any], context: Context | None = None
@@ -167,13 +200,7 @@ class HFEngine:
         (fallback path); streams like `generate`, starting with the prefill's first token.
         """
         parsed = self._parse(request)
-        info = _bootstrap_of(parsed)
-        header, payload = await fetch_kv(info, timeout=self.kv_timeout)
-        if header.get("prompt_tokens") != len(parsed.token_ids):
-            raise DisaggregationError(
-                f"room {info.room} holds the KV of {header.get('prompt_tokens')} prompt tokens, "
-                f"but this request has {len(parsed.token_ids)}: prefill and decode got different prompts"
-            )
+        header, payload = await fetch_prompt_kv(parsed, self.kv_timeout)
         loop = asyncio.get_running_loop()
         cache = await loop.run_in_executor(self._executor, self._import_cache, header, payload)
         async with self._admission:
@@ -187,14 +214,6 @@ class HFEngine:
             async with contextlib.aclosing(self._stream(seq, context)) as items:  # closed with this stream
                 async for item in items:
                     yield item
-
-    async def start_bootstrap(
-        self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0
-    ) -> BootstrapServer:
-        """Start (once) the bootstrap server the prefill role parks KV caches in."""
-        if self.bootstrap is None:
-            self.bootstrap = await BootstrapServer.start(host, port, ttl=ttl)
-        return self.bootstrap
 
     def _parse(self, request: dict[str, Any]) -> PreprocessedRequest:
         parsed = PreprocessedRequest.from_dict(request)
@@ -281,6 +300,18 @@ class HFEngine:
                     seq.queue.put_nowait((token, seq.finish))
                     if seq.finish is not None:
                         self._active.pop(seq.seq_id, None)
+            await self._publish_events()
+
+    async def _publish_events(self) -> None:
+        if self.prefix_cache is None:
+            return
+        events = self.prefix_cache.drain_events()
+        if self.publish is not None:
+            for event in events:
+                try:
+                    await self.publish(event)
+                except Exception:  # a router re-syncs from kv_sync after a gap
+                    logger.warning("could not publish a KV event", exc_info=True)
 
     def _step_all(self, batch: list[_Sequence]) -> list[int]:
         """One step of every sequence in ``batch`` (runs in the engine's thread)."""
@@ -295,23 +326,37 @@ class HFEngine:
 
     def _step(self, seq: _Sequence, torch: Any) -> int:
         if seq.cache is None:
-            from transformers import DynamicCache
-
-            seq.cache = DynamicCache(config=self.model.config)
-            input_ids = torch.tensor([seq.prompt], device=self.device)
+            logits = self._prefill(seq, torch)
         else:
             input_ids = torch.tensor([[seq.last_token]], device=self.device)
-        logits = self.model(input_ids=input_ids, past_key_values=seq.cache, use_cache=True).logits[0, -1]
+            logits = self.model(input_ids=input_ids, past_key_values=seq.cache, use_cache=True).logits[0, -1]
         token = _sample(logits.float(), seq.sampling, seq.generator, torch)
         seq.last_token = token
         seq.generated += 1
         _check_finish(seq, token)
         return token
 
+    def _prefill(self, seq: _Sequence, torch: Any) -> Any:
+        """Run the prompt (after its cached prefix, with a prefix cache); the last position's logits."""
+        from transformers import DynamicCache
+
+        hit = self.prefix_cache.begin(seq.prompt) if self.prefix_cache is not None else None
+        past = hit.past if hit is not None else DynamicCache(config=self.model.config)
+        input_ids = torch.tensor([seq.prompt[hit.reused if hit is not None else 0 :]], device=self.device)
+        try:
+            logits = self.model(input_ids=input_ids, past_key_values=past, use_cache=True).logits[0, -1]
+        except BaseException:
+            if hit is not None:
+                self.prefix_cache.abandon(hit)  # type: ignore[union-attr]
+            raise
+        seq.cache = past
+        if hit is not None:
+            self.prefix_cache.finish(hit, past)  # type: ignore[union-attr]
+        return logits
+
     async def close(self) -> None:
         """Stop the scheduler and the bootstrap server, release the model thread."""
-        if self.bootstrap is not None:
-            await self.bootstrap.stop()
+        await self.stop_bootstrap()
         if self._scheduler is not None:
             self._scheduler.cancel()
             await asyncio.gather(self._scheduler, return_exceptions=True)
@@ -327,35 +372,6 @@ def _check_finish(seq: _Sequence, token: int) -> None:
         seq.finish = "stop"
     elif seq.generated >= seq.budget:
         seq.finish = "length"
-
-
-def _requested_room(bootstrap_info: dict[str, Any] | None) -> int:
-    """The router's room from ``bootstrap_info``, or a fresh one."""
-    room = (bootstrap_info or {}).get("bootstrap_room")
-    if room is None:
-        return draw_room()
-    if not isinstance(room, int) or isinstance(room, bool) or not 0 <= room <= MAX_ROOM:
-        raise DisaggregationError(
-            f"bootstrap_info.bootstrap_room must be an integer in 0..2**63-1, got {room!r}"
-        )
-    return room
-
-
-def _bootstrap_of(parsed: PreprocessedRequest) -> BootstrapInfo:
-    """Where a decode request's KV is: ``bootstrap_info``, else ``prefill_result.disaggregated_params``."""
-    if parsed.bootstrap_info is not None:
-        return BootstrapInfo.parse(parsed.bootstrap_info, "bootstrap_info")
-    if parsed.prefill_result is not None:
-        params = (
-            parsed.prefill_result.get("disaggregated_params")
-            if isinstance(parsed.prefill_result, dict)
-            else None
-        )
-        return BootstrapInfo.parse(params, "prefill_result.disaggregated_params")
-    raise DisaggregationError(
-        "a decode request needs bootstrap_info (fast path) or prefill_result.disaggregated_params "
-        "(fallback path); neither was sent"
-    )
 
 
 def _make_generator(device: str, seed: int | None) -> Any:

@@ -16,6 +16,11 @@ Its KV block manager reuses cached prompt prefixes and emits real KV events (``p
 so the KV router sees what it would see from vLLM. It streams exactly ``max_tokens`` tokens
 (the prompt's ids, cycled), ignoring eos.
 
+Disaggregated roles, like the ``hf`` engine's: `prefill` computes the prompt (one token) and
+parks a tensor-less handoff (``prompt_tokens``, ``first_token``) in its bootstrap server;
+`decode` fetches it, takes KV blocks for the whole prompt as computed (they arrived; the
+transfer itself takes no simulated time) and decodes from the second token on.
+
 Example:
     >>> engine = MockerEngine(block_size=16, speedup_ratio=10.0)            # doctest: +SKIP
     >>> await endpoint.serve(engine.generate)                                # doctest: +SKIP
@@ -31,12 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._context import Context
-from ..errors import InvalidRequestError
-from ..llm.protocol import PreprocessedRequest
-from ._base import final_item
-from .mocker_kv import Allocation, MockKvManager
+from ..disagg.roles import BootstrapRole, fetch_prompt_kv, prefill_stream
+from ..errors import DisaggregationError, InvalidRequestError
+from ..llm.protocol import PreprocessedRequest, final_item
+from .kv_blocks import Allocation, KvBlockManager
 
-__all__ = ["MockerEngine", "decode_ms", "prefill_ms"]
+__all__ = ["MOCK_KV_FORMAT", "MockerEngine", "decode_ms", "prefill_ms"]
+
+MOCK_KV_FORMAT = "dynamo_nb.mock-kv.v1"  # a prefill's handoff: no tensors, the prompt length and first token
 
 
 def prefill_ms(uncached_tokens: int) -> float:
@@ -62,17 +69,18 @@ class _Request:
     computed: int = 0  # prompt tokens whose KV exists (cached prefix, then prefill chunks)
     emitted: int = 0  # tokens handed to the stream
     cancelled: bool = False
+    transferred: bool = False  # a decode: its prompt's KV came from a prefill worker
 
     @property
     def prefilled(self) -> bool:
         return self.computed >= len(self.prompt)
 
 
-class MockerEngine:
+class MockerEngine(BootstrapRole):
     """See the module docstring.
 
     Attributes:
-        kv: the `MockKvManager`.
+        kv: the `KvBlockManager`.
         prefix_hits, prompt_blocks: cached and total prompt blocks of admitted requests.
         steps: engine steps run.
     """
@@ -91,7 +99,7 @@ class MockerEngine:
             raise ValueError(f"speedup_ratio must be positive, got {speedup_ratio}")
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1")
-        self.kv = MockKvManager(num_blocks, block_size)
+        self.kv = KvBlockManager(num_blocks, block_size)
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -110,6 +118,19 @@ class MockerEngine:
         """Requests running or waiting."""
         return len(self._running) + len(self._waiting)
 
+    def stats(self) -> dict[str, int]:
+        """Prefix cache hits: ``prefix_hits`` of ``prompt_blocks`` admitted prompt blocks were cached."""
+        return {
+            "prefix_hits": self.prefix_hits,
+            "prompt_blocks": self.prompt_blocks,
+            "cached_blocks": self.kv.used_blocks,
+            "steps": self.steps,
+        }
+
+    def kv_snapshot(self) -> list[Any]:
+        """Events that rebuild the KV pool's index from empty (for a KV router's re-sync)."""
+        return self.kv.snapshot()
+
     async def generate(
         self, request: dict[str, Any], context: Context | None = None
     ) -> AsyncIterator[dict[str, Any]]:
@@ -120,11 +141,57 @@ class MockerEngine:
             async for item in items:
                 yield item
 
+    async def prefill(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The prefill role: ``disaggregated_params`` first, then the prompt's prefill (through the
+        scheduler, its blocks cached here), its handoff parked for the decode, the first token last.
+        Needs `start_bootstrap` first."""
+        parsed = PreprocessedRequest.from_dict(request)
+
+        async def run() -> tuple[dict[str, Any], bytes]:
+            job = _Request(parsed.token_ids, 1)
+            async with contextlib.aclosing(self._stream(job, context)) as items:
+                tokens = [token async for item in items for token in item["token_ids"]]
+            if not tokens:
+                raise DisaggregationError("the prefill was cancelled before its first token")
+            header = {
+                "format": MOCK_KV_FORMAT,
+                "prompt_tokens": len(parsed.token_ids),
+                "first_token": tokens[0],
+                "payload_bytes": 0,
+            }
+            return header, b""
+
+        async with contextlib.aclosing(prefill_stream(self.bootstrap, parsed, run)) as items:
+            async for item in items:
+                yield item
+
+    async def decode(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The decode role: the prefill's first token, then the rest of ``max_tokens`` from here."""
+        parsed = PreprocessedRequest.from_dict(request)
+        header, _ = await fetch_prompt_kv(parsed, self.kv_timeout)
+        if header.get("format") != MOCK_KV_FORMAT or not isinstance(header.get("first_token"), int):
+            raise DisaggregationError(
+                f"the prefill sent a {header.get('format')!r} handoff; a mocker decode needs a mocker "
+                f"prefill ({MOCK_KV_FORMAT})"
+            )
+        job = _Request(parsed.token_ids, parsed.stop_conditions.max_tokens or 16, emitted=1, transferred=True)
+        if job.max_tokens <= 1:
+            yield final_item([header["first_token"]], "length", len(job.prompt), 1)
+            return
+        yield {"token_ids": [header["first_token"]]}
+        async with contextlib.aclosing(self._stream(job, context)) as items:
+            async for item in items:
+                yield item
+
     async def _stream(self, job: _Request, context: Context | None) -> AsyncIterator[dict[str, Any]]:
         """Queue ``job`` and stream its tokens; leaving early (cancel, close) frees it."""
         self._waiting.append(job)
         self._ensure_loop()
-        received = 0
+        received = job.emitted  # a decode's first token came from its prefill
         try:
             while True:
                 token = await job.queue.get()
@@ -199,8 +266,12 @@ class MockerEngine:
                 break
             self._waiting.popleft()
             job.allocation = self.kv.allocate(job.prompt, job.hashes)
-            job.computed = min(job.allocation.cached_blocks * self.block_size, len(job.prompt))
             self._running.append(job)
+            if job.transferred:  # its KV arrived whole: the blocks are computed, nothing to prefill
+                job.computed = len(job.prompt)
+                self.kv.mark_computed(job.allocation, job.computed)
+                continue
+            job.computed = min(job.allocation.cached_blocks * self.block_size, len(job.prompt))
             self.prefix_hits += job.allocation.cached_blocks
             self.prompt_blocks += len(job.allocation.sequence)
             tokens = min(len(job.prompt) - job.computed, budget)
@@ -231,6 +302,7 @@ class MockerEngine:
                 await self.publish(event)
 
     async def close(self) -> None:
+        await self.stop_bootstrap()
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)

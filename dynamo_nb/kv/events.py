@@ -24,12 +24,12 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..errors import RequestError
+from ..errors import ConfigError, RequestError
 from .indexer import RadixTree
 
 if TYPE_CHECKING:
     from .._client import Client
-    from ..runtime import Component
+    from ..runtime import Component, DistributedRuntime
 
 __all__ = ["KV_EVENTS_TOPIC", "KV_SYNC_ENDPOINT", "KvEventPublisher", "KvIndexer"]
 
@@ -73,6 +73,26 @@ class KvEventPublisher:
 
     async def _sync(self, request: Any, context: Any = None) -> Any:
         yield {"worker_id": self.worker_id, "event_id": self.event_id, "events": self.snapshot()}
+
+    @classmethod
+    async def for_worker(
+        cls, runtime: DistributedRuntime, component: Component, snapshot: Callable[[], list[Any]]
+    ) -> KvEventPublisher | None:
+        """The publisher of ``runtime``'s engine on ``component``, serving ``kv_sync``; None (with a
+        warning) when the runtime's events cannot cross processes (no ``nats_url``).
+
+        Example:
+            >>> publisher = await KvEventPublisher.for_worker(runtime, endpoint.component(), engine.kv_snapshot)  # doctest: +SKIP
+            >>> engine.publish = publisher.publish if publisher else None                                       # doctest: +SKIP
+        """
+        try:
+            await runtime.events()  # NATS, or in-process with memory discovery
+        except ConfigError as exc:
+            logger.warning("no KV events, a KV router needs --no-kv-events: %s", exc)
+            return None
+        publisher = cls(component, runtime.connection_id, snapshot)
+        await publisher.serve_sync()
+        return publisher
 
 
 class KvIndexer:

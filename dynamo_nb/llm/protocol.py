@@ -25,6 +25,7 @@ __all__ = [
     "PreprocessedRequest",
     "SamplingOptions",
     "StopConditions",
+    "final_item",
 ]
 
 FINISH_REASONS = ("stop", "length", "error", "cancelled")
@@ -186,3 +187,18 @@ class LLMEngineOutput:
 
     def to_dict(self) -> dict[str, Any]:
         return _without_none(self)
+
+
+def final_item(
+    token_ids: list[int], finish_reason: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    """The last stream item: its tokens, why the stream ended, and the usage."""
+    return {
+        "token_ids": token_ids,
+        "finish_reason": finish_reason,
+        "completion_usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }

@@ -1,4 +1,6 @@
-"""The mocker's KV block manager: prompt blocks by sequence hash, prefix reuse, LRU eviction, KV events.
+"""A KV block manager: prompt blocks by sequence hash, prefix reuse, LRU eviction, KV events.
+
+The mocker's simulated pool, and the bookkeeping of the ``hf`` engine's prefix cache.
 
 A request's full prompt blocks are looked up by sequence hash: the leading ones already
 computed are reused (their reference count goes up), the rest are allocated — evicting the
@@ -10,7 +12,7 @@ Finished requests release their blocks, which stay cached until evicted; a block
 before it was computed is dropped without an event.
 
 Example:
-    >>> kv = MockKvManager(num_blocks=8, block_size=4)
+    >>> kv = KvBlockManager(num_blocks=8, block_size=4)
     >>> first = kv.allocate(list(range(12)))
     >>> kv.mark_computed(first, 12)
     >>> first.cached_blocks, kv.allocate(list(range(12))).cached_blocks
@@ -22,12 +24,13 @@ Example:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..kv.hashing import block_hashes, sequence_hashes
 
-__all__ = ["Allocation", "MockKvManager"]
+__all__ = ["Allocation", "KvBlockManager"]
 
 
 @dataclass
@@ -41,17 +44,20 @@ class _Block:
 @dataclass
 class Allocation:
     """A request's blocks: the first ``cached_blocks`` were computed already (a prefix hit);
-    `MockKvManager.mark_computed` has covered the first ``computed_blocks``."""
+    `KvBlockManager.mark_computed` has covered the first ``computed_blocks``."""
 
     sequence: list[int] = field(default_factory=list)
     cached_blocks: int = 0
     computed_blocks: int = 0
 
 
-class MockKvManager:
+class KvBlockManager:
     """See the module docstring."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, on_evict: Callable[[int], None] | None = None
+    ) -> None:
+        """``on_evict(sequence_hash)`` is told of every evicted block (to free what it held)."""
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be at least 1")
         self.num_blocks = num_blocks
@@ -59,6 +65,7 @@ class MockKvManager:
         self._blocks: dict[int, _Block] = {}  # sequence hash → block, in creation order
         self._free: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, oldest first
         self._events: list[Any] = []
+        self._on_evict = on_evict
 
     @property
     def used_blocks(self) -> int:
@@ -125,8 +132,12 @@ class MockKvManager:
             self._events.append({"stored": {"parent_hash": parent, "blocks": run}})
 
     def release(self, allocation: Allocation) -> None:
-        """The request ended: its computed blocks stay cached, evictable once nobody references them."""
-        for seq in allocation.sequence:
+        """The request ended: its computed blocks stay cached, evictable once nobody references them.
+
+        They join the eviction order tail first (as vLLM frees them), so a prefix is evicted from
+        its end and never leaves cached blocks behind that no prompt can reach.
+        """
+        for seq in reversed(allocation.sequence):
             block = self._blocks.get(seq)
             if block is not None and block.refs > 0:
                 block.refs -= 1
@@ -141,6 +152,8 @@ class MockKvManager:
             raise RuntimeError("the KV cache is full of blocks in use")
         seq, _ = self._free.popitem(last=False)
         del self._blocks[seq]
+        if self._on_evict is not None:
+            self._on_evict(seq)
         last = self._events[-1] if self._events else None
         if isinstance(last, dict) and "removed" in last:  # consecutive evictions: one event
             last["removed"]["block_hashes"].append(seq)
