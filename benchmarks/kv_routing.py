@@ -5,16 +5,17 @@ Dynamo's timing model at speedup 1, chunked prefill with vLLM's 2048-token step 
 behind its own frontend: one frontend routes round robin, one with ``--router-mode kv`` at the
 default overlap weight (1: balances KV load as much as it follows the cache), one with
 ``--kv-overlap-score-weight 4`` (favours cache hits, for TTFT). The workload is 16 long shared
-system prompts with 16 short user turns each, in a seeded random order, at concurrency 8:
-round robin spreads every system prompt over all four engines, whose pools cannot hold all
-16; the KV router keeps each on an engine that has it cached.
+system prompts (about 5.7 k tokens) with 32 short user turns each, in a seeded random order,
+at concurrency 16 (4 requests per engine): round robin spreads every system prompt over all
+four engines, whose pools cannot hold all 16; the KV router keeps each on an engine that has
+it cached. The first request of each system prompt is a miss in every mode.
 
 Reported per mode: TTFT mean/p50/p99, mean inter-token latency, e2e p50 and the prefix hit
 rate the engines saw (cached prompt blocks / prompt blocks, from their ``stats`` endpoints).
 Then the router's decision time per request with 10 k blocks indexed (hashing a 1024-token
 prompt, find_matches, costs, pick), measured in this process.
 
-    python benchmarks/kv_routing.py [--requests 256] [--out benchmarks/results/kv_routing.json]
+    python benchmarks/kv_routing.py [--requests 512] [--out benchmarks/results/kv_routing.json]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ MODES = {
     "kv": ["--router-mode", "kv"],
     "kv-weight-4": ["--router-mode", "kv", "--kv-overlap-score-weight", "4"],
 }
-GROUPS, SYSTEM_WORDS, USER_WORDS, TOKENS, CONCURRENCY = 16, 2300, 24, 16, 8
+GROUPS, SYSTEM_WORDS, USER_WORDS, TOKENS, CONCURRENCY = 16, 2300, 24, 16, 16
 MOCKER_FLAGS = ["--num-workers", "4", "--num-gpu-blocks", "2400", "--kv-cache-block-size", "16",
                 "--max-num-batched-tokens", "2048", "--context-length", "8192", "--speedup-ratio", "1"]  # fmt: skip
 
@@ -168,4 +169,4 @@ def print_table(report: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    run_benchmark(__doc__, "kv_routing", main, print_table, requests=256, requests_help="requests per mode")
+    run_benchmark(__doc__, "kv_routing", main, print_table, requests=512, requests_help="requests per mode")

@@ -33,13 +33,14 @@ import sys
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.cli import (
+    hf_engine_from_args,
     hf_worker_parser,
     model_path_from_args,
     role_from_args,
     runtime_from_args,
     serve_model_from_args,
 )
-from dynamo_nb.engines import HFEngine, stats_handler
+from dynamo_nb.engines import stats_handler
 from dynamo_nb.kv import KvEventPublisher
 from dynamo_nb.worker import run_program, shutdown_on_signals
 
@@ -56,14 +57,7 @@ async def main(argv: list[str] | None = None) -> int:
     model_path = model_path_from_args(args)  # the built-in tiny model unless --model-path
 
     runtime: DistributedRuntime = await runtime_from_args(args)
-    engine = await HFEngine.load(
-        model_path,
-        device=args.device,
-        dtype=args.dtype,
-        max_num_seqs=args.max_num_seqs,
-        prefix_cache_blocks=0 if args.no_enable_prefix_caching else args.prefix_cache_blocks,
-        block_size=args.kv_cache_block_size,
-    )
+    engine = await hf_engine_from_args(args, model_path)  # with its prefix cache
     # the handler, endpoint and card of this worker's --mode
     role = await role_from_args(runtime, args, engine)
     # the prefix cache's KV events, so a KV router follows this worker's cache

@@ -28,6 +28,7 @@ from .runtime import DistributedRuntime
 
 if TYPE_CHECKING:
     from ._server import EndpointServer, Handler
+    from .engines.hf import HFEngine
     from .kv.router import KvRouterConfig
     from .llm.card import ModelCard
     from .runtime import Endpoint
@@ -44,6 +45,7 @@ __all__ = [
     "add_runtime_args",
     "add_worker_args",
     "frontend_parser",
+    "hf_engine_from_args",
     "hf_worker_parser",
     "kv_config_from_args",
     "mocker_worker_parser",
@@ -461,6 +463,20 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
         )
     if plane == "inproc":
         raise ConfigError("static mode reaches a worker in another process: use --request-plane nats or tcp")
+
+
+async def hf_engine_from_args(args: argparse.Namespace, model_path: Path) -> HFEngine:
+    """The ``hf`` engine the worker flags describe (device, dtype, slots, prefix cache)."""
+    from .engines.hf import HFEngine
+
+    return await HFEngine.load(
+        model_path,
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        prefix_cache_blocks=0 if args.no_enable_prefix_caching else args.prefix_cache_blocks,
+        block_size=args.kv_cache_block_size,
+    )
 
 
 @dataclass

@@ -110,11 +110,7 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
     """Start the engine worker (it prints its READY line); returns the model name."""
     model_path = cli.model_path_from_args(args)
     if args.output == "hf":
-        from .engines import HFEngine
-
-        engine: Any = await HFEngine.load(
-            model_path, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs
-        )
+        engine: Any = await cli.hf_engine_from_args(args, model_path)
         closers.append(engine.close)
     else:
         from .engines import EchoEngine

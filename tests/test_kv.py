@@ -123,6 +123,30 @@ def test_approximate_mode_inserts_routed_blocks_with_a_ttl() -> None:
     assert index.expire(now=200.0) == 2 and index.block_count() == 0
 
 
+def test_a_prefix_routed_again_lives_longer_and_expires_once() -> None:
+    index = RadixTree()
+    shared = block_hashes(list(range(64)), 16)
+    index.insert("w", shared, ttl=10, now=0.0)
+    index.insert("w", shared[:2], ttl=10, now=8.0)  # two of its blocks routed again: until 18
+    assert index.expire(now=10.0) == 2 and index.find_matches(shared).scores == {"w": 2}
+    index.remove("w", [sequence_hashes(shared)[1]])  # an event removed one meanwhile
+    assert index.expire(now=18.0) == 1 and index.block_count() == 0
+    assert index.expire(now=100.0) == 0
+
+
+def test_find_matches_scores_where_each_workers_prefix_ends() -> None:
+    index = RadixTree()
+    hashes = block_hashes(list(range(80)), 16)  # 5 blocks
+    index.insert("a", hashes, ttl=60, now=0.0)
+    index.insert("b", hashes[:3], ttl=60, now=0.0)
+    index.insert("c", hashes[:1], ttl=60, now=0.0)
+    index.insert("d", block_hashes(list(range(100, 132)), 16), ttl=60, now=0.0)
+    matches = index.find_matches(hashes)
+    assert matches.scores == {"a": 5, "b": 3, "c": 1}
+    assert matches.tree_sizes == {"a": 5, "b": 3, "c": 1, "d": 2}
+    assert index.find_matches([*hashes[:2], 12345]).scores == {"a": 2, "b": 2, "c": 1}
+
+
 def busy(blocks: int) -> ActiveLoad:
     """A worker running one request that holds ``blocks`` distinct blocks."""
     load = ActiveLoad()

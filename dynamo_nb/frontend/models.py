@@ -219,6 +219,13 @@ class ModelManager:
             except asyncio.TimeoutError:
                 pass
 
+    async def close(self) -> None:
+        """Stop the KV routers' event subscriptions (the frontend's `stop` calls it)."""
+        routers = [m.kv_router for m in self.models.values()] + [p.kv_router for p in self.prefill.values()]
+        for router in routers:
+            if router is not None:
+                await router.stop()
+
     async def watch(self) -> None:
         """Follow model cards in discovery (memory or etcd)."""
         discovery = self.runtime.discovery

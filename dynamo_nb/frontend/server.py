@@ -169,10 +169,11 @@ class Frontend:
         logger.info("frontend listening on %s", self.url)
 
     async def stop(self) -> None:
-        """Stop the HTTP server (the runtime stays up)."""
+        """Stop the HTTP server and the KV routers (the runtime stays up)."""
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        await self.models.close()
 
     async def __aenter__(self) -> Frontend:
         return self

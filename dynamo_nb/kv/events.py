@@ -185,7 +185,9 @@ class KvIndexer:
         return gone
 
     async def stop(self) -> None:
+        """Stop listening (once; later calls do nothing)."""
         if self._unsubscribe is not None:
             self._unsubscribe()
+            self._unsubscribe = None
         for task in list(self._tasks):
             task.cancel()

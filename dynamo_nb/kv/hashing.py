@@ -25,6 +25,7 @@ __all__ = ["HASH_SEED", "block_hashes", "sequence_hashes"]
 
 HASH_SEED = 1337
 _MASK = (1 << 64) - 1
+_PAIR = struct.Struct("<QQ")
 
 
 def _seed(lora_name: str | None) -> int:
@@ -39,20 +40,23 @@ def block_hashes(tokens: Sequence[int], block_size: int, *, lora_name: str | Non
         raise ValueError(f"block_size must be at least 1, got {block_size}")
     seed = _seed(lora_name)
     full = len(tokens) - len(tokens) % block_size
+    if not full:
+        return []
+    data = memoryview(struct.pack(f"<{full}I", *tokens[:full]))  # every full block's bytes at once
     digest = xxhash.xxh3_64_intdigest
-    pack = struct.Struct(f"<{block_size}I").pack
-    return [
-        digest(pack(*tokens[start : start + block_size]), seed=seed) for start in range(0, full, block_size)
-    ]
+    step = 4 * block_size
+    return [digest(data[start : start + step], seed=seed) for start in range(0, 4 * full, step)]
 
 
 def sequence_hashes(local_hashes: Sequence[int], *, lora_name: str | None = None) -> list[int]:
     """The chained sequence hash of each block: a block's identity together with its prefix."""
+    if not local_hashes:
+        return []
     seed = _seed(lora_name)
-    chained: list[int] = []
-    for local in local_hashes:
-        if not chained:
-            chained.append(local)
-        else:
-            chained.append(xxhash.xxh3_64_intdigest(struct.pack("<QQ", chained[-1], local), seed=seed))
+    digest, pack = xxhash.xxh3_64_intdigest, _PAIR.pack
+    chained = [local_hashes[0]]
+    last = chained[0]
+    for local in local_hashes[1:]:
+        last = digest(pack(last, local), seed=seed)
+        chained.append(last)
     return chained

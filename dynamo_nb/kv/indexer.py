@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import heapq
 import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,10 @@ class RadixTree:
         self._root = _Node(None, None)
         self._blocks: dict[Any, dict[int, _Node]] = {}  # worker → its block id → node
         self._expiry: dict[tuple[Any, int], float] = {}  # approximate mode: (worker, block id) → deadline
+        # the same keys ordered by the deadline they had when pushed (one entry per key; `expire`
+        # re-pushes a key whose deadline moved later, and skips keys that left _expiry)
+        self._deadlines: list[tuple[float, int, Any, int]] = []
+        self._pushed = 0
         self.events_applied = 0
         self.events_dropped = 0
 
@@ -145,40 +150,73 @@ class RadixTree:
         deadline = (time.monotonic() if now is None else now) + ttl
         ids = sequence_hashes(local_hashes) if block_ids is None else block_ids  # equal prefixes, equal ids
         owned = self._blocks.get(worker, {})
-        predicted = [b for b in ids if b not in owned or (worker, b) in self._expiry]
+        expiry = self._expiry
+        held = 0  # the leading blocks the worker holds already need no new nodes
+        while held < len(ids) and ids[held] in owned:
+            if (worker, ids[held]) in expiry:  # predicted before: predicted for longer
+                expiry[(worker, ids[held])] = deadline
+            held += 1
+        if held == len(ids):
+            return
+        predicted = [b for b in ids[held:] if b not in owned or (worker, b) in expiry]
         self.store(
             worker,
-            None,
-            [{"block_hash": b, "tokens_hash": t} for b, t in zip(ids, local_hashes, strict=True)],
+            ids[held - 1] if held else None,
+            [
+                {"block_hash": b, "tokens_hash": t}
+                for b, t in zip(ids[held:], local_hashes[held:], strict=True)
+            ],
         )
         for block_hash in predicted:
-            self._expiry[(worker, block_hash)] = deadline
+            if (worker, block_hash) not in expiry:
+                self._pushed += 1
+                heapq.heappush(self._deadlines, (deadline, self._pushed, worker, block_hash))
+            expiry[(worker, block_hash)] = deadline
 
     def expire(self, now: float | None = None) -> int:
         """Drop the inserted blocks whose time is up; how many went."""
         now = time.monotonic() if now is None else now
-        old = [key for key, deadline in self._expiry.items() if deadline <= now]
-        for worker, block_hash in old:
+        heap, expiry = self._deadlines, self._expiry
+        gone = 0
+        while heap and heap[0][0] <= now:
+            _, _, worker, block_hash = heapq.heappop(heap)
+            deadline = expiry.get((worker, block_hash))
+            if deadline is None:  # confirmed by an event, or removed
+                continue
+            if deadline > now:  # predicted again since: wait for its new deadline
+                self._pushed += 1
+                heapq.heappush(heap, (deadline, self._pushed, worker, block_hash))
+                continue
             self.remove(worker, [block_hash])
-        return len(old)
+            gone += 1
+        return gone
 
     # -- queries
 
     def find_matches(self, local_hashes: Sequence[int]) -> OverlapScores:
         """Each worker's count of consecutive prefix blocks of ``local_hashes`` it holds."""
         result = OverlapScores()
+        scores = result.scores
         node = self._root
         matching: set[Any] | None = None
-        for depth, tokens_hash in enumerate(local_hashes, start=1):
+        depth = 0
+        for tokens_hash in local_hashes:
             child = node.children.get(tokens_hash)
             if child is None:
                 break
-            matching = set(child.workers) if matching is None else matching & child.workers
+            holders = child.workers
+            if matching is None:
+                matching = set(holders)
+            elif not matching <= holders:  # some workers' prefixes end at the previous block
+                for worker in matching - holders:
+                    scores[worker] = depth
+                matching &= holders
             if not matching:
                 break
-            for worker in matching:
-                result.scores[worker] = depth
+            depth += 1
             node = child
+        for worker in matching or ():
+            scores[worker] = depth
         result.tree_sizes = {worker: len(owned) for worker, owned in self._blocks.items() if owned}
         return result
 
