@@ -18,9 +18,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from .._context import Context
 from ..errors import ConfigError, DisaggregationError
 from ..llm.protocol import PreprocessedRequest, final_item
 from .bootstrap import BootstrapServer, fetch_kv
@@ -30,7 +32,10 @@ __all__ = ["BootstrapRole", "bootstrap_of", "fetch_prompt_kv", "prefill_stream",
 
 
 class BootstrapRole:
-    """Mixin of an engine with prefill and decode roles.
+    """Mixin of an engine with prefill and decode roles: it gives the engine `prefill`, the
+    prefill role's handler, from the engine's ``_parse(request)`` and
+    ``_prefill_handoff(parsed, context)`` (prefill the prompt; the KV header, with
+    ``first_token``, and payload to park).
 
     Attributes:
         bootstrap: the prefill role's `BootstrapServer` (`start_bootstrap`), else None.
@@ -39,6 +44,28 @@ class BootstrapRole:
 
     bootstrap: BootstrapServer | None = None
     kv_timeout: float = 30.0
+
+    def _parse(self, request: dict[str, Any]) -> PreprocessedRequest:
+        return PreprocessedRequest.from_dict(request)
+
+    async def _prefill_handoff(
+        self, parsed: PreprocessedRequest, context: Context | None
+    ) -> tuple[dict[str, Any], bytes]:
+        raise NotImplementedError
+
+    async def prefill(
+        self, request: dict[str, Any], context: Context | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The prefill role: ``{"token_ids": [], "disaggregated_params": {bootstrap_host,
+        bootstrap_port, bootstrap_room}}`` first (the room is ``bootstrap_info.bootstrap_room``
+        when the router drew one, else a new one), then the first token as the final item. A
+        prefill that fails or is cancelled fails its room, so its decode gets the reason at
+        once. Needs `start_bootstrap` first."""
+        parsed = self._parse(request)
+        stream = prefill_stream(self.bootstrap, parsed, lambda: self._prefill_handoff(parsed, context))
+        async with contextlib.aclosing(stream) as items:
+            async for item in items:
+                yield item
 
     async def start_bootstrap(
         self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0

@@ -29,7 +29,7 @@ from typing import Any
 
 from .._context import Context
 from ..disagg import KVLayout, pack_kv, unpack_kv
-from ..disagg.roles import BootstrapRole, fetch_prompt_kv, prefill_stream
+from ..disagg.roles import BootstrapRole, fetch_prompt_kv
 from ..errors import ConfigError, DynamoNBError, InvalidRequestError
 from ..llm.card import check_model_dir
 from ..llm.protocol import PreprocessedRequest, SamplingOptions
@@ -161,35 +161,21 @@ class HFEngine(BootstrapRole):
                 async for item in items:
                     yield item
 
-    async def prefill(
-        self, request: dict[str, Any], context: Context | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The prefill role: compute the prompt's KV cache and first token, park them for a decode.
-
-        Yields ``{"token_ids": [], "disaggregated_params": {bootstrap_host, bootstrap_port,
-        bootstrap_room}}`` first (the room is ``bootstrap_info.bootstrap_room`` when the router
-        drew one, else a new one), then the first token as the final item. A prefill that
-        fails or is cancelled fails its room, so its decode gets the reason at once.
-        Needs `start_bootstrap` first.
-        """
-        parsed = self._parse(request)
-
-        async def run() -> tuple[dict[str, Any], bytes]:
-            async with self._admission:
-                seq = self._new_sequence(parsed, 1)
-                try:
-                    token, _finish = await self._next_token(seq)
-                    layers = [(layer.keys, layer.values) for layer in seq.cache.layers]
-                    return await asyncio.get_running_loop().run_in_executor(
-                        self._executor, functools.partial(pack_kv, layers, first_token=token)
-                    )
-                finally:
-                    self._active.pop(seq.seq_id, None)
-                    seq.cache = None
-
-        async with contextlib.aclosing(prefill_stream(self.bootstrap, parsed, run)) as items:
-            async for item in items:
-                yield item
+    async def _prefill_handoff(
+        self, parsed: PreprocessedRequest, context: Context | None
+    ) -> tuple[dict[str, Any], bytes]:
+        """The prefill role's work (see `BootstrapRole.prefill`): the prompt's KV and first token, packed."""
+        async with self._admission:
+            seq = self._new_sequence(parsed, 1)
+            try:
+                token, _finish = await self._next_token(seq)
+                layers = [(layer.keys, layer.values) for layer in seq.cache.layers]
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._executor, functools.partial(pack_kv, layers, first_token=token)
+                )
+            finally:
+                self._active.pop(seq.seq_id, None)
+                seq.cache = None
 
     async def decode(
         self, request: dict[str, Any], context: Context | None = None

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._context import Context
-from ..disagg.roles import BootstrapRole, fetch_prompt_kv, prefill_stream
+from ..disagg.roles import BootstrapRole, fetch_prompt_kv
 from ..errors import DisaggregationError, InvalidRequestError
 from ..llm.protocol import PreprocessedRequest, final_item
 from .kv_blocks import Allocation, KvBlockManager
@@ -141,31 +141,23 @@ class MockerEngine(BootstrapRole):
             async for item in items:
                 yield item
 
-    async def prefill(
-        self, request: dict[str, Any], context: Context | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The prefill role: ``disaggregated_params`` first, then the prompt's prefill (through the
-        scheduler, its blocks cached here), its handoff parked for the decode, the first token last.
-        Needs `start_bootstrap` first."""
-        parsed = PreprocessedRequest.from_dict(request)
-
-        async def run() -> tuple[dict[str, Any], bytes]:
-            job = _Request(parsed.token_ids, 1)
-            async with contextlib.aclosing(self._stream(job, context)) as items:
-                tokens = [token async for item in items for token in item["token_ids"]]
-            if not tokens:
-                raise DisaggregationError("the prefill was cancelled before its first token")
-            header = {
-                "format": MOCK_KV_FORMAT,
-                "prompt_tokens": len(parsed.token_ids),
-                "first_token": tokens[0],
-                "payload_bytes": 0,
-            }
-            return header, b""
-
-        async with contextlib.aclosing(prefill_stream(self.bootstrap, parsed, run)) as items:
-            async for item in items:
-                yield item
+    async def _prefill_handoff(
+        self, parsed: PreprocessedRequest, context: Context | None
+    ) -> tuple[dict[str, Any], bytes]:
+        """The prefill role's work (see `BootstrapRole.prefill`): the prompt through the scheduler
+        (its blocks cached here), then a tensor-less handoff."""
+        job = _Request(parsed.token_ids, 1)
+        async with contextlib.aclosing(self._stream(job, context)) as items:
+            tokens = [token async for item in items for token in item["token_ids"]]
+        if not tokens:
+            raise DisaggregationError("the prefill was cancelled before its first token")
+        header = {
+            "format": MOCK_KV_FORMAT,
+            "prompt_tokens": len(parsed.token_ids),
+            "first_token": tokens[0],
+            "payload_bytes": 0,
+        }
+        return header, b""
 
     async def decode(
         self, request: dict[str, Any], context: Context | None = None
