@@ -34,6 +34,7 @@ from ..errors import ConfigError, DynamoNBError, InvalidRequestError
 from ..llm.card import check_model_dir
 from ..llm.protocol import PreprocessedRequest, SamplingOptions
 from ._base import final_item, token_budget
+from .kv_blocks import publish_kv_events
 from .prefix_cache import PrefixCache
 
 __all__ = ["HFEngine"]
@@ -289,15 +290,8 @@ class HFEngine(BootstrapRole):
             await self._publish_events()
 
     async def _publish_events(self) -> None:
-        if self.prefix_cache is None:
-            return
-        events = self.prefix_cache.drain_events()
-        if self.publish is not None:
-            for event in events:
-                try:
-                    await self.publish(event)
-                except Exception:  # a router re-syncs from kv_sync after a gap
-                    logger.warning("could not publish a KV event", exc_info=True)
+        if self.prefix_cache is not None:
+            await publish_kv_events(self.publish, self.prefix_cache.drain_events())
 
     def _step_all(self, batch: list[_Sequence]) -> list[int]:
         """One step of every sequence in ``batch`` (runs in the engine's thread)."""

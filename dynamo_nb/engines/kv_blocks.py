@@ -23,14 +23,29 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..kv.hashing import block_hashes, sequence_hashes
 
-__all__ = ["Allocation", "KvBlockManager"]
+__all__ = ["Allocation", "KvBlockManager", "publish_kv_events"]
+
+logger = logging.getLogger("dynamo_nb.engines")
+
+
+async def publish_kv_events(publish: Callable[[Any], Awaitable[Any]] | None, events: list[Any]) -> None:
+    """Send an engine's drained KV events; a failed send is logged, not raised (the event id it
+    took makes a gap, and the router re-syncs from ``kv_sync``), so the engine's loop goes on."""
+    if publish is None:
+        return
+    for event in events:
+        try:
+            await publish(event)
+        except Exception:
+            logger.warning("could not publish a KV event; routers will re-sync", exc_info=True)
 
 
 @dataclass

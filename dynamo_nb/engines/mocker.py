@@ -39,7 +39,7 @@ from .._context import Context
 from ..disagg.roles import BootstrapRole, fetch_prompt_kv
 from ..errors import DisaggregationError, InvalidRequestError
 from ..llm.protocol import PreprocessedRequest, final_item
-from .kv_blocks import Allocation, KvBlockManager
+from .kv_blocks import Allocation, KvBlockManager, publish_kv_events
 
 __all__ = ["MOCK_KV_FORMAT", "MockerEngine", "decode_ms", "prefill_ms"]
 
@@ -135,7 +135,7 @@ class MockerEngine(BootstrapRole):
         self, request: dict[str, Any], context: Context | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """The engine's handler: exactly ``max_tokens`` tokens (default 16), the last with usage."""
-        parsed = PreprocessedRequest.from_dict(request)
+        parsed = self._parse(request)
         job = _Request(parsed.token_ids, parsed.stop_conditions.max_tokens or 16)
         async with contextlib.aclosing(self._stream(job, context)) as items:
             async for item in items:
@@ -163,7 +163,7 @@ class MockerEngine(BootstrapRole):
         self, request: dict[str, Any], context: Context | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """The decode role: the prefill's first token, then the rest of ``max_tokens`` from here."""
-        parsed = PreprocessedRequest.from_dict(request)
+        parsed = self._parse(request)
         header, _ = await fetch_prompt_kv(parsed, self.kv_timeout)
         if header.get("format") != MOCK_KV_FORMAT or not isinstance(header.get("first_token"), int):
             raise DisaggregationError(
@@ -288,10 +288,7 @@ class MockerEngine(BootstrapRole):
         self._running = still
 
     async def _publish_events(self) -> None:
-        events = self.kv.drain_events()
-        if self.publish is not None:
-            for event in events:
-                await self.publish(event)
+        await publish_kv_events(self.publish, self.kv.drain_events())
 
     async def close(self) -> None:
         await self.stop_bootstrap()

@@ -57,6 +57,7 @@ class PrefixCache:
 
     def begin(self, prompt: list[int]) -> PrefixHit:
         """The longest cached prefix of ``prompt`` as a DynamicCache; its blocks are held until `finish`."""
+        import torch
         from transformers import DynamicCache
 
         with self._lock:
@@ -72,8 +73,6 @@ class PrefixCache:
                 return PrefixHit(prompt, 0, DynamicCache(config=self.model_config), allocation)
             blocks = [self._tensors[seq] for seq in hashes[1][: -(-reused // self.block_size)]]
         layers = []
-        import torch
-
         for layer in range(len(blocks[0])):
             keys = torch.cat([block[layer][0] for block in blocks], dim=2)[:, :, :reused]
             values = torch.cat([block[layer][1] for block in blocks], dim=2)[:, :, :reused]
