@@ -29,7 +29,7 @@ from typing import Any
 from _harness import run_benchmark
 
 from dynamo_nb import DistributedRuntime, LocalServices, bench, launch, launched
-from dynamo_nb.kv import KvRouter, KvRouterConfig
+from dynamo_nb.router.kv import KvRouter, KvRouterConfig
 
 # label → the frontend's routing flags
 MODES = {
@@ -95,7 +95,7 @@ async def decision_time(runtime: DistributedRuntime, mode: str, samples: int = 2
     started = time.perf_counter()
     for n in range(samples):
         router.choose(prompt, f"r{n}")
-        router.finished(router.choose(prompt, f"s{n}").worker, f"s{n}")
+        router.finished(router.choose(prompt, f"s{n}"))
     elapsed = (time.perf_counter() - started) / (2 * samples)
     return {"blocks_indexed": router.tree.block_count(), "prompt_tokens": 1024, "decision_us": elapsed * 1e6}
 

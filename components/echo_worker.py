@@ -14,29 +14,25 @@ Items:   ``{"word": "a", "index": 0}`` ...; a stopped request ends with ``{"stop
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import logging
 import os
 import sys
 from typing import Any
 
 from dynamo_nb import Context, DistributedRuntime, EndpointPath
-from dynamo_nb.cli import add_endpoint_arg, add_runtime_args, runtime_from_args
-from dynamo_nb.worker import shutdown_on_signals
+from dynamo_nb.flags import echo_worker_parser
+from dynamo_nb.runtime import (
+    announce_ready,
+    configure_logging,
+    run_program,
+    runtime_from_args,
+    shutdown_on_signals,
+)
 
-DEFAULT_ENDPOINT = "dynamo.echo.generate"
 
-
-def build_parser() -> argparse.ArgumentParser:
+def build_parser():
     """The flags of this component (importable, e.g. by a graph launcher)."""
-    parser = argparse.ArgumentParser(
-        prog="echo_worker", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_runtime_args(parser)
-    add_endpoint_arg(parser, DEFAULT_ENDPOINT)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
-    return parser
+    return echo_worker_parser(prog="echo_worker", description=__doc__)
 
 
 async def echo(request: dict[str, Any], context: Context) -> Any:
@@ -60,9 +56,7 @@ async def echo(request: dict[str, Any], context: Context) -> Any:
 
 async def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     path = EndpointPath.parse(args.endpoint)
 
     runtime: DistributedRuntime = await runtime_from_args(args)
@@ -82,7 +76,7 @@ async def main(argv: list[str] | None = None) -> int:
         }
 
     await stats.serve(report)
-    print(f"READY {generate.path} instance={server.instance_id:x} address={server.address}", flush=True)
+    announce_ready(str(generate.path), instance=f"{server.instance_id:x}", address=server.address)
 
     shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown()
     await runtime.wait_closed()
@@ -90,4 +84,4 @@ async def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(run_program(main))

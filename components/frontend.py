@@ -9,45 +9,39 @@ publishes; in static mode it is told the one model and the worker endpoint inste
     python components/frontend.py --static-endpoint dynamo.backend.generate --model-name tiny-llama \\
         --model-path DIR --nats-url nats://127.0.0.1:4222
 
-It prints ``READY http://HOST:PORT`` once it listens.
+It prints ``READY frontend url=http://HOST:PORT`` once it listens.
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from dynamo_nb import DistributedRuntime
-from dynamo_nb.cli import frontend_parser, kv_config_from_args, runtime_from_args, validate_frontend_args
-from dynamo_nb.frontend import Frontend
-from dynamo_nb.llm import card_from_folder
-from dynamo_nb.worker import run_program, shutdown_on_signals
+from dynamo_nb.flags import frontend_parser
+from dynamo_nb.frontend.options import start_frontend, validate_frontend_args
+from dynamo_nb.runtime import (
+    announce_ready,
+    configure_logging,
+    run_program,
+    runtime_from_args,
+    shutdown_on_signals,
+)
 
 
 def build_parser():
+    """The flags of this component (importable, e.g. by a graph launcher)."""
     return frontend_parser(prog="frontend", description=__doc__)
 
 
 async def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     validate_frontend_args(args)  # bad flag combinations fail here, naming the flag to change
 
     runtime: DistributedRuntime = await runtime_from_args(args)  # static discovery with --static-endpoint
-    frontend = await Frontend.start(
-        runtime,
-        host=args.http_host,
-        port=args.http_port,
-        router_mode=args.router_mode,
-        enforce_disagg=args.enforce_disagg,
-        kv_config=kv_config_from_args(args),
-    )
-    if args.static_endpoint:  # static mode: build the model card here; no etcd, no registration
-        card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)
-        await frontend.add_model(card, address=args.static_address)
-    print(f"READY {frontend.url}", flush=True)
+    # HTTP, router mode, KV router settings; with --static-endpoint the model is given here
+    frontend = await start_frontend(runtime, args)
+    announce_ready("frontend", url=frontend.url)
 
     shutdown_on_signals(runtime)
     await runtime.wait_closed()

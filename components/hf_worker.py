@@ -32,56 +32,39 @@ import logging
 import sys
 
 from dynamo_nb import DistributedRuntime
-from dynamo_nb.cli import (
-    hf_engine_from_args,
-    hf_worker_parser,
-    model_path_from_args,
-    role_from_args,
-    runtime_from_args,
-    serve_model_from_args,
-)
-from dynamo_nb.engines import stats_handler
-from dynamo_nb.kv import KvEventPublisher
-from dynamo_nb.worker import run_program, shutdown_on_signals
+from dynamo_nb.engines.hf import HFEngine
+from dynamo_nb.engines.worker import serve_engine
+from dynamo_nb.flags import hf_worker_parser
+from dynamo_nb.llm import model_from_args
+from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args, shutdown_on_signals
 
 
 def build_parser():
+    """The flags of this component (importable, e.g. by a graph launcher)."""
     return hf_worker_parser(prog="hf_worker", description=__doc__)
 
 
 async def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    model_path = model_path_from_args(args)  # the built-in tiny model unless --model-path
+    configure_logging(args.log_level)
+    model_path, model_name = model_from_args(args)  # the built-in tiny model unless --model-path
 
     runtime: DistributedRuntime = await runtime_from_args(args)
-    engine = await hf_engine_from_args(args, model_path)  # with its prefix cache
-    # the handler, endpoint and card of this worker's --mode
-    role = await role_from_args(runtime, args, engine)
-    # the prefix cache's KV events, so a KV router follows this worker's cache
-    publisher = await KvEventPublisher.for_worker(
-        runtime, runtime.endpoint(role.endpoint_path).component(), engine.kv_snapshot
-    )
-    engine.publish = publisher.publish if publisher is not None else None
-    # serve the handler, then publish the model card (not with --static: the frontend is told
-    # the model); prints the READY line
-    endpoint, server, card = await serve_model_from_args(
+    # the engine (with its prefix cache, whose KV events go out so a KV router follows it) served
+    # in its --mode role; the model card is published (not with --static: the frontend is told)
+    worker = await serve_engine(
         runtime,
         args,
-        role.handler,
         model_path,
-        endpoint_path=role.endpoint_path,
-        kind=role.kind,
-        runtime_config=role.runtime_config,
+        model_name,
+        lambda kv_events: HFEngine.from_args(args, model_path, kv_events=kv_events),
     )
-    await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))  # prefix hits
-    logging.getLogger("hf_worker").info("%s serves %s with %s; card %s", server, endpoint, engine, card)
+    logging.getLogger("hf_worker").info("%s serves %s with %s", worker.server, worker.endpoint, worker.engine)
+    worker.announce()  # READY <endpoint> instance=<id> address=<address> model=<name>
 
     shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown()
     await runtime.wait_closed()
-    await engine.close()
+    await worker.engine.close()
     return 0
 
 

@@ -17,78 +17,57 @@ bootstrap server; a decode engine fetches it and decodes.
     python components/mocker_worker.py --mode prefill --discovery etcd://… --nats-url nats://… --num-workers 2
     python components/mocker_worker.py --mode decode --discovery etcd://… --nats-url nats://… --num-workers 2
 
-It prints ``READY <endpoint> instances=<id>,<id>… model=<name>`` once every engine serves.
+It prints ``READY <endpoint> instance=<id>,<id>… model=<name>`` once every engine serves.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import sys
 
-from dynamo_nb import ConfigError, DistributedRuntime
-from dynamo_nb.cli import (
-    mocker_worker_parser,
-    model_name_from_args,
-    model_path_from_args,
-    role_from_args,
+from dynamo_nb import ConfigError
+from dynamo_nb.engines import MockerEngine
+from dynamo_nb.engines.worker import EngineWorker, serve_engine
+from dynamo_nb.flags import mocker_worker_parser
+from dynamo_nb.llm import model_from_args
+from dynamo_nb.runtime import (
+    DistributedRuntime,
+    announce_ready,
+    configure_logging,
+    run_program,
     runtime_from_args,
+    shutdown_on_signals,
 )
-from dynamo_nb.engines import MockerEngine, stats_handler
-from dynamo_nb.kv import KvEventPublisher
-from dynamo_nb.llm import serve_llm
-from dynamo_nb.worker import run_program, shutdown_on_signals
 
 
 def build_parser():
+    """The flags of this component (importable, e.g. by a graph launcher)."""
     return mocker_worker_parser(prog="mocker_worker", description=__doc__)
 
 
-async def start_engine(args, model_path) -> tuple[DistributedRuntime, MockerEngine]:
-    """One engine: its runtime, its --mode role, KV event publisher, endpoint and model card."""
+async def start_engine(args, model_path, model_name) -> tuple[DistributedRuntime, EngineWorker]:
+    """One engine: its own runtime (its own instance), served in its --mode role with its KV events."""
     runtime = await runtime_from_args(args)
-    engine = MockerEngine(
-        block_size=args.kv_cache_block_size,
-        num_blocks=args.num_gpu_blocks,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        speedup_ratio=args.speedup_ratio,
+    worker = await serve_engine(
+        runtime, args, model_path, model_name, lambda kv_events: MockerEngine.from_args(args, kv_events=kv_events)
     )
-    role = await role_from_args(runtime, args, engine)
-    endpoint = runtime.endpoint(role.endpoint_path)
-    publisher = await KvEventPublisher.for_worker(runtime, endpoint.component(), engine.kv_snapshot)
-    engine.publish = publisher.publish if publisher is not None else None
-    await serve_llm(
-        endpoint,
-        role.handler,
-        model_path,
-        model_name=model_name_from_args(args, model_path),
-        kind=role.kind,
-        kv_cache_block_size=args.kv_cache_block_size,
-        context_length=args.context_length,
-        runtime_config=role.runtime_config,
-    )
-    await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))  # prefix hits
-    return runtime, engine
+    return runtime, worker
 
 
 async def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     if args.num_workers < 1:
         raise ConfigError(f"--num-workers must be at least 1, got {args.num_workers}")
-    model_path = model_path_from_args(args)
-    started = [await start_engine(args, model_path) for _ in range(args.num_workers)]
-    ids = ",".join(f"{runtime.connection_id:x}" for runtime, _ in started)
-    served = args.prefill_endpoint if args.mode == "prefill" else args.endpoint
-    print(f"READY {served} instances={ids} model={model_name_from_args(args, model_path)}", flush=True)
+    model_path, model_name = model_from_args(args)  # its tokenizer: the built-in tiny model unless --model-path
+    started = [await start_engine(args, model_path, model_name) for _ in range(args.num_workers)]
+    ids = ",".join(f"{worker.server.instance_id:x}" for _, worker in started)
+    announce_ready(str(started[0][1].endpoint.path), instance=ids, model=model_name)
 
     shutdown_on_signals(*(runtime for runtime, _ in started))  # SIGTERM / Ctrl-C → every engine's runtime
     await asyncio.gather(*(runtime.wait_closed() for runtime, _ in started))
-    for _, engine in started:
-        await engine.close()
+    for _, worker in started:
+        await worker.engine.close()
     return 0
 
 

@@ -18,31 +18,34 @@ Example:
 from __future__ import annotations
 
 from . import errors
-from ._client import Client, ResponseStream
-from ._context import Context
-from ._instance import Instance
-from ._names import EndpointPath
-from ._server import EndpointServer
 from .errors import (
     ConfigError,
     DisaggregationError,
     DynamoNBError,
+    EngineError,
     InstanceDownError,
     InstanceNotFoundError,
     InvalidHandlerError,
     InvalidNameError,
+    InvalidRequestError,
     LaunchError,
+    ModelNotFoundError,
     NoInstancesError,
     RemoteHandlerError,
     RequestError,
     RuntimeClosedError,
     ServiceError,
 )
-from .launch import ManagedProcess, launch, launched
+from .launch.launcher import ManagedProcess, launch, launched
+from .launch.services import LocalServices
 from .notebook import in_notebook
-from .runtime import Component, DistributedRuntime, Endpoint, Namespace
-from .services import LocalServices
-from .worker import dynamo_worker
+from .runtime.client import Client, ResponseStream
+from .runtime.context import Context
+from .runtime.distributed import Component, DistributedRuntime, Endpoint, Namespace
+from .runtime.instance import Instance
+from .runtime.names import EndpointPath
+from .runtime.server import EndpointServer
+from .runtime.worker import dynamo_worker
 
 __version__ = "0.1.0"
 
@@ -57,14 +60,17 @@ __all__ = [
     "Endpoint",
     "EndpointPath",
     "EndpointServer",
+    "EngineError",
     "Instance",
     "InstanceDownError",
     "InstanceNotFoundError",
     "InvalidHandlerError",
     "InvalidNameError",
+    "InvalidRequestError",
     "LaunchError",
     "LocalServices",
     "ManagedProcess",
+    "ModelNotFoundError",
     "Namespace",
     "NoInstancesError",
     "RemoteHandlerError",

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:
         from .run import run
-        from .worker import run_program
+        from .runtime.worker import run_program
 
         return run_program(lambda: run(argv[1:]))
     if argv[:1] == ["demo-worker"]:  # its own flags: the runtime flags every component takes

@@ -9,19 +9,18 @@ all of them held.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import sys
 import time
 from typing import Any
 
-from ._context import Context
-from .cli import add_endpoint_arg, add_runtime_args, runtime_from_args
 from .errors import RemoteHandlerError
-from .runtime import DistributedRuntime
-from .services import LocalServices
-from .worker import shutdown_on_signals
+from .flags import add_endpoint_arg, component_parser
+from .launch.services import LocalServices
+from .runtime.context import Context
+from .runtime.distributed import DistributedRuntime
+from .runtime.worker import configure_logging, runtime_from_args, shutdown_on_signals
 
 __all__ = ["generate", "run_demo", "serve_worker"]
 
@@ -117,10 +116,11 @@ async def run_demo(in_process_only: bool = False) -> int:
 
 async def serve_worker(argv: list[str]) -> int:
     """``python -m dynamo_nb demo-worker <runtime flags>``: serve `generate` until SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m dynamo_nb demo-worker", description=serve_worker.__doc__)
-    add_runtime_args(parser)
-    add_endpoint_arg(parser, ENDPOINT)
+    parser = component_parser(
+        "python -m dynamo_nb demo-worker", serve_worker.__doc__, lambda p: add_endpoint_arg(p, ENDPOINT)
+    )
     args = parser.parse_args(argv)
+    configure_logging(args.log_level)
     _quiet_expected_errors()
     runtime = await runtime_from_args(args)
     shutdown_on_signals(runtime)

@@ -2,61 +2,92 @@
 
 Every error the library raises on purpose derives from `DynamoNBError`; each also derives
 from the built-in it behaves like, so ``except ValueError`` or ``except TimeoutError`` keeps
-working::
+working. Each class carries the HTTP answer it becomes at the frontend (``http_status``,
+OpenAI's error ``openai_type`` and ``code``), so the status never depends on a class name::
 
-    DynamoNBError
-    ├── ConfigError (ValueError)             a setting, flag or URL that cannot work
-    │   └── InvalidNameError                 a namespace/component/endpoint name
-    ├── InvalidHandlerError (TypeError)      a handler that is not an async generator
-    ├── ProcessStartError                    a child process exited or was not ready in time
-    │   ├── ServiceStartError                (also a ServiceError) a local etcd / nats-server
-    │   └── LaunchError                      a component started with `dynamo_nb.launch`
-    ├── ServiceError                         etcd / NATS: missing, failed to start, unreachable
+    DynamoNBError                                      500 server_error
+    ├── ConfigError (ValueError)                       a setting, flag or URL that cannot work
+    │   └── InvalidNameError                           a namespace/component/endpoint name
+    ├── InvalidHandlerError (TypeError)                a handler that is not an async generator
+    ├── ProtocolError (ValueError)                     a message that breaks the protocol
+    │   └── FrameTooLargeError                         a wire frame over the size limit
+    ├── ProcessError                                   a child process
+    │   ├── ProcessStartError                          it exited or was not ready in time
+    │   │   ├── ServiceStartError                      (also a ServiceError) a local etcd / nats-server
+    │   │   └── LaunchError                            a component started with `dynamo_nb.launch`
+    │   └── ProcessTimeoutError (TimeoutError)         it still ran when a wait ended
+    ├── ServiceError                                   etcd / NATS: missing, failed to start, unreachable
     │   ├── BinaryNotFoundError
     │   ├── ServiceStartError
-    │   └── ServiceUnavailableError (ConnectionError)
-    ├── RequestError                         a request that did not complete
-    │   ├── InvalidRequestError (ValueError) a request whose fields cannot be served (HTTP 400)
-    │   ├── NoInstancesError (TimeoutError)  nobody serves the endpoint (within the timeout)
-    │   │   └── InstanceNotFoundError        `direct()` to an id that is not serving
-    │   ├── InstanceDownError (ConnectionError)
-    │   │                                    refused, cut mid-stream, or silent past the heartbeat timeout
-    │   ├── RemoteHandlerError               the handler raised; its type and message came back
-    │   └── DisaggregationError              a prefill → decode handoff failed (bad params, KV fetch)
-    └── RuntimeClosedError                   the runtime was shut down
+    │   └── ServiceUnavailableError (ConnectionError)  503
+    ├── RequestError                                   a request that did not complete
+    │   ├── InvalidRequestError (ValueError)           400 invalid_request_error
+    │   │   └── ModelNotFoundError (LookupError)       404 not_found_error, code model_not_found
+    │   ├── NoInstancesError (TimeoutError)            503 nobody serves it (within the timeout)
+    │   │   └── InstanceNotFoundError                  `direct()` to an id that is not serving
+    │   ├── InstanceDownError (ConnectionError)        503 refused, cut mid-stream, or silent
+    │   ├── NotReadyError                              503 a worker whose registration is not done
+    │   ├── RemoteHandlerError                         the handler raised: the remote error's status
+    │   ├── DisaggregationError                        503 a prefill → decode handoff failed
+    │   └── EngineError                                500 an engine failed
+    └── RuntimeClosedError                             503 the runtime was shut down
 
 Example:
-    >>> from dynamo_nb.errors import NoInstancesError
-    >>> issubclass(NoInstancesError, TimeoutError)
-    True
+    >>> from dynamo_nb.errors import ModelNotFoundError, NoInstancesError
+    >>> issubclass(NoInstancesError, TimeoutError), NoInstancesError.http_status
+    (True, 503)
+    >>> ModelNotFoundError("model 'x' not found").http_status, ModelNotFoundError.code
+    (404, 'model_not_found')
 """
 
 from __future__ import annotations
+
+from typing import Any, ClassVar
 
 __all__ = [
     "BinaryNotFoundError",
     "ConfigError",
     "DisaggregationError",
     "DynamoNBError",
+    "EngineError",
+    "FrameTooLargeError",
     "InstanceDownError",
     "InstanceNotFoundError",
     "InvalidHandlerError",
     "InvalidNameError",
     "InvalidRequestError",
     "LaunchError",
+    "ModelNotFoundError",
     "NoInstancesError",
+    "NotReadyError",
+    "ProcessError",
     "ProcessStartError",
+    "ProcessTimeoutError",
+    "ProtocolError",
     "RemoteHandlerError",
     "RequestError",
     "RuntimeClosedError",
     "ServiceError",
     "ServiceStartError",
     "ServiceUnavailableError",
+    "error_details",
 ]
 
 
 class DynamoNBError(Exception):
-    """Base class of every error dynamo_nb raises on purpose."""
+    """Base class of every error dynamo_nb raises on purpose.
+
+    Attributes:
+        http_status: the HTTP status the frontend answers with when this error ends a request.
+        openai_type: the ``type`` of the OpenAI error envelope.
+        code: the envelope's ``code`` (None: the status is used).
+        param: the request field at fault, when one is (OpenAI's ``param``).
+    """
+
+    http_status: ClassVar[int] = 500
+    openai_type: ClassVar[str] = "server_error"
+    code: ClassVar[str | None] = None
+    param: str | None = None
 
 
 class ConfigError(DynamoNBError, ValueError):
@@ -71,15 +102,20 @@ class InvalidHandlerError(DynamoNBError, TypeError):
     """A handler that is not an async generator ``handler(request[, context])``."""
 
 
-class ServiceError(DynamoNBError):
-    """etcd or NATS could not be found, started or reached."""
+class ProtocolError(DynamoNBError, ValueError):
+    """A message from another process that is not what the protocol says (a frame, an instance
+    record, a model card, a KV event); the message says what was wrong."""
 
 
-class BinaryNotFoundError(ServiceError):
-    """The etcd or nats-server executable is not installed."""
+class FrameTooLargeError(ProtocolError):
+    """A wire frame over `dynamo_nb.runtime.planes.wire.MAX_FRAME_BYTES`."""
 
 
-class ProcessStartError(DynamoNBError):
+class ProcessError(DynamoNBError):
+    """A child process (a component, etcd, nats-server) did not do what was expected."""
+
+
+class ProcessStartError(ProcessError):
     """A child process exited or did not become ready in time.
 
     Attributes:
@@ -93,6 +129,18 @@ class ProcessStartError(DynamoNBError):
         self.returncode = returncode
 
 
+class ProcessTimeoutError(ProcessError, TimeoutError):
+    """A child process still ran when a wait for its exit ended."""
+
+
+class ServiceError(DynamoNBError):
+    """etcd or NATS could not be found, started or reached."""
+
+
+class BinaryNotFoundError(ServiceError):
+    """The etcd or nats-server executable is not installed."""
+
+
 class ServiceStartError(ServiceError, ProcessStartError):
     """A local etcd or nats-server exited or did not answer in time."""
 
@@ -103,6 +151,9 @@ class LaunchError(ProcessStartError):
 
 class ServiceUnavailableError(ServiceError, ConnectionError):
     """etcd or NATS did not answer at the configured address."""
+
+    http_status = 503
+    openai_type = "service_unavailable_error"
 
 
 class RequestError(DynamoNBError):
@@ -126,13 +177,27 @@ class InvalidRequestError(RequestError, ValueError):
         param: the offending field, e.g. ``"temperature"`` (OpenAI's ``param``), or None.
     """
 
+    http_status = 400
+    openai_type = "invalid_request_error"
+
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
 
 
+class ModelNotFoundError(InvalidRequestError, LookupError):
+    """A request named a model that no worker has ever registered here."""
+
+    http_status = 404
+    openai_type = "not_found_error"
+    code = "model_not_found"
+
+
 class NoInstancesError(RequestError, TimeoutError):
     """Nobody serves the endpoint, or nobody started serving it within the timeout."""
+
+    http_status = 503
+    openai_type = "service_unavailable_error"
 
 
 class InstanceNotFoundError(NoInstancesError):
@@ -145,9 +210,23 @@ class InstanceDownError(RequestError, ConnectionError):
     The client marks the instance down at once, so the next request goes elsewhere.
     """
 
+    http_status = 503
+    openai_type = "service_unavailable_error"
+
+
+class NotReadyError(RequestError):
+    """A worker got a request before its registration completed, and it did not complete in time."""
+
+    http_status = 503
+    openai_type = "service_unavailable_error"
+
 
 class RemoteHandlerError(RequestError):
     """The remote handler raised; its exception type and message are carried here.
+
+    When the handler raised one of ours, its HTTP answer travels too: ``http_status``,
+    ``openai_type``, ``code`` and ``param`` are the remote error's (a worker's
+    `InvalidRequestError` is a 400 at the frontend).
 
     Attributes:
         error_type: the class name of the handler's exception, e.g. ``"KeyError"``.
@@ -155,7 +234,13 @@ class RemoteHandlerError(RequestError):
     """
 
     def __init__(
-        self, error_type: str, remote_message: str, *, endpoint: str = "", instance_id: int | None = None
+        self,
+        error_type: str,
+        remote_message: str,
+        *,
+        endpoint: str = "",
+        instance_id: int | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         where = f" (instance {instance_id:x} of {endpoint})" if instance_id is not None else ""
         super().__init__(
@@ -165,6 +250,14 @@ class RemoteHandlerError(RequestError):
         )
         self.error_type = error_type
         self.remote_message = remote_message
+        details = details or {}
+        status = details.get("status")
+        if isinstance(status, int) and 400 <= status < 600:
+            self.http_status = status  # type: ignore[misc]  # the remote error's answer
+        for name in ("openai_type", "code", "param"):
+            value = details.get(name)
+            if isinstance(value, str):
+                setattr(self, name, value)
 
 
 class DisaggregationError(RequestError):
@@ -172,6 +265,32 @@ class DisaggregationError(RequestError):
     a KV fetch that timed out or was refused, a prefill that failed, or a KV payload that does
     not fit the model. The message names what is wrong."""
 
+    http_status = 503
+    openai_type = "service_unavailable_error"
+    code = "disaggregation_failed"
+
+
+class EngineError(RequestError):
+    """An engine failed: a model step raised, or a stream ended without its output."""
+
 
 class RuntimeClosedError(DynamoNBError):
     """The runtime was shut down; create a new one with `DistributedRuntime.create`."""
+
+    http_status = 503
+    openai_type = "service_unavailable_error"
+
+
+def error_details(exc: BaseException) -> dict[str, Any] | None:
+    """What travels with a handler's error so the caller answers as the worker meant:
+    the status, OpenAI type, code and param of one of our errors (None for any other).
+
+    Example:
+        >>> error_details(InvalidRequestError("bad", param="top_k"))
+        {'status': 400, 'openai_type': 'invalid_request_error', 'code': None, 'param': 'top_k'}
+        >>> error_details(KeyError("x")) is None
+        True
+    """
+    if not isinstance(exc, DynamoNBError):
+        return None
+    return {"status": exc.http_status, "openai_type": exc.openai_type, "code": exc.code, "param": exc.param}

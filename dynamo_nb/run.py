@@ -18,14 +18,13 @@ Example::
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any
 
-from . import cli
-from ._names import EndpointPath
+from . import flags
 from .errors import ConfigError
-from .runtime import DistributedRuntime
-from .worker import shutdown_on_signals
+from .runtime.distributed import DistributedRuntime
+from .runtime.names import EndpointPath
+from .runtime.worker import announce_ready, configure_logging, runtime_from_args, shutdown_on_signals
 
 __all__ = ["run", "run_parser"]
 
@@ -34,10 +33,13 @@ ENGINES = ("hf", "echo")
 
 def run_parser() -> argparse.ArgumentParser:
     """The flags of ``python -m dynamo_nb run``: ``--in``/``--out`` plus the components' own."""
-    parser = argparse.ArgumentParser(
-        prog="python -m dynamo_nb run",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    parser = flags.component_parser(
+        "python -m dynamo_nb run",
+        __doc__,
+        flags.add_frontend_args,
+        flags.add_model_args,
+        flags.add_engine_args,
+        flags.add_hf_args,
     )
     parser.add_argument(
         "--in", dest="input", default="http", help="http | dyn://ns.comp.ep (default: %(default)s)"
@@ -45,11 +47,6 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out", dest="output", default="hf", help="hf | echo | dyn://ns.comp.ep (default: %(default)s)"
     )
-    cli.add_runtime_args(parser)
-    cli.add_frontend_args(parser)
-    cli.add_model_args(parser)
-    cli.add_worker_args(parser)
-    parser.add_argument("--log-level", default="INFO", help="logging level (default: %(default)s)")
     return parser
 
 
@@ -64,10 +61,10 @@ def _dyn_path(value: str, flag: str) -> EndpointPath | None:
 
 async def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run until SIGINT/SIGTERM."""
+    from .frontend.options import validate_frontend_args
+
     args = run_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args.log_level)
     in_path = _dyn_path(args.input, "--in")
     out_path = _dyn_path(args.output, "--out")
     if args.input != "http" and in_path is None:
@@ -78,18 +75,20 @@ async def run(argv: list[str] | None = None) -> int:
         )
     if in_path is not None and out_path is not None:
         raise ConfigError("--in dyn://... serves an engine: give --out hf or --out echo")
+    if args.output == "echo" and args.mode != "aggregated":
+        raise ConfigError(f"--out echo has no prefill or decode role: drop --mode {args.mode}")
     if in_path is not None:
         args.endpoint = str(in_path)
     if out_path is not None:  # frontend only
         if args.static:
             args.static_endpoint = str(out_path)
-        cli.validate_frontend_args(args)
+        validate_frontend_args(args)
     elif in_path is None and args.discovery != "memory":
         raise ConfigError(
             "--in http --out ENGINE runs in one process with memory discovery: drop --discovery"
         )
 
-    runtime = await cli.runtime_from_args(args)
+    runtime = await runtime_from_args(args)
     closers: list[Any] = []
     try:
         model_name = None
@@ -108,16 +107,23 @@ async def run(argv: list[str] | None = None) -> int:
 
 async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, closers: list[Any]) -> str:
     """Start the engine worker (it prints its READY line); returns the model name."""
-    model_path = cli.model_path_from_args(args)
-    if args.output == "hf":
-        engine: Any = await cli.hf_engine_from_args(args, model_path)
-        closers.append(engine.close)
-    else:
-        from .engines import EchoEngine
+    from .engines import EchoEngine
+    from .engines.worker import serve_engine
+    from .llm.register import model_from_args
 
-        engine = EchoEngine()
-    _, _, card = await cli.serve_model_from_args(runtime, args, engine.generate, model_path)
-    return card.name
+    model_path, model_name = model_from_args(args)
+
+    async def make_engine(kv_events: Any) -> Any:
+        if args.output == "echo":
+            return EchoEngine()
+        from .engines.hf import HFEngine
+
+        return await HFEngine.from_args(args, model_path, kv_events=kv_events)
+
+    worker = await serve_engine(runtime, args, model_path, model_name, make_engine)
+    closers.append(worker.engine.close)
+    worker.announce()
+    return worker.card.name
 
 
 async def _start_frontend(
@@ -128,25 +134,12 @@ async def _start_frontend(
     wait_for: str | None,
 ) -> None:
     """Start the frontend; prints its READY line once ``wait_for`` (the in-process model) is served."""
-    from .frontend import Frontend
-    from .llm import card_from_folder
+    from .frontend.options import start_frontend
 
-    frontend = await Frontend.start(
-        runtime,
-        host=args.http_host,
-        port=args.http_port,
-        router_mode=args.router_mode,
-        only_endpoint=str(out_path) if out_path is not None and not runtime.is_static else None,
-        enforce_disagg=args.enforce_disagg,
-        kv_config=cli.kv_config_from_args(args),
-    )
+    only = str(out_path) if out_path is not None and not runtime.is_static else None
+    frontend = await start_frontend(runtime, args, only_endpoint=only)
     closers.append(frontend.stop)
-    if args.static_endpoint:
-        card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)
-        await frontend.add_model(card, address=args.static_address)
     if wait_for is not None:
         await frontend.wait_for_model(wait_for, timeout=30)
-    models = (
-        ", ".join(m.name for m in frontend.models.live_models()) or "(from discovery, as workers register)"
-    )
-    print(f"READY frontend {frontend.url} models: {models}", flush=True)
+    models = ",".join(m.name for m in frontend.models.live_models())
+    announce_ready("frontend", url=frontend.url, **({"models": models} if models else {}))

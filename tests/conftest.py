@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import ECHO_WORKER, ROOT, RuntimeFactory
 
-import dynamo_nb
 from dynamo_nb import DistributedRuntime, LocalServices, ManagedProcess, launch
-
-ROOT = Path(__file__).resolve().parents[1]
-ECHO_WORKER = ROOT / "components" / "echo_worker.py"
-HF_WORKER = ROOT / "components" / "hf_worker.py"
-FRONTEND = ROOT / "components" / "frontend.py"
-
-# (discovery, request plane): every combination a user can pick.
-MODES = ["memory-inproc", "memory-tcp", "etcd-tcp", "etcd-nats", "static-nats"]
 
 
 @pytest.fixture(scope="session")
@@ -26,9 +17,6 @@ async def services() -> AsyncIterator[LocalServices]:
     services = await LocalServices.start()
     yield services
     await services.stop()
-
-
-RuntimeFactory = Callable[[str], Awaitable[DistributedRuntime]]
 
 
 @pytest.fixture
@@ -63,22 +51,6 @@ async def start_worker(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[
         await worker.stop(timeout=5)
 
 
-async def collect(stream: object) -> list[object]:
-    return [item async for item in stream]  # type: ignore[attr-defined]
-
-
-__all__ = [
-    "ECHO_WORKER",
-    "FRONTEND",
-    "HF_WORKER",
-    "MODES",
-    "ROOT",
-    "collect",
-    "dynamo_nb",
-    "free_port",
-]
-
-
 # -- LLM serving: the built-in tiny model and one hf engine for the whole session
 
 
@@ -96,9 +68,3 @@ async def hf_engine(tiny_path: Path) -> AsyncIterator[Any]:
     engine = await HFEngine.load(tiny_path)
     yield engine
     await engine.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -9,9 +9,9 @@ import msgpack
 import pytest
 
 from dynamo_nb import Context, DistributedRuntime, EndpointPath, InvalidHandlerError, InvalidNameError
-from dynamo_nb._server import adapt_handler
-from dynamo_nb._wire import MAX_FRAME_BYTES, FrameDecoder, FrameTooLargeError, encode_prefixed
-from dynamo_nb.errors import ConfigError
+from dynamo_nb.errors import ConfigError, FrameTooLargeError
+from dynamo_nb.runtime.planes.wire import MAX_FRAME_BYTES, FrameDecoder, encode_prefixed
+from dynamo_nb.runtime.server import adapt_handler
 
 
 @pytest.mark.parametrize("text", ["demo.echo.generate", "dyn://demo.echo.generate", "a-1.b_2.c"])

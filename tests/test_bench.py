@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pandas as pd
 import pytest
-from conftest import free_port
+from helpers import free_port
 
 from dynamo_nb import ConfigError, DistributedRuntime, launch
 from dynamo_nb.bench import (

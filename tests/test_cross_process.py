@@ -8,7 +8,7 @@ import socket
 from typing import Any
 
 import pytest
-from conftest import RuntimeFactory, collect
+from helpers import RuntimeFactory, collect
 
 from dynamo_nb import InstanceDownError, RemoteHandlerError
 from dynamo_nb.errors import NoInstancesError

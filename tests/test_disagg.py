@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import FRONTEND, HF_WORKER, RuntimeFactory, collect, free_port
+from helpers import FRONTEND, HF_WORKER, RuntimeFactory, collect, free_port, req
 
 from dynamo_nb import DisaggregationError, DistributedRuntime, DynamoNBError, bench
 from dynamo_nb.disagg import (
@@ -26,10 +26,11 @@ from dynamo_nb.disagg import (
     pack_kv,
     unpack_kv,
 )
-from dynamo_nb.disagg.handlers import DecodeHandler
+from dynamo_nb.disagg.decode import DecodeHandler
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.frontend import Frontend
-from dynamo_nb.llm import ModelTokenizer, ReadinessGate, serve_llm
+from dynamo_nb.llm import LLMEngineOutput, ModelTokenizer, PreprocessedRequest, ReadinessGate, serve_llm
+from dynamo_nb.router import KvRouter
 
 PROMPT = list(range(5, 45))
 GREEDY = {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 12}, "sampling_options": {"temperature": 0}}
@@ -154,7 +155,7 @@ def test_kv_wire_round_trip_and_checks(hf_engine: Any) -> None:
 
 async def test_engine_roles_give_the_aggregated_tokens_on_both_paths(hf_engine: Any) -> None:
     await hf_engine.start_bootstrap()
-    aggregated = tokens(await collect(hf_engine.generate(GREEDY)))
+    aggregated = tokens(await collect(hf_engine.generate(req(GREEDY))))
 
     # fast path: the room is drawn up front and the decode is sent before the prefill runs
     info = {**hf_engine.bootstrap.endpoint, "bootstrap_room": draw_room()}
@@ -162,13 +163,13 @@ async def test_engine_roles_give_the_aggregated_tokens_on_both_paths(hf_engine: 
 
     async def decode() -> list[Any]:
         events.append("decode sent")
-        items = await collect(hf_engine.decode({**GREEDY, "bootstrap_info": info}))
+        items = await collect(hf_engine.decode(req({**GREEDY, "bootstrap_info": info})))
         events.append("decode done")
         return items
 
     decoding = asyncio.ensure_future(decode())
     await asyncio.sleep(0)  # the decode is on its way (waiting for the KV) before the prefill starts
-    prefill = await collect(hf_engine.prefill({**GREEDY, "bootstrap_info": info}))
+    prefill = await collect(hf_engine.prefill(req({**GREEDY, "bootstrap_info": info})))
     events.append("prefill done")
     fast = await decoding
     assert events == ["decode sent", "prefill done", "decode done"]
@@ -177,10 +178,10 @@ async def test_engine_roles_give_the_aggregated_tokens_on_both_paths(hf_engine: 
     assert tokens(fast) == aggregated and fast[-1]["completion_usage"]["completion_tokens"] == 12
 
     # fallback path: the prefill draws its room, the decode gets its disaggregated_params
-    prefill = await collect(hf_engine.prefill(GREEDY))
+    prefill = await collect(hf_engine.prefill(req(GREEDY)))
     params = prefill[0]["disaggregated_params"]
     assert 0 <= params["bootstrap_room"] <= MAX_ROOM and params["bootstrap_port"] == info["bootstrap_port"]
-    fallback = await collect(hf_engine.decode({**GREEDY, "prefill_result": {"disaggregated_params": params}}))
+    fallback = await collect(hf_engine.decode(req({**GREEDY, "prefill_result": {"disaggregated_params": params}})))
     assert tokens(fallback) == aggregated
     assert hf_engine.bootstrap.parked == 0 and hf_engine.active == 0
 
@@ -188,13 +189,13 @@ async def test_engine_roles_give_the_aggregated_tokens_on_both_paths(hf_engine: 
 async def test_decode_refuses_what_it_cannot_use(hf_engine: Any) -> None:
     await hf_engine.start_bootstrap()
     with pytest.raises(DisaggregationError, match=r"needs bootstrap_info .* or prefill_result"):
-        await collect(hf_engine.decode(GREEDY))
+        await collect(hf_engine.decode(req(GREEDY)))
     with pytest.raises(
         DisaggregationError, match=re.escape("prefill_result.disaggregated_params lacks bootstrap_room")
     ):
         params = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 1}
-        await collect(hf_engine.decode({**GREEDY, "prefill_result": {"disaggregated_params": params}}))
-    prefill = await collect(hf_engine.prefill(GREEDY))
+        await collect(hf_engine.decode(req({**GREEDY, "prefill_result": {"disaggregated_params": params}})))
+    prefill = await collect(hf_engine.prefill(req(GREEDY)))
     shorter = {
         **GREEDY,
         "token_ids": PROMPT[:-3],
@@ -203,9 +204,9 @@ async def test_decode_refuses_what_it_cannot_use(hf_engine: Any) -> None:
     with pytest.raises(
         DisaggregationError, match="holds the KV of 40 prompt tokens, but this request has 37"
     ):
-        await collect(hf_engine.decode(shorter))
+        await collect(hf_engine.decode(req(shorter)))
     with pytest.raises(DisaggregationError, match="bootstrap_room must be an integer"):
-        await collect(hf_engine.prefill({**GREEDY, "bootstrap_info": {"bootstrap_room": "x"}}))
+        await collect(hf_engine.prefill(req({**GREEDY, "bootstrap_info": {"bootstrap_room": "x"}})))
 
 
 async def test_prefill_and_decode_worker_processes_behind_a_frontend(
@@ -241,7 +242,7 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
         "stop_conditions": {"max_tokens": 16},
         "sampling_options": {"temperature": 0},
     }
-    aggregated = tokens(await collect(hf_engine.generate(request)))
+    aggregated = tokens(await collect(hf_engine.generate(req(request))))
     expected = tokenizer.decode(aggregated)
 
     # a decode request with no bootstrap info: the decode worker asks a prefill worker itself
@@ -300,10 +301,10 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
 
 async def test_a_cancelled_decode_frees_its_sequence(hf_engine: Any) -> None:
     await hf_engine.start_bootstrap()
-    prefill = await collect(hf_engine.prefill(GREEDY))
+    prefill = await collect(hf_engine.prefill(req(GREEDY)))
     long = {**GREEDY, "stop_conditions": {"max_tokens": 300, "ignore_eos": True}}
     stream = hf_engine.decode(
-        {**long, "prefill_result": {"disaggregated_params": prefill[0]["disaggregated_params"]}}
+        req({**long, "prefill_result": {"disaggregated_params": prefill[0]["disaggregated_params"]}})
     )
     await stream.__anext__()  # the prefill's first token
     await stream.__anext__()  # one decoded here
@@ -319,18 +320,18 @@ async def test_fast_path_sends_decode_before_its_prefill_finishes(hf_engine: Any
     events: list[str] = []
     decode_arrived = asyncio.Event()
 
-    async def prefill(request: dict[str, Any], context: Any) -> Any:
+    async def prefill(request: PreprocessedRequest, context: Any) -> Any:
         events.append("prefill received")
         await asyncio.wait_for(decode_arrived.wait(), 10)
-        async for item in hf_engine.prefill(request, context):
-            yield item
+        async for output in hf_engine.prefill(request, context):
+            yield output
         events.append("prefill finished")
 
-    async def decode(request: dict[str, Any], context: Any) -> Any:
+    async def decode(request: PreprocessedRequest, context: Any) -> Any:
         events.append("decode received")
         decode_arrived.set()
-        async for item in hf_engine.decode(request, context):
-            yield item
+        async for output in hf_engine.decode(request, context):
+            yield output
 
     runtime = await DistributedRuntime.create()
     try:
@@ -361,7 +362,7 @@ async def test_fast_path_sends_decode_before_its_prefill_finishes(hf_engine: Any
             "stop_conditions": {"max_tokens": 8},
             "sampling_options": {"temperature": 0},
         }
-        expected = ModelTokenizer.load(tiny_path).decode(tokens(await collect(hf_engine.generate(request))))
+        expected = ModelTokenizer.load(tiny_path).decode(tokens(await collect(hf_engine.generate(req(request)))))
         async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
             body = {"model": "ev", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
             response = await http.post("/v1/completions", json=body)
@@ -374,8 +375,8 @@ async def test_fast_path_sends_decode_before_its_prefill_finishes(hf_engine: Any
 
 
 async def test_malformed_disaggregated_params_from_a_prefill_worker(hf_engine: Any, tiny_path: Path) -> None:
-    async def bad_prefill(request: dict[str, Any], context: Any) -> Any:
-        yield {"token_ids": [], "disaggregated_params": {"bootstrap_host": "127.0.0.1"}}
+    async def bad_prefill(request: PreprocessedRequest, context: Any) -> Any:
+        yield LLMEngineOutput([], disaggregated_params={"bootstrap_host": "127.0.0.1"})
 
     runtime = await DistributedRuntime.create()
     try:
@@ -500,10 +501,10 @@ async def test_kv_mode_sends_a_repeated_prefix_to_the_same_prefill_worker(
         await frontend.wait_for_model("kvp")
         for _ in range(100):
             router = frontend.models.prefill_router("kvp")
-            if router is not None and len(router.client.instance_ids()) == 2:
+            if router is not None and len(router.router.client.instance_ids()) == 2:
                 break
             await asyncio.sleep(0.02)
-        assert router is not None and router.kv_router is not None
+        assert router is not None and isinstance(router.router, KvRouter)
 
         async def prefill_worker(http: httpx.AsyncClient, prompt: list[int]) -> str:
             body = {"model": "kvp", "prompt": prompt, "max_tokens": 2}
@@ -518,10 +519,10 @@ async def test_kv_mode_sends_a_repeated_prefix_to_the_same_prefill_worker(
         assert repeats == [first] * 3
         assert other != first and {first, other} == {f"{r.connection_id:x}" for r in runtimes}
         for _ in range(100):  # the drained prefill streams release their load
-            if all(not load.requests for load in router.kv_router.loads.values()):
+            if all(not load.requests for load in router.router.loads.values()):
                 break
             await asyncio.sleep(0.02)
-        assert all(not load.requests for load in router.kv_router.loads.values())
+        assert all(not load.requests for load in router.router.loads.values())
         await frontend.stop()
     finally:
         for runtime in runtimes:

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import ECHO_WORKER, ROOT
+from helpers import ECHO_WORKER, ROOT
 
 import dynamo_nb
 from dynamo_nb import ConfigError, DistributedRuntime, LaunchError, LocalServices, launch, launched

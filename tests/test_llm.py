@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import collect
+from helpers import collect, req
 
 from dynamo_nb import ConfigError, DistributedRuntime
 from dynamo_nb.errors import InvalidRequestError
@@ -153,7 +153,7 @@ async def test_hf_engine_greedy_matches_transformers_generate(hf_engine: Any, ti
 
     tok = ModelTokenizer.load(tiny_path)
     ids = chat_ids(tok, "What is the capital of France?")
-    items = await collect(hf_engine.generate(greedy(ids, 20, ignore_eos=True)))
+    items = await collect(hf_engine.generate(req(greedy(ids, 20, ignore_eos=True))))
     reference = AutoModelForCausalLM.from_pretrained(tiny_path).generate(
         torch.tensor([ids]), max_new_tokens=20, min_new_tokens=20, do_sample=False
     )[0, len(ids) :]
@@ -168,8 +168,8 @@ async def test_hf_engine_greedy_matches_transformers_generate(hf_engine: Any, ti
 
 
 async def test_hf_engine_stops_on_eos(hf_engine: Any) -> None:
-    first = tokens_of(await collect(hf_engine.generate(greedy([5, 6, 7], 3))))
-    items = await collect(hf_engine.generate({**greedy([5, 6, 7], 50), "eos_token_ids": [first[1]]}))
+    first = tokens_of(await collect(hf_engine.generate(req(greedy([5, 6, 7], 3)))))
+    items = await collect(hf_engine.generate(req({**greedy([5, 6, 7], 50), "eos_token_ids": [first[1]]})))
     assert tokens_of(items) == first[:2] and items[-1]["finish_reason"] == "stop"
 
 
@@ -181,15 +181,15 @@ async def test_hf_engine_sampling_is_seeded(hf_engine: Any) -> None:
             "sampling_options": {"temperature": 1.0, "top_p": 0.95, "top_k": 100, "seed": seed},
         }
 
-    runs = [tokens_of(await collect(hf_engine.generate(sampled(seed)))) for seed in (1, 1, 2)]
+    runs = [tokens_of(await collect(hf_engine.generate(req(sampled(seed))))) for seed in (1, 1, 2)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
-    assert runs[0] != tokens_of(await collect(hf_engine.generate(greedy([10, 11, 12], 24, ignore_eos=True))))
+    assert runs[0] != tokens_of(await collect(hf_engine.generate(req(greedy([10, 11, 12], 24, ignore_eos=True)))))
 
 
 async def test_hf_engine_interleaves_a_short_request_with_a_long_one(hf_engine: Any) -> None:
-    long_stream = hf_engine.generate(greedy([1, 2, 3], 400, ignore_eos=True))
+    long_stream = hf_engine.generate(req(greedy([1, 2, 3], 400, ignore_eos=True)))
     got_long = [await long_stream.__anext__()]
-    short = await collect(hf_engine.generate(greedy([4, 5], 5, ignore_eos=True)))
+    short = await collect(hf_engine.generate(req(greedy([4, 5], 5, ignore_eos=True))))
     assert len(short) == 5 and short[-1]["finish_reason"] == "length"
     # the short request finished while the long one was still running, not after it
     assert hf_engine.active == 1
@@ -198,7 +198,7 @@ async def test_hf_engine_interleaves_a_short_request_with_a_long_one(hf_engine: 
 
 
 async def test_hf_engine_cancellation_frees_the_sequence(hf_engine: Any) -> None:
-    stream = hf_engine.generate(greedy([1, 2, 3], 500, ignore_eos=True))
+    stream = hf_engine.generate(req(greedy([1, 2, 3], 500, ignore_eos=True)))
     await stream.__anext__()
     assert hf_engine.active == 1
     await stream.aclose()
@@ -207,9 +207,9 @@ async def test_hf_engine_cancellation_frees_the_sequence(hf_engine: Any) -> None
 
 async def test_hf_engine_rejects_requests_it_cannot_serve(hf_engine: Any) -> None:
     with pytest.raises(InvalidRequestError, match="context"):
-        await collect(hf_engine.generate(greedy([1] * 1024, 4)))
+        await collect(hf_engine.generate(req(greedy([1] * 1024, 4))))
     with pytest.raises(InvalidRequestError, match="vocabulary"):
-        await collect(hf_engine.generate(greedy([10**6], 4)))
+        await collect(hf_engine.generate(req(greedy([10**6], 4))))
 
 
 # -- model cards
@@ -218,7 +218,7 @@ async def test_hf_engine_rejects_requests_it_cannot_serve(hf_engine: Any) -> Non
 async def test_register_llm_publishes_a_card_that_leaves_with_its_instance(
     hf_engine: Any, tiny_path: Path
 ) -> None:
-    from dynamo_nb.discovery.memory import STORE
+    from dynamo_nb.runtime.discovery.memory import STORE
 
     async with await DistributedRuntime.create() as rt:
         endpoint = rt.endpoint("cards.backend.generate")

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import FRONTEND, HF_WORKER, ROOT, RuntimeFactory, collect, free_port
+from helpers import FRONTEND, HF_WORKER, ROOT, RuntimeFactory, collect, free_port
 
 from dynamo_nb.llm import ModelTokenizer
 
@@ -45,7 +45,7 @@ async def test_worker_and_frontend_processes_over_etcd(
     assert "model=tiny-llama" in worker.ready_line
     frontend = await start_worker(*etcd, "--http-port", str(port), script=FRONTEND)
     url = f"http://127.0.0.1:{port}"
-    assert frontend.ready_line == f"READY {url}"
+    assert frontend.ready_line == f"READY frontend url={url}"
     await wait_for_model(url, "tiny-llama")
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
 
@@ -219,7 +219,7 @@ async def test_readme_command_one_serves_and_answers_curl(start_worker: Any) -> 
             line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
             assert line, "".join(lines)
             lines.append(line)
-        assert "models: tiny-llama" in lines[-1]
+        assert "models=tiny-llama" in lines[-1]
         body = json.dumps({"model": "tiny-llama", "messages": HI, "max_tokens": 8})
         curl = await asyncio.create_subprocess_exec(
             "curl",

@@ -10,15 +10,17 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import FRONTEND, ROOT, collect, free_port
+from helpers import FRONTEND, ROOT, collect, free_port, req
 
 from dynamo_nb import DisaggregationError, DistributedRuntime, LocalServices, bench
-from dynamo_nb.disagg.handlers import DecodeHandler
+from dynamo_nb.disagg.decode import DecodeHandler
 from dynamo_nb.engines import MockerEngine
-from dynamo_nb.engines.kv_blocks import KvBlockManager
+from dynamo_nb.engines.kv_cache.blocks import KvBlockManager
 from dynamo_nb.engines.mocker import decode_ms, prefill_ms
 from dynamo_nb.errors import InvalidRequestError
-from dynamo_nb.kv import RadixTree, block_hashes
+from dynamo_nb.llm import engine_handler
+from dynamo_nb.router.kv import RadixTree, block_hashes
+from dynamo_nb.runtime import parse_ready_line
 
 MOCKER = ROOT / "components" / "mocker_worker.py"
 
@@ -90,13 +92,13 @@ async def test_engine_streams_exactly_max_tokens_and_reuses_the_cache() -> None:
     async def publish(event: Any) -> None:
         published.append(event)
 
-    engine = MockerEngine(block_size=4, speedup_ratio=100.0, publish=publish)
+    engine = MockerEngine(block_size=4, speedup_ratio=100.0, kv_events=publish)
     request = {"token_ids": list(range(1, 33)), "stop_conditions": {"max_tokens": 7}}
-    first = await collect(engine.generate(request))
+    first = await collect(engine.generate(req(request)))
     assert [len(i["token_ids"]) for i in first] == [1] * 7 and first[-1]["finish_reason"] == "length"
     assert first[-1]["completion_usage"] == {"prompt_tokens": 32, "completion_tokens": 7, "total_tokens": 39}
     both = await asyncio.gather(
-        collect(engine.generate(request)), collect(engine.generate({**request, "token_ids": [5] * 32}))
+        collect(engine.generate(req(request))), collect(engine.generate(req({**request, "token_ids": [5] * 32})))
     )
     assert [len(items) for items in both] == [7, 7]
     assert engine.prefix_hits == 8 and engine.prompt_blocks == 24  # the repeat found its 8 blocks cached
@@ -110,7 +112,7 @@ async def test_kv_routing_over_processes_and_nats_sends_a_repeated_prefix_back(
     bus = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
     mocker = await start_worker(*bus, "--num-workers", "2", "--speedup-ratio", "20", "--kv-cache-block-size", "4",
                                 script=MOCKER)  # fmt: skip
-    workers = mocker.ready_line.split("instances=")[1].split()[0].split(",")
+    workers = parse_ready_line(mocker.ready_line)[1]["instance"].split(",")
     assert len(workers) == 2
     port = free_port()
     await start_worker(*bus, "--http-port", str(port), "--router-mode", "kv", script=FRONTEND)
@@ -142,13 +144,13 @@ async def test_kv_routing_over_processes_and_nats_sends_a_repeated_prefix_back(
 async def test_engine_chunks_long_prompts_and_refuses_what_never_fits() -> None:
     engine = MockerEngine(block_size=4, max_num_batched_tokens=16, speedup_ratio=1000.0)
     items = await collect(
-        engine.generate({"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 2}})
+        engine.generate(req({"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 2}}))
     )
     assert len(items) == 2
     assert engine.steps == 4  # 40 prompt tokens in chunks of 16, 16 and 8 (the first token), then one more
     small = MockerEngine(block_size=4, num_blocks=4, speedup_ratio=1000.0)
     with pytest.raises(InvalidRequestError, match="num-gpu-blocks"):
-        await collect(small.generate({"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 2}}))
+        await collect(small.generate(req({"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 2}})))
     assert small.active == 0
     await engine.close()
     await small.close()
@@ -165,13 +167,13 @@ async def test_prefill_and_decode_roles_hand_off_and_give_the_aggregated_tokens(
 
     aggregated = MockerEngine(block_size=4, speedup_ratio=100.0)
     prefill = MockerEngine(block_size=4, speedup_ratio=100.0)
-    decode = MockerEngine(block_size=4, speedup_ratio=100.0, publish=publish)
+    decode = MockerEngine(block_size=4, speedup_ratio=100.0, kv_events=publish)
     await prefill.start_bootstrap()
     request = {"token_ids": list(range(1, 23)), "stop_conditions": {"max_tokens": 5}}
-    expected = [t for item in await collect(aggregated.generate(request)) for t in item["token_ids"]]
+    expected = [t for item in await collect(aggregated.generate(req(request))) for t in item["token_ids"]]
     room = 1234
     fast = {**request, "bootstrap_info": {**prefill.bootstrap.endpoint, "bootstrap_room": room}}
-    decoded, prefilled = await asyncio.gather(collect(decode.decode(fast)), collect(prefill.prefill(fast)))
+    decoded, prefilled = await asyncio.gather(collect(decode.decode(req(fast))), collect(prefill.prefill(req(fast))))
     assert prefilled[0]["disaggregated_params"]["bootstrap_room"] == room
     assert prefilled[-1]["token_ids"] == expected[:1] and prefilled[-1]["finish_reason"] == "length"
     assert [t for item in decoded for t in item["token_ids"]] == expected
@@ -182,9 +184,9 @@ async def test_prefill_and_decode_roles_hand_off_and_give_the_aggregated_tokens(
 
     runtime = await DistributedRuntime.create()
     try:
-        await runtime.endpoint("md.prefill.generate").serve(prefill.prefill)
+        await runtime.endpoint("md.prefill.generate").serve(engine_handler(prefill.prefill))
         handler = DecodeHandler(decode, await runtime.endpoint("md.prefill.generate").client())
-        items = await collect(handler.generate(request))  # no bootstrap info: it asks a prefill itself
+        items = await collect(handler.generate(req(request)))  # no bootstrap info: it asks a prefill itself
         assert [t for item in items for t in item["token_ids"]] == expected and handler.self_prefills == 1
         assert prefill.stats()["prefix_hits"] == 5  # the prompt was cached on the prefill engine
     finally:
@@ -192,7 +194,7 @@ async def test_prefill_and_decode_roles_hand_off_and_give_the_aggregated_tokens(
     refused = {**request, "bootstrap_info": {**prefill.bootstrap.endpoint, "bootstrap_room": 99}}
     prefill.bootstrap.park(99, {"format": "dynamo_nb.kv.v1", "prompt_tokens": 22, "payload_bytes": 0}, b"")
     with pytest.raises(DisaggregationError, match="a mocker decode needs a mocker prefill"):
-        await collect(decode.decode(refused))
+        await collect(decode.decode(req(refused)))
     for engine in (aggregated, prefill, decode):
         await engine.close()
 
@@ -206,7 +208,7 @@ async def test_disaggregated_mocker_processes_behind_a_kv_routing_frontend(
            "--speedup-ratio", "20", "--endpoint", "mdg.backend.generate", "--prefill-endpoint", "mdg.prefill.generate"]  # fmt: skip
     prefill = await start_worker(*bus, "--mode", "prefill", "--num-workers", "2", script=MOCKER)
     assert prefill.ready_line.startswith("READY mdg.prefill.generate")
-    prefill_ids = set(prefill.ready_line.split("instances=")[1].split()[0].split(","))
+    prefill_ids = set(parse_ready_line(prefill.ready_line)[1]["instance"].split(","))
     await start_worker(*bus, "--mode", "decode", script=MOCKER)
     port = free_port()
     await start_worker(*bus[:4], "--http-port", str(port), "--router-mode", "kv", script=FRONTEND)

@@ -13,7 +13,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from conftest import ROOT, collect
+from helpers import ROOT, collect
 
 from dynamo_nb import DistributedRuntime, LocalServices
 from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
@@ -24,6 +24,14 @@ pytestmark = pytest.mark.timeout(180)
 
 def test_there_are_notebooks() -> None:
     assert [p.name for p in NOTEBOOKS][:1] == ["01_runtime_basics.ipynb"]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebooks_are_stored_executed_without_widget_state(notebook: Path) -> None:
+    stored = nbformat.read(notebook, 4)
+    assert "widgets" not in stored.metadata, "re-execute with --ExecutePreprocessor.store_widget_state=False"
+    code = [cell for cell in stored.cells if cell.cell_type == "code" and cell.source.strip()]
+    assert code and all(cell.execution_count is not None for cell in code), "store the notebook executed"
 
 
 def export(notebook: Path, cwd: Path, output_dir: Path, to: str = "script", suffix: str = ".py") -> Path:

@@ -11,13 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import collect
+from helpers import collect, req
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.engines import HFEngine, stats_handler
 from dynamo_nb.frontend import Frontend
-from dynamo_nb.kv import KvEventPublisher, KvRouterConfig, RadixTree, block_hashes
 from dynamo_nb.llm import serve_llm
+from dynamo_nb.router.kv import KvEventPublisher, KvRouterConfig, RadixTree, block_hashes
 
 SHARED = [random.Random(3).randrange(3, 500) for _ in range(40)]  # 10 blocks of 4
 
@@ -42,13 +42,12 @@ async def plain(tiny_path: Path) -> Any:
 
 
 async def cached_engine(tiny_path: Path, blocks: int) -> tuple[HFEngine, list[Any]]:
-    engine = await HFEngine.load(tiny_path, prefix_cache_blocks=blocks, block_size=4)
     events: list[Any] = []
 
     async def publish(event: Any) -> None:
         events.append(event)
 
-    engine.publish = publish
+    engine = await HFEngine.load(tiny_path, prefix_cache_blocks=blocks, block_size=4, kv_events=publish)
     return engine, events
 
 
@@ -57,8 +56,8 @@ async def test_a_cached_prefix_gives_the_same_tokens_and_counts_as_hits(plain: A
     try:
         for tail in ([1, 2, 3], [7, 8, 9, 10, 11], [], [5]):  # [] : all 10 blocks cached, 39 tokens reused
             prompt = SHARED + tail
-            assert tokens(await collect(engine.generate(greedy(prompt)))) == tokens(
-                await collect(plain.generate(greedy(prompt)))
+            assert tokens(await collect(engine.generate(req(greedy(prompt))))) == tokens(
+                await collect(plain.generate(req(greedy(prompt))))
             )
         assert engine.stats()["prefix_hits"] == 30 and engine.stats()["prompt_blocks"] == 41
         assert engine.stats()["cached_blocks"] == 11  # the 10 shared blocks and [7, 8, 9, 10]'s block
@@ -74,8 +73,8 @@ async def test_a_cached_prefix_gives_the_same_tokens_and_counts_as_hits(plain: A
         probe = block_hashes([*SHARED, 7, 8, 9, 10], 4)
         assert index.find_matches(probe).scores == rebuilt.find_matches(probe).scores == {"w": 11}
         sampled = {**greedy([*SHARED, 4]), "sampling_options": {"temperature": 1.0, "seed": 5}}
-        assert tokens(await collect(engine.generate(sampled))) == tokens(
-            await collect(plain.generate(sampled))
+        assert tokens(await collect(engine.generate(req(sampled)))) == tokens(
+            await collect(plain.generate(req(sampled)))
         )
     finally:
         await engine.close()
@@ -85,16 +84,16 @@ async def test_a_full_cache_evicts_from_a_prefix_tail_and_frees_its_tensors(tiny
     engine, events = await cached_engine(tiny_path, 4)
     try:
         first = list(range(10, 26))  # 4 blocks: the whole cache
-        await collect(engine.generate(greedy(first, 2)))
-        await collect(engine.generate(greedy(list(range(100, 108)), 2)))  # 2 new blocks: evict 2
+        await collect(engine.generate(req(greedy(first, 2))))
+        await collect(engine.generate(req(greedy(list(range(100, 108)), 2))))  # 2 new blocks: evict 2
         assert [list(e) for e in events] == [["stored"], ["removed"], ["stored"]]
         stored, removed = events[0]["stored"]["blocks"], events[1]["removed"]["block_hashes"]
         assert removed == [stored[3]["block_hash"], stored[2]["block_hash"]]  # the tail first
         assert engine.stats()["cached_blocks"] == 4
-        await collect(engine.generate(greedy(first, 2)))  # the head of the prefix is still cached
+        await collect(engine.generate(req(greedy(first, 2))))  # the head of the prefix is still cached
         assert engine.stats()["prefix_hits"] == 2
         too_long = list(range(200, 240))  # 10 blocks never fit 4: computed, not cached, no error
-        assert len(tokens(await collect(engine.generate(greedy(too_long, 2))))) == 2
+        assert len(tokens(await collect(engine.generate(req(greedy(too_long, 2)))))) == 2
     finally:
         await engine.close()
 
@@ -106,18 +105,20 @@ async def test_kv_router_follows_the_hf_prefix_cache_events(tiny_path: Path) -> 
     engines = []
     try:
         for runtime in runtimes:
-            engine = await HFEngine.load(tiny_path, prefix_cache_blocks=256, block_size=4)
-            engines.append(engine)
             endpoint = runtime.endpoint("pc.backend.generate")
-            publisher = await KvEventPublisher.for_worker(runtime, endpoint.component(), engine.kv_snapshot)
+            publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
             assert publisher is not None
-            engine.publish = publisher.publish
+            engine = await HFEngine.load(
+                tiny_path, prefix_cache_blocks=256, block_size=4, kv_events=publisher.publish
+            )
+            engines.append(engine)
+            await publisher.serve_sync(engine.kv_snapshot)
             await serve_llm(endpoint, engine.generate, tiny_path, model_name="pc", kv_cache_block_size=4)
             await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))
         config = KvRouterConfig(pending_ttl=0.0)  # only the workers' events say what is cached
         frontend = await Frontend.start(runtimes[0], port=0, router_mode="kv", kv_config=config)
         await frontend.wait_for_model("pc")
-        router = frontend.models.get("pc").kv_router
+        router = frontend.models.get("pc").router
         for _ in range(100):
             if len(router.client.instance_ids()) == 2:
                 break

@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from conftest import MODES, RuntimeFactory, collect
+from helpers import MODES, RuntimeFactory, collect
 
 from dynamo_nb import (
     Context,
@@ -16,7 +16,7 @@ from dynamo_nb import (
     RemoteHandlerError,
     RuntimeClosedError,
 )
-from dynamo_nb.errors import InstanceDownError
+from dynamo_nb.errors import InstanceDownError, InvalidRequestError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -122,7 +122,7 @@ async def test_items_that_cannot_travel_give_a_clear_error(make_runtime: Runtime
     _servers, client = await serve_and_connect(make_runtime, mode, bad_item, f"enc-{mode}")
     with pytest.raises(RemoteHandlerError, match="JSON-able"):
         await collect(client.round_robin({}))
-    with pytest.raises(TypeError, match="requests must be JSON-able"):
+    with pytest.raises(InvalidRequestError, match="requests must be JSON-able"):
         await collect(client.round_robin({"x": object()}))
 
 
@@ -249,7 +249,7 @@ async def test_graceful_stop_finishes_running_streams_and_leaves_discovery(
 async def test_instance_ids_and_etcd_keys(make_runtime: RuntimeFactory, services: Any) -> None:
     import aetcd
 
-    from dynamo_nb._instance import Instance
+    from dynamo_nb.runtime.instance import Instance
 
     rt = await make_runtime("etcd-tcp")
     first = await rt.endpoint("test.keys.generate").serve(words)

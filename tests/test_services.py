@@ -9,7 +9,7 @@ import pytest
 
 from dynamo_nb import LocalServices
 from dynamo_nb.errors import BinaryNotFoundError, ServiceError
-from dynamo_nb.services import _INSTALL_HINTS, find_binary
+from dynamo_nb.launch.services import INSTALL_HINTS, find_binary
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,7 +45,7 @@ def test_binaries_are_found() -> None:
 
 def test_a_missing_binary_names_both_ways_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(
-        _INSTALL_HINTS, "no-such-server", ("no-such-server-bin", "no-such-server", "DYN_NB_NOPE_BIN")
+        INSTALL_HINTS, "no-such-server", ("no-such-server-bin", "no-such-server", "DYN_NB_NOPE_BIN")
     )
     with pytest.raises(BinaryNotFoundError) as info:
         find_binary("no-such-server")

@@ -2,13 +2,14 @@
 
 Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
 
-Example:
-    >>> from dynamo_nb import bench
-    >>> df = await bench.run("http://127.0.0.1:8000", "tiny-llama",                 # doctest: +SKIP
-    ...                      prompts=bench.random_prompts(32), concurrency=[1, 8, 32],
-    ...                      requests=64, max_tokens=32, live=bench.live("ttft_itl"))
-    >>> bench.summary(df)                                                          # doctest: +SKIP
-    >>> bench.ttft_itl_chart(df)                                                   # doctest: +SKIP
+Example::
+
+    from dynamo_nb import bench
+    df = await bench.run("http://127.0.0.1:8000", "tiny-llama",
+                         prompts=bench.random_prompts(32), concurrency=[1, 8, 32],
+                         requests=64, max_tokens=32, live=bench.live("ttft_itl"))
+    bench.summary(df)
+    bench.ttft_itl_chart(df)
 
 From a shell::
 

@@ -4,9 +4,10 @@ The figures are made without pyplot (no global state, no second copy shown at th
 a cell); a notebook shows one as a PNG when it is a cell's value, and ``fig.savefig(path)``
 writes it. Several labels in the frame (router modes, servers) become several lines.
 
-Example:
-    >>> fig = bench.ttft_itl_chart(df)          # doctest: +SKIP
-    >>> fig.savefig("ttft.png")                 # doctest: +SKIP
+Example::
+
+    fig = bench.ttft_itl_chart(df)
+    fig.savefig("ttft.png")
 """
 
 from __future__ import annotations

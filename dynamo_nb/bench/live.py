@@ -5,9 +5,10 @@ redraw, so a sweep leaves one figure, not one per update. Rendering runs in a wo
 to keep the event loop (and the measurement) moving. Outside a notebook nothing is shown;
 give ``path=`` to keep the last drawing as a PNG.
 
-Example:
-    >>> view = bench.live(bench.ttft_itl_chart, every=1.0)              # doctest: +SKIP
-    >>> df = await bench.run(url, "tiny-llama", concurrency=[1, 4, 8], live=view)  # doctest: +SKIP
+Example::
+
+    view = bench.live(bench.ttft_itl_chart, every=1.0)
+    df = await bench.run(url, "tiny-llama", concurrency=[1, 4, 8], live=view)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import aiohttp
 import pandas as pd
 from tqdm.auto import tqdm
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NoInstancesError
 from .client import RECORD_COLUMNS, send_request
 from .prompts import Prompt, as_prompts
 
@@ -117,9 +117,10 @@ async def run(
         ``worker``, ``prefill_worker``, ``path``. Times are seconds. Failed requests are
         rows with ``error`` set; nothing raises for a server error.
 
-    Example:
-        >>> df = await bench.run("http://127.0.0.1:8000", "tiny-llama", concurrency=[1, 8])  # doctest: +SKIP
-        >>> bench.summary(df)                                                            # doctest: +SKIP
+    Example::
+
+        df = await bench.run("http://127.0.0.1:8000", "tiny-llama", concurrency=[1, 8])
+        bench.summary(df)
     """
     base = _base_url(url)
     if endpoint not in ENDPOINTS:
@@ -199,9 +200,10 @@ async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: f
     Works with any OpenAI-compatible server (``instances`` needs our frontend's or Dynamo's
     ``/health``). Raises `TimeoutError` naming what was last seen.
 
-    Example:
-        >>> await bench.wait_for_model(frontend.url, "tiny-llama", instances=2)   # doctest: +SKIP
-        ['tiny-llama']
+    Example::
+
+        await bench.wait_for_model(frontend.url, "tiny-llama", instances=2)
+        # ['tiny-llama']
     """
     base = _base_url(url)
     loop = asyncio.get_running_loop()
@@ -225,7 +227,7 @@ async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: f
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError) as exc:
                 seen = f"{type(exc).__name__}: {exc}"
             if loop.time() >= deadline:
-                raise TimeoutError(
+                raise NoInstancesError(
                     f"{model!r} was not ready at {base} within {timeout:g} s (last seen: {seen})"
                 )
             await asyncio.sleep(0.2)

@@ -53,8 +53,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     Percentiles count successful requests only; throughput is successful requests (and
     their output tokens) over the level's wall time, first send to last answer.
 
-    Example:
-        >>> bench.summary(df)[["ttft_p50_ms", "itl_p50_ms", "req_per_s"]]   # doctest: +SKIP
+    Example::
+
+        bench.summary(df)[["ttft_p50_ms", "itl_p50_ms", "req_per_s"]]
     """
     keys = group_keys(df)
     rows = []
@@ -67,8 +68,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
 def save_json(df: pd.DataFrame, path: str | Path, **config: Any) -> Path:
     """Write ``{"config", "summary", "requests"}`` to ``path`` (folders are created).
 
-    Example:
-        >>> bench.save_json(df, "results/sweep.json", url=url, model="tiny-llama")  # doctest: +SKIP
+    Example::
+
+        bench.save_json(df, "results/sweep.json", url=url, model="tiny-llama")
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

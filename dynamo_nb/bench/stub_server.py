@@ -7,11 +7,12 @@ test against it measures the load generator alone. It checks what it is sent (mo
 messages or prompt, max_tokens) and answers mistakes with OpenAI error envelopes. With
 ``workers=N`` it reports ``nvext.worker_id`` round-robin over N ids, like our frontend.
 
-    python -m dynamo_nb.bench.stub_server --ttft 0.05 --itl 0.01    # prints READY http://…
+    python -m dynamo_nb.bench.stub_server --ttft 0.05 --itl 0.01    # prints READY stub url=http://…
 
-Example:
-    >>> async with await StubServer.start(ttft=0.05, itl=0.01) as stub:   # doctest: +SKIP
-    ...     df = await bench.run(stub.url, "stub", concurrency=[1, 4])
+Example::
+
+    async with await StubServer.start(ttft=0.05, itl=0.01) as stub:
+        df = await bench.run(stub.url, "stub", concurrency=[1, 4])
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import json
 import signal
 import sys
 from typing import Any
+
+from ..runtime.worker import announce_ready
 
 __all__ = ["StubServer"]
 
@@ -265,7 +268,7 @@ async def _main(argv: list[str] | None = None) -> int:
     stub = await StubServer.start(
         host=args.host, port=args.port, model=args.model, ttft=args.ttft, itl=args.itl, workers=args.workers
     )
-    print(f"READY {stub.url} model={stub.model}", flush=True)
+    announce_ready("stub", url=stub.url, model=stub.model)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -9,10 +9,11 @@ decode that never comes leaks nothing. It listens on 127.0.0.1 unless told other
 Frames on the wire: a 4-byte big-endian length, a JSON header, then (for a KV answer) the
 raw payload whose size the header gives. Nothing is pickled.
 
-Example:
-    >>> server = await BootstrapServer.start()                          # doctest: +SKIP
-    >>> server.park(room, header, payload)                              # doctest: +SKIP
-    >>> header, payload = await fetch_kv(BootstrapInfo("127.0.0.1", server.port, room))  # doctest: +SKIP
+Example::
+
+    server = await BootstrapServer.start()
+    server.park(room, header, payload)
+    header, payload = await fetch_kv(BootstrapInfo("127.0.0.1", server.port, room))
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ tensor of one dtype, written as its raw bytes. The header says the format, dtype
 layer count, prompt length and the first token the prefill sampled; `unpack_kv` refuses a
 payload that does not match it or the receiving model, with a message naming the mismatch.
 
-Example:
-    >>> header, payload = pack_kv(cache_layers, first_token=311)            # doctest: +SKIP
-    >>> layers = unpack_kv(header, payload, expect=KVLayout.of(model.config))  # doctest: +SKIP
+Example::
+
+    header, payload = pack_kv(cache_layers, first_token=311)
+    layers = unpack_kv(header, payload, expect=KVLayout.of(model.config))
 """
 
 from __future__ import annotations

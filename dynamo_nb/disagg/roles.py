@@ -1,7 +1,7 @@
-"""The prefill and decode roles that every engine shares: rooms, the bootstrap handoff, checks.
+"""The prefill and decode roles that every engine shares, and the worker role ``--mode`` picks.
 
 An engine that serves disaggregated requests mixes in `BootstrapRole` (its bootstrap server
-and KV timeout) and builds its two handlers on these helpers:
+and KV timeout) and builds its two roles on these helpers:
 
 - `prefill_stream`: the prefill role's stream — ``disaggregated_params`` (host, port, room)
   first, then the engine's prefill; its KV header and payload are parked under the room (or
@@ -9,32 +9,88 @@ and KV timeout) and builds its two handlers on these helpers:
 - `fetch_prompt_kv`: the decode role's fetch — where the KV is (``bootstrap_info`` or
   ``prefill_result.disaggregated_params``), the KV itself, checked against the prompt.
 
+`WorkerRole` is what a worker's ``--mode`` makes of its engine: the method to serve, where,
+and what its model card says (kinds, ``disaggregated_endpoint``).
+
 Example:
-    >>> async def run():                                    # the engine's own prefill     # doctest: +SKIP
-    ...     return {"first_token": 7, "prompt_tokens": 3, "payload_bytes": 0}, b""
-    >>> async for item in prefill_stream(engine.bootstrap, parsed, run): ...              # doctest: +SKIP
-    >>> header, payload = await fetch_prompt_kv(parsed, timeout=30)                       # doctest: +SKIP
+    >>> requested_room({"bootstrap_room": 42})
+    42
+    >>> WorkerRole("prefill", "dynamo.prefill.generate").kinds
+    ['prefill']
+
+An engine's prefill, in short::
+
+    async def run():                        # the engine prefills the prompt, packs its KV
+        return {"first_token": 7, "prompt_tokens": 3, "payload_bytes": 0}, b""
+    async for output in prefill_stream(engine.bootstrap, request, run): ...
+    header, payload = await fetch_prompt_kv(request, timeout=30)   # on the decode side
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .._context import Context
 from ..errors import ConfigError, DisaggregationError
-from ..llm.protocol import PreprocessedRequest, final_item
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..runtime.context import Context
 from .bootstrap import BootstrapServer, fetch_kv
 from .rooms import MAX_ROOM, BootstrapInfo, draw_room
 
-__all__ = ["BootstrapRole", "bootstrap_of", "fetch_prompt_kv", "prefill_stream", "requested_room"]
+if TYPE_CHECKING:
+    from ..llm.register import EngineMethod
+    from ..runtime.distributed import DistributedRuntime
+
+__all__ = [
+    "WORKER_MODES",
+    "BootstrapRole",
+    "DisaggregatedEngine",
+    "WorkerRole",
+    "bootstrap_of",
+    "fetch_prompt_kv",
+    "prefill_stream",
+    "requested_room",
+]
+
+logger = logging.getLogger("dynamo_nb.disagg")
+
+WORKER_MODES = ("aggregated", "prefill", "decode")
+
+
+@runtime_checkable
+class DisaggregatedEngine(Protocol):
+    """An engine (`dynamo_nb.engines.Engine`) with the prefill and decode roles of disaggregated serving.
+
+    ``prefill`` yields ``disaggregated_params`` (bootstrap host, port, room) first and parks the
+    prompt's KV for its decode; ``decode`` fetches it and goes on from the prefill's first token.
+    ``start_bootstrap`` starts the server the prefill role parks KV caches in.
+    """
+
+    kv_timeout: float
+
+    def generate(
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]: ...
+
+    def prefill(
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]: ...
+
+    def decode(
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]: ...
+
+    async def start_bootstrap(self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0) -> Any: ...
 
 
 class BootstrapRole:
-    """Mixin of an engine with prefill and decode roles: it gives the engine `prefill`, the
-    prefill role's handler, from the engine's ``_parse(request)`` and
-    ``_prefill_handoff(parsed, context)`` (prefill the prompt; the KV header, with
+    """Mixin of an engine with prefill and decode roles: it gives the engine `prefill` from the
+    engine's ``check_request(request)`` (refuse what it cannot serve) and
+    ``_prefill_handoff(request, context)`` (prefill the prompt; the KV header, with
     ``first_token``, and payload to park).
 
     Attributes:
@@ -45,24 +101,24 @@ class BootstrapRole:
     bootstrap: BootstrapServer | None = None
     kv_timeout: float = 30.0
 
-    def _parse(self, request: dict[str, Any]) -> PreprocessedRequest:
-        return PreprocessedRequest.from_dict(request)
+    def check_request(self, request: PreprocessedRequest) -> None:
+        """Raise `InvalidRequestError` for a request this engine cannot serve (default: none)."""
 
     async def _prefill_handoff(
-        self, parsed: PreprocessedRequest, context: Context | None
+        self, request: PreprocessedRequest, context: Context | None
     ) -> tuple[dict[str, Any], bytes]:
         raise NotImplementedError
 
     async def prefill(
-        self, request: dict[str, Any], context: Context | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The prefill role: ``{"token_ids": [], "disaggregated_params": {bootstrap_host,
-        bootstrap_port, bootstrap_room}}`` first (the room is ``bootstrap_info.bootstrap_room``
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
+        """The prefill role: an output with no tokens and ``disaggregated_params`` {bootstrap_host,
+        bootstrap_port, bootstrap_room} first (the room is ``bootstrap_info.bootstrap_room``
         when the router drew one, else a new one), then the first token as the final item. A
         prefill that fails or is cancelled fails its room, so its decode gets the reason at
         once. Needs `start_bootstrap` first."""
-        parsed = self._parse(request)
-        stream = prefill_stream(self.bootstrap, parsed, lambda: self._prefill_handoff(parsed, context))
+        self.check_request(request)
+        stream = prefill_stream(self.bootstrap, request, lambda: self._prefill_handoff(request, context))
         async with contextlib.aclosing(stream) as items:
             async for item in items:
                 yield item
@@ -81,12 +137,7 @@ class BootstrapRole:
 
 
 def requested_room(bootstrap_info: dict[str, Any] | None) -> int:
-    """The router's room from ``bootstrap_info``, or a fresh one.
-
-    Example:
-        >>> requested_room({"bootstrap_room": 42})
-        42
-    """
+    """The router's room from ``bootstrap_info``, or a fresh one."""
     room = (bootstrap_info or {}).get("bootstrap_room")
     if room is None:
         return draw_room()
@@ -97,16 +148,13 @@ def requested_room(bootstrap_info: dict[str, Any] | None) -> int:
     return room
 
 
-def bootstrap_of(parsed: PreprocessedRequest) -> BootstrapInfo:
+def bootstrap_of(request: PreprocessedRequest) -> BootstrapInfo:
     """Where a decode request's KV is: ``bootstrap_info``, else ``prefill_result.disaggregated_params``."""
-    if parsed.bootstrap_info is not None:
-        return BootstrapInfo.parse(parsed.bootstrap_info, "bootstrap_info")
-    if parsed.prefill_result is not None:
-        params = (
-            parsed.prefill_result.get("disaggregated_params")
-            if isinstance(parsed.prefill_result, dict)
-            else None
-        )
+    if request.bootstrap_info is not None:
+        return BootstrapInfo.parse(request.bootstrap_info, "bootstrap_info")
+    if request.prefill_result is not None:
+        result = request.prefill_result
+        params = result.get("disaggregated_params") if isinstance(result, dict) else None
         return BootstrapInfo.parse(params, "prefill_result.disaggregated_params")
     raise DisaggregationError(
         "a decode request needs bootstrap_info (fast path) or prefill_result.disaggregated_params "
@@ -116,32 +164,81 @@ def bootstrap_of(parsed: PreprocessedRequest) -> BootstrapInfo:
 
 async def prefill_stream(
     bootstrap: BootstrapServer | None,
-    parsed: PreprocessedRequest,
+    request: PreprocessedRequest,
     run: Callable[[], Awaitable[tuple[dict[str, Any], bytes]]],
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncIterator[LLMEngineOutput]:
     """The prefill role's items (see the module docstring); ``run()`` prefills and returns the KV
     header (with ``first_token``) and payload to park."""
     if bootstrap is None:
         raise ConfigError("the prefill role needs a bootstrap server: await engine.start_bootstrap() first")
-    room = requested_room(parsed.bootstrap_info)
-    yield {"token_ids": [], "disaggregated_params": {**bootstrap.endpoint, "bootstrap_room": room}}
+    room = requested_room(request.bootstrap_info)
+    yield LLMEngineOutput([], disaggregated_params={**bootstrap.endpoint, "bootstrap_room": room})
     try:
         header, payload = await run()
         bootstrap.park(room, header, payload)
     except BaseException as exc:
         bootstrap.fail(room, f"{type(exc).__name__}: {exc}")
         raise
-    yield final_item([header["first_token"]], "length", len(parsed.token_ids), 1)
+    yield LLMEngineOutput.final(
+        [header["first_token"]], "length", prompt_tokens=len(request.token_ids), completion_tokens=1
+    )
 
 
-async def fetch_prompt_kv(parsed: PreprocessedRequest, timeout: float) -> tuple[dict[str, Any], bytes]:
+async def fetch_prompt_kv(request: PreprocessedRequest, timeout: float) -> tuple[dict[str, Any], bytes]:
     """The decode role's KV header and payload, from the prefill's bootstrap server; refuses the
     KV of another prompt."""
-    info = bootstrap_of(parsed)
+    info = bootstrap_of(request)
     header, payload = await fetch_kv(info, timeout=timeout)
-    if header.get("prompt_tokens") != len(parsed.token_ids):
+    if header.get("prompt_tokens") != len(request.token_ids):
         raise DisaggregationError(
             f"room {info.room} holds the KV of {header.get('prompt_tokens')} prompt tokens, "
-            f"but this request has {len(parsed.token_ids)}: prefill and decode got different prompts"
+            f"but this request has {len(request.token_ids)}: prefill and decode got different prompts"
         )
     return header, payload
+
+
+@dataclass
+class WorkerRole:
+    """What ``--mode`` makes of an engine: where it serves and what its model card says.
+
+    - ``aggregated``: ``engine.generate`` at ``--endpoint``;
+    - ``prefill``: ``engine.prefill`` at ``--prefill-endpoint``, card kind ``prefill`` with its
+      bootstrap server as ``disaggregated_endpoint`` (unless ``--no-bootstrap-endpoint``);
+    - ``decode``: a `DecodeHandler` at ``--endpoint`` (it asks a prefill worker itself for requests
+      without bootstrap info), card kinds chat, completions and decode.
+    """
+
+    mode: str
+    endpoint: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WorkerRole:
+        """The role the flags ``--mode``, ``--endpoint`` and ``--prefill-endpoint`` give."""
+        if args.mode not in WORKER_MODES:
+            raise ConfigError(f"--mode {args.mode!r}: use one of {', '.join(WORKER_MODES)}")
+        return cls(args.mode, args.prefill_endpoint if args.mode == "prefill" else args.endpoint)
+
+    @property
+    def kinds(self) -> list[str] | None:
+        """The model card's kinds (None: chat and completions, as the model folder allows)."""
+        return {"prefill": ["prefill"], "decode": ["chat", "completions", "decode"]}.get(self.mode)
+
+    async def method(
+        self, runtime: DistributedRuntime, engine: DisaggregatedEngine, args: argparse.Namespace
+    ) -> tuple[EngineMethod, dict[str, Any] | None]:
+        """The engine method to serve and the card's runtime config; starts what the role needs
+        (the prefill role's bootstrap server, the decode role's prefill client)."""
+        if self.mode == "prefill":
+            bootstrap = await engine.start_bootstrap(args.bootstrap_host, args.bootstrap_port, ttl=args.kv_ttl)
+            published = None if args.no_bootstrap_endpoint else bootstrap.endpoint
+            return engine.prefill, {"disaggregated_endpoint": published}
+        if self.mode == "decode":
+            from .decode import DecodeHandler
+
+            try:  # to ask a prefill worker itself for requests that come without bootstrap info
+                prefill = await runtime.endpoint(args.prefill_endpoint).client()
+            except ConfigError as exc:  # e.g. static TCP: no address for the prefill workers
+                logger.warning("no prefill client (%s): such requests run here", exc)
+                prefill = None
+            return DecodeHandler(engine, prefill).generate, None
+        return engine.generate, None

@@ -1,27 +1,46 @@
-"""Engines: what runs the model behind a worker endpoint.
+"""Engines: what runs the model behind a worker endpoint, all behind one `Engine` protocol.
 
-``hf`` (PyTorch + transformers; needs the ``hf`` extra), ``echo`` (zero-cost, streams the
-prompt back) and ``mocker`` (a simulated engine with a KV block manager and KV events). Each engine's ``generate`` is an endpoint handler: ``PreprocessedRequest`` dict
-in, ``LLMEngineOutput`` dicts out.
+- ``base.py``: the `Engine` protocol, the KV-event sink, token budget (`DisaggregatedEngine`, the
+  prefill and decode roles, is `dynamo_nb.disagg.roles`');
+- ``echo.py``: `EchoEngine`, zero cost, streams the prompt back (measures everything but the model);
+- ``hf.py``: `HFEngine`, a local Hugging Face model with PyTorch + transformers (the ``hf`` extra);
+- ``mocker.py``: `MockerEngine`, a simulated vLLM-style scheduler with a KV block manager and
+  Dynamo's timing model, for routing experiments at scale;
+- ``kv_cache/``: the block manager (prefix reuse, LRU eviction, KV events) and the ``hf``
+  engine's prefix cache of KV tensors.
+
+A new engine implements `Engine` (and `DisaggregatedEngine` for prefill/decode roles); serve it
+with `dynamo_nb.llm.serve_llm(endpoint, engine.generate, model_path)`.
 
 Example:
-    >>> from dynamo_nb.engines import EchoEngine
-    >>> engine = EchoEngine()
-    >>> server = await endpoint.serve(engine.generate)   # doctest: +SKIP
+    >>> from dynamo_nb.engines import EchoEngine, Engine
+    >>> isinstance(EchoEngine(), Engine)
+    True
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._base import stats_handler
+from ..disagg.roles import DisaggregatedEngine
+from .base import Engine, KvEvent, KvEventSink, stats_handler, token_budget
 from .echo import EchoEngine
 from .mocker import MockerEngine
 
 if TYPE_CHECKING:
     from .hf import HFEngine
 
-__all__ = ["EchoEngine", "HFEngine", "MockerEngine", "stats_handler"]
+__all__ = [
+    "DisaggregatedEngine",
+    "EchoEngine",
+    "Engine",
+    "HFEngine",
+    "KvEvent",
+    "KvEventSink",
+    "MockerEngine",
+    "stats_handler",
+    "token_budget",
+]
 
 
 def __getattr__(name: str) -> Any:  # HFEngine imports torch only when asked for

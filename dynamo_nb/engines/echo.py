@@ -2,21 +2,21 @@
 
 Example:
     >>> import asyncio
+    >>> from dynamo_nb.llm import PreprocessedRequest, StopConditions
     >>> async def run():
-    ...     engine = EchoEngine()
-    ...     return [item async for item in engine.generate({"token_ids": [7, 8], "stop_conditions": {"max_tokens": 3}})]
-    >>> [item["token_ids"] for item in asyncio.run(run())]
+    ...     request = PreprocessedRequest(token_ids=[7, 8], stop_conditions=StopConditions(max_tokens=3))
+    ...     return [output.token_ids async for output in EchoEngine().generate(request)]
+    >>> asyncio.run(run())
     [[7], [8], [7]]
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
-from .._context import Context
-from ..llm.protocol import PreprocessedRequest
-from ._base import final_item, token_budget
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..runtime.context import Context
+from .base import KvEvent, token_budget
 
 __all__ = ["EchoEngine"]
 
@@ -26,17 +26,30 @@ class EchoEngine:
 
     def __init__(self, context_length: int | None = None) -> None:
         self.context_length = context_length
+        self.requests_total = 0
 
     async def generate(
-        self, request: dict[str, Any], context: Context | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The engine's handler: serve it with ``endpoint.serve(engine.generate)``."""
-        parsed = PreprocessedRequest.from_dict(request)
-        prompt = parsed.token_ids
-        budget = token_budget(parsed, self.context_length)
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
+        """The prompt's tokens, cycled, one per item; the last with usage."""
+        self.requests_total += 1
+        prompt = request.token_ids
+        budget = token_budget(request, self.context_length)
         for index in range(budget - 1):
             if context is not None and context.is_stopped():
-                yield final_item([], "cancelled", len(prompt), index)
+                yield LLMEngineOutput.final([], "cancelled", prompt_tokens=len(prompt), completion_tokens=index)
                 return
-            yield {"token_ids": [prompt[index % len(prompt)]]}
-        yield final_item([prompt[(budget - 1) % len(prompt)]], "length", len(prompt), budget)
+            yield LLMEngineOutput([prompt[index % len(prompt)]])
+        last = prompt[(budget - 1) % len(prompt)]
+        yield LLMEngineOutput.final([last], "length", prompt_tokens=len(prompt), completion_tokens=budget)
+
+    def stats(self) -> dict[str, int]:
+        """``requests``: how many it served."""
+        return {"requests": self.requests_total}
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        """No KV cache: nothing to rebuild."""
+        return []
+
+    async def close(self) -> None:
+        """Nothing to release."""

@@ -5,37 +5,38 @@ every active sequence per round, in a worker thread so the event loop stays free
 each new token to its stream. A short request therefore finishes while a long one runs.
 Cancelling a stream drops its sequence and KV cache at once.
 
-Example:
-    >>> engine = await HFEngine.load(tiny_model_path())                      # doctest: +SKIP
-    >>> server = await endpoint.serve(engine.generate)                        # doctest: +SKIP
-    >>> [x async for x in engine.generate({"token_ids": [5, 6], "stop_conditions": {"max_tokens": 2},
-    ...                                     "sampling_options": {"temperature": 0}})]   # doctest: +SKIP
-    [{'token_ids': [311]}, {'token_ids': [87], 'finish_reason': 'length', 'completion_usage': {...}}]
+Example::
+
+    engine = await HFEngine.load(tiny_model_path())
+    request = PreprocessedRequest([5, 6], StopConditions(max_tokens=2), SamplingOptions(temperature=0))
+    [output.token_ids async for output in engine.generate(request)]       # [[311], [87]]
+    await serve_llm(endpoint, engine.generate, tiny_model_path())          # as a worker
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import functools
 import itertools
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._context import Context
 from ..disagg import KVLayout, pack_kv, unpack_kv
 from ..disagg.roles import BootstrapRole, fetch_prompt_kv
-from ..errors import ConfigError, DynamoNBError, InvalidRequestError
+from ..errors import ConfigError, EngineError, InvalidRequestError
 from ..llm.card import check_model_dir
-from ..llm.protocol import PreprocessedRequest, SamplingOptions
-from ._base import final_item, token_budget
-from .kv_blocks import publish_kv_events
-from .prefix_cache import PrefixCache
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions
+from ..runtime.context import Context
+from .base import KvEvent, KvEventSink, token_budget
+from .kv_cache.blocks import publish_kv_events
+from .kv_cache.prefix import PrefixCache
 
 __all__ = ["HFEngine"]
 
@@ -65,8 +66,8 @@ class HFEngine(BootstrapRole):
 
     Attributes:
         prefix_cache: the `PrefixCache` of full prompt blocks (None when prefix caching is off).
-        publish: set it to a coroutine function (a `KvEventPublisher`'s ``publish``) to send the
-            prefix cache's KV events, so a KV router follows this engine's cache.
+        kv_events: where the prefix cache's KV events go (a `KvEventPublisher`'s ``publish``), so
+            a KV router follows this engine's cache; None: nowhere.
     """
 
     def __init__(
@@ -77,11 +78,12 @@ class HFEngine(BootstrapRole):
         eos_token_ids: list[int],
         max_num_seqs: int = 64,
         prefix_cache: PrefixCache | None = None,
+        kv_events: KvEventSink | None = None,
     ) -> None:
         """Use `HFEngine.load`."""
         self.model = model
         self.prefix_cache = prefix_cache
-        self.publish: Callable[[Any], Awaitable[Any]] | None = None
+        self.kv_events = kv_events
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.context_length: int | None = getattr(model.config, "max_position_embeddings", None)
@@ -105,6 +107,7 @@ class HFEngine(BootstrapRole):
         max_num_seqs: int = 64,
         prefix_cache_blocks: int = 1024,
         block_size: int = 16,
+        kv_events: KvEventSink | None = None,
     ) -> HFEngine:
         """Load the model in ``model_path`` off the event loop.
 
@@ -114,6 +117,7 @@ class HFEngine(BootstrapRole):
             max_num_seqs: requests running at once; more wait for a slot.
             prefix_cache_blocks: full prompt blocks whose KV is kept for reuse (0: no prefix cache).
             block_size: tokens per block (the model card's ``kv_cache_block_size``).
+            kv_events: where the prefix cache's KV events go (e.g. a `KvEventPublisher`'s ``publish``).
         """
         folder = check_model_dir(model_path)
         if max_num_seqs < 1:
@@ -129,8 +133,31 @@ class HFEngine(BootstrapRole):
             PrefixCache(prefix_cache_blocks, block_size, model.config) if prefix_cache_blocks else None
         )
         return cls(
-            model, device=device_name, eos_token_ids=eos, max_num_seqs=max_num_seqs, prefix_cache=prefix_cache
+            model,
+            device=device_name,
+            eos_token_ids=eos,
+            max_num_seqs=max_num_seqs,
+            prefix_cache=prefix_cache,
+            kv_events=kv_events,
         )
+
+    @classmethod
+    async def from_args(
+        cls, args: argparse.Namespace, model_path: str | Path, *, kv_events: KvEventSink | None = None
+    ) -> HFEngine:
+        """The engine the worker flags describe (``--device``, ``--dtype``, ``--max-num-seqs``, the prefix
+        cache, ``--kv-timeout``)."""
+        engine = await cls.load(
+            model_path,
+            device=args.device,
+            dtype=args.dtype,
+            max_num_seqs=args.max_num_seqs,
+            prefix_cache_blocks=0 if args.no_enable_prefix_caching else args.prefix_cache_blocks,
+            block_size=args.kv_cache_block_size,
+            kv_events=kv_events,
+        )
+        engine.kv_timeout = args.kv_timeout
+        return engine
 
     @property
     def active(self) -> int:
@@ -147,27 +174,27 @@ class HFEngine(BootstrapRole):
             "steps": self.steps_total,
         }
 
-    def kv_snapshot(self) -> list[Any]:
+    def kv_snapshot(self) -> list[KvEvent]:
         """Events that rebuild the prefix cache's index from empty (for a KV router's re-sync)."""
         return self.prefix_cache.snapshot() if self.prefix_cache else []
 
     async def generate(
-        self, request: dict[str, Any], context: Context | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """Stream ``{"token_ids": [t]}`` per new token; the last item has ``finish_reason`` and usage."""
-        parsed = self._parse(request)
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
+        """One output per new token; the last has ``finish_reason`` and usage."""
+        self.check_request(request)
         async with self._admission:
-            seq = self._new_sequence(parsed, token_budget(parsed, self.context_length))
+            seq = self._new_sequence(request, token_budget(request, self.context_length))
             async with contextlib.aclosing(self._stream(seq, context)) as items:  # closed with this stream
                 async for item in items:
                     yield item
 
     async def _prefill_handoff(
-        self, parsed: PreprocessedRequest, context: Context | None
+        self, request: PreprocessedRequest, context: Context | None
     ) -> tuple[dict[str, Any], bytes]:
         """The prefill role's work (see `BootstrapRole.prefill`): the prompt's KV and first token, packed."""
         async with self._admission:
-            seq = self._new_sequence(parsed, 1)
+            seq = self._new_sequence(request, 1)
             try:
                 token, _finish = await self._next_token(seq)
                 layers = [(layer.keys, layer.values) for layer in seq.cache.layers]
@@ -179,48 +206,51 @@ class HFEngine(BootstrapRole):
                 seq.cache = None
 
     async def decode(
-        self, request: dict[str, Any], context: Context | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
         """The decode role: fetch the prompt's KV cache from the prefill's bootstrap server, go on.
 
         Takes ``bootstrap_info`` (fast path) or ``prefill_result.disaggregated_params``
         (fallback path); streams like `generate`, starting with the prefill's first token.
         """
-        parsed = self._parse(request)
-        header, payload = await fetch_prompt_kv(parsed, self.kv_timeout)
+        self.check_request(request)
+        header, payload = await fetch_prompt_kv(request, self.kv_timeout)
         loop = asyncio.get_running_loop()
         cache = await loop.run_in_executor(self._executor, self._import_cache, header, payload)
         async with self._admission:
-            seq = self._new_sequence(parsed, token_budget(parsed, self.context_length))
+            seq = self._new_sequence(request, token_budget(request, self.context_length))
             seq.cache, seq.last_token, seq.generated = cache, header["first_token"], 1
             _check_finish(seq, seq.last_token)
             if seq.finish is not None:
-                yield final_item([seq.last_token], seq.finish, len(seq.prompt), 1)
+                yield LLMEngineOutput.final(
+                    [seq.last_token], seq.finish, prompt_tokens=len(seq.prompt), completion_tokens=1
+                )
                 return
-            yield {"token_ids": [seq.last_token]}
+            yield LLMEngineOutput([seq.last_token])
             async with contextlib.aclosing(self._stream(seq, context)) as items:  # closed with this stream
                 async for item in items:
                     yield item
 
-    def _parse(self, request: dict[str, Any]) -> PreprocessedRequest:
-        parsed = PreprocessedRequest.from_dict(request)
+    def check_request(self, request: PreprocessedRequest) -> None:
+        """Refuse token ids outside the model's vocabulary (`InvalidRequestError`)."""
         vocab = self.model.config.vocab_size
-        if max(parsed.token_ids) >= vocab:
-            raise InvalidRequestError(f"token id {max(parsed.token_ids)} is outside the vocabulary ({vocab})")
-        return parsed
+        if max(request.token_ids) >= vocab:
+            raise InvalidRequestError(
+                f"token id {max(request.token_ids)} is outside the vocabulary ({vocab})", param="token_ids"
+            )
 
-    def _new_sequence(self, parsed: PreprocessedRequest, budget: int) -> _Sequence:
-        stop = parsed.stop_conditions
-        eos = frozenset() if stop.ignore_eos else frozenset(parsed.eos_token_ids or self.eos_token_ids)
+    def _new_sequence(self, request: PreprocessedRequest, budget: int) -> _Sequence:
+        stop = request.stop_conditions
+        eos = frozenset() if stop.ignore_eos else frozenset(request.eos_token_ids or self.eos_token_ids)
         return _Sequence(
             seq_id=next(self._ids),
-            prompt=parsed.token_ids,
+            prompt=request.token_ids,
             budget=budget,
-            sampling=parsed.sampling_options,
+            sampling=request.sampling_options,
             eos=eos,
             min_tokens=stop.min_tokens,
             queue=asyncio.Queue(),
-            generator=_make_generator(self.device, parsed.sampling_options.seed),
+            generator=_make_generator(self.device, request.sampling_options.seed),
         )
 
     async def _next_token(self, seq: _Sequence) -> tuple[int, str | None]:
@@ -233,17 +263,22 @@ class HFEngine(BootstrapRole):
             raise token
         return token, finish
 
-    async def _stream(self, seq: _Sequence, context: Context | None) -> AsyncIterator[dict[str, Any]]:
-        """Run ``seq`` to its end, one item per token; it leaves the scheduler however it ends."""
+    async def _stream(self, seq: _Sequence, context: Context | None) -> AsyncIterator[LLMEngineOutput]:
+        """Run ``seq`` to its end, one output per token; it leaves the scheduler however it ends."""
+        prompt_tokens = len(seq.prompt)
         try:
             while True:
                 token, finish = await self._next_token(seq)
                 if finish is not None:
-                    yield final_item([token], finish, len(seq.prompt), seq.generated)
+                    yield LLMEngineOutput.final(
+                        [token], finish, prompt_tokens=prompt_tokens, completion_tokens=seq.generated
+                    )
                     return
-                yield {"token_ids": [token]}
+                yield LLMEngineOutput([token])
                 if context is not None and context.is_stopped():
-                    yield final_item([], "cancelled", len(seq.prompt), seq.generated)
+                    yield LLMEngineOutput.final(
+                        [], "cancelled", prompt_tokens=prompt_tokens, completion_tokens=seq.generated
+                    )
                     return
         finally:
             self._active.pop(seq.seq_id, None)
@@ -277,7 +312,7 @@ class HFEngine(BootstrapRole):
                 results = await loop.run_in_executor(self._executor, self._step_all, batch)
             except Exception as exc:  # the model failed: every running stream gets the error
                 logger.exception("model step failed")
-                error = DynamoNBError(f"the model step failed: {exc!r}")
+                error = EngineError(f"the model step failed: {exc!r}")
                 for seq in batch:
                     seq.queue.put_nowait((error, None))
                     self._active.pop(seq.seq_id, None)
@@ -291,7 +326,7 @@ class HFEngine(BootstrapRole):
 
     async def _publish_events(self) -> None:
         if self.prefix_cache is not None:
-            await publish_kv_events(self.publish, self.prefix_cache.drain_events())
+            await publish_kv_events(self.kv_events, self.prefix_cache.drain_events())
 
     def _step_all(self, batch: list[_Sequence]) -> list[int]:
         """One step of every sequence in ``batch`` (runs in the engine's thread)."""

@@ -12,7 +12,7 @@ Dynamo's published timing model says (milliseconds, divided by ``speedup_ratio``
 - decode (when the step has prefilled requests): ``-25.74·p² + 54.01·p + 5.74`` (at least 1)
   with p = active KV tokens / total KV tokens.
 
-Its KV block manager reuses cached prompt prefixes and emits real KV events (``publish``),
+Its KV block manager reuses cached prompt prefixes and emits real KV events (``kv_events``),
 so the KV router sees what it would see from vLLM. It streams exactly ``max_tokens`` tokens
 (the prompt's ids, cycled), ignoring eos.
 
@@ -22,24 +22,34 @@ parks a tensor-less handoff (``prompt_tokens``, ``first_token``) in its bootstra
 transfer itself takes no simulated time) and decodes from the second token on.
 
 Example:
-    >>> engine = MockerEngine(block_size=16, speedup_ratio=10.0)            # doctest: +SKIP
-    >>> await endpoint.serve(engine.generate)                                # doctest: +SKIP
+    >>> import asyncio
+    >>> from dynamo_nb.llm import PreprocessedRequest, StopConditions
+    >>> async def run():
+    ...     engine = MockerEngine(block_size=4, speedup_ratio=1000.0)
+    ...     request = PreprocessedRequest(list(range(8)), StopConditions(max_tokens=3))
+    ...     outputs = [output async for output in engine.generate(request)]
+    ...     await engine.close()
+    ...     return [o.token_ids for o in outputs], outputs[-1].finish_reason, engine.stats()["cached_blocks"]
+    >>> asyncio.run(run())
+    ([[0], [1], [2]], 'length', 2)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._context import Context
 from ..disagg.roles import BootstrapRole, fetch_prompt_kv
-from ..errors import DisaggregationError, InvalidRequestError
-from ..llm.protocol import PreprocessedRequest, final_item
-from .kv_blocks import Allocation, KvBlockManager, publish_kv_events
+from ..errors import ConfigError, DisaggregationError, InvalidRequestError
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..runtime.context import Context
+from .base import KvEvent, KvEventSink
+from .kv_cache.blocks import Allocation, KvBlockManager, publish_kv_events
 
 __all__ = ["MOCK_KV_FORMAT", "MockerEngine", "decode_ms", "prefill_ms"]
 
@@ -93,18 +103,21 @@ class MockerEngine(BootstrapRole):
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
         speedup_ratio: float = 1.0,
-        publish: Callable[[Any], Awaitable[Any]] | None = None,
+        kv_events: KvEventSink | None = None,
     ) -> None:
         if speedup_ratio <= 0:
-            raise ValueError(f"speedup_ratio must be positive, got {speedup_ratio}")
+            raise ConfigError(f"--speedup-ratio must be positive, got {speedup_ratio}")
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
-            raise ValueError("max_num_batched_tokens and max_num_seqs must be at least 1")
+            raise ConfigError(
+                f"--max-num-batched-tokens and --max-num-seqs must be at least 1, got {max_num_batched_tokens} "
+                f"and {max_num_seqs}"
+            )
         self.kv = KvBlockManager(num_blocks, block_size)
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.speedup_ratio = speedup_ratio
-        self.publish = publish
+        self.kv_events = kv_events
         self.prefix_hits = 0
         self.prompt_blocks = 0
         self.steps = 0
@@ -127,59 +140,73 @@ class MockerEngine(BootstrapRole):
             "steps": self.steps,
         }
 
-    def kv_snapshot(self) -> list[Any]:
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, kv_events: KvEventSink | None = None) -> MockerEngine:
+        """The engine the mocker worker's flags describe (its KV pool, scheduler limits, speed, ``--kv-timeout``)."""
+        engine = cls(
+            block_size=args.kv_cache_block_size,
+            num_blocks=args.num_gpu_blocks,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            speedup_ratio=args.speedup_ratio,
+            kv_events=kv_events,
+        )
+        engine.kv_timeout = args.kv_timeout
+        return engine
+
+    def kv_snapshot(self) -> list[KvEvent]:
         """Events that rebuild the KV pool's index from empty (for a KV router's re-sync)."""
         return self.kv.snapshot()
 
     async def generate(
-        self, request: dict[str, Any], context: Context | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        """The engine's handler: exactly ``max_tokens`` tokens (default 16), the last with usage."""
-        parsed = self._parse(request)
-        job = _Request(parsed.token_ids, parsed.stop_conditions.max_tokens or 16)
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
+        """Exactly ``max_tokens`` tokens (default 16), the last output with usage."""
+        job = _Request(request.token_ids, request.stop_conditions.max_tokens or 16)
         async with contextlib.aclosing(self._stream(job, context)) as items:
             async for item in items:
                 yield item
 
     async def _prefill_handoff(
-        self, parsed: PreprocessedRequest, context: Context | None
+        self, request: PreprocessedRequest, context: Context | None
     ) -> tuple[dict[str, Any], bytes]:
         """The prefill role's work (see `BootstrapRole.prefill`): the prompt through the scheduler
         (its blocks cached here), then a tensor-less handoff."""
-        job = _Request(parsed.token_ids, 1)
-        async with contextlib.aclosing(self._stream(job, context)) as items:
-            tokens = [token async for item in items for token in item["token_ids"]]
+        job = _Request(request.token_ids, 1)
+        async with contextlib.aclosing(self._stream(job, context)) as outputs:
+            tokens = [token async for output in outputs for token in output.token_ids]
         if not tokens:
             raise DisaggregationError("the prefill was cancelled before its first token")
         header = {
             "format": MOCK_KV_FORMAT,
-            "prompt_tokens": len(parsed.token_ids),
+            "prompt_tokens": len(request.token_ids),
             "first_token": tokens[0],
             "payload_bytes": 0,
         }
         return header, b""
 
     async def decode(
-        self, request: dict[str, Any], context: Context | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
         """The decode role: the prefill's first token, then the rest of ``max_tokens`` from here."""
-        parsed = self._parse(request)
-        header, _ = await fetch_prompt_kv(parsed, self.kv_timeout)
+        header, _ = await fetch_prompt_kv(request, self.kv_timeout)
         if header.get("format") != MOCK_KV_FORMAT or not isinstance(header.get("first_token"), int):
             raise DisaggregationError(
                 f"the prefill sent a {header.get('format')!r} handoff; a mocker decode needs a mocker "
                 f"prefill ({MOCK_KV_FORMAT})"
             )
-        job = _Request(parsed.token_ids, parsed.stop_conditions.max_tokens or 16, emitted=1, transferred=True)
+        job = _Request(request.token_ids, request.stop_conditions.max_tokens or 16, emitted=1, transferred=True)
         if job.max_tokens <= 1:
-            yield final_item([header["first_token"]], "length", len(job.prompt), 1)
+            yield LLMEngineOutput.final(
+                [header["first_token"]], "length", prompt_tokens=len(job.prompt), completion_tokens=1
+            )
             return
-        yield {"token_ids": [header["first_token"]]}
+        yield LLMEngineOutput([header["first_token"]])
         async with contextlib.aclosing(self._stream(job, context)) as items:
             async for item in items:
                 yield item
 
-    async def _stream(self, job: _Request, context: Context | None) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, job: _Request, context: Context | None) -> AsyncIterator[LLMEngineOutput]:
         """Queue ``job`` and stream its tokens; leaving early (cancel, close) frees it."""
         self._waiting.append(job)
         self._ensure_loop()
@@ -191,11 +218,15 @@ class MockerEngine(BootstrapRole):
                     raise token
                 received += 1
                 if received >= job.max_tokens:
-                    yield final_item([token], "length", len(job.prompt), received)
+                    yield LLMEngineOutput.final(
+                        [token], "length", prompt_tokens=len(job.prompt), completion_tokens=received
+                    )
                     return
-                yield {"token_ids": [token]}
+                yield LLMEngineOutput([token])
                 if context is not None and context.is_stopped():
-                    yield final_item([], "cancelled", len(job.prompt), received)
+                    yield LLMEngineOutput.final(
+                        [], "cancelled", prompt_tokens=len(job.prompt), completion_tokens=received
+                    )
                     return
         finally:
             job.cancelled = True
@@ -288,7 +319,7 @@ class MockerEngine(BootstrapRole):
         self._running = still
 
     async def _publish_events(self) -> None:
-        await publish_kv_events(self.publish, self.kv.drain_events())
+        await publish_kv_events(self.kv_events, self.kv.drain_events())
 
     async def close(self) -> None:
         await self.stop_bootstrap()

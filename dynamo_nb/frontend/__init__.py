@@ -1,28 +1,35 @@
-"""The OpenAI-compatible frontend: HTTP in, model cards and routers to the workers.
+"""The OpenAI-compatible frontend: HTTP in, routed to the workers that registered a model.
 
-Example:
-    >>> from dynamo_nb.frontend import Frontend
-    >>> frontend = await Frontend.start(runtime, port=0)      # doctest: +SKIP
-    >>> frontend.url                                           # doctest: +SKIP
-    'http://127.0.0.1:41233'
+- ``server.py``: `Frontend`, the aiohttp app and its routes (chat, completions, models,
+  health, live, metrics), the SSE and unary writers;
+- ``openai.py``: request bodies checked field by field (`parse_request`);
+- ``models.py``: the served models, from model cards in discovery (or given in static mode),
+  each with its tokenizer, client and router;
+- ``metrics.py``: Prometheus metrics (``dynamo_frontend_*``); ``errors.py``: errors as OpenAI
+  error envelopes.
+
+Example::
+
+    frontend = await Frontend.start(runtime, port=0)
+    frontend.url                                    # 'http://127.0.0.1:41233'
 """
 
 from __future__ import annotations
 
-from .errors import HTTPError
+from .errors import error_body, http_error
 from .metrics import FrontendMetrics
-from .models import ROUTER_MODES, ModelManager, ServedModel
+from .models import ModelManager, ServedModel
 from .openai import OpenAIRequest, parse_request
 from .server import DEFAULT_HTTP_PORT, Frontend
 
 __all__ = [
     "DEFAULT_HTTP_PORT",
-    "ROUTER_MODES",
     "Frontend",
     "FrontendMetrics",
-    "HTTPError",
     "ModelManager",
     "OpenAIRequest",
     "ServedModel",
+    "error_body",
+    "http_error",
     "parse_request",
 ]

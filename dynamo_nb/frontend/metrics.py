@@ -1,169 +1,140 @@
-"""The frontend's Prometheus metrics, in the text exposition format (no dependency).
+"""The frontend's Prometheus metrics (``prometheus-client``), served at ``/metrics``.
 
-Names follow Dynamo's frontend (``dynamo_frontend_*``), so existing dashboards read them.
+Names follow Dynamo's frontend (``dynamo_frontend_*``), so existing dashboards read them. Each
+frontend has its own registry, so several frontends can live in one process (a notebook).
 
 Example:
     >>> metrics = FrontendMetrics()
-    >>> metrics.requests.inc(model="tiny", endpoint="chat_completions", request_type="stream", status="success")
-    >>> 'dynamo_frontend_requests_total{model="tiny"' in metrics.render()
+    >>> metrics.count_request("tiny", "chat_completions", "stream", "success")
+    >>> metrics.of("tiny").ttft.observe(0.012)
+    >>> text = metrics.render().decode()
+    >>> 'status="success"} 1.0' in text
+    True
+    >>> 'dynamo_frontend_time_to_first_token_seconds_count{model="tiny"} 1.0' in text
     True
 """
 
 from __future__ import annotations
 
-import bisect
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Counter", "FrontendMetrics", "Gauge", "Histogram"]
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+__all__ = ["FrontendMetrics", "ModelMetrics"]
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 
 
-def _labels(names: tuple[str, ...], values: tuple[str, ...], extra: str = "") -> str:
-    pairs = [f'{n}="{v}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        pairs.append(extra)
-    return "{" + ",".join(pairs) + "}" if pairs else ""
+@dataclass
+class ModelMetrics:
+    """One model's series, looked up once per request (`FrontendMetrics.of`)."""
 
-
-class _Metric:
-    kind = ""
-
-    def __init__(self, name: str, help_text: str, labels: tuple[str, ...]) -> None:
-        self.name = name
-        self.help = help_text
-        self.label_names = labels
-
-    def _key(self, labels: dict[str, Any]) -> tuple[str, ...]:
-        return tuple(str(labels[n]) for n in self.label_names)
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-
-
-class Counter(_Metric):
-    """A monotonically increasing count per label set."""
-
-    kind = "counter"
-
-    def __init__(self, name: str, help_text: str, labels: tuple[str, ...]) -> None:
-        super().__init__(name, help_text, labels)
-        self.values: dict[tuple[str, ...], float] = {}
-
-    def inc(self, amount: float = 1.0, **labels: Any) -> None:
-        key = self._key(labels)
-        self.values[key] = self.values.get(key, 0.0) + amount
-
-    def render(self) -> list[str]:
-        return self.header() + [
-            f"{self.name}{_labels(self.label_names, k)} {v:g}" for k, v in sorted(self.values.items())
-        ]
-
-
-class Gauge(Counter):
-    """A value that goes up and down per label set."""
-
-    kind = "gauge"
-
-    def dec(self, amount: float = 1.0, **labels: Any) -> None:
-        self.inc(-amount, **labels)
-
-
-class Histogram(_Metric):
-    """Observations counted into cumulative buckets, with their sum and count."""
-
-    kind = "histogram"
-
-    def __init__(
-        self, name: str, help_text: str, labels: tuple[str, ...], buckets: tuple[float, ...]
-    ) -> None:
-        super().__init__(name, help_text, labels)
-        self.buckets = tuple(sorted(buckets))
-        self.series: dict[tuple[str, ...], list[float]] = {}  # bucket counts..., sum, count
-
-    def observe(self, value: float, **labels: Any) -> None:
-        key = self._key(labels)
-        series = self.series.get(key)
-        if series is None:
-            series = self.series[key] = [0.0] * (len(self.buckets) + 2)
-        slot = bisect.bisect_left(self.buckets, value)
-        if slot < len(self.buckets):  # above the last bound: only +Inf (the count) holds it
-            series[slot] += 1
-        series[-2] += value
-        series[-1] += 1
-
-    def render(self) -> list[str]:
-        lines = self.header()
-        for key, series in sorted(self.series.items()):
-            running = 0.0
-            for bound, count in zip(self.buckets, series, strict=False):
-                running += count
-                le = f'le="{bound:g}"'
-                lines.append(f"{self.name}_bucket{_labels(self.label_names, key, le)} {running:g}")
-            inf = 'le="+Inf"'
-            lines.append(f"{self.name}_bucket{_labels(self.label_names, key, inf)} {series[-1]:g}")
-            lines.append(f"{self.name}_sum{_labels(self.label_names, key)} {series[-2]:.6g}")
-            lines.append(f"{self.name}_count{_labels(self.label_names, key)} {series[-1]:g}")
-        return lines
-
-
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+    inflight: Any
+    ttft: Any
+    itl: Any
+    duration: Any
+    input_tokens: Any
+    output_tokens: Any
 
 
 class FrontendMetrics:
-    """Requests, in-flight, TTFT, inter-token latency, duration and token counts per model."""
+    """Requests, in-flight, TTFT, inter-token latency, duration, token counts and the
+    disaggregated paths, per model.
+
+    Attributes:
+        content_type: the ``Content-Type`` of `render`'s text.
+    """
+
+    content_type = CONTENT_TYPE_LATEST
 
     def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        registry = self.registry
         self.requests = Counter(
-            "dynamo_frontend_requests_total",
+            "dynamo_frontend_requests",
             "HTTP requests by model, endpoint, stream or unary, and outcome",
             ("model", "endpoint", "request_type", "status"),
+            registry=registry,
         )
-        self.inflight = Gauge("dynamo_frontend_inflight_requests", "requests running now", ("model",))
+        self.inflight = Gauge(
+            "dynamo_frontend_inflight_requests", "requests running now", ("model",), registry=registry
+        )
         self.ttft = Histogram(
             "dynamo_frontend_time_to_first_token_seconds",
             "time to the first token",
             ("model",),
-            _LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.itl = Histogram(
-            "dynamo_frontend_inter_token_latency_seconds", "time between tokens", ("model",), _LATENCY_BUCKETS
+            "dynamo_frontend_inter_token_latency_seconds",
+            "time between tokens",
+            ("model",),
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.duration = Histogram(
             "dynamo_frontend_request_duration_seconds",
             "time of a whole request",
             ("model",),
-            _LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
         )
         self.input_tokens = Histogram(
-            "dynamo_frontend_input_sequence_tokens", "prompt tokens per request", ("model",), _TOKEN_BUCKETS
-        )
-        self.disagg_requests = Counter(
-            "dynamo_frontend_disagg_requests_total",
-            "requests of models with prefill workers, by the path they took (fast, fallback, aggregated)",
-            ("model", "path"),
-        )
-        self.prefill_errors = Counter(
-            "dynamo_frontend_prefill_errors_total", "prefills that failed or whose handoff failed", ("model",)
+            "dynamo_frontend_input_sequence_tokens",
+            "prompt tokens per request",
+            ("model",),
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
         )
         self.output_tokens = Histogram(
             "dynamo_frontend_output_sequence_tokens",
             "generated tokens per request",
             ("model",),
-            _TOKEN_BUCKETS,
+            buckets=TOKEN_BUCKETS,
+            registry=registry,
         )
+        self.disagg_requests = Counter(
+            "dynamo_frontend_disagg_requests",
+            "requests of models with prefill workers, by the path they took (fast, fallback, aggregated)",
+            ("model", "path"),
+            registry=registry,
+        )
+        self.prefill_errors = Counter(
+            "dynamo_frontend_prefill_errors",
+            "prefills that failed or whose handoff failed",
+            ("model",),
+            registry=registry,
+        )
+        self._models: dict[str, ModelMetrics] = {}
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for metric in (
-            self.requests,
-            self.inflight,
-            self.ttft,
-            self.itl,
-            self.duration,
-            self.input_tokens,
-            self.output_tokens,
-            self.disagg_requests,
-            self.prefill_errors,
-        ):
-            lines.extend(metric.render())
-        return "\n".join(lines) + "\n"
+    def of(self, model: str) -> ModelMetrics:
+        """The series of ``model`` (made on first use, then cached)."""
+        found = self._models.get(model)
+        if found is None:
+            found = self._models[model] = ModelMetrics(
+                self.inflight.labels(model),
+                self.ttft.labels(model),
+                self.itl.labels(model),
+                self.duration.labels(model),
+                self.input_tokens.labels(model),
+                self.output_tokens.labels(model),
+            )
+        return found
+
+    def count_request(self, model: str, endpoint: str, request_type: str, status: str) -> None:
+        """One finished HTTP request (``status``: success, error or cancelled)."""
+        self.requests.labels(model, endpoint, request_type, status).inc()
+
+    def render(self) -> bytes:
+        """Every series in the Prometheus text format."""
+        return generate_latest(self.registry)

@@ -4,10 +4,11 @@ Each model keeps its tokenizer and a client of its endpoint. When the last card 
 disappears the model leaves ``/v1/models``, but requests naming it get 503 (its workers are
 gone) rather than 404 (never heard of it).
 
-Example:
-    >>> manager = ModelManager(runtime)                         # doctest: +SKIP
-    >>> await manager.watch()                                    # follow cards in discovery
-    >>> await manager.add_card(card_from_folder(path, name="tiny"))   # static mode
+Example::
+
+    manager = ModelManager(runtime)
+    await manager.watch()                                    # follow cards in discovery
+    await manager.add_card(card_from_folder(path, name="tiny"))   # static mode
 """
 
 from __future__ import annotations
@@ -18,57 +19,58 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .._client import Client, ResponseStream
-from .._names import EndpointPath
-from ..discovery import KeyValueDiscovery
-from ..errors import ConfigError, InvalidRequestError
-from ..kv.router import KvRouter, KvRouterConfig
+from ..errors import ConfigError, InvalidRequestError, NoInstancesError
 from ..llm.card import CARD_PREFIX, ModelCard
+from ..llm.protocol import PreprocessedRequest
 from ..llm.tokenizer import ModelTokenizer
-from .prefill_router import PrefillRouter
+from ..router import (
+    ROUTER_MODES,
+    DirectRouter,
+    KvRouterConfig,
+    PrefillRouter,
+    RoundRobinRouter,
+    Router,
+    make_router,
+)
+from ..router.base import RoutedStream
+from ..runtime.client import Client, ResponseStream
+from ..runtime.discovery import KeyValueDiscovery
+from ..runtime.names import EndpointPath
 
 if TYPE_CHECKING:
-    from ..runtime import DistributedRuntime
+    from ..runtime.distributed import DistributedRuntime
 
-__all__ = ["ROUTER_MODES", "ModelManager", "ServedModel"]
+__all__ = ["ModelManager", "ServedModel"]
 
 logger = logging.getLogger("dynamo_nb.frontend")
 
-ROUTER_MODES = ("round-robin", "random", "kv")
 SERVED_KINDS = ("chat", "completions")
 
 
 class ServedModel:
-    """One model name: its card, tokenizer, endpoint client and live cards."""
+    """One model name: its card, tokenizer, endpoint client, router and live cards."""
 
-    def __init__(
-        self,
-        card: ModelCard,
-        tokenizer: ModelTokenizer,
-        client: Client,
-        router_mode: str,
-        kv_router: KvRouter | None = None,
-    ) -> None:
+    def __init__(self, card: ModelCard, tokenizer: ModelTokenizer, client: Client, router: Router) -> None:
         self.card = card
         self.name = card.name
         self.tokenizer = tokenizer
         self.client = client
-        self.kv_router = kv_router
+        self.router = router
+        self.direct = DirectRouter(client)
         self.created = int(time.time())
         self.cards: dict[str, ModelCard] = {}
-        if kv_router is not None:
-            self._send: Callable[[dict[str, Any]], Any] = kv_router.send
-        else:
-            self._send = client.random if router_mode == "random" else client.round_robin
 
     @property
     def live(self) -> bool:
         """Whether any worker has a card for this model now."""
         return bool(self.cards)
 
-    def send(self, request: dict[str, Any]) -> ResponseStream:
-        """Route ``request`` to an instance (raises `NoInstancesError` when there is none)."""
-        return self._send(request)
+    def send(self, request: PreprocessedRequest) -> ResponseStream | RoutedStream:
+        """Route ``request`` to an instance: the one its ``routing.backend_instance_id`` names, else
+        the router's choice (raises `NoInstancesError` when there is none)."""
+        routing = request.routing
+        router = self.direct if routing and "backend_instance_id" in routing else self.router
+        return router.send(request)
 
     def tokenize(
         self, kind: str, messages: list[dict[str, Any]] | None, prompt: str | list[int] | None
@@ -130,17 +132,13 @@ class ModelManager:
             tokenizer = await asyncio.to_thread(ModelTokenizer.load, card.model_path)
             endpoint = self.runtime.endpoint(card.endpoint)
             client = await endpoint.client(address=address)
-            kv_router = None
-            if self.router_mode == "kv":
-                kv_router = await KvRouter.create(
-                    client, card.kv_cache_block_size, self.kv_config, component=endpoint.component()
-                )
+            router = await self._router(client, card)
             model = self.models.get(card.name)  # another card may have won while we loaded
             if model is None:
-                model = self.models[card.name] = ServedModel(
-                    card, tokenizer, client, self.router_mode, kv_router
-                )
+                model = self.models[card.name] = ServedModel(card, tokenizer, client, router)
                 logger.info("serving model %s from %s", card.name, card.endpoint)
+            else:
+                await router.stop()
         elif card.endpoint != model.card.endpoint:
             logger.warning(
                 "model %s is served at %s; ignoring its card from %s",
@@ -159,24 +157,16 @@ class ModelManager:
         router = self.prefill.get(card.name)
         if router is None:
             client = await self.runtime.endpoint(card.endpoint).client()
-            kv_router = None
-            if self.router_mode == "kv":  # the prefill worker is chosen by KV overlap and load too
-                kv_router = await KvRouter.create(
-                    client,
-                    card.kv_cache_block_size,
-                    self.kv_config,
-                    component=self.runtime.endpoint(card.endpoint).component(),
-                )
+            # round robin; with --router-mode kv the prefill worker is chosen by KV overlap and load too
+            picker = await self._router(client, card) if self.router_mode == "kv" else RoundRobinRouter(client)
             router = self.prefill.get(card.name)  # another card may have won while we waited
             if router is None:
                 on_error = (lambda: self._on_prefill_error(card.name)) if self._on_prefill_error else None
-                router = PrefillRouter(
-                    card.endpoint, client, enforce=self.enforce_disagg, on_error=on_error, kv_router=kv_router
-                )
+                router = PrefillRouter(card.endpoint, picker, enforce=self.enforce_disagg, on_error=on_error)
                 self.prefill[card.name] = router
                 logger.info("model %s: disaggregated serving, prefill at %s", card.name, card.endpoint)
-            elif kv_router is not None:
-                await kv_router.stop()
+            else:
+                await picker.stop()
         instance_id = int(key.rsplit("/", 1)[-1], 16)
         router.add_worker(key, instance_id, card.runtime_config.disaggregated_endpoint)
         return router
@@ -213,18 +203,26 @@ class ModelManager:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 known = ", ".join(m.name for m in self.live_models()) or "none"
-                raise TimeoutError(f"model {name!r} did not appear within {timeout:g} s (serving: {known})")
+                raise NoInstancesError(f"model {name!r} did not appear within {timeout:g} s (serving: {known})")
             try:
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except asyncio.TimeoutError:
                 pass
 
+    async def _router(self, client: Client, card: ModelCard) -> Router:
+        """The ``--router-mode`` router of a card's endpoint (a KV router follows its KV events)."""
+        return await make_router(
+            self.router_mode,
+            client,
+            block_size=card.kv_cache_block_size,
+            kv_config=self.kv_config,
+            component=self.runtime.endpoint(card.endpoint).component(),
+        )
+
     async def close(self) -> None:
-        """Stop the KV routers' event subscriptions (the frontend's `stop` calls it)."""
-        routers = [m.kv_router for m in self.models.values()] + [p.kv_router for p in self.prefill.values()]
-        for router in routers:
-            if router is not None:
-                await router.stop()
+        """Stop the routers' event subscriptions (the frontend's `stop` calls it)."""
+        for router in [m.router for m in self.models.values()] + [p.router for p in self.prefill.values()]:
+            await router.stop()
 
     async def watch(self) -> None:
         """Follow model cards in discovery (memory or etcd)."""

@@ -40,6 +40,7 @@ class OpenAIRequest:
     messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None
     extra_fields: frozenset[str] = frozenset()
+    routing: dict[str, Any] | None = None
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -155,14 +156,32 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _extra_fields(body: dict[str, Any]) -> frozenset[str]:
-    """``nvext.extra_fields`` (as in Dynamo): response fields asked for, e.g. ``["worker_id"]``."""
+def _nvext(body: dict[str, Any]) -> dict[str, Any]:
     nvext = body.get("nvext")
     if nvext is None:
-        return frozenset()
+        return {}
     if not isinstance(nvext, dict):
         raise _bad("nvext must be an object such as {'extra_fields': ['worker_id']}", "nvext")
-    fields = nvext.get("extra_fields") or []
+    return nvext
+
+
+def _routing(body: dict[str, Any]) -> dict[str, Any] | None:
+    """``nvext.backend_instance_id`` (as in Dynamo): serve the request on that worker instance."""
+    instance_id = _nvext(body).get("backend_instance_id")
+    if instance_id is None:
+        return None
+    if isinstance(instance_id, bool) or not isinstance(instance_id, int) or instance_id < 0:
+        raise _bad(
+            f"nvext.backend_instance_id must be a worker's instance id (an integer; /health lists them "
+            f"in hex), got {instance_id!r}",
+            "nvext.backend_instance_id",
+        )
+    return {"backend_instance_id": instance_id}
+
+
+def _extra_fields(body: dict[str, Any]) -> frozenset[str]:
+    """``nvext.extra_fields`` (as in Dynamo): response fields asked for, e.g. ``["worker_id"]``."""
+    fields = _nvext(body).get("extra_fields") or []
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         raise _bad("nvext.extra_fields must be a list of names such as ['worker_id']", "nvext.extra_fields")
     return frozenset(fields)
@@ -198,7 +217,7 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
     stop.stop = _stop_strings(body)
     sampling = SamplingOptions.from_dict({k: body.get(k) for k in ("temperature", "top_p", "top_k", "seed")})
     request = OpenAIRequest(
-        kind, model, stream, include_usage, stop, sampling, extra_fields=_extra_fields(body)
+        kind, model, stream, include_usage, stop, sampling, extra_fields=_extra_fields(body), routing=_routing(body)
     )
     if kind == "chat":
         request.messages = _messages(body)

@@ -4,11 +4,12 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE with ``stre
 ending in ``data: [DONE]``; else one JSON body), ``GET /v1/models``, ``GET /health`` (the
 instances behind each model), ``GET /live`` and ``GET /metrics`` (Prometheus).
 
-Example:
-    >>> frontend = await Frontend.start(runtime, port=8000)     # doctest: +SKIP
-    >>> frontend.url                                             # doctest: +SKIP
-    'http://127.0.0.1:8000'
-    >>> await frontend.stop()                                    # doctest: +SKIP
+Example::
+
+    frontend = await Frontend.start(runtime, port=8000)
+    frontend.url
+    # 'http://127.0.0.1:8000'
+    await frontend.stop()
 """
 
 from __future__ import annotations
@@ -22,28 +23,33 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from .._client import ResponseStream
-from .._ids import new_request_id
 from ..errors import (
     ConfigError,
     DisaggregationError,
+    DynamoNBError,
+    EngineError,
     InstanceDownError,
+    InstanceNotFoundError,
     InvalidRequestError,
+    ModelNotFoundError,
     NoInstancesError,
     RemoteHandlerError,
     RequestError,
 )
-from ..kv.router import KvRouterConfig
 from ..llm.card import ModelCard
 from ..llm.detokenize import StreamDetokenizer
-from .errors import HTTPError, error_body
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..router.kv.router import KvRouterConfig
+from ..router.prefill import PrefillPlan
+from ..runtime.client import ResponseStream
+from ..runtime.ids import new_request_id
+from .errors import error_body, http_error
 from .metrics import FrontendMetrics
 from .models import ModelManager, ServedModel
 from .openai import OpenAIRequest, parse_request
-from .prefill_router import PrefillPlan
 
 if TYPE_CHECKING:
-    from ..runtime import DistributedRuntime
+    from ..runtime.distributed import DistributedRuntime
 
 __all__ = ["DEFAULT_HTTP_PORT", "Frontend"]
 
@@ -55,10 +61,6 @@ _ENDPOINT_LABELS = {"chat": "chat_completions", "completions": "completions"}
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
 _DONE = b"data: [DONE]\n\n"
-
-
-class _HandoffFailed(Exception):
-    """The decode worker could not take the prefill's KV (before any token)."""
 
 
 @dataclass
@@ -112,7 +114,7 @@ class Frontend:
         Args:
             runtime: where workers are found; its discovery's model cards are followed
                 (memory, etcd), or models are added with `add_model` (static).
-            router_mode: ``round-robin``, ``random`` or ``kv`` (KV-aware, see `dynamo_nb.kv.router`).
+            router_mode: ``round-robin``, ``random`` or ``kv`` (KV-aware, see `dynamo_nb.router.kv.router`).
             only_endpoint: serve only the models registered at this endpoint (``ns.comp.ep``).
             enforce_disagg: a model with prefill workers never falls back to aggregated
                 serving: a failed prefill is a 503 naming the reason.
@@ -124,7 +126,7 @@ class Frontend:
             router_mode,
             only_endpoint=only_endpoint,
             enforce_disagg=enforce_disagg,
-            on_prefill_error=lambda model: metrics.prefill_errors.inc(model=model),
+            on_prefill_error=lambda model: metrics.prefill_errors.labels(model).inc(),
             kv_config=kv_config,
         )
         if not runtime.is_static:
@@ -192,10 +194,11 @@ class Frontend:
     ) -> web.StreamResponse:
         try:
             return await handler(request)
-        except HTTPError as exc:
-            return web.json_response(exc.body(), status=exc.status)
-        except InvalidRequestError as exc:
-            return web.json_response(error_body(400, str(exc), exc.param), status=400)
+        except DynamoNBError as exc:
+            status, body = http_error(exc)
+            if status >= 500:
+                logger.warning("%s %s answered %d: %s", request.method, request.path, status, exc)
+            return web.json_response(body, status=status)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -218,23 +221,18 @@ class Frontend:
         try:
             return json.loads(raw)
         except ValueError as exc:
-            raise HTTPError(400, f"the request body is not valid JSON ({exc}); send a JSON object") from None
+            raise InvalidRequestError(f"the request body is not valid JSON ({exc}); send a JSON object") from None
 
     def _served(self, name: str, kind: str) -> ServedModel:
         model = self.models.get(name)
         if model is None:
             known = ", ".join(sorted(m.name for m in self.models.live_models())) or "none yet"
-            raise HTTPError(
-                404,
-                f"model {name!r} not found; served models: {known}",
-                param="model",
-                code="model_not_found",
-            )
+            raise ModelNotFoundError(f"model {name!r} not found; served models: {known}", param="model")
         if not model.live:
-            raise HTTPError(503, f"model {name!r} has no workers now; start one that registers it")
+            raise NoInstancesError(f"model {name!r} has no workers now; start one that registers it")
         if kind not in model.card.kinds:
             other = "/v1/completions" if kind == "chat" else "/v1/chat/completions"
-            raise HTTPError(400, f"model {name!r} does not take {kind} requests; use {other}", param="model")
+            raise InvalidRequestError(f"model {name!r} does not take {kind} requests; use {other}", param="model")
         return model
 
     # -- routes
@@ -243,7 +241,7 @@ class Frontend:
         return web.json_response({"status": "live"})
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics.render(), content_type="text/plain", charset="utf-8")
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     async def _list_models(self, request: web.Request) -> web.Response:
         data = [
@@ -283,29 +281,25 @@ class Frontend:
         model = self._served(parsed.model, kind)
         token_ids = model.tokenize(kind, parsed.messages, parsed.prompt)
         _check_context(model, parsed, len(token_ids))
-        engine_request: dict[str, Any] = {
-            "token_ids": token_ids,
-            "stop_conditions": {
-                "max_tokens": parsed.stop.max_tokens,
-                "ignore_eos": parsed.stop.ignore_eos,
-                "min_tokens": parsed.stop.min_tokens,
-            },
-            "sampling_options": {k: v for k, v in vars(parsed.sampling).items() if v is not None},
-            "eos_token_ids": model.card.eos_token_ids,
-            "model": model.name,
-        }
-        metrics = self.metrics
-        name = model.name
+        engine_request = PreprocessedRequest(
+            token_ids=token_ids,
+            stop_conditions=parsed.stop,
+            sampling_options=parsed.sampling,
+            eos_token_ids=model.card.eos_token_ids,
+            model=model.name,
+            routing=parsed.routing,
+        )
+        metrics = self.metrics.of(model.name)
         status = "error"
-        metrics.inflight.inc(model=name)
+        metrics.inflight.inc()
         plan: PrefillPlan | None = None
         try:
             stream, first, plan = await self._open_planned(model, engine_request)
-            metrics.ttft.observe(time.perf_counter() - started, model=name)
-            metrics.input_tokens.observe(len(token_ids), model=name)
+            metrics.ttft.observe(time.perf_counter() - started)
+            metrics.input_tokens.observe(len(token_ids))
             outcome = _Outcome(nvext=_nvext(parsed, stream, plan), headers=_route_headers(stream, plan))
             try:
-                pieces = self._relay(model, stream, first, parsed.stop.stop, outcome)
+                pieces = self._relay(model, stream, first, parsed.stop.stop, outcome, metrics.itl)
                 if parsed.stream:
                     response = await self._send_stream(request, parsed, pieces, outcome, len(token_ids))
                 else:
@@ -315,105 +309,108 @@ class Frontend:
                 raise
             finally:
                 await stream.aclose()
-            metrics.output_tokens.observe(outcome.completion_tokens, model=name)
+            metrics.output_tokens.observe(outcome.completion_tokens)
             status = "success" if outcome.error is None else "error"
             return response
         finally:
             if plan is not None:
                 plan.cancel()  # the prefill goes with its decode
-            metrics.inflight.dec(model=name)
-            metrics.duration.observe(time.perf_counter() - started, model=name)
-            metrics.requests.inc(
-                model=name,
-                endpoint=_ENDPOINT_LABELS[kind],
-                request_type="stream" if parsed.stream else "unary",
-                status=status,
+            metrics.inflight.dec()
+            metrics.duration.observe(time.perf_counter() - started)
+            self.metrics.count_request(
+                model.name, _ENDPOINT_LABELS[kind], "stream" if parsed.stream else "unary", status
             )
 
     async def _open_planned(
-        self, model: ServedModel, engine_request: dict[str, Any]
+        self, model: ServedModel, engine_request: PreprocessedRequest
     ) -> tuple[ResponseStream, Any, PrefillPlan | None]:
         """Open the decode stream: aggregated, or after the model's prefill router planned it."""
         router = self.models.prefill_router(model.name)
         if router is None:
             stream, first = await self._open(model, engine_request)
             return stream, first, None
-        try:
-            plan = await router.plan(engine_request)
-        except DisaggregationError as exc:  # enforced disaggregation and the prefill failed
-            raise HTTPError(503, str(exc)) from None
+        # disaggregation that is enforced fails with the prefill: DisaggregationError, a 503
+        plan = await router.plan(engine_request)
         try:
             stream, first = await self._open(model, plan.decode_request)
-        except _HandoffFailed as exc:
-            router.handoff_failed(plan, str(exc))
+        except RemoteHandlerError as exc:
+            if exc.code != DisaggregationError.code:
+                raise
+            router.handoff_failed(plan, exc.remote_message)  # the decode could not take the prefill's KV
             if router.enforce:
-                raise HTTPError(
-                    503, f"the prefill → decode handoff failed: {exc}; disaggregation is enforced"
+                raise DisaggregationError(
+                    f"the prefill → decode handoff failed: {exc.remote_message}; disaggregation is enforced"
                 ) from None
-            plan = router.aggregated(engine_request, f"the handoff failed: {exc}", plan.events)
+            plan = router.aggregated(engine_request, f"the handoff failed: {exc.remote_message}", plan.events)
             stream, first = await self._open(model, plan.decode_request)
-        self.metrics.disagg_requests.inc(model=model.name, path=plan.path)
+        self.metrics.disagg_requests.labels(model.name, plan.path).inc()
         return stream, first, plan
 
-    async def _open(self, model: ServedModel, engine_request: dict[str, Any]) -> tuple[ResponseStream, Any]:
-        """Send the request and wait for its first item; a worker that is down is skipped."""
+    async def _open(self, model: ServedModel, engine_request: PreprocessedRequest) -> tuple[ResponseStream, Any]:
+        """Send the request and wait for its first item; a worker that is down is skipped.
+
+        A worker's error (`RemoteHandlerError`) goes up with the status it carries.
+        """
         last_error: Exception | None = None
         for _ in range(3):
             try:
                 stream = model.send(engine_request)
+            except InstanceNotFoundError:  # the request named an instance (nvext.backend_instance_id)
+                raise
             except NoInstancesError:
                 break
             try:
                 return stream, await stream.__anext__()
             except StopAsyncIteration:
-                raise HTTPError(500, f"a worker of {model.name!r} ended the stream without output") from None
+                raise EngineError(f"a worker of {model.name!r} ended the stream without output") from None
             except InstanceDownError as exc:  # marked down by the client: the next try goes elsewhere
                 last_error = exc
-            except RemoteHandlerError as exc:
-                if exc.error_type == "InvalidRequestError":
-                    raise HTTPError(400, exc.remote_message) from None
-                if exc.error_type == "DisaggregationError":
-                    raise _HandoffFailed(exc.remote_message) from None
-                raise HTTPError(500, f"the worker failed: {exc.error_type}: {exc.remote_message}") from None
         detail = f" (last error: {last_error})" if last_error else ""
-        raise HTTPError(503, f"no worker of model {model.name!r} is reachable now{detail}; retry later")
+        raise NoInstancesError(f"no worker of model {model.name!r} is reachable now{detail}; retry later")
 
     async def _relay(
-        self, model: ServedModel, stream: ResponseStream, first: Any, stop: list[str], outcome: _Outcome
+        self,
+        model: ServedModel,
+        stream: ResponseStream,
+        first: Any,
+        stop: list[str],
+        outcome: _Outcome,
+        itl: Any,
     ) -> AsyncIterator[str]:
-        """Text pieces of the stream, as soon as they are final; ``outcome`` holds how it ended."""
+        """Text pieces of the stream, as soon as they are final; ``outcome`` holds how it ended.
+
+        ``itl`` is the model's inter-token latency histogram.
+        """
         detok = StreamDetokenizer(model.tokenizer, stop)
         push = detok.push
-        itl = self.metrics.itl
-        name = model.name
-        item = first
+        read = LLMEngineOutput.from_dict
+        output = read(first)
         last = time.perf_counter()
         count = 0
         while True:
-            ids = item.get("token_ids") or ()
+            ids = output.token_ids
             count += len(ids)
             text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
             if text:
                 yield text
-            finish = item.get("finish_reason")
             if detok.stopped:
                 outcome.finish_reason = "stop"
                 break
-            if finish is not None:
-                outcome.finish_reason = _FINISH.get(finish, "stop")
-                usage = item.get("completion_usage")
+            if output.finish_reason is not None:
+                outcome.finish_reason = _FINISH.get(output.finish_reason, "stop")
+                usage = output.completion_usage
                 if usage and isinstance(usage.get("completion_tokens"), int):
                     count = usage["completion_tokens"]
                 break
             try:
-                item = await stream.__anext__()
+                output = read(await stream.__anext__())
             except StopAsyncIteration:
                 break
             except RequestError as exc:
                 outcome.error = str(exc)
                 break
             now = time.perf_counter()
-            itl.observe(now - last, model=name)
+            itl.observe(now - last)
             last = now
         tail = detok.finish()
         if tail:
@@ -477,7 +474,7 @@ async def _send_unary(
 ) -> web.Response:
     text = "".join([piece async for piece in pieces])
     if outcome.error is not None:
-        raise HTTPError(500, f"the worker failed mid-stream: {outcome.error}")
+        raise EngineError(f"the worker failed mid-stream: {outcome.error}")
     chat = parsed.kind == "chat"
     choice: dict[str, Any] = {"index": 0}
     if chat:

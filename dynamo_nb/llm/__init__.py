@@ -1,4 +1,11 @@
-"""The LLM protocol: requests and outputs between frontend and worker, model cards, tokenizers.
+"""The LLM layer: what a frontend sends a worker and gets back, model cards, tokenizers, serving.
+
+- ``protocol.py``: `PreprocessedRequest` (tokens, stop conditions, sampling, routing,
+  bootstrap info) and `LLMEngineOutput` (new tokens, finish reason, usage, disaggregated params);
+- ``card.py``: `ModelCard` and its runtime config, read from a model folder;
+- ``register.py``: `serve_llm` / `register_llm` (publish the card), `engine_handler`;
+- ``tokenizer.py`` and ``detokenize.py``: the frontend's chat template, tokenizer and
+  incremental detokenizer with stop strings.
 
 Example:
     >>> from dynamo_nb.llm import PreprocessedRequest
@@ -8,23 +15,24 @@ Example:
 
 from __future__ import annotations
 
-from .card import (
-    CARD_PREFIX,
-    MODEL_KINDS,
-    ModelCard,
-    ModelRuntimeConfig,
-    card_from_folder,
-    check_model_dir,
-    register_llm,
-)
+from .card import CARD_PREFIX, MODEL_KINDS, ModelCard, ModelRuntimeConfig, card_from_folder, check_model_dir
 from .detokenize import StreamDetokenizer
 from .protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
-from .serve import ReadinessGate, serve_llm
+from .register import (
+    EngineMethod,
+    ReadinessGate,
+    engine_handler,
+    model_from_args,
+    publish_card,
+    register_llm,
+    serve_llm,
+)
 from .tokenizer import ModelTokenizer
 
 __all__ = [
     "CARD_PREFIX",
     "MODEL_KINDS",
+    "EngineMethod",
     "LLMEngineOutput",
     "ModelCard",
     "ModelRuntimeConfig",
@@ -36,6 +44,9 @@ __all__ = [
     "StreamDetokenizer",
     "card_from_folder",
     "check_model_dir",
+    "engine_handler",
+    "model_from_args",
+    "publish_card",
     "register_llm",
     "serve_llm",
 ]

@@ -3,7 +3,8 @@
 A card names the model, the endpoint that serves it, the model folder (tokenizer and chat
 template), what kind of requests it takes, its KV block size and its runtime config. It is
 stored in discovery under ``v1/mdc/{namespace}/{component}/{endpoint}/{instance_id:x}`` and
-disappears with its instance (server stopped, runtime shut down, or etcd lease expired).
+disappears with its instance (server stopped, runtime shut down, or etcd lease expired);
+`dynamo_nb.llm.register` publishes it.
 
 Example:
     >>> card = ModelCard(name="tiny", endpoint="dynamo.backend.generate", model_path="/models/tiny")
@@ -14,16 +15,12 @@ Example:
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._names import EndpointPath
-from ..errors import ConfigError
-
-if TYPE_CHECKING:
-    from ..runtime import Endpoint
+from ..errors import ConfigError, ProtocolError
+from ..runtime.names import EndpointPath
 
 __all__ = [
     "CARD_PREFIX",
@@ -33,11 +30,8 @@ __all__ = [
     "card_from_folder",
     "card_key",
     "check_model_dir",
-    "publish_card",
-    "register_llm",
+    "has_chat_template",
 ]
-
-logger = logging.getLogger("dynamo_nb.llm")
 
 CARD_PREFIX = "v1/mdc/"
 MODEL_KINDS = ("chat", "completions", "prefill", "decode")
@@ -100,7 +94,7 @@ class ModelCard:
         """Parse a card; raises ValueError for anything that is not one."""
         data = json.loads(raw)
         if not isinstance(data, dict) or not data.get("name") or not data.get("endpoint"):
-            raise ValueError("not a model card: needs 'name' and 'endpoint'")
+            raise ProtocolError("not a model card: needs 'name' and 'endpoint'")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "runtime_config"}
         return cls(**known, runtime_config=ModelRuntimeConfig.from_dict(data.get("runtime_config")))
 
@@ -160,7 +154,7 @@ def card_from_folder(
 
     Example:
         >>> from dynamo_nb.models import tiny_model_path
-        >>> card_from_folder(tiny_model_path(), name="tiny").context_length   # doctest: +SKIP
+        >>> card_from_folder(tiny_model_path(), name="tiny").context_length
         1024
     """
     folder = check_model_dir(model_path)
@@ -207,54 +201,3 @@ def _kinds(kinds: list[str] | tuple[str, ...] | str | None, folder: Path) -> lis
             "tokenizer_config.json 'chat_template'); register with kind='completions'"
         )
     return kind_list
-
-
-async def register_llm(
-    endpoint: Endpoint,
-    model_path: str | Path,
-    *,
-    model_name: str | None = None,
-    kind: list[str] | tuple[str, ...] | str | None = None,
-    kv_cache_block_size: int = DEFAULT_KV_BLOCK_SIZE,
-    runtime_config: ModelRuntimeConfig | dict[str, Any] | None = None,
-    context_length: int | None = None,
-) -> ModelCard:
-    """Publish the model card of ``endpoint``'s instance so that frontends serve the model.
-
-    ``kind``: ``"chat"``, ``"completions"``, ``"prefill"`` or a list (default: chat and completions,
-    or completions only when the tokenizer has no chat template). Serve the endpoint first; the
-    card lives as long as that instance. With static discovery nothing is published (the frontend builds the card from its own flags) and the card is
-    only returned.
-
-    Example:
-        >>> server = await endpoint.serve(engine.generate)                        # doctest: +SKIP
-        >>> card = await register_llm(endpoint, tiny_model_path(), model_name="tiny")  # doctest: +SKIP
-    """
-    card = card_from_folder(
-        model_path,
-        name=model_name,
-        endpoint=str(endpoint.path),
-        kinds=kind,
-        kv_cache_block_size=kv_cache_block_size,
-        runtime_config=runtime_config,
-        context_length=context_length,
-    )
-    return await publish_card(endpoint, card)
-
-
-async def publish_card(endpoint: Endpoint, card: ModelCard) -> ModelCard:
-    """Publish a built ``card`` for ``endpoint``'s instance (see `register_llm`)."""
-    runtime = endpoint.runtime
-    server = next((s for s in runtime.servers if s.endpoint.path == endpoint.path), None)
-    if server is None:
-        raise ConfigError(
-            f"{endpoint.path} is not served by this runtime: `await endpoint.serve(handler)` first, "
-            "then register_llm(endpoint, ...)"
-        )
-    card.instance_id = server.instance_id
-    if runtime.is_static:
-        logger.info("static discovery: model card for %s not published", card.name)
-        return card
-    await runtime.put_instance_key(server, card_key(endpoint.path, server.instance_id), card.to_json())
-    logger.info("registered model %s at %s (instance %x)", card.name, endpoint.path, server.instance_id)
-    return card

@@ -3,12 +3,13 @@
 Text that could be the start of a stop string is held back until the next tokens show it is
 not; a matched stop string and everything after it is never sent.
 
-Example:
-    >>> from dynamo_nb.models import tiny_model_path                          # doctest: +SKIP
-    >>> tok = ModelTokenizer.load(tiny_model_path())                          # doctest: +SKIP
-    >>> detok = StreamDetokenizer(tok, stop=["world"])                        # doctest: +SKIP
-    >>> "".join(detok.push(t) for t in tok.encode("hello world again")), detok.stopped  # doctest: +SKIP
-    ('hello ', True)
+Example::
+
+    from dynamo_nb.models import tiny_model_path
+    tok = ModelTokenizer.load(tiny_model_path())
+    detok = StreamDetokenizer(tok, stop=["world"])
+    "".join(detok.push(t) for t in tok.encode("hello world again")), detok.stopped
+    # ('hello ', True)
 """
 
 from __future__ import annotations

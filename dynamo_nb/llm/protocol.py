@@ -1,4 +1,4 @@
-"""What a frontend sends a worker and what a worker streams back (DESIGN.md §3).
+"""What a frontend sends a worker and what a worker streams back (docs/design.md §3).
 
 Requests and outputs travel as plain JSON-able dicts (msgpack on the wire); these dataclasses
 build, validate and read them. Unknown fields are tolerated, so a newer frontend can talk to
@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InvalidRequestError
@@ -25,14 +25,9 @@ __all__ = [
     "PreprocessedRequest",
     "SamplingOptions",
     "StopConditions",
-    "final_item",
 ]
 
 FINISH_REASONS = ("stop", "length", "error", "cancelled")
-
-
-def _without_none(obj: Any) -> dict[str, Any]:
-    return {k: v for k, v in asdict(obj).items() if v is not None}
 
 
 def _mapping(value: Any, name: str) -> dict[str, Any]:
@@ -89,6 +84,14 @@ class StopConditions:
             min_tokens=_opt_int(data, "min_tokens", minimum=0) or 0,
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens}
+        if self.max_tokens is not None:
+            out["max_tokens"] = self.max_tokens
+        if self.stop:
+            out["stop"] = self.stop
+        return out
+
 
 @dataclass
 class SamplingOptions:
@@ -111,6 +114,10 @@ class SamplingOptions:
             top_k=None if top_k == -1 else top_k,
             seed=_opt_int(data, "seed"),
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        fields = (("temperature", self.temperature), ("top_p", self.top_p), ("top_k", self.top_k), ("seed", self.seed))
+        return {name: value for name, value in fields if value is not None}
 
     @property
     def greedy(self) -> bool:
@@ -161,13 +168,38 @@ class PreprocessedRequest:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-able form, without fields left at None."""
-        return _without_none(self)
+        """The JSON-able form (what travels to the worker), without optional fields left at None."""
+        out: dict[str, Any] = {
+            "token_ids": self.token_ids,
+            "stop_conditions": self.stop_conditions.to_dict(),
+            "sampling_options": self.sampling_options.to_dict(),
+            "eos_token_ids": self.eos_token_ids,
+            "model": self.model,
+        }
+        for name in ("routing", "bootstrap_info", "prefill_result", "extra_args"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    def with_max_tokens(self, max_tokens: int) -> PreprocessedRequest:
+        """A copy whose ``stop_conditions.max_tokens`` is ``max_tokens`` (a prefill asks for 1).
+
+        Example:
+            >>> PreprocessedRequest(token_ids=[1]).with_max_tokens(1).stop_conditions.max_tokens
+            1
+        """
+        return replace(self, stop_conditions=replace(self.stop_conditions, max_tokens=max_tokens))
 
 
-@dataclass
+@dataclass(slots=True)
 class LLMEngineOutput:
-    """One stream item from a worker: the new tokens, and on the last item why it ended."""
+    """One stream item from a worker: the new tokens, and on the last item why it ended.
+
+    Example:
+        >>> LLMEngineOutput.final([7], "length", prompt_tokens=3, completion_tokens=4).to_dict()["completion_usage"]
+        {'prompt_tokens': 3, 'completion_tokens': 4, 'total_tokens': 7}
+    """
 
     token_ids: list[int]
     finish_reason: str | None = None
@@ -177,28 +209,37 @@ class LLMEngineOutput:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LLMEngineOutput:
+        """Read a stream item (unknown fields are ignored)."""
+        get = data.get
         return cls(
-            token_ids=list(data.get("token_ids") or []),
-            finish_reason=data.get("finish_reason"),
-            completion_usage=data.get("completion_usage"),
-            disaggregated_params=data.get("disaggregated_params"),
-            error=data.get("error"),
+            get("token_ids") or [],
+            get("finish_reason"),
+            get("completion_usage"),
+            get("disaggregated_params"),
+            get("error"),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return _without_none(self)
-
-
-def final_item(
-    token_ids: list[int], finish_reason: str, prompt_tokens: int, completion_tokens: int
-) -> dict[str, Any]:
-    """The last stream item: its tokens, why the stream ended, and the usage."""
-    return {
-        "token_ids": token_ids,
-        "finish_reason": finish_reason,
-        "completion_usage": {
+    @classmethod
+    def final(
+        cls, token_ids: list[int], finish_reason: str, *, prompt_tokens: int, completion_tokens: int
+    ) -> LLMEngineOutput:
+        """The last item of a stream: its tokens, why it ended, and the usage."""
+        usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
-        },
-    }
+        }
+        return cls(token_ids, finish_reason, usage)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-able form (what travels back), without fields left at None."""
+        out: dict[str, Any] = {"token_ids": self.token_ids}
+        if self.finish_reason is not None:
+            out["finish_reason"] = self.finish_reason
+        if self.completion_usage is not None:
+            out["completion_usage"] = self.completion_usage
+        if self.disaggregated_params is not None:
+            out["disaggregated_params"] = self.disaggregated_params
+        if self.error is not None:
+            out["error"] = self.error
+        return out

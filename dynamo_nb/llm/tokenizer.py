@@ -5,8 +5,8 @@ chat template (``chat_template.jinja`` or ``tokenizer_config.json``'s ``chat_tem
 
 Example:
     >>> from dynamo_nb.models import tiny_model_path
-    >>> tok = ModelTokenizer.load(tiny_model_path())                                   # doctest: +SKIP
-    >>> tok.render_chat([{"role": "user", "content": "hi"}])                           # doctest: +SKIP
+    >>> tok = ModelTokenizer.load(tiny_model_path())
+    >>> tok.render_chat([{"role": "user", "content": "hi"}])
     '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n'
 """
 

@@ -48,9 +48,10 @@ def tiny_model_path() -> Path:
 
     Needs ``torch`` and ``transformers`` (``pip install -e ".[hf]"``) the first time.
 
-    Example:
-        >>> from transformers import AutoModelForCausalLM, AutoTokenizer   # doctest: +SKIP
-        >>> model = AutoModelForCausalLM.from_pretrained(tiny_model_path())  # doctest: +SKIP
+    Example::
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
     """
     target = cache_dir() / f"{TINY_MODEL_NAME}-{_VERSION}"
     if (target / _DONE_MARKER).exists():

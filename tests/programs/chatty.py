@@ -32,6 +32,6 @@ if args.exit_code is not None:
     sys.exit(args.exit_code)
 if args.ready_after is not None:
     time.sleep(args.ready_after)
-    print("READY chatty http://127.0.0.1:1/ instance=abc123", flush=True)
+    print("READY chatty url=http://127.0.0.1:1/ instance=abc123", flush=True)
 while True:
     time.sleep(1)

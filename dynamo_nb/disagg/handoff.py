@@ -1,0 +1,106 @@
+"""Sending a prefill and handing its KV to a decode: the one implementation its two callers share.
+
+The frontend's prefill router (`dynamo_nb.router.prefill`) and a decode worker that got a
+request without bootstrap info (`dynamo_nb.disagg.decode`) both send a prefill the same way:
+
+- `prefill_request`: the request with ``max_tokens`` 1 (and the router's ``bootstrap_info``
+  when it drew the room);
+- `await_params` (fallback path): wait for the prefill's first item and read its
+  ``disaggregated_params``; a stream that ends, fails, times out or carries bad params is a
+  `DisaggregationError` that says which;
+- `drain`: read the rest of the prefill stream in the background (its KV is parked once it
+  ends), log its failure and tell the caller; the task is held until it is done, and can be
+  cancelled together with its decode.
+
+Example:
+    >>> from dynamo_nb.llm import PreprocessedRequest
+    >>> prefill_request(PreprocessedRequest(token_ids=[1, 2])).stop_conditions.max_tokens
+    1
+
+On the fallback path, in short::
+
+    stream = client.round_robin(prefill_request(request).to_dict())
+    info = await await_params(stream, timeout=30)       # BootstrapInfo: host, port, room
+    task = drain(stream, what="prefill")                 # the rest, in the background
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DisaggregationError, RequestError
+from ..llm.protocol import PreprocessedRequest
+from .rooms import BootstrapInfo
+
+if TYPE_CHECKING:
+    from ..runtime.client import ResponseStream
+
+__all__ = ["await_params", "drain", "prefill_request"]
+
+logger = logging.getLogger("dynamo_nb.disagg")
+
+_DRAINS: set[asyncio.Task[None]] = set()  # held until done: a dropped task could be collected mid-run
+
+
+def prefill_request(request: PreprocessedRequest, info: BootstrapInfo | None = None) -> PreprocessedRequest:
+    """The prefill of ``request``: one token, with ``bootstrap_info`` when the room is drawn already."""
+    prefill = request.with_max_tokens(1)
+    if info is not None:
+        prefill.bootstrap_info = info.to_dict()
+    return prefill
+
+
+async def await_params(stream: Any, timeout: float) -> BootstrapInfo:
+    """The ``disaggregated_params`` of the prefill ``stream``'s first item (the stream goes on).
+
+    Raises:
+        DisaggregationError: the prefill ended without output, failed, did not answer within
+            ``timeout`` seconds, or sent params without host, port or room.
+    """
+    try:
+        first = await asyncio.wait_for(stream.__anext__(), timeout)
+    except StopAsyncIteration:
+        raise DisaggregationError("the prefill worker ended its stream without output") from None
+    except asyncio.TimeoutError:
+        raise DisaggregationError(f"the prefill worker did not answer within {timeout:g} s") from None
+    except DisaggregationError:
+        raise
+    except RequestError as exc:
+        raise DisaggregationError(f"the prefill failed: {exc}") from None
+    params = first.get("disaggregated_params") if isinstance(first, dict) else None
+    return BootstrapInfo.parse(params, "the prefill worker's disaggregated_params")
+
+
+def drain(
+    stream: ResponseStream,
+    *,
+    what: str,
+    on_failure: Callable[[RequestError], None] | None = None,
+    on_done: Callable[[], None] | None = None,
+) -> asyncio.Task[None]:
+    """Read (the rest of) the prefill ``stream`` in the background, then close it.
+
+    ``what`` names it in the warning logged when it fails; ``on_failure(error)`` and
+    ``on_done()`` report how it ended.
+    """
+
+    async def run() -> None:
+        try:
+            async for _ in stream:
+                pass
+            if on_done is not None:
+                on_done()
+        except RequestError as exc:
+            logger.warning("%s failed: %s", what, exc)
+            if on_failure is not None:
+                on_failure(exc)
+        finally:
+            await stream.aclose()
+
+    task = asyncio.get_running_loop().create_task(run(), name=f"dynamo_nb {what}")
+    _DRAINS.add(task)
+    task.add_done_callback(_DRAINS.discard)
+    return task

@@ -1,0 +1,101 @@
+"""An engine served as a worker, from its flags: the role, KV events, the model card, the stats endpoint.
+
+Every engine worker (``components/hf_worker.py``, ``components/mocker_worker.py``,
+``python -m dynamo_nb run``) takes the same steps, in this order:
+
+1. its ``--mode`` role (`dynamo_nb.disagg.roles.WorkerRole`): which endpoint it serves and
+   what its card says;
+2. a `KvEventPublisher` on that endpoint's component (when the runtime has an event plane),
+   handed to the engine as its KV-event sink; ``kv_sync`` then serves the engine's snapshot;
+3. the role's method served behind a readiness gate and the model card published
+   (`dynamo_nb.llm.serve_llm`);
+4. ``{ns}.{comp}.stats`` serving the engine's counters.
+
+Example::
+
+    runtime = await runtime_from_args(args)
+    worker = await serve_engine(
+        runtime, args, model_path, model_name,
+        lambda kv_events: HFEngine.from_args(args, model_path, kv_events=kv_events),
+    )
+    worker.announce()       # READY dynamo.backend.generate instance=… address=… model=tiny-llama
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..disagg.roles import WorkerRole
+from ..llm.register import serve_llm
+from ..router.kv.events import KvEventPublisher
+from ..runtime.worker import announce_ready
+from .base import Engine, KvEventSink, stats_handler
+
+if TYPE_CHECKING:
+    from ..llm.card import ModelCard
+    from ..runtime.distributed import DistributedRuntime, Endpoint
+    from ..runtime.server import EndpointServer
+
+__all__ = ["EngineWorker", "serve_engine"]
+
+EngineFactory = Callable[[KvEventSink | None], "Engine | Awaitable[Engine]"]
+"""``make_engine(kv_events)``: builds the engine with its KV-event sink (may be a coroutine)."""
+
+
+@dataclass
+class EngineWorker:
+    """A served engine: the engine, its endpoint, the server and the published model card."""
+
+    engine: Any
+    endpoint: Endpoint
+    server: EndpointServer
+    card: ModelCard
+
+    def announce(self) -> None:
+        """Print the worker's READY line: ``READY <endpoint> instance=<id> address=<address> model=<name>``."""
+        announce_ready(
+            str(self.endpoint.path),
+            instance=f"{self.server.instance_id:x}",
+            address=self.server.address,
+            model=self.card.name,
+        )
+
+
+async def serve_engine(
+    runtime: DistributedRuntime,
+    args: argparse.Namespace,
+    model_path: Path,
+    model_name: str,
+    make_engine: EngineFactory,
+) -> EngineWorker:
+    """Build the engine with ``make_engine(kv_events)`` and serve it as the flags say (see the
+    module docstring); ``args`` are an engine worker's (`dynamo_nb.flags.add_engine_args`)."""
+    role = WorkerRole.from_args(args)
+    endpoint = runtime.endpoint(role.endpoint)
+    publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
+    made = make_engine(publisher.publish if publisher is not None else None)
+    engine = await made if inspect.isawaitable(made) else made
+    try:
+        if publisher is not None:
+            await publisher.serve_sync(engine.kv_snapshot)
+        method, runtime_config = await role.method(runtime, engine, args)
+        server, card = await serve_llm(
+            endpoint,
+            method,
+            model_path,
+            model_name=model_name,
+            kind=role.kinds,
+            kv_cache_block_size=args.kv_cache_block_size,
+            runtime_config=runtime_config,
+            context_length=getattr(args, "context_length", None),
+        )
+        await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))  # prefix hits
+    except BaseException:
+        await engine.close()
+        raise
+    return EngineWorker(engine, endpoint, server, card)

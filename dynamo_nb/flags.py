@@ -1,0 +1,356 @@
+"""Every command-line flag of every component, each defined once (docs/design.md §4b), and the parsers.
+
+This module only *defines* flags; what a flag does is built next to what it configures
+(`dynamo_nb.runtime.runtime_from_args`, `HFEngine.from_args`, `WorkerRole.from_args`,
+`KvRouterConfig.from_args`, `dynamo_nb.frontend.options`). The parsers are importable, so a
+standalone program, a graph launcher and a notebook all read the same flags.
+
+Each flag may take its default from a ``DYN_NB_*`` environment variable; a flag given on the
+command line always wins, and ``--help`` shows every default.
+
+Example:
+    >>> args = hf_worker_parser().parse_args(["--discovery", "etcd://127.0.0.1:2379", "--mode", "prefill"])
+    >>> args.discovery, args.request_plane, args.mode, args.max_num_seqs
+    ('etcd://127.0.0.1:2379', None, 'prefill', 64)
+    >>> mocker_worker_parser().parse_args([]).max_num_seqs   # the mocker's own default, as Dynamo's
+    256
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+
+from .disagg.roles import WORKER_MODES
+from .router import ROUTER_MODES
+from .runtime.discovery import DEFAULT_LEASE_TTL
+
+__all__ = [
+    "DEFAULT_PREFILL_ENDPOINT",
+    "DEFAULT_WORKER_ENDPOINT",
+    "add_disagg_args",
+    "add_endpoint_arg",
+    "add_engine_args",
+    "add_frontend_args",
+    "add_hf_args",
+    "add_http_args",
+    "add_logging_args",
+    "add_mocker_args",
+    "add_model_args",
+    "add_runtime_args",
+    "component_parser",
+    "echo_worker_parser",
+    "frontend_parser",
+    "hf_worker_parser",
+    "mocker_worker_parser",
+]
+
+DEFAULT_WORKER_ENDPOINT = "dynamo.backend.generate"
+DEFAULT_PREFILL_ENDPOINT = "dynamo.prefill.generate"
+DEFAULT_ECHO_ENDPOINT = "dynamo.echo.generate"
+
+AddFlags = Callable[[argparse.ArgumentParser], None]
+
+
+def _env(name: str, default: str | None) -> str | None:
+    return os.environ.get(f"DYN_NB_{name}", default)
+
+
+def add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--discovery``, ``--request-plane``, ``--nats-url``, ``--lease-ttl``, ``--static``."""
+    group = parser.add_argument_group("runtime")
+    group.add_argument(
+        "--discovery",
+        default=_env("DISCOVERY", "memory"),
+        help="discovery backend: memory | etcd://HOST:PORT | static (env DYN_NB_DISCOVERY; default: %(default)s)",
+    )
+    group.add_argument(
+        "--request-plane",
+        choices=("inproc", "tcp", "nats"),
+        default=_env("REQUEST_PLANE", None),
+        help="request plane (env DYN_NB_REQUEST_PLANE; default: inproc with memory discovery, tcp with etcd, "
+        "nats for --static with --nats-url)",
+    )
+    group.add_argument(
+        "--nats-url",
+        default=_env("NATS_URL", None),
+        help="NATS server, nats://HOST:PORT (env DYN_NB_NATS_URL; default: %(default)s)",
+    )
+    group.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=float(_env("LEASE_TTL", str(DEFAULT_LEASE_TTL)) or DEFAULT_LEASE_TTL),
+        help="seconds after which a dead worker leaves etcd (default: %(default)s)",
+    )
+    group.add_argument(
+        "--static",
+        action="store_true",
+        help="static mode: no discovery service; serve at the subject derived from the endpoint path (NATS) "
+        "or at --tcp-port (same as --discovery static)",
+    )
+    group.add_argument(
+        "--tcp-host",
+        default=_env("TCP_HOST", "127.0.0.1"),
+        help="TCP plane listen host (default: %(default)s)",
+    )
+    group.add_argument(
+        "--tcp-port",
+        type=int,
+        default=int(_env("TCP_PORT", "0") or 0),
+        help="TCP plane port, 0 = free (default: %(default)s)",
+    )
+
+
+def add_endpoint_arg(parser: argparse.ArgumentParser, default: str) -> None:
+    """Add ``--endpoint ns.comp.ep`` with ``default``."""
+    parser.add_argument(
+        "--endpoint",
+        default=_env("ENDPOINT", default),
+        help="endpoint to serve, ns.comp.ep (default: %(default)s)",
+    )
+
+
+def add_logging_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--log-level``."""
+    parser.add_argument(
+        "--log-level",
+        default=_env("LOG_LEVEL", "INFO"),
+        help="logging level: DEBUG | INFO | WARNING | ERROR (env DYN_NB_LOG_LEVEL; default: %(default)s)",
+    )
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--model-path`` (default: the built-in tiny model) and ``--model-name``."""
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model-path",
+        default=_env("MODEL_PATH", None),
+        help="local Hugging Face model folder (env DYN_NB_MODEL_PATH; default: the built-in tiny model)",
+    )
+    group.add_argument(
+        "--model-name",
+        default=_env("MODEL_NAME", None),
+        help="name the model is served as (env DYN_NB_MODEL_NAME; default: the folder's name, "
+        "tiny-llama for the built-in model)",
+    )
+
+
+def add_http_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--http-host`` and ``--http-port``."""
+    group = parser.add_argument_group("http")
+    group.add_argument(
+        "--http-host",
+        default=_env("HTTP_HOST", "127.0.0.1"),
+        help="frontend listen host (default: %(default)s)",
+    )
+    group.add_argument(
+        "--http-port",
+        type=int,
+        default=int(_env("HTTP_PORT", "8000") or 8000),
+        help="frontend port, 0 = free (env DYN_NB_HTTP_PORT; default: %(default)s)",
+    )
+
+
+def add_frontend_args(parser: argparse.ArgumentParser) -> None:
+    """Add the frontend's own flags: HTTP address, ``--router-mode`` and static mode."""
+    add_http_args(parser)
+    group = parser.add_argument_group("frontend")
+    group.add_argument(
+        "--router-mode",
+        choices=ROUTER_MODES,
+        default=_env("ROUTER_MODE", "round-robin"),
+        help="how requests pick a worker instance; kv: by KV cache overlap and load (default: %(default)s)",
+    )
+    group.add_argument(
+        "--kv-overlap-score-weight",
+        type=float,
+        default=1.0,
+        help="kv router: weight of the prefill blocks against the decode blocks in a worker's cost "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--router-temperature",
+        type=float,
+        default=0.0,
+        help="kv router: 0 picks the cheapest worker, more samples by a softmax of the costs (default: %(default)s)",
+    )
+    group.add_argument(
+        "--no-kv-events",
+        action="store_true",
+        help="kv router: approximate mode, no KV events; routed blocks count as cached for a while (default: off)",
+    )
+    group.add_argument(
+        "--static-endpoint",
+        default=None,
+        help="static mode: serve the model at this worker endpoint (ns.comp.ep) with no discovery; "
+        "needs --model-name and --model-path (default: off, models come from discovery)",
+    )
+    group.add_argument(
+        "--enforce-disagg",
+        action="store_true",
+        help="with prefill workers, never fall back to aggregated serving: a failed prefill is a 503 "
+        "(default: off, it falls back with a warning)",
+    )
+    group.add_argument(
+        "--static-address",
+        default=None,
+        help="static mode on the TCP plane: the worker's tcp://HOST:PORT, as it prints it (default: none)",
+    )
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """Add what every engine worker takes: ``--endpoint``, the KV block size, the running-request
+    limit, and its ``--mode`` (disaggregated serving)."""
+    add_endpoint_arg(parser, DEFAULT_WORKER_ENDPOINT)
+    group = parser.add_argument_group("engine")
+    group.add_argument(
+        "--kv-cache-block-size",
+        type=int,
+        default=16,
+        help="tokens per KV block, published in the model card for KV routing (default: %(default)s)",
+    )
+    group.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=64,
+        help="requests running at once; more wait (default: %(default)s)",
+    )
+    add_disagg_args(parser)
+
+
+def add_hf_args(parser: argparse.ArgumentParser) -> None:
+    """Add the ``hf`` engine's flags: device, dtype and its prefix cache."""
+    group = parser.add_argument_group("hf engine")
+    group.add_argument(
+        "--device",
+        default=_env("DEVICE", "auto"),
+        help="auto (CUDA when present) | cpu | cuda[:N] (default: %(default)s)",
+    )
+    group.add_argument(
+        "--dtype", default="auto", help="auto | float32 | float16 | bfloat16 (default: %(default)s)"
+    )
+    group.add_argument(
+        "--prefix-cache-blocks",
+        type=int,
+        default=1024,
+        help="full prompt blocks whose KV is kept for reuse by later prompts, with KV events for "
+        "KV routing (default: %(default)s)",
+    )
+    group.add_argument(
+        "--no-enable-prefix-caching",
+        action="store_true",
+        help="no prefix cache, as --prefix-cache-blocks 0 (default: off, prefix caching on)",
+    )
+
+
+def add_disagg_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--mode`` and the disaggregated-serving flags (an engine worker's role)."""
+    disagg = parser.add_argument_group("disaggregated serving")
+    disagg.add_argument(
+        "--mode",
+        choices=WORKER_MODES,
+        default="aggregated",
+        help="worker role: aggregated (prefill + decode), prefill (serves at --prefill-endpoint, parks "
+        "KV caches in its bootstrap server) or decode (serves at --endpoint, fetches them) "
+        "(default: %(default)s)",
+    )
+    disagg.add_argument(
+        "--prefill-endpoint",
+        default=DEFAULT_PREFILL_ENDPOINT,
+        help="where prefill workers serve; a decode worker asks one itself when a request comes "
+        "without bootstrap info (default: %(default)s)",
+    )
+    disagg.add_argument(
+        "--bootstrap-host",
+        default=_env("BOOTSTRAP_HOST", "127.0.0.1"),
+        help="prefill: address of the bootstrap server decode workers fetch KV caches from "
+        "(default: %(default)s)",
+    )
+    disagg.add_argument(
+        "--bootstrap-port", type=int, default=0, help="prefill: its port (default: 0, a free one)"
+    )
+    disagg.add_argument(
+        "--no-bootstrap-endpoint",
+        action="store_true",
+        help="prefill: do not publish the bootstrap server as disaggregated_endpoint, so routers take "
+        "the fallback path (wait for disaggregated_params), as with engines that have none (default: off)",
+    )
+    disagg.add_argument(
+        "--kv-ttl",
+        type=float,
+        default=60.0,
+        help="prefill: seconds a parked KV cache waits for its decode before it is dropped (default: %(default)s)",
+    )
+    disagg.add_argument(
+        "--kv-timeout",
+        type=float,
+        default=30.0,
+        help="decode: seconds to wait for a prefill's KV cache (default: %(default)s)",
+    )
+
+
+def add_mocker_args(parser: argparse.ArgumentParser) -> None:
+    """Add the mocker engine's own flags (its simulated KV pool, scheduler and timing); its
+    ``--max-num-seqs`` defaults to 256, as Dynamo's mocker."""
+    group = parser.add_argument_group("mocker engine")
+    group.add_argument(
+        "--num-workers",
+        type=int,
+        default=1,
+        help="engines in this process, each its own instance (default: %(default)s)",
+    )
+    group.add_argument(
+        "--num-gpu-blocks", type=int, default=16384, help="KV blocks per engine (default: %(default)s)"
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=8192,
+        help="token budget of a step (default: %(default)s)",
+    )
+    group.add_argument(
+        "--speedup-ratio",
+        type=float,
+        default=1.0,
+        help="divide every simulated step time by this (default: %(default)s)",
+    )
+    group.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="longest prompt + output published in the model card (default: the model folder's)",
+    )
+    parser.set_defaults(max_num_seqs=256)
+
+
+def component_parser(prog: str, description: str | None, *groups: AddFlags) -> argparse.ArgumentParser:
+    """A component's parser: the runtime flags, then ``groups``, then ``--log-level``."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_runtime_args(parser)
+    for add in groups:
+        add(parser)
+    add_logging_args(parser)
+    return parser
+
+
+def echo_worker_parser(prog: str = "echo_worker", description: str | None = None) -> argparse.ArgumentParser:
+    """Every flag of the echo worker (components/echo_worker.py)."""
+    return component_parser(prog, description, lambda parser: add_endpoint_arg(parser, DEFAULT_ECHO_ENDPOINT))
+
+
+def hf_worker_parser(prog: str = "hf_worker", description: str | None = None) -> argparse.ArgumentParser:
+    """Every flag of the ``hf`` engine worker (components/hf_worker.py)."""
+    return component_parser(prog, description, add_model_args, add_engine_args, add_hf_args)
+
+
+def mocker_worker_parser(prog: str = "mocker_worker", description: str | None = None) -> argparse.ArgumentParser:
+    """Every flag of the mocker engine worker (components/mocker_worker.py)."""
+    return component_parser(prog, description, add_model_args, add_engine_args, add_mocker_args)
+
+
+def frontend_parser(prog: str = "frontend", description: str | None = None) -> argparse.ArgumentParser:
+    """Every flag of the OpenAI frontend (components/frontend.py)."""
+    return component_parser(prog, description, add_frontend_args, add_model_args)

@@ -1,0 +1,114 @@
+"""What the frontend's flags mean: their combinations checked, and a frontend started from them.
+
+`validate_frontend_args` refuses, before anything starts, a combination that cannot work,
+naming the flag and the fix; `start_frontend` starts the `Frontend` the flags describe (in
+static mode, with the one model they name).
+
+Example:
+    >>> from dynamo_nb.flags import frontend_parser
+    >>> validate_frontend_args(frontend_parser().parse_args([]))
+    Traceback (most recent call last):
+    ...
+    dynamo_nb.errors.ConfigError: a frontend on its own finds workers through etcd: add --discovery etcd://HOST:PORT, ...
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..flags import DEFAULT_WORKER_ENDPOINT
+from ..llm.card import card_from_folder, check_model_dir
+from ..router.kv.router import KvRouterConfig
+from ..runtime.names import EndpointPath
+from .server import Frontend
+
+if TYPE_CHECKING:
+    from ..runtime.distributed import DistributedRuntime
+
+__all__ = ["start_frontend", "validate_frontend_args"]
+
+
+def validate_frontend_args(args: argparse.Namespace) -> None:
+    """Reject flag combinations that cannot work, naming the flag and the fix (before anything starts)."""
+    if (
+        args.router_mode == "kv"
+        and not args.no_kv_events
+        and not args.nats_url
+        and args.discovery != "memory"
+    ):
+        raise ConfigError(
+            "--router-mode kv follows the workers' KV events, which travel over NATS: add --nats-url "
+            "nats://HOST:PORT, or --no-kv-events for approximate mode"
+        )
+    if args.static_endpoint is None:
+        if args.discovery == "memory" and not args.static:
+            raise ConfigError(
+                "a frontend on its own finds workers through etcd: add --discovery etcd://HOST:PORT, or use "
+                "static mode (--static-endpoint ns.comp.ep --model-name NAME --model-path DIR); to run frontend "
+                "and worker in one process use `python -m dynamo_nb run --in http --out hf`"
+            )
+        if args.model_name is not None or args.model_path is not None:
+            raise ConfigError(
+                "--model-name/--model-path are for static mode: add --static-endpoint ns.comp.ep, or drop "
+                "them (with discovery the workers' model cards name the model)"
+            )
+        if args.static_address is not None:
+            raise ConfigError("--static-address is for static mode: add --static-endpoint ns.comp.ep")
+        return
+    try:
+        EndpointPath.parse(args.static_endpoint)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"--static-endpoint {args.static_endpoint!r} is not namespace.component.endpoint "
+            f"(e.g. {DEFAULT_WORKER_ENDPOINT}): {exc}"
+        ) from None
+    missing = [
+        flag
+        for flag, value in (("--model-name", args.model_name), ("--model-path", args.model_path))
+        if value is None
+    ]
+    if missing:
+        raise ConfigError(
+            f"--static-endpoint needs {' and '.join(missing)}: with no discovery the frontend builds the model "
+            "card itself (e.g. --model-name tiny-llama --model-path DIR)"
+        )
+    if not args.model_name.strip():
+        raise ConfigError("--model-name is empty: give the name clients will send as 'model'")
+    check_model_dir(args.model_path, flag="--model-path")
+    if args.discovery not in ("memory", "static"):
+        raise ConfigError(f"--static-endpoint runs without discovery: drop --discovery {args.discovery}")
+    plane = args.request_plane or ("nats" if args.nats_url else "tcp")
+    if plane == "nats" and not args.nats_url:
+        raise ConfigError("static mode on NATS needs --nats-url nats://HOST:PORT")
+    if plane == "tcp" and args.static_address is None:
+        raise ConfigError(
+            "static mode on TCP needs the worker's address: --static-address tcp://HOST:PORT "
+            "(or use NATS: --nats-url nats://HOST:PORT)"
+        )
+    if plane == "inproc":
+        raise ConfigError("static mode reaches a worker in another process: use --request-plane nats or tcp")
+
+
+async def start_frontend(
+    runtime: DistributedRuntime, args: argparse.Namespace, *, only_endpoint: str | None = None
+) -> Frontend:
+    """Start the frontend the flags describe: HTTP address, router mode, KV router settings,
+    ``--enforce-disagg``; with ``--static-endpoint`` it serves the one model the flags name.
+
+    ``only_endpoint``: serve only the models registered at this endpoint (``ns.comp.ep``).
+    """
+    frontend = await Frontend.start(
+        runtime,
+        host=args.http_host,
+        port=args.http_port,
+        router_mode=args.router_mode,
+        only_endpoint=only_endpoint,
+        enforce_disagg=args.enforce_disagg,
+        kv_config=KvRouterConfig.from_args(args),
+    )
+    if args.static_endpoint:  # static mode: the card is built here; no etcd, no registration
+        card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)
+        await frontend.add_model(card, address=args.static_address)
+    return frontend

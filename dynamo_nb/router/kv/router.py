@@ -1,0 +1,186 @@
+"""The KV router: send each request to the worker with the best cost (KV overlap vs load).
+
+For a request's token ids it hashes the full blocks, asks the indexer how many leading blocks
+each worker already holds, adds the load the router itself has routed to each worker, and
+picks with `dynamo_nb.router.kv.selector`. The indexer is fed by the workers' KV events
+(`KvIndexer`), or, in approximate mode (no events), by the router's own decisions: the blocks
+of a routed request are assumed cached on that worker for ``approx_ttl`` seconds. With events,
+a routed prompt also counts as cached on its worker for ``pending_ttl`` seconds or until the
+worker's stored event confirms it, so requests that follow it closely find it too.
+
+It is a `dynamo_nb.router.Router`: `pick` returns a `KvRoute` (the worker, the blocks it held,
+the costs), and the stream `open` returns tells it when the prefill is done and when the
+request ended, so the load it counts stays right.
+
+Example::
+
+    router = await KvRouter.create(client, block_size=16, component=endpoint.component())
+    stream = router.send(PreprocessedRequest(token_ids=ids))
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ...errors import ConfigError, NoInstancesError
+from ...llm.protocol import PreprocessedRequest
+from ...runtime.ids import new_request_id
+from ..base import Route, Router
+from .events import KvIndexer
+from .hashing import block_hashes, sequence_hashes
+from .indexer import RadixTree
+from .selector import ActiveLoad, costs, pick
+
+if TYPE_CHECKING:
+    from ...runtime.client import Client
+    from ...runtime.distributed import Component
+
+__all__ = ["KvRoute", "KvRouter", "KvRouterConfig"]
+
+
+@dataclass(frozen=True)
+class KvRouterConfig:
+    """``--kv-overlap-score-weight``, ``--router-temperature``, ``--no-kv-events`` (approximate mode)."""
+
+    overlap_weight: float = 1.0
+    temperature: float = 0.0
+    use_kv_events: bool = True
+    approx_ttl: float = 120.0
+    pending_ttl: float = 5.0  # with events: a routed prompt counts as cached there until its event comes
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> KvRouterConfig:
+        """The settings the frontend flags give (``--kv-overlap-score-weight``, ``--router-temperature``,
+        ``--no-kv-events``)."""
+        if args.router_temperature < 0:
+            raise ConfigError(f"--router-temperature must be 0 or more, got {args.router_temperature}")
+        return cls(
+            overlap_weight=args.kv_overlap_score_weight,
+            temperature=args.router_temperature,
+            use_kv_events=not args.no_kv_events,
+        )
+
+
+@dataclass
+class KvRoute(Route):
+    """Where a request went and why: the blocks its worker already held, the prompt's blocks, the costs."""
+
+    overlap_blocks: int = 0
+    prompt_blocks: int = 0
+    costs: dict[int, float] = field(default_factory=dict)
+
+
+class KvRouter(Router):
+    """See the module docstring; create it with `KvRouter.create`.
+
+    Attributes:
+        loads: per worker, what the router has routed there and is still running.
+        decisions: how many requests it routed; ``hit_blocks`` / ``prompt_blocks_total``
+            is its prefix hit rate.
+    """
+
+    tracks_requests = True
+
+    def __init__(
+        self,
+        client: Client,
+        block_size: int,
+        config: KvRouterConfig,
+        indexer: KvIndexer | None,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Use `KvRouter.create`."""
+        super().__init__(client)
+        self.block_size = block_size
+        self.config = config
+        self.indexer = indexer
+        self.tree = indexer.tree if indexer is not None else RadixTree()
+        self.loads: dict[int, ActiveLoad] = {}
+        self.decisions = 0
+        self.hit_blocks = 0
+        self.prompt_blocks_total = 0
+        self._rng = rng or random.Random()
+
+    @classmethod
+    async def create(
+        cls,
+        client: Client,
+        block_size: int,
+        config: KvRouterConfig | None = None,
+        *,
+        component: Component | None = None,
+    ) -> KvRouter:
+        """A router for ``client``'s endpoint; with KV events it listens to ``component``'s."""
+        config = config or KvRouterConfig()
+        indexer = await KvIndexer.start(component) if config.use_kv_events and component is not None else None
+        return cls(client, block_size, config, indexer)
+
+    def pick(self, request: PreprocessedRequest) -> KvRoute:
+        """The worker for ``request``'s prompt; the request counts on it until `finished`."""
+        return self.choose(request.token_ids)
+
+    def choose(self, token_ids: list[int], request_id: str | None = None) -> KvRoute:
+        """Pick the worker for ``token_ids`` and count the request on it (see `finished`)."""
+        request_id = request_id or new_request_id()
+        live = set(self.client.instance_ids())
+        if not live:
+            path = str(self.client.endpoint.path)
+            raise NoInstancesError(f"no instance of {path} to route to", endpoint=path)
+        if self.indexer is not None:
+            self.indexer.prune(live)
+        self.tree.expire()
+        hashes = block_hashes(token_ids, self.block_size)
+        sequence = sequence_hashes(hashes)
+        matches = self.tree.find_matches(hashes)
+        worker_costs = costs(
+            sorted(live),
+            prompt_tokens=len(token_ids),
+            block_size=self.block_size,
+            overlaps=matches.scores,
+            loads=self.loads,
+            overlap_weight=self.config.overlap_weight,
+            sequence=sequence,
+        )
+        worker = int(
+            pick(
+                worker_costs,
+                temperature=self.config.temperature,
+                tree_sizes=matches.tree_sizes,
+                rng=self._rng,
+            )
+        )
+        overlap = matches.scores.get(worker, 0)
+        new_tokens = max(len(token_ids) - overlap * self.block_size, 0)
+        self.loads.setdefault(worker, ActiveLoad()).add(request_id, new_tokens, sequence)
+        # the chosen worker will hold this prompt: count it now (approximate mode), or until the
+        # worker's stored event confirms it (events mode), so the next same-prefix request follows
+        ttl = self.config.pending_ttl if self.indexer is not None else self.config.approx_ttl
+        self.tree.insert(worker, hashes, ttl, block_ids=sequence)
+        self.decisions += 1
+        self.hit_blocks += overlap
+        self.prompt_blocks_total += len(hashes)
+        return KvRoute(worker, request_id, overlap, len(hashes), worker_costs)  # type: ignore[arg-type]
+
+    def first_token(self, route: Route) -> None:
+        """The request's prefill is done on its worker."""
+        load = self.loads.get(route.instance_id)
+        if load is not None:
+            load.prefill_done(route.request_id)
+
+    def finished(self, route: Route) -> None:
+        """The request ended (or failed) on its worker."""
+        load = self.loads.get(route.instance_id)
+        if load is not None:
+            load.free(route.request_id)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt blocks found cached on the chosen worker, over all prompt blocks routed."""
+        return self.hit_blocks / self.prompt_blocks_total if self.prompt_blocks_total else 0.0
+
+    async def stop(self) -> None:
+        if self.indexer is not None:
+            await self.indexer.stop()

@@ -1,0 +1,132 @@
+"""The KV router's choice: the cost of sending a request to each worker, and the pick.
+
+For each candidate worker (as in Dynamo's ``selector.rs``):
+
+- ``prefill_blocks = (active prefill tokens + this request's new tokens) / block_size``, where
+  the new tokens are the prompt minus what the worker already holds (``overlap × block_size``);
+- ``decode_blocks`` = the worker's distinct active blocks with this request added (blocks a
+  running request already uses there, such as a shared system prompt, count once);
+- ``cost = overlap_weight × prefill_blocks + decode_blocks`` — lower is better.
+
+Temperature 0 picks the cheapest (ties: the smallest cache, then at random); otherwise a
+softmax over the normalized negated costs.
+
+Example (Dynamo's worked example: costs 18, 10 and 11, the second worker wins):
+    >>> costs = {"a": 18.0, "b": 10.0, "c": 11.0}
+    >>> pick(costs, temperature=0.0)
+    'b'
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ...errors import NoInstancesError
+
+__all__ = ["ActiveLoad", "costs", "pick"]
+
+
+@dataclass
+class ActiveLoad:
+    """What a worker is busy with, from the router's own decisions.
+
+    Attributes:
+        prefill_tokens: prompt tokens routed to it whose prefill has not finished.
+        blocks: the KV blocks (sequence hashes) its running requests use, each counted once
+            however many requests share it — a shared system prompt is one set of blocks.
+    """
+
+    prefill_tokens: int = 0
+    blocks: Counter[int] = field(default_factory=Counter)
+    requests: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+
+    @property
+    def decode_blocks(self) -> int:
+        """Distinct KV blocks in use."""
+        return len(self.blocks)
+
+    def new_blocks(self, sequence: Sequence[int]) -> int:
+        """How many of ``sequence``'s blocks are not in use here yet."""
+        return len(set(sequence).difference(self.blocks))
+
+    def add(self, request_id: str, new_tokens: int, sequence: Sequence[int]) -> None:
+        """A request was routed here: ``new_tokens`` to prefill, the blocks ``sequence`` to hold."""
+        self.requests[request_id] = (new_tokens, tuple(sequence))
+        self.prefill_tokens += new_tokens
+        self.blocks.update(sequence)
+
+    def prefill_done(self, request_id: str) -> None:
+        """Its first token came back: its prompt is no longer waiting for prefill."""
+        tokens, sequence = self.requests.get(request_id, (0, ()))
+        if tokens:
+            self.prefill_tokens -= tokens
+            self.requests[request_id] = (0, sequence)
+
+    def free(self, request_id: str) -> None:
+        """It finished: its blocks are released (those shared with running requests stay)."""
+        tokens, sequence = self.requests.pop(request_id, (0, ()))
+        self.prefill_tokens -= tokens
+        blocks = self.blocks
+        for block in sequence:
+            left = blocks[block] - 1
+            if left > 0:
+                blocks[block] = left
+            else:
+                del blocks[block]
+
+
+def costs(
+    workers: Sequence[Hashable],
+    *,
+    prompt_tokens: int,
+    block_size: int,
+    overlaps: Mapping[Hashable, int],
+    loads: Mapping[Hashable, ActiveLoad],
+    overlap_weight: float = 1.0,
+    sequence: Sequence[int] | None = None,
+) -> dict[Hashable, float]:
+    """The cost of each worker for a prompt of ``prompt_tokens`` (see the module docstring).
+
+    With the prompt's block ``sequence`` hashes, blocks already in use on a worker (a shared
+    prefix of a running request) add no decode load there; without it, the overlap is subtracted.
+    """
+    request_blocks = math.ceil(prompt_tokens / block_size)
+    result = {}
+    for worker in workers:
+        overlap = overlaps.get(worker, 0)
+        load = loads.get(worker) or ActiveLoad()
+        new_tokens = max(prompt_tokens - overlap * block_size, 0)
+        prefill_blocks = (load.prefill_tokens + new_tokens) / block_size
+        added = load.new_blocks(sequence) if sequence is not None else request_blocks - overlap
+        decode_blocks = load.decode_blocks + added
+        result[worker] = overlap_weight * prefill_blocks + decode_blocks
+    return result
+
+
+def pick(
+    worker_costs: Mapping[Hashable, float],
+    *,
+    temperature: float = 0.0,
+    tree_sizes: Mapping[Hashable, int] | None = None,
+    rng: random.Random | None = None,
+) -> Hashable:
+    """The chosen worker: the cheapest at temperature 0, else a softmax draw."""
+    if not worker_costs:
+        raise NoInstancesError("no workers to choose from")
+    rng = rng or random
+    if temperature <= 0:
+        best = min(worker_costs.values())
+        tied = [w for w, c in worker_costs.items() if c == best]
+        if len(tied) > 1 and tree_sizes:
+            smallest = min(tree_sizes.get(w, 0) for w in tied)
+            tied = [w for w in tied if tree_sizes.get(w, 0) == smallest]
+        return tied[0] if len(tied) == 1 else rng.choice(tied)
+    low, high = min(worker_costs.values()), max(worker_costs.values())
+    span = (high - low) or 1.0
+    workers = list(worker_costs)
+    weights = [math.exp(-(worker_costs[w] - low) / span / temperature) for w in workers]
+    return rng.choices(workers, weights=weights, k=1)[0]

@@ -1,0 +1,201 @@
+"""The frontend's prefill router: disaggregated prefill/decode, fast path and fallback path.
+
+It is active for a model once a prefill worker of that model has published its card (kind
+``prefill``); until then the model is served aggregated. For each request it picks the
+prefill worker first with its ``router`` (round robin; with ``--router-mode kv`` the KV
+router's choice, by prefix overlap and the load it routed there) and then:
+
+- **fast path**, when that worker published ``disaggregated_endpoint`` in its runtime config:
+  draw a ``bootstrap_room``, send the prefill (``max_tokens`` 1, with ``bootstrap_info``)
+  straight to that worker as a background task — its stream drained, its errors logged and
+  counted, cancelled together with its decode — and hand back the decode request with the
+  same ``bootstrap_info`` at once, so decode does not wait for a prefill round trip;
+- **fallback path**, when it published none: send the prefill, wait for its first item,
+  require ``disaggregated_params`` (missing keys are a `DisaggregationError` naming them)
+  and hand them to decode as ``prefill_result``.
+
+Sending the prefill, awaiting its params and draining its stream are `dynamo_nb.disagg.handoff`'s,
+the same steps a decode worker takes when it must ask a prefill worker itself.
+
+If the prefill cannot be sent, or its params are bad, the request is served aggregated with
+a warning (``extra_args.aggregated``: the decode worker generates it whole), unless the
+router enforces disaggregation: then `DisaggregationError` (the frontend answers 503). The
+decode request keeps the request's own ``max_tokens``.
+
+Example::
+
+    plan = await prefill_router.plan(request)      # a PreprocessedRequest
+    plan.path, plan.prefill_worker, plan.room      # ('fast', 7421…, 4611686018427387904)
+    stream = decode_router.send(plan.decode_request)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..disagg import handoff
+from ..disagg.rooms import BootstrapInfo, draw_room
+from ..errors import DisaggregationError, RequestError
+from ..llm.protocol import PreprocessedRequest
+from .base import Router
+
+__all__ = ["DISAGG_PATHS", "PrefillPlan", "PrefillRouter"]
+
+logger = logging.getLogger("dynamo_nb.router")
+
+DISAGG_PATHS = ("fast", "fallback", "aggregated")
+
+
+@dataclass
+class PrefillPlan:
+    """How one request is served: the decode request to send and what was chosen for it.
+
+    Attributes:
+        path: ``fast``, ``fallback`` or ``aggregated``.
+        decode_request: the request for the decode worker (``bootstrap_info`` on the fast
+            path, ``prefill_result`` on the fallback path, ``extra_args.aggregated`` else).
+        prefill_worker: the prefill instance id (None when aggregated).
+        room: the bootstrap room (None when aggregated).
+        reason: why it is aggregated, when it is.
+        events: what happened, in order (fallback path: ``prefill sent``, ``prefill first item``,
+            ``decode handed back``; fast path: ``decode handed back`` at once; then ``prefill done``
+            or ``prefill failed``).
+    """
+
+    path: str
+    decode_request: PreprocessedRequest
+    prefill_worker: int | None = None
+    room: int | None = None
+    reason: str = ""
+    events: list[str] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+    def cancel(self) -> None:
+        """Stop the background prefill stream (when the decode ends or is cancelled)."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
+class PrefillRouter:
+    """Routes the prefill half of a model's requests; see the module docstring.
+
+    Attributes:
+        endpoint: the prefill workers' endpoint path.
+        router: picks the prefill worker (`RoundRobinRouter`, or a `KvRouter`).
+        errors_total: prefills that failed (before or after their decode was sent).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        router: Router,
+        *,
+        enforce: bool = False,
+        prefill_timeout: float = 30.0,
+        on_error: Callable[[], None] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.router = router
+        self.enforce = enforce
+        self.prefill_timeout = prefill_timeout
+        self.errors_total = 0
+        self._on_error = on_error
+        self._endpoints: dict[int, dict[str, Any] | None] = {}  # instance id → disaggregated_endpoint
+        self._keys: dict[str, int] = {}  # card key → instance id
+
+    def add_worker(self, key: str, instance_id: int, disaggregated_endpoint: dict[str, Any] | None) -> None:
+        """A prefill worker's card arrived (``disaggregated_endpoint`` None: fallback path for it)."""
+        self._keys[key] = instance_id
+        self._endpoints[instance_id] = disaggregated_endpoint
+
+    def remove_worker(self, key: str) -> bool:
+        """Its card left; True when the key was one of this router's."""
+        instance_id = self._keys.pop(key, None)
+        if instance_id is None:
+            return False
+        self._endpoints.pop(instance_id, None)
+        return True
+
+    @property
+    def active(self) -> bool:
+        """Whether any prefill worker of the model has a card now."""
+        return bool(self._keys)
+
+    async def plan(self, request: PreprocessedRequest) -> PrefillPlan:
+        """Start the prefill of ``request`` and say how its decode goes (see the module docstring)."""
+        events: list[str] = []
+        instance: int | None = None
+        try:
+            route = self.router.pick(request)
+            instance = route.instance_id
+            endpoint = self._endpoints.get(instance)
+            if endpoint is not None:
+                info = BootstrapInfo.parse({**endpoint, "bootstrap_room": draw_room()}, "disaggregated_endpoint")
+                stream = self.router.open(route, handoff.prefill_request(request, info))
+                decode = dataclasses.replace(request, bootstrap_info=info.to_dict())
+                plan = PrefillPlan("fast", decode, instance, info.room, events=events)
+                plan.task = self._drain(stream, plan)  # sends the prefill once the task runs
+                events.append("decode handed back")
+                return plan
+            stream = self.router.open(route, handoff.prefill_request(request))
+            events.append("prefill sent")
+            try:
+                info = await handoff.await_params(stream, self.prefill_timeout)
+            except BaseException:
+                await stream.aclose()
+                raise
+            events.append("prefill first item")
+            decode = dataclasses.replace(request, prefill_result={"disaggregated_params": info.to_dict()})
+            plan = PrefillPlan("fallback", decode, instance, info.room, events=events)
+            plan.task = self._drain(stream, plan)
+            events.append("decode handed back")
+            return plan
+        except RequestError as exc:
+            where = f" (prefill worker {instance:x})" if instance is not None else ""
+            reason = f"prefill failed{where}: {exc}"
+            self._count_error()
+            if self.enforce:
+                raise DisaggregationError(f"{reason}; disaggregation is enforced, so the request fails") from None
+            return self.aggregated(request, reason, events)
+
+    def aggregated(self, request: PreprocessedRequest, reason: str, events: list[str] | None = None) -> PrefillPlan:
+        """The plan that serves ``request`` on the decode worker alone (logged as a warning)."""
+        logger.warning("serving a request aggregated: %s", reason)
+        whole = dataclasses.replace(
+            request,
+            bootstrap_info=None,
+            prefill_result=None,
+            extra_args={**(request.extra_args or {}), "aggregated": True},
+        )
+        return PrefillPlan("aggregated", whole, reason=reason, events=events or [])
+
+    def handoff_failed(self, plan: PrefillPlan, message: str) -> None:
+        """The decode could not take the KV of ``plan`` (e.g. its prefill worker died)."""
+        plan.cancel()
+        plan.events.append("decode refused the handoff")
+        self._count_error()
+        logger.warning("prefill → decode handoff failed (%s path, room %s): %s", plan.path, plan.room, message)
+
+    def _count_error(self) -> None:
+        self.errors_total += 1
+        if self._on_error is not None:
+            self._on_error()
+
+    def _drain(self, stream: Any, plan: PrefillPlan) -> asyncio.Task[None]:
+        """Read (the rest of) the prefill stream in the background; log and count its failure."""
+
+        def failed(_error: RequestError) -> None:
+            plan.events.append("prefill failed")
+            self._count_error()
+
+        return handoff.drain(
+            stream,
+            what=f"prefill on {plan.prefill_worker or 0:x} ({plan.path} path, room {plan.room})",
+            on_failure=failed,
+            on_done=lambda: plan.events.append("prefill done"),
+        )

@@ -1,0 +1,62 @@
+"""The distributed runtime: namespaces, components and endpoints served and called across processes.
+
+Everything a worker or a frontend needs to find and call the others lives here:
+
+- `DistributedRuntime` (``distributed.py``) and the ``namespace → component → endpoint`` names
+  (``names.py``, ids in ``ids.py``);
+- the server side (``server.py``: `EndpointServer`, one task per request) and the client side
+  (``client.py``: `Client`, `ResponseStream`), with the per-request `Context` (``context.py``);
+- ``discovery/`` (memory, etcd, static: who serves what) and ``planes/`` (inproc, tcp, nats
+  request planes; the msgpack wire format; the event plane);
+- ``worker.py``: running a component as a program (signals, logging, its READY line).
+
+Example:
+    >>> import asyncio
+    >>> from dynamo_nb.runtime import DistributedRuntime
+    >>> async def main():
+    ...     async with await DistributedRuntime.create() as rt:
+    ...         return str(rt.namespace("demo").component("echo").endpoint("generate").path)
+    >>> asyncio.run(main())
+    'demo.echo.generate'
+"""
+
+from __future__ import annotations
+
+from .client import Client, ResponseStream
+from .context import Context
+from .distributed import Component, DistributedRuntime, Endpoint, Namespace
+from .instance import Instance
+from .names import EndpointPath
+from .server import EndpointServer, Handler
+from .worker import (
+    announce_ready,
+    configure_logging,
+    dynamo_worker,
+    parse_ready_line,
+    ready_line,
+    run_program,
+    runtime_from_args,
+    shutdown_on_signals,
+)
+
+__all__ = [
+    "Client",
+    "Component",
+    "Context",
+    "DistributedRuntime",
+    "Endpoint",
+    "EndpointPath",
+    "EndpointServer",
+    "Handler",
+    "Instance",
+    "Namespace",
+    "ResponseStream",
+    "announce_ready",
+    "configure_logging",
+    "dynamo_worker",
+    "parse_ready_line",
+    "ready_line",
+    "run_program",
+    "runtime_from_args",
+    "shutdown_on_signals",
+]

@@ -1,0 +1,292 @@
+"""Client side: pick an instance, open a stream, hand the caller its items."""
+
+from __future__ import annotations
+
+import asyncio
+import random as _random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InstanceDownError, InstanceNotFoundError, NoInstancesError
+from .context import Context
+from .discovery.base import InstanceSet, no_instances_message
+from .instance import Instance
+from .planes.channel import StreamChannel
+
+if TYPE_CHECKING:
+    from .distributed import Endpoint
+    from .planes import RequestPlane, StreamHandle
+
+__all__ = ["DOWN_SECONDS", "Client", "ResponseStream"]
+
+# An instance reported down is skipped for this long, unless discovery re-publishes it first.
+DOWN_SECONDS = 10.0
+
+_NEW, _OPEN, _DONE = 0, 1, 2
+
+
+class ResponseStream:
+    """The items of one request, as an async iterator.
+
+    Iterate it with ``async for``; or ``await`` it first (as in Dynamo) to send the request
+    and learn which instance took it. Leaving the loop early, `aclose`, cancelling the
+    caller, or ``stream.context.stop_generating()`` stops the remote handler.
+
+    Example::
+
+        async for item in client.round_robin({"text": "hi"}):
+            print(item)
+        stream = await client.random({"text": "hi"})
+        stream.instance_id
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_body",
+        "_channel",
+        "_client",
+        "_handle",
+        "_state",
+        "_unhook",
+        "context",
+        "instance",
+    )
+
+    def __init__(self, client: Client, instance: Instance, body: Any, parent: Context | None) -> None:
+        self._client = client
+        self.instance = instance
+        self._body = body
+        self.context = Context(parent=parent) if parent is not None else Context()
+        self._channel = StreamChannel(instance)
+        self._handle: StreamHandle | None = None
+        self._state = _NEW
+        self._unhook: Callable[[], None] | None = None
+
+    @property
+    def instance_id(self) -> int:
+        """The instance serving this request."""
+        return self.instance.instance_id
+
+    @property
+    def request_id(self) -> str:
+        return self.context.id
+
+    def __await__(self) -> Any:
+        return self._started().__await__()
+
+    async def _started(self) -> ResponseStream:
+        if self._state == _NEW:
+            await self._start()
+        return self
+
+    async def _start(self) -> None:
+        self._state = _OPEN
+        if self.context.is_stopped():  # the parent was stopped before we sent anything
+            self._channel.push_end()
+            return
+        try:
+            self._handle = await self._client._plane.open_stream(
+                self.instance, self.context.id, self._body, self._channel
+            )
+        except InstanceDownError:
+            self._client.report_instance_down(self.instance.instance_id)
+            self._finish()
+            raise
+        except BaseException:
+            self._finish()
+            raise
+        self._body = None
+        # The callback holds the handle, not the stream: no reference cycle, so a stream
+        # dropped after `break` is collected at once and its __del__ stops the handler.
+        self._unhook = self.context.add_stop_callback(self._handle.stop)
+
+    def __aiter__(self) -> ResponseStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._state != _OPEN:
+            if self._state == _DONE:
+                raise StopAsyncIteration
+            await self._start()
+        try:
+            return await self._channel.next()
+        except StopAsyncIteration:
+            self._finish()
+            raise
+        except InstanceDownError:
+            self._client.report_instance_down(self.instance.instance_id)
+            self._finish()
+            raise
+        except asyncio.CancelledError:  # the caller was cancelled: stop the remote handler
+            self._abandon()
+            raise
+        except BaseException:
+            self._finish()
+            raise
+
+    def _finish(self) -> None:
+        self._state = _DONE
+        if self._handle is not None:
+            self._handle.release()
+            self._handle = None
+        if self._unhook is not None:
+            self._unhook()
+            self._unhook = None
+        self.context.unlink()
+
+    def _abandon(self) -> None:
+        if self._state == _OPEN and not self._channel.closed:
+            self.context.stop_generating()
+        self._finish()
+
+    async def aclose(self) -> None:
+        """Stop the request (if still running) and release it."""
+        self._abandon()
+
+    async def __aenter__(self) -> ResponseStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._abandon()
+
+    def __del__(self) -> None:
+        if self._state == _OPEN:
+            try:
+                self._abandon()
+            except Exception:  # interpreter or loop shutting down
+                pass
+
+    def __repr__(self) -> str:
+        state = ("new", "open", "done")[self._state]
+        return f"<ResponseStream {self.instance.path}/{self.instance_id:x} request={self.context.id} {state}>"
+
+
+class Client:
+    """Sends requests to the instances of one endpoint; returned by `Endpoint.client`.
+
+    Example::
+
+        client = await endpoint.client()
+        await client.wait_for_instances(timeout=10)
+        # [7598302...]
+        [x async for x in client.round_robin({"text": "a b"})]
+    """
+
+    def __init__(
+        self, endpoint: Endpoint, instances: InstanceSet, plane: RequestPlane, discovery: str
+    ) -> None:
+        self.endpoint = endpoint
+        self._instances = instances
+        self._plane = plane
+        self._discovery = discovery
+        self._next = 0
+        self._down: dict[int, float] = {}
+        instances.on_added(lambda iid: self._down.pop(iid, None))
+
+    def instance_ids(self) -> list[int]:
+        """Ids of the instances requests can go to now (not reported down)."""
+        ids = self._instances.ids()
+        if self._down:
+            now = time.monotonic()
+            for iid, until in list(self._down.items()):
+                if until <= now:
+                    del self._down[iid]
+            if self._down:
+                ids = [i for i in ids if i not in self._down]
+        return ids
+
+    def instances(self) -> list[Instance]:
+        """The instances with their transport details."""
+        available = set(self.instance_ids())
+        return [i for i in self._instances.all() if i.instance_id in available]
+
+    async def wait_for_instances(self, timeout: float = 30.0) -> list[int]:
+        """Wait until at least one instance serves the endpoint; return their ids.
+
+        Raises `NoInstancesError` after ``timeout`` seconds. For a static endpoint (no
+        discovery) this asks the address itself until something answers.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        if self._instances.static:
+            while True:
+                remaining = deadline - loop.time()
+                alive = [
+                    i.instance_id
+                    for i in self._instances.all()
+                    if await self._plane.ping(i, max(min(remaining, 1.0), 0.05))
+                ]
+                if alive:
+                    for iid in alive:
+                        self._down.pop(iid, None)
+                    return alive
+                if loop.time() >= deadline:
+                    break
+                await asyncio.sleep(min(0.1, max(deadline - loop.time(), 0)))
+        else:
+            while True:
+                ids = self.instance_ids()
+                if ids:
+                    return list(ids)
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                await self._instances.wait_changed(min(remaining, 1.0))
+        raise NoInstancesError(
+            no_instances_message(self.endpoint.path, self._discovery, timeout),
+            endpoint=str(self.endpoint.path),
+        )
+
+    def _no_instances(self) -> NoInstancesError:
+        return NoInstancesError(
+            no_instances_message(self.endpoint.path, self._discovery)
+            + " To wait for one, `await client.wait_for_instances(timeout=...)` first.",
+            endpoint=str(self.endpoint.path),
+        )
+
+    def next_instance(self) -> int:
+        """The id of the next instance in turn (round robin); `NoInstancesError` when there is none."""
+        ids = self.instance_ids()
+        if not ids:
+            raise self._no_instances()
+        instance_id = ids[self._next % len(ids)]
+        self._next += 1
+        return instance_id
+
+    def random_instance(self) -> int:
+        """The id of an instance drawn at random; `NoInstancesError` when there is none."""
+        ids = self.instance_ids()
+        if not ids:
+            raise self._no_instances()
+        return _random.choice(ids)
+
+    def round_robin(self, request: Any, *, context: Context | None = None) -> ResponseStream:
+        """Send ``request`` to the next instance in turn."""
+        return ResponseStream(self, self._instances.get(self.next_instance()), request, context)  # type: ignore[arg-type]
+
+    def random(self, request: Any, *, context: Context | None = None) -> ResponseStream:
+        """Send ``request`` to a random instance."""
+        return ResponseStream(self, self._instances.get(self.random_instance()), request, context)  # type: ignore[arg-type]
+
+    def direct(self, request: Any, instance_id: int, *, context: Context | None = None) -> ResponseStream:
+        """Send ``request`` to the instance ``instance_id``."""
+        instance = self._instances.get(instance_id)
+        if instance is None:
+            known = ", ".join(f"{i:x}" for i in self._instances.ids()) or "none"
+            raise InstanceNotFoundError(
+                f"instance {instance_id:x} does not serve {self.endpoint.path} (serving now: {known})",
+                endpoint=str(self.endpoint.path),
+                instance_id=instance_id,
+            )
+        return ResponseStream(self, instance, request, context)
+
+    generate = round_robin
+
+    def report_instance_down(self, instance_id: int) -> None:
+        """Skip ``instance_id`` for a while (done for you when it fails in-band)."""
+        if not self._instances.static:
+            self._down[instance_id] = time.monotonic() + DOWN_SECONDS
+
+    def __repr__(self) -> str:
+        return f"<Client {self.endpoint.path.url} instances={[f'{i:x}' for i in self.instance_ids()]}>"

@@ -1,0 +1,46 @@
+"""Discovery backends: who serves what.
+
+``memory`` (one process), ``etcd://HOST:PORT`` (leases and watches, across machines) and
+``static`` (no discovery service: fixed NATS subjects or explicit TCP addresses).
+"""
+
+from __future__ import annotations
+
+from ...errors import ConfigError
+from .base import Discovery, InstanceSet, KeyValueDiscovery, PrefixWatch
+from .etcd import DEFAULT_LEASE_TTL, EtcdDiscovery
+from .memory import MemoryDiscovery
+from .static import StaticDiscovery
+
+__all__ = [
+    "DEFAULT_LEASE_TTL",
+    "Discovery",
+    "EtcdDiscovery",
+    "InstanceSet",
+    "KeyValueDiscovery",
+    "MemoryDiscovery",
+    "PrefixWatch",
+    "StaticDiscovery",
+    "make_discovery",
+]
+
+
+def make_discovery(
+    spec: str, *, lease_ttl: float = DEFAULT_LEASE_TTL, connect_timeout: float = 5.0
+) -> Discovery:
+    """Build the backend named by ``spec``: ``memory``, ``static`` or ``etcd://HOST:PORT``.
+
+    Example:
+        >>> make_discovery("memory").kind
+        'memory'
+    """
+    if spec == "memory":
+        return MemoryDiscovery()
+    if spec == "static":
+        return StaticDiscovery()
+    if isinstance(spec, str) and spec.startswith("etcd://"):
+        return EtcdDiscovery(spec, lease_ttl=lease_ttl, connect_timeout=connect_timeout)
+    raise ConfigError(
+        f"unknown discovery {spec!r}: use 'memory' (one process), 'etcd://HOST:PORT' (e.g. "
+        "services.etcd_url from LocalServices) or 'static' (no discovery service)"
+    )

@@ -1,0 +1,189 @@
+"""etcd discovery (aetcd): one lease per runtime, kept alive by a task; watches drive instance lists."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from urllib.parse import urlsplit
+
+import aetcd
+import aetcd.rtypes
+
+from ...errors import ConfigError, ServiceUnavailableError
+from .base import KeyValueDiscovery, PrefixWatch
+
+__all__ = ["EtcdDiscovery", "parse_etcd_url"]
+
+logger = logging.getLogger("dynamo_nb.discovery.etcd")
+
+DEFAULT_LEASE_TTL = 10.0
+_RPC_TIMEOUT = 5
+_RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0)
+
+
+def parse_etcd_url(url: str) -> tuple[str, int]:
+    """``etcd://HOST:PORT`` → (host, port).
+
+    Example:
+        >>> parse_etcd_url("etcd://127.0.0.1:2379")
+        ('127.0.0.1', 2379)
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "etcd" or not parts.hostname:
+        raise ConfigError(
+            f"invalid etcd discovery URL {url!r}: expected 'etcd://HOST:PORT', e.g. etcd://127.0.0.1:2379"
+        )
+    try:
+        port = parts.port or 2379
+    except ValueError as exc:
+        raise ConfigError(f"invalid port in etcd discovery URL {url!r}: {exc}") from None
+    return parts.hostname, port
+
+
+class EtcdDiscovery(KeyValueDiscovery):
+    """Discovery through etcd. Every key this runtime writes hangs on its one lease.
+
+    A worker that dies stops renewing the lease; etcd then deletes its keys after
+    ``lease_ttl`` seconds and every watching client drops the instance.
+    """
+
+    kind = "etcd"
+
+    def __init__(
+        self, url: str, *, lease_ttl: float = DEFAULT_LEASE_TTL, connect_timeout: float = 5.0
+    ) -> None:
+        super().__init__()
+        self.url = url
+        self.host, self.port = parse_etcd_url(url)
+        if lease_ttl < 1:
+            raise ConfigError(
+                f"lease_ttl must be at least 1 second (etcd counts whole seconds), got {lease_ttl}"
+            )
+        self.lease_ttl = math.ceil(lease_ttl)
+        self.connect_timeout = connect_timeout
+        self._client: aetcd.Client | None = None
+        self._lease_id = 0
+        self._owned: dict[str, bytes] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    def describe(self) -> str:
+        return self.url
+
+    @property
+    def client(self) -> aetcd.Client:
+        if self._client is None:
+            raise ServiceUnavailableError(f"etcd discovery of {self.url} is not connected: use DistributedRuntime.create")
+        return self._client
+
+    async def start(self) -> None:
+        self._client = aetcd.Client(host=self.host, port=self.port, timeout=_RPC_TIMEOUT)
+        try:
+            lease = await asyncio.wait_for(self._client.lease(self.lease_ttl), self.connect_timeout)
+        except (asyncio.TimeoutError, aetcd.ClientError, OSError) as exc:
+            await self._client.close()
+            raise ServiceUnavailableError(
+                f"could not reach etcd at {self.url} within {self.connect_timeout:g} s ({type(exc).__name__}: "
+                f"{exc}). Start one from Python with `services = await dynamo_nb.LocalServices.start()` "
+                "and pass services.etcd_url, or run `etcd` yourself."
+            ) from exc
+        self._lease_id = lease.id
+        self.connection_id = lease.id
+        self._tasks.append(
+            asyncio.get_running_loop().create_task(self._keep_alive(), name="dynamo_nb etcd lease")
+        )
+
+    async def _keep_alive(self) -> None:
+        """Renew the lease every third of its TTL; re-grant it and re-put our keys if it was lost."""
+        interval = max(self.lease_ttl / 3, 0.3)
+        while not self._closed:
+            await asyncio.sleep(interval)
+            try:
+                reply = await self.client.refresh_lease(self._lease_id)
+                if reply is None or reply.TTL <= 0:
+                    logger.warning(
+                        "etcd lease %x expired; granting a new one and re-publishing", self._lease_id
+                    )
+                    lease = await self.client.lease(self.lease_ttl)
+                    self._lease_id = lease.id
+                    for key, value in list(self._owned.items()):
+                        await self.client.put(key.encode(), value, lease=self._lease_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("etcd lease keep-alive failed (%s: %s); retrying", type(exc).__name__, exc)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.wait(self._tasks, timeout=2.0) if self._tasks else None
+        if self._client is not None:
+            try:
+                await asyncio.wait_for(self._client.revoke_lease(self._lease_id), 2.0)
+            except Exception as exc:  # etcd gone: the lease expires on its own
+                logger.debug("could not revoke etcd lease: %s", exc)
+            try:
+                await asyncio.wait_for(self._client.close(), 2.0)
+            except Exception as exc:
+                logger.debug("closing the etcd client failed: %s", exc)
+
+    async def put(self, key: str, value: bytes) -> None:
+        self._owned[key] = value
+        await self.client.put(key.encode(), value, lease=self._lease_id)
+
+    async def delete(self, key: str) -> None:
+        self._owned.pop(key, None)
+        await self.client.delete(key.encode())
+
+    async def watch_prefix(self, prefix: str) -> PrefixWatch:
+        watch = PrefixWatch(prefix)
+        first_sync = asyncio.get_running_loop().create_future()
+        task = asyncio.get_running_loop().create_task(
+            self._follow(watch, first_sync), name=f"dynamo_nb etcd watch {prefix}"
+        )
+        self._tasks.append(task)
+        try:
+            await asyncio.wait_for(asyncio.shield(first_sync), self.connect_timeout + _RPC_TIMEOUT)
+        except asyncio.TimeoutError:
+            task.cancel()
+            raise ServiceUnavailableError(f"etcd at {self.url} did not answer a read of {prefix!r}") from None
+        return watch
+
+    async def _follow(self, watch: PrefixWatch, first_sync: asyncio.Future[None]) -> None:
+        """Snapshot the prefix, then apply watch events from the next revision; resync after errors."""
+        attempt = 0
+        prefix = watch.prefix.encode()
+        while not self._closed:
+            try:
+                snapshot = await self.client.get_prefix(prefix)
+                watch.replace_all({kv.key.decode(): kv.value for kv in snapshot})
+                if not first_sync.done():
+                    first_sync.set_result(None)
+                revision = snapshot.header.revision
+                events = await self.client.watch_prefix(prefix, start_revision=revision + 1)
+                attempt = 0
+                async for event in events:
+                    key = event.kv.key.decode()
+                    if event.kind == aetcd.rtypes.EventKind.PUT:
+                        watch.apply(key, event.kv.value)
+                    else:
+                        watch.apply(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self._closed:
+                    return
+                delay = _RETRY_SECONDS[min(attempt, len(_RETRY_SECONDS) - 1)]
+                attempt += 1
+                logger.warning(
+                    "etcd watch on %s failed (%s: %s); resyncing in %.1fs",
+                    watch.prefix,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                )
+                await asyncio.sleep(delay)

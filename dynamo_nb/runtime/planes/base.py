@@ -1,0 +1,83 @@
+"""What every request plane provides: serve targets, open streams to instances."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ...errors import InstanceDownError, InvalidRequestError
+from ..instance import Instance
+
+if TYPE_CHECKING:
+    from ..server import EndpointServer
+    from .channel import StreamChannel
+
+__all__ = ["HEARTBEAT_INTERVAL", "RequestPlane", "StreamHandle", "instance_down"]
+
+# A server sends a heartbeat on a silent stream (or connection) this often; a client gives
+# up on it after its heartbeat timeout (several intervals, DistributedRuntime.create).
+HEARTBEAT_INTERVAL = 1.0
+
+
+class StreamHandle(Protocol):
+    """The caller's handle on one open stream."""
+
+    def stop(self) -> None:
+        """Tell the server to stop the handler (best effort, never blocks)."""
+
+    def release(self) -> None:
+        """Forget the stream: frames that still arrive are dropped."""
+
+
+class RequestPlane(ABC):
+    """Moves requests to servers and their streamed items back."""
+
+    name: str = ""
+
+    def __init__(self, *, heartbeat_timeout: float = 5.0) -> None:
+        self.heartbeat_timeout = heartbeat_timeout
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Connect or prepare; called by the runtime before anything is served."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def add_target(
+        self, target: str, server: EndpointServer, *, static: bool = False
+    ) -> dict[str, str]:
+        """Serve ``target`` with ``server``; return the transport record clients use to reach it."""
+
+    @abstractmethod
+    async def remove_target(self, target: str) -> None:
+        """Stop routing new requests for ``target`` here."""
+
+    @abstractmethod
+    async def open_stream(
+        self, instance: Instance, request_id: str, body: Any, channel: StreamChannel
+    ) -> StreamHandle:
+        """Send a request to ``instance``; its frames arrive on ``channel``.
+
+        Raises `InstanceDownError` when the instance cannot be reached.
+        """
+
+    @abstractmethod
+    async def ping(self, instance: Instance, timeout: float) -> bool:
+        """True if ``instance`` answers (used for static endpoints, which discovery cannot list)."""
+
+
+def instance_down(instance: Instance, reason: str) -> InstanceDownError:
+    """An `InstanceDownError` for ``instance`` with ``reason``."""
+    return InstanceDownError(
+        f"instance {instance.instance_id:x} of {instance.path} is unreachable: {reason}",
+        endpoint=str(instance.path),
+        instance_id=instance.instance_id,
+    )
+
+
+def encode_request_error(exc: Exception) -> InvalidRequestError:
+    """The error for a request msgpack cannot carry."""
+    return InvalidRequestError(
+        f"request cannot be sent ({exc}); requests must be JSON-able (dict, list, str, int, float, bool, None)"
+    )

@@ -1,0 +1,440 @@
+"""The TCP request plane: length-prefixed msgpack frames, many streams over one connection.
+
+The worker listens on a free port (``tcp_host``, default 127.0.0.1) and advertises
+``host:port`` in discovery. A client keeps one connection per worker address and
+multiplexes its streams on it by stream id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ConfigError
+from ..instance import Instance
+from .base import HEARTBEAT_INTERVAL, RequestPlane, StreamHandle, encode_request_error, instance_down
+from .channel import StreamChannel
+from .wire import (
+    END,
+    ERROR,
+    HEARTBEAT,
+    ITEM,
+    PING,
+    PONG,
+    REQUEST,
+    STOP,
+    ErrorCode,
+    FrameDecoder,
+    encode_prefixed,
+    error_frame,
+)
+
+if TYPE_CHECKING:
+    from ..server import EndpointServer, ServerStream
+
+__all__ = ["TcpPlane", "parse_tcp_address"]
+
+logger = logging.getLogger("dynamo_nb.planes.tcp")
+
+CONNECT_TIMEOUT = 3.0
+
+
+def parse_tcp_address(address: str) -> tuple[str, int]:
+    """``tcp://HOST:PORT`` or ``HOST:PORT`` → (host, port).
+
+    Example:
+        >>> parse_tcp_address("tcp://127.0.0.1:9000")
+        ('127.0.0.1', 9000)
+    """
+    text = address[len("tcp://") :] if address.startswith("tcp://") else address
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(
+            f"invalid TCP address {address!r}: expected 'tcp://HOST:PORT', e.g. tcp://127.0.0.1:9000"
+        )
+    return host.strip("[]"), int(port)
+
+
+# ----------------------------------------------------------------------------- server side
+
+
+class _TcpSink:
+    """Frames of one server stream onto its connection."""
+
+    __slots__ = ("conn", "sid")
+
+    def __init__(self, conn: _ServerConnection, sid: int) -> None:
+        self.conn = conn
+        self.sid = sid
+
+    def item(self, data: Any) -> None:
+        self.conn.send(encode_prefixed((ITEM, self.sid, data)))
+
+    def end(self) -> None:
+        self.conn.send(encode_prefixed((END, self.sid)))
+        self.conn.streams.pop(self.sid, None)
+
+    def error(self, code: str, error_type: str, message: str, details: dict[str, Any] | None = None) -> None:
+        self.conn.send(encode_prefixed(error_frame(self.sid, code, error_type, message, details)))
+        self.conn.streams.pop(self.sid, None)
+
+    def congested(self) -> bool:
+        return self.conn.paused
+
+    async def drain(self) -> None:
+        await self.conn.wait_writable()
+
+
+class _ServerConnection(asyncio.Protocol):
+    """One client connection to this worker's listener."""
+
+    def __init__(self, plane: TcpPlane) -> None:
+        self.plane = plane
+        self.decoder = FrameDecoder()
+        self.streams: dict[int, ServerStream] = {}
+        self.transport: asyncio.Transport | None = None
+        self._pending: list[bytes] = []
+        self._flush_scheduled = False
+        self.paused = False
+        self._writable: asyncio.Future[None] | None = None
+        self.last_sent = 0.0
+        self.loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.plane._server_conns.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except Exception as exc:
+            logger.warning("closing a connection that sent a bad frame: %s", exc)
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for frame in frames:
+            self._dispatch(frame)
+
+    def _dispatch(self, frame: Any) -> None:
+        try:
+            kind, sid = frame[0], frame[1]
+        except (TypeError, IndexError, KeyError):
+            logger.warning("ignoring a malformed frame: %r", frame)
+            return
+        if kind == REQUEST:
+            try:
+                _kind, _sid, target, request_id, body = frame
+            except ValueError:
+                logger.warning("ignoring a malformed request frame: %r", frame)
+                return
+            sink = _TcpSink(self, sid)
+            server = self.plane.targets.get(target)
+            if server is None:
+                sink.error(ErrorCode.NO_INSTANCE, "InstanceNotFound", f"{target} is not served here")
+                return
+            stream = server.start_stream(str(request_id), body, sink)
+            if stream is not None:
+                self.streams[sid] = stream
+        elif kind == STOP:
+            stream = self.streams.get(sid)
+            if stream is not None:
+                stream.stop()
+        elif kind == PING:
+            if len(frame) > 2 and frame[2] in self.plane.targets:
+                self.send(encode_prefixed((PONG, sid)))
+            else:
+                self.send(
+                    encode_prefixed(
+                        (ERROR, sid, ErrorCode.NO_INSTANCE, "InstanceNotFound", "not served here")
+                    )
+                )
+
+    def send(self, data: bytes) -> None:
+        """Queue bytes; everything queued in one loop iteration goes out in one write."""
+        self._pending.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.transport is None or self.transport.is_closing():
+            self._pending.clear()
+            return
+        pending, self._pending = self._pending, []
+        self.transport.write(b"".join(pending) if len(pending) > 1 else pending[0])
+        self.last_sent = self.loop.time()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        if self._writable is not None and not self._writable.done():
+            self._writable.set_result(None)
+        self._writable = None
+
+    async def wait_writable(self) -> None:
+        if self.paused:
+            if self._writable is None:
+                self._writable = self.loop.create_future()
+            await asyncio.shield(self._writable)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.plane._server_conns.discard(self)
+        streams, self.streams = self.streams, {}
+        for stream in streams.values():  # the caller is gone: stop its handlers
+            stream.stop()
+        self.resume_writing()
+
+
+# ----------------------------------------------------------------------------- client side
+
+
+class _TcpHandle:
+    __slots__ = ("conn", "sid")
+
+    def __init__(self, conn: _ClientConnection, sid: int) -> None:
+        self.conn = conn
+        self.sid = sid
+
+    def stop(self) -> None:
+        if self.sid in self.conn.streams:
+            self.conn.write(encode_prefixed((STOP, self.sid)))
+
+    def release(self) -> None:
+        self.conn.streams.pop(self.sid, None)
+
+
+class _ClientConnection(asyncio.Protocol):
+    """This process's connection to one worker address."""
+
+    def __init__(self, plane: TcpPlane, address: str) -> None:
+        self.plane = plane
+        self.address = address
+        self.decoder = FrameDecoder()
+        self.streams: dict[int, StreamChannel] = {}
+        self.pings: dict[int, asyncio.Future[bool]] = {}
+        self.transport: asyncio.Transport | None = None
+        self.next_sid = 1
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+        self.last_seen = self.loop.time()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def open(self, channel: StreamChannel, frame_tail: tuple[Any, ...]) -> _TcpHandle:
+        sid = self.next_sid
+        self.next_sid += 1
+        data = encode_prefixed((REQUEST, sid, *frame_tail))
+        if not self.streams:
+            self.last_seen = self.loop.time()
+        self.streams[sid] = channel
+        self.write(data)
+        return _TcpHandle(self, sid)
+
+    def ping(self, target: str) -> asyncio.Future[bool]:
+        sid = self.next_sid
+        self.next_sid += 1
+        future: asyncio.Future[bool] = self.loop.create_future()
+        self.pings[sid] = future
+        self.write(encode_prefixed((PING, sid, target)))
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        self.last_seen = self.loop.time()
+        try:
+            frames = self.decoder.feed(data)
+        except Exception as exc:
+            self.abort(f"bad frame from the worker: {exc}")
+            return
+        streams = self.streams
+        for frame in frames:
+            kind, sid = frame[0], frame[1]
+            if kind == ITEM:
+                channel = streams.get(sid)
+                if channel is not None:
+                    channel.push_item(frame[2])
+            elif kind == END:
+                channel = streams.pop(sid, None)
+                if channel is not None:
+                    channel.push_end()
+            elif kind == ERROR:
+                channel = streams.pop(sid, None)
+                if channel is not None:
+                    channel.push_error_frame(*frame[2:6])
+                elif sid in self.pings:
+                    self._answer_ping(sid, False)
+            elif kind == PONG:
+                self._answer_ping(sid, True)
+            # HEARTBEAT: last_seen is enough
+
+    def _answer_ping(self, sid: int, ok: bool) -> None:
+        future = self.pings.pop(sid, None)
+        if future is not None and not future.done():
+            future.set_result(ok)
+
+    def abort(self, reason: str) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+        self._fail_all(reason)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(f"connection to {self.address} lost" + (f" ({exc})" if exc else ""))
+
+    def _fail_all(self, reason: str) -> None:
+        self.closed = True
+        self.plane._forget(self)
+        streams, self.streams = self.streams, {}
+        for channel in streams.values():
+            channel.fail(reason)
+        pings, self.pings = self.pings, {}
+        for future in pings.values():
+            if not future.done():
+                future.set_result(False)
+
+
+# ----------------------------------------------------------------------------- the plane
+
+
+class TcpPlane(RequestPlane):
+    """Request plane over TCP.
+
+    Example::
+
+        rt = await DistributedRuntime.create(discovery=services.etcd_url, request_plane="tcp")
+    """
+
+    name = "tcp"
+
+    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, heartbeat_timeout: float = 5.0) -> None:
+        super().__init__(heartbeat_timeout=heartbeat_timeout)
+        self.host = host
+        self.port = port
+        self.targets: dict[str, EndpointServer] = {}
+        self._listener: asyncio.AbstractServer | None = None
+        self._listen_lock = asyncio.Lock()
+        self._server_conns: set[_ServerConnection] = set()
+        self._conns: dict[str, _ClientConnection] = {}
+        self._connecting: dict[str, asyncio.Task[_ClientConnection]] = {}
+        self._ticker: asyncio.Task[None] | None = None
+
+    @property
+    def listen_address(self) -> str:
+        """``host:port`` this worker listens on (after the first `add_target`)."""
+        return f"{self.host}:{self.port}"
+
+    async def _ensure_listening(self) -> None:
+        async with self._listen_lock:
+            if self._listener is not None:
+                return
+            loop = asyncio.get_running_loop()
+            try:
+                self._listener = await loop.create_server(
+                    lambda: _ServerConnection(self), self.host, self.port, reuse_address=True
+                )
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot listen on tcp://{self.host}:{self.port} ({exc}); choose another tcp_port or 0 for a free one"
+                ) from exc
+            self.port = self._listener.sockets[0].getsockname()[1]
+            self._start_ticker()
+
+    def _start_ticker(self) -> None:
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().create_task(
+                self._tick(), name="dynamo_nb tcp heartbeat"
+            )
+
+    async def _tick(self) -> None:
+        """Heartbeats out on busy-but-silent connections; give up on silent ones we wait on."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(HEARTBEAT_INTERVAL / 2)
+            now = loop.time()
+            for conn in list(self._server_conns):
+                if conn.streams and now - conn.last_sent >= HEARTBEAT_INTERVAL:
+                    conn.send(encode_prefixed((HEARTBEAT, 0)))
+            for conn in list(self._conns.values()):
+                if conn.streams and now - conn.last_seen > self.heartbeat_timeout:
+                    conn.abort(
+                        f"no frames or heartbeats from {conn.address} for {self.heartbeat_timeout:g} s"
+                    )
+
+    async def add_target(
+        self, target: str, server: EndpointServer, *, static: bool = False
+    ) -> dict[str, str]:
+        await self._ensure_listening()
+        self.targets[target] = server
+        return {"kind": "tcp", "address": self.listen_address, "target": target}
+
+    async def remove_target(self, target: str) -> None:
+        self.targets.pop(target, None)
+
+    async def _connection(self, instance: Instance) -> _ClientConnection:
+        address = instance.transport.get("address", "")
+        conn = self._conns.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_task(self._connect(address))
+            self._connecting[address] = pending
+            pending.add_done_callback(lambda _t: self._connecting.pop(address, None))
+        try:
+            return await asyncio.shield(pending)
+        except (OSError, asyncio.TimeoutError, ConfigError) as exc:
+            raise instance_down(
+                instance, f"cannot connect to tcp://{address} ({type(exc).__name__}: {exc})"
+            ) from None
+
+    async def _connect(self, address: str) -> _ClientConnection:
+        host, port = parse_tcp_address(address)
+        loop = asyncio.get_running_loop()
+        _transport, conn = await asyncio.wait_for(
+            loop.create_connection(lambda: _ClientConnection(self, address), host, port), CONNECT_TIMEOUT
+        )
+        self._conns[address] = conn
+        self._start_ticker()
+        return conn
+
+    def _forget(self, conn: _ClientConnection) -> None:
+        if self._conns.get(conn.address) is conn:
+            del self._conns[conn.address]
+
+    async def open_stream(
+        self, instance: Instance, request_id: str, body: Any, channel: StreamChannel
+    ) -> StreamHandle:
+        conn = await self._connection(instance)
+        try:
+            return conn.open(channel, (instance.target, request_id, body))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise encode_request_error(exc) from None
+
+    async def ping(self, instance: Instance, timeout: float) -> bool:
+        try:
+            conn = await self._connection(instance)
+            return await asyncio.wait_for(conn.ping(instance.target), timeout)
+        except (ConnectionError, asyncio.TimeoutError):
+            return False
+
+    async def close(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+        for conn in list(self._conns.values()):
+            conn.abort("the runtime shut down")
+        if self._listener is not None:
+            self._listener.close()
+            for conn in list(self._server_conns):
+                if conn.transport is not None:
+                    conn.transport.close()
+            try:
+                await asyncio.wait_for(self._listener.wait_closed(), 2.0)
+            except asyncio.TimeoutError:
+                pass

@@ -1,0 +1,131 @@
+"""Wire format shared by the request planes: msgpack frames, never pickle.
+
+A frame is a msgpack array whose first element is its kind:
+
+    client → server   [REQUEST, sid, target, request_id, body]   start a stream
+                      [STOP, sid]                                  stop it (cancellation)
+                      [PING, sid, target]                          is ``target`` served here?
+    server → client   [ITEM, sid, data]                            one stream item
+                      [END, sid]                                   the stream finished normally
+                      [ERROR, sid, code, error_type, message, details?]
+                                                                   it failed (code: see ErrorCode; details:
+                                                                   the HTTP answer of one of our errors)
+                      [HEARTBEAT, sid]                             still alive (sid 0: whole connection)
+                      [ACK, sid, control]                          NATS: where to send STOP
+                      [PONG, sid]                                  answer to PING
+
+On TCP each frame travels with a 4-byte big-endian length prefix; on NATS one message carries
+a msgpack array of frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from ...errors import FrameTooLargeError
+
+__all__ = [
+    "ACK",
+    "END",
+    "ERROR",
+    "HEARTBEAT",
+    "ITEM",
+    "MAX_FRAME_BYTES",
+    "PING",
+    "PONG",
+    "REQUEST",
+    "STOP",
+    "ErrorCode",
+    "FrameDecoder",
+    "decode",
+    "encode",
+    "encode_prefixed",
+    "error_frame",
+]
+
+REQUEST, STOP, PING = 0, 1, 2
+ITEM, END, ERROR, HEARTBEAT, ACK, PONG = 10, 11, 12, 13, 14, 15
+
+MAX_FRAME_BYTES = 32 * 1024 * 1024
+_PREFIX = struct.Struct(">I")
+
+
+class ErrorCode:
+    """Values of the ``code`` field of an ERROR frame."""
+
+    HANDLER = "handler"  # the handler raised
+    NO_INSTANCE = "no_instance"  # the target is not served (any more) by this process
+    ENCODE = "encode"  # an item could not be encoded (not JSON-able)
+    SHUTDOWN = "shutdown"  # the server stopped before the handler finished
+
+
+def error_frame(
+    sid: int, code: str, error_type: str, message: str, details: dict[str, Any] | None = None
+) -> tuple[Any, ...]:
+    """An ERROR frame; ``details`` (`dynamo_nb.errors.error_details`) only when there are some.
+
+    Example:
+        >>> error_frame(7, ErrorCode.HANDLER, "KeyError", "'x'")
+        (12, 7, 'handler', 'KeyError', "'x'")
+    """
+    if details is None:
+        return (ERROR, sid, code, error_type, message)
+    return (ERROR, sid, code, error_type, message, details)
+
+
+def encode(frame: Any) -> bytes:
+    """msgpack-encode ``frame``; raises TypeError for values msgpack cannot carry."""
+    return msgpack.packb(frame, use_bin_type=True)
+
+
+def decode(data: bytes | memoryview) -> Any:
+    """Decode one msgpack value (never executes code, unlike pickle)."""
+    return msgpack.unpackb(data, raw=False)
+
+
+def encode_prefixed(frame: Any) -> bytes:
+    """Encode ``frame`` with its 4-byte length prefix (TCP)."""
+    body = msgpack.packb(frame, use_bin_type=True)
+    if len(body) > MAX_FRAME_BYTES:
+        raise FrameTooLargeError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit")
+    return _PREFIX.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Incremental decoder of length-prefixed frames.
+
+    Example:
+        >>> d = FrameDecoder()
+        >>> d.feed(encode_prefixed([11, 7]) + encode_prefixed([10, 7, {"x": 1}]))
+        [[11, 7], [10, 7, {'x': 1}]]
+    """
+
+    __slots__ = ("_buffer",)
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Any]:
+        """Add bytes; return every complete frame they finish."""
+        buffer = self._buffer
+        buffer += data
+        frames = []
+        offset = 0
+        size = len(buffer)
+        with memoryview(buffer) as view:
+            while size - offset >= 4:
+                (length,) = _PREFIX.unpack_from(buffer, offset)
+                if length > MAX_FRAME_BYTES:
+                    raise FrameTooLargeError(f"peer sent a frame of {length} bytes (limit {MAX_FRAME_BYTES})")
+                end = offset + 4 + length
+                if end > size:
+                    break
+                with view[offset + 4 : end] as body:
+                    frames.append(msgpack.unpackb(body, raw=False))
+                offset = end
+        if offset:
+            del buffer[:offset]
+        return frames

@@ -1,0 +1,203 @@
+"""Running a component as a program: its runtime from flags, signals, logging, its READY line.
+
+- `dynamo_worker`: the decorator that gives a script's ``main`` coroutine its runtime;
+- `runtime_from_args`: the runtime the runtime flags (`dynamo_nb.flags.add_runtime_args`) describe;
+- `shutdown_on_signals`, `run_program`: SIGINT/SIGTERM end it, a `ConfigError` is one line;
+- `configure_logging`: the one logging setup every component uses;
+- `announce_ready` / `parse_ready_line`: the one READY line format,
+  ``READY <subject> key=value ...`` — a worker's subject is its endpoint path, a frontend's is
+  ``frontend``; `dynamo_nb.launch` waits for it and reads ``instance=`` and ``url=`` from it.
+
+Example:
+    >>> ready_line("dynamo.backend.generate", instance="1a2b", address="tcp://127.0.0.1:9", model="tiny")
+    'READY dynamo.backend.generate instance=1a2b address=tcp://127.0.0.1:9 model=tiny'
+    >>> parse_ready_line("READY frontend url=http://127.0.0.1:8000 models=tiny")
+    ('frontend', {'url': 'http://127.0.0.1:8000', 'models': 'tiny'})
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from ..errors import ConfigError
+from ..notebook import in_notebook
+from .distributed import DistributedRuntime
+
+__all__ = [
+    "READY",
+    "announce_ready",
+    "configure_logging",
+    "dynamo_worker",
+    "parse_ready_line",
+    "ready_line",
+    "run_program",
+    "runtime_from_args",
+    "shutdown_on_signals",
+]
+
+READY = "READY"
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+logger = logging.getLogger("dynamo_nb.worker")
+
+T = TypeVar("T")
+
+
+def dynamo_worker(
+    func: Callable[..., Awaitable[T]] | None = None,
+    *,
+    discovery: str | None = None,
+    request_plane: str | None = None,
+    nats_url: str | None = None,
+    handle_signals: bool = True,
+    **create_kwargs: Any,
+) -> Any:
+    """Decorate ``async def main(runtime, ...)``: the runtime is created and passed first.
+
+    Arguments left out come from ``DYN_NB_DISCOVERY``, ``DYN_NB_REQUEST_PLANE`` and
+    ``DYN_NB_NATS_URL``, else the `DistributedRuntime.create` defaults. In a script, SIGINT
+    and SIGTERM shut the runtime down (so ``serve_endpoint`` returns); the runtime is shut
+    down when the function returns or raises.
+
+    Example:
+        >>> @dynamo_worker(discovery="memory")
+        ... async def main(runtime):
+        ...     return runtime.connection_id > 0
+        >>> import asyncio; asyncio.run(main())
+        True
+    """
+
+    def decorate(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> T:
+            runtime = await DistributedRuntime.create(
+                discovery or os.environ.get("DYN_NB_DISCOVERY", "memory"),
+                request_plane or os.environ.get("DYN_NB_REQUEST_PLANE") or None,
+                nats_url or os.environ.get("DYN_NB_NATS_URL") or None,
+                **create_kwargs,
+            )
+            remove = shutdown_on_signals(runtime) if handle_signals else _nothing
+            try:
+                return await fn(runtime, *args, **kwargs)
+            finally:
+                remove()
+                await runtime.shutdown()
+
+        return wrapper
+
+    return decorate(func) if func is not None else decorate
+
+
+def _nothing() -> None:
+    return None
+
+
+def shutdown_on_signals(*runtimes: DistributedRuntime) -> Callable[[], None]:
+    """Make SIGINT and SIGTERM shut ``runtimes`` down; returns a function that undoes it.
+
+    Pass every runtime of the process in one call (a later call replaces the handlers).
+    Does nothing inside a Jupyter kernel or outside the main thread.
+
+    Example::
+
+        remove = shutdown_on_signals(runtime)
+        await runtime.wait_closed()             # returns after Ctrl-C or `kill PID`
+    """
+    if in_notebook() or threading.current_thread() is not threading.main_thread():
+        return _nothing
+    loop = asyncio.get_running_loop()
+    installed = []
+    shutting_down: set[asyncio.Task[None]] = set()
+
+    def on_signal(signum: int) -> None:
+        logger.info("received %s; shutting down", signal.Signals(signum).name)
+        for runtime in runtimes:
+            if not runtime.is_shutdown:
+                task = loop.create_task(runtime.shutdown())
+                shutting_down.add(task)
+                task.add_done_callback(shutting_down.discard)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, on_signal, signum)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    def remove() -> None:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+    return remove
+
+
+def run_program(main: Callable[[], Awaitable[int]]) -> int:
+    """Run a component's ``async def main()`` as a program: a `ConfigError` is one line and exit 2.
+
+    Example::
+
+        if __name__ == "__main__":
+            sys.exit(run_program(main))
+    """
+    try:
+        return asyncio.run(main())
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+async def runtime_from_args(args: argparse.Namespace) -> DistributedRuntime:
+    """Create the runtime the runtime flags describe (``--static`` or ``--static-endpoint``: no discovery)."""
+    static = args.static or getattr(args, "static_endpoint", None) is not None
+    return await DistributedRuntime.create(
+        "static" if static else args.discovery,
+        args.request_plane,
+        args.nats_url,
+        lease_ttl=args.lease_ttl,
+        tcp_host=args.tcp_host,
+        tcp_port=args.tcp_port,
+    )
+
+
+def configure_logging(level: str = "INFO") -> None:
+    """Log to stderr at ``level`` (a name such as ``INFO``), one line per record, as every component does."""
+    name = str(level).upper()
+    if not isinstance(logging.getLevelName(name), int):
+        raise ConfigError(f"--log-level {level!r}: use DEBUG, INFO, WARNING or ERROR")
+    logging.basicConfig(level=name, format=LOG_FORMAT)
+
+
+def ready_line(subject: str, **fields: object) -> str:
+    """``READY <subject> key=value ...`` (values must not contain spaces)."""
+    parts = [READY, subject]
+    for key, value in fields.items():
+        text = str(value)
+        if not text or any(ch.isspace() for ch in text):
+            raise ConfigError(f"READY field {key}={text!r} must be one word")
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def announce_ready(subject: str, **fields: object) -> None:
+    """Print the READY line (flushed): the component serves now."""
+    print(ready_line(subject, **fields), flush=True)
+
+
+def parse_ready_line(line: str) -> tuple[str, dict[str, str]] | None:
+    """``(subject, fields)`` of a READY line; None when ``line`` is not one."""
+    words = line.split()
+    if len(words) < 2 or words[0] != READY:
+        return None
+    fields = dict(word.split("=", 1) for word in words[2:] if "=" in word)
+    return words[1], fields

@@ -1,0 +1,49 @@
+"""What the tests share besides fixtures: paths, modes, small helpers (``from helpers import ...``)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from dynamo_nb import DistributedRuntime
+
+ROOT = Path(__file__).resolve().parents[1]
+ECHO_WORKER = ROOT / "components" / "echo_worker.py"
+HF_WORKER = ROOT / "components" / "hf_worker.py"
+FRONTEND = ROOT / "components" / "frontend.py"
+
+# (discovery, request plane): every combination a user can pick.
+MODES = ["memory-inproc", "memory-tcp", "etcd-tcp", "etcd-nats", "static-nats"]
+
+RuntimeFactory = Callable[[str], Awaitable[DistributedRuntime]]
+
+
+async def collect(stream: Any) -> list[Any]:
+    """Every item of an async iterator; an engine's `LLMEngineOutput` items as their dicts."""
+    return [item.to_dict() if hasattr(item, "to_dict") else item async for item in stream]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def metric_value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the Prometheus sample ``name`` whose labels include ``labels`` (None: no such sample)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return None
+
+
+def req(data: dict[str, Any]) -> Any:
+    """A `PreprocessedRequest` from its dict form (what engines take)."""
+    from dynamo_nb.llm import PreprocessedRequest
+
+    return PreprocessedRequest.from_dict(data)
