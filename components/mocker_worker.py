@@ -49,7 +49,11 @@ async def start_engine(args, model_path, model_name) -> tuple[DistributedRuntime
     """One engine: its own runtime (its own instance), served in its --mode role with its KV events."""
     runtime = await runtime_from_args(args)
     worker = await serve_engine(
-        runtime, args, model_path, model_name, lambda kv_events: MockerEngine.from_args(args, kv_events=kv_events)
+        runtime,
+        args,
+        model_path,
+        model_name,
+        lambda kv_events: MockerEngine.from_args(args, kv_events=kv_events),
     )
     return runtime, worker
 
@@ -59,7 +63,9 @@ async def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     if args.num_workers < 1:
         raise ConfigError(f"--num-workers must be at least 1, got {args.num_workers}")
-    model_path, model_name = model_from_args(args)  # its tokenizer: the built-in tiny model unless --model-path
+    model_path, model_name = model_from_args(
+        args
+    )  # its tokenizer: the built-in tiny model unless --model-path
     started = [await start_engine(args, model_path, model_name) for _ in range(args.num_workers)]
     ids = ",".join(f"{worker.server.instance_id:x}" for _, worker in started)
     announce_ready(str(started[0][1].endpoint.path), instance=ids, model=model_name)

@@ -22,7 +22,7 @@ import argparse
 import os
 from collections.abc import Callable
 
-from .disagg.roles import WORKER_MODES
+from .disagg.modes import WORKER_MODES
 from .router import ROUTER_MODES
 from .runtime.discovery import DEFAULT_LEASE_TTL
 
@@ -346,7 +346,9 @@ def hf_worker_parser(prog: str = "hf_worker", description: str | None = None) ->
     return component_parser(prog, description, add_model_args, add_engine_args, add_hf_args)
 
 
-def mocker_worker_parser(prog: str = "mocker_worker", description: str | None = None) -> argparse.ArgumentParser:
+def mocker_worker_parser(
+    prog: str = "mocker_worker", description: str | None = None
+) -> argparse.ArgumentParser:
     """Every flag of the mocker engine worker (components/mocker_worker.py)."""
     return component_parser(prog, description, add_model_args, add_engine_args, add_mocker_args)
 

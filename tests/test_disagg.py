@@ -181,7 +181,9 @@ async def test_engine_roles_give_the_aggregated_tokens_on_both_paths(hf_engine: 
     prefill = await collect(hf_engine.prefill(req(GREEDY)))
     params = prefill[0]["disaggregated_params"]
     assert 0 <= params["bootstrap_room"] <= MAX_ROOM and params["bootstrap_port"] == info["bootstrap_port"]
-    fallback = await collect(hf_engine.decode(req({**GREEDY, "prefill_result": {"disaggregated_params": params}})))
+    fallback = await collect(
+        hf_engine.decode(req({**GREEDY, "prefill_result": {"disaggregated_params": params}}))
+    )
     assert tokens(fallback) == aggregated
     assert hf_engine.bootstrap.parked == 0 and hf_engine.active == 0
 
@@ -362,7 +364,9 @@ async def test_fast_path_sends_decode_before_its_prefill_finishes(hf_engine: Any
             "stop_conditions": {"max_tokens": 8},
             "sampling_options": {"temperature": 0},
         }
-        expected = ModelTokenizer.load(tiny_path).decode(tokens(await collect(hf_engine.generate(req(request)))))
+        expected = ModelTokenizer.load(tiny_path).decode(
+            tokens(await collect(hf_engine.generate(req(request))))
+        )
         async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
             body = {"model": "ev", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
             response = await http.post("/v1/completions", json=body)

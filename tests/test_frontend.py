@@ -52,12 +52,14 @@ async def direct_text(s: Served, token_ids: list[int], max_tokens: int) -> tuple
     """What the engine generates for ``token_ids`` when asked straight, greedy."""
     items = await collect(
         s.engine.generate(
-            req({
-                "token_ids": token_ids,
-                "stop_conditions": {"max_tokens": max_tokens},
-                "sampling_options": {"temperature": 0},
-                "eos_token_ids": [2, 0],
-            })
+            req(
+                {
+                    "token_ids": token_ids,
+                    "stop_conditions": {"max_tokens": max_tokens},
+                    "sampling_options": {"temperature": 0},
+                    "eos_token_ids": [2, 0],
+                }
+            )
         )
     )
     tokens = [t for item in items for t in item["token_ids"]]
@@ -253,7 +255,9 @@ async def test_models_health_live_and_metrics(served: Served) -> None:
     assert metric_value(metrics, "dynamo_frontend_requests_total", model="tiny", **stream_success) >= 1
     assert metric_value(metrics, "dynamo_frontend_inflight_requests", model="tiny") == 0
     assert metric_value(metrics, "dynamo_frontend_time_to_first_token_seconds_count", model="tiny") >= 1
-    assert metric_value(metrics, "dynamo_frontend_inter_token_latency_seconds_bucket", model="tiny", le="+Inf")
+    assert metric_value(
+        metrics, "dynamo_frontend_inter_token_latency_seconds_bucket", model="tiny", le="+Inf"
+    )
 
 
 async def test_a_client_that_disconnects_cancels_the_worker_request(served: Served) -> None:
@@ -282,3 +286,30 @@ async def test_no_workers_gives_503_and_a_returning_worker_is_served(served: Ser
     await served.frontend.wait_for_model("gone", timeout=5)
     assert (await served.http.post(CHAT, json={**GOOD, "model": "gone"})).status_code == 200
     await server.stop()
+
+
+async def test_direct_routing_by_backend_instance_id(served: Served, tiny_path: Path) -> None:
+    """``nvext.backend_instance_id`` sends a request to that worker, whatever the router's turn."""
+    second_rt = await DistributedRuntime.create()
+    try:
+        await serve_llm(
+            second_rt.endpoint("fe.backend.generate"), EchoEngine().generate, tiny_path, model_name=MODEL
+        )
+        model = await served.frontend.wait_for_model(MODEL)
+        for _ in range(100):
+            if len(model.client.instance_ids()) == 2:
+                break
+            await asyncio.sleep(0.02)
+        ids = model.client.instance_ids()
+        assert len(ids) == 2
+        for instance_id in ids * 2:
+            body = {**GOOD, "nvext": {"backend_instance_id": instance_id, "extra_fields": ["worker_id"]}}
+            response = await served.http.post(CHAT, json=body)
+            assert response.status_code == 200, response.text
+            assert response.json()["nvext"]["worker_id"]["decode_worker_id"] == instance_id
+        missing = await served.http.post(CHAT, json={**GOOD, "nvext": {"backend_instance_id": 12345}})
+        assert missing.status_code == 503 and "does not serve" in missing.json()["error"]["message"]
+        bad = await served.http.post(CHAT, json={**GOOD, "nvext": {"backend_instance_id": "x"}})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "nvext.backend_instance_id"
+    finally:
+        await second_rt.shutdown()

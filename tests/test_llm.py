@@ -183,7 +183,9 @@ async def test_hf_engine_sampling_is_seeded(hf_engine: Any) -> None:
 
     runs = [tokens_of(await collect(hf_engine.generate(req(sampled(seed))))) for seed in (1, 1, 2)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
-    assert runs[0] != tokens_of(await collect(hf_engine.generate(req(greedy([10, 11, 12], 24, ignore_eos=True)))))
+    assert runs[0] != tokens_of(
+        await collect(hf_engine.generate(req(greedy([10, 11, 12], 24, ignore_eos=True))))
+    )
 
 
 async def test_hf_engine_interleaves_a_short_request_with_a_long_one(hf_engine: Any) -> None:

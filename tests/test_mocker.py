@@ -98,7 +98,8 @@ async def test_engine_streams_exactly_max_tokens_and_reuses_the_cache() -> None:
     assert [len(i["token_ids"]) for i in first] == [1] * 7 and first[-1]["finish_reason"] == "length"
     assert first[-1]["completion_usage"] == {"prompt_tokens": 32, "completion_tokens": 7, "total_tokens": 39}
     both = await asyncio.gather(
-        collect(engine.generate(req(request))), collect(engine.generate(req({**request, "token_ids": [5] * 32})))
+        collect(engine.generate(req(request))),
+        collect(engine.generate(req({**request, "token_ids": [5] * 32}))),
     )
     assert [len(items) for items in both] == [7, 7]
     assert engine.prefix_hits == 8 and engine.prompt_blocks == 24  # the repeat found its 8 blocks cached
@@ -150,7 +151,9 @@ async def test_engine_chunks_long_prompts_and_refuses_what_never_fits() -> None:
     assert engine.steps == 4  # 40 prompt tokens in chunks of 16, 16 and 8 (the first token), then one more
     small = MockerEngine(block_size=4, num_blocks=4, speedup_ratio=1000.0)
     with pytest.raises(InvalidRequestError, match="num-gpu-blocks"):
-        await collect(small.generate(req({"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 2}})))
+        await collect(
+            small.generate(req({"token_ids": list(range(40)), "stop_conditions": {"max_tokens": 2}}))
+        )
     assert small.active == 0
     await engine.close()
     await small.close()
@@ -173,7 +176,9 @@ async def test_prefill_and_decode_roles_hand_off_and_give_the_aggregated_tokens(
     expected = [t for item in await collect(aggregated.generate(req(request))) for t in item["token_ids"]]
     room = 1234
     fast = {**request, "bootstrap_info": {**prefill.bootstrap.endpoint, "bootstrap_room": room}}
-    decoded, prefilled = await asyncio.gather(collect(decode.decode(req(fast))), collect(prefill.prefill(req(fast))))
+    decoded, prefilled = await asyncio.gather(
+        collect(decode.decode(req(fast))), collect(prefill.prefill(req(fast)))
+    )
     assert prefilled[0]["disaggregated_params"]["bootstrap_room"] == room
     assert prefilled[-1]["token_ids"] == expected[:1] and prefilled[-1]["finish_reason"] == "length"
     assert [t for item in decoded for t in item["token_ids"]] == expected

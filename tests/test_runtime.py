@@ -113,6 +113,30 @@ async def test_handler_error_type_and_message_reach_the_caller(
     assert info.value.endpoint == f"test.fail-{mode}.generate"
 
 
+@pytest.mark.parametrize("mode", ["memory-inproc", "memory-tcp", "etcd-nats"])
+async def test_our_errors_keep_their_http_answer_across_the_wire(
+    make_runtime: RuntimeFactory, mode: str
+) -> None:
+    async def strict(request: Any) -> Any:
+        raise InvalidRequestError("top_k must be -1 or at least 1, got 0", param="top_k")
+        yield  # an async generator
+
+    async def plain(request: Any) -> Any:
+        raise KeyError("x")
+        yield
+
+    _servers, client = await serve_and_connect(make_runtime, mode, strict, f"st-{mode}")
+    with pytest.raises(RemoteHandlerError) as info:
+        await collect(client.round_robin({}))
+    error = info.value
+    assert (error.http_status, error.openai_type, error.param) == (400, "invalid_request_error", "top_k")
+    assert error.error_type == "InvalidRequestError" and "top_k must be" in error.remote_message
+    _servers, client = await serve_and_connect(make_runtime, mode, plain, f"pl-{mode}")
+    with pytest.raises(RemoteHandlerError) as info:
+        await collect(client.round_robin({}))
+    assert (info.value.http_status, info.value.param) == (500, None)  # not ours: a server error
+
+
 @pytest.mark.parametrize("mode", ["memory-tcp", "etcd-nats", "static-nats"])
 async def test_items_that_cannot_travel_give_a_clear_error(make_runtime: RuntimeFactory, mode: str) -> None:
     async def bad_item(request: Any) -> Any:

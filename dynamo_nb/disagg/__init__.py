@@ -3,8 +3,9 @@
 - ``rooms.py``: bootstrap rooms and `BootstrapInfo` (host, port, room);
 - ``bootstrap.py``: the prefill's `BootstrapServer`, where KV caches wait for their decode;
 - ``kv_wire.py``: the KV payload (a JSON header and raw tensor bytes, checked on arrival);
-- ``roles.py``: the `DisaggregatedEngine` protocol, `BootstrapRole` (an engine's prefill role),
-  `fetch_prompt_kv` (its decode role's fetch) and `WorkerRole` (what ``--mode`` makes of an engine);
+- ``roles.py``: the `DisaggregatedEngine` protocol, `BootstrapRole` (an engine's prefill role)
+  and `fetch_prompt_kv` (its decode role's fetch);
+- ``modes.py``: `WorkerRole`, what a worker's ``--mode`` makes of its engine;
 - ``handoff.py``: sending a prefill, awaiting its params, draining it — shared by the frontend's
   prefill router and the decode handler;
 - ``decode.py``: `DecodeHandler`, a decode worker that asks a prefill worker itself when needed.
@@ -21,7 +22,8 @@ from __future__ import annotations
 from .bootstrap import BootstrapServer, fetch_kv
 from .decode import DecodeHandler
 from .kv_wire import KV_FORMAT, KVLayout, check_header, pack_kv, unpack_kv
-from .roles import BootstrapRole, DisaggregatedEngine, WorkerRole, fetch_prompt_kv
+from .modes import WorkerRole
+from .roles import BootstrapRole, DisaggregatedEngine, fetch_prompt_kv
 from .rooms import MAX_ROOM, BootstrapInfo, draw_room
 
 __all__ = [

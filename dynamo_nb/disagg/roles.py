@@ -1,4 +1,4 @@
-"""The prefill and decode roles that every engine shares, and the worker role ``--mode`` picks.
+"""The prefill and decode roles that every disaggregated engine shares.
 
 An engine that serves disaggregated requests mixes in `BootstrapRole` (its bootstrap server
 and KV timeout) and builds its two roles on these helpers:
@@ -9,14 +9,12 @@ and KV timeout) and builds its two roles on these helpers:
 - `fetch_prompt_kv`: the decode role's fetch — where the KV is (``bootstrap_info`` or
   ``prefill_result.disaggregated_params``), the KV itself, checked against the prompt.
 
-`WorkerRole` is what a worker's ``--mode`` makes of its engine: the method to serve, where,
-and what its model card says (kinds, ``disaggregated_endpoint``).
+An engine with both roles is a `DisaggregatedEngine`; what a worker's ``--mode`` makes of it
+is `dynamo_nb.disagg.modes.WorkerRole`.
 
 Example:
     >>> requested_room({"bootstrap_room": 42})
     42
-    >>> WorkerRole("prefill", "dynamo.prefill.generate").kinds
-    ['prefill']
 
 An engine's prefill, in short::
 
@@ -28,12 +26,9 @@ An engine's prefill, in short::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from ..errors import ConfigError, DisaggregationError
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
@@ -41,24 +36,14 @@ from ..runtime.context import Context
 from .bootstrap import BootstrapServer, fetch_kv
 from .rooms import MAX_ROOM, BootstrapInfo, draw_room
 
-if TYPE_CHECKING:
-    from ..llm.register import EngineMethod
-    from ..runtime.distributed import DistributedRuntime
-
 __all__ = [
-    "WORKER_MODES",
     "BootstrapRole",
     "DisaggregatedEngine",
-    "WorkerRole",
     "bootstrap_of",
     "fetch_prompt_kv",
     "prefill_stream",
     "requested_room",
 ]
-
-logger = logging.getLogger("dynamo_nb.disagg")
-
-WORKER_MODES = ("aggregated", "prefill", "decode")
 
 
 @runtime_checkable
@@ -195,50 +180,3 @@ async def fetch_prompt_kv(request: PreprocessedRequest, timeout: float) -> tuple
             f"but this request has {len(request.token_ids)}: prefill and decode got different prompts"
         )
     return header, payload
-
-
-@dataclass
-class WorkerRole:
-    """What ``--mode`` makes of an engine: where it serves and what its model card says.
-
-    - ``aggregated``: ``engine.generate`` at ``--endpoint``;
-    - ``prefill``: ``engine.prefill`` at ``--prefill-endpoint``, card kind ``prefill`` with its
-      bootstrap server as ``disaggregated_endpoint`` (unless ``--no-bootstrap-endpoint``);
-    - ``decode``: a `DecodeHandler` at ``--endpoint`` (it asks a prefill worker itself for requests
-      without bootstrap info), card kinds chat, completions and decode.
-    """
-
-    mode: str
-    endpoint: str
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> WorkerRole:
-        """The role the flags ``--mode``, ``--endpoint`` and ``--prefill-endpoint`` give."""
-        if args.mode not in WORKER_MODES:
-            raise ConfigError(f"--mode {args.mode!r}: use one of {', '.join(WORKER_MODES)}")
-        return cls(args.mode, args.prefill_endpoint if args.mode == "prefill" else args.endpoint)
-
-    @property
-    def kinds(self) -> list[str] | None:
-        """The model card's kinds (None: chat and completions, as the model folder allows)."""
-        return {"prefill": ["prefill"], "decode": ["chat", "completions", "decode"]}.get(self.mode)
-
-    async def method(
-        self, runtime: DistributedRuntime, engine: DisaggregatedEngine, args: argparse.Namespace
-    ) -> tuple[EngineMethod, dict[str, Any] | None]:
-        """The engine method to serve and the card's runtime config; starts what the role needs
-        (the prefill role's bootstrap server, the decode role's prefill client)."""
-        if self.mode == "prefill":
-            bootstrap = await engine.start_bootstrap(args.bootstrap_host, args.bootstrap_port, ttl=args.kv_ttl)
-            published = None if args.no_bootstrap_endpoint else bootstrap.endpoint
-            return engine.prefill, {"disaggregated_endpoint": published}
-        if self.mode == "decode":
-            from .decode import DecodeHandler
-
-            try:  # to ask a prefill worker itself for requests that come without bootstrap info
-                prefill = await runtime.endpoint(args.prefill_endpoint).client()
-            except ConfigError as exc:  # e.g. static TCP: no address for the prefill workers
-                logger.warning("no prefill client (%s): such requests run here", exc)
-                prefill = None
-            return DecodeHandler(engine, prefill).generate, None
-        return engine.generate, None

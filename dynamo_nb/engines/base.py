@@ -48,6 +48,7 @@ KvEvent = Any
 KvEventSink = Callable[[KvEvent], Awaitable[Any]]
 """Where an engine sends its KV events, e.g. a `KvEventPublisher`'s ``publish``."""
 
+
 @runtime_checkable
 class Engine(Protocol):
     """What every engine implements (see the module docstring)."""

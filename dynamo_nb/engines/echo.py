@@ -37,7 +37,9 @@ class EchoEngine:
         budget = token_budget(request, self.context_length)
         for index in range(budget - 1):
             if context is not None and context.is_stopped():
-                yield LLMEngineOutput.final([], "cancelled", prompt_tokens=len(prompt), completion_tokens=index)
+                yield LLMEngineOutput.final(
+                    [], "cancelled", prompt_tokens=len(prompt), completion_tokens=index
+                )
                 return
             yield LLMEngineOutput([prompt[index % len(prompt)]])
         last = prompt[(budget - 1) % len(prompt)]

@@ -195,7 +195,9 @@ class MockerEngine(BootstrapRole):
                 f"the prefill sent a {header.get('format')!r} handoff; a mocker decode needs a mocker "
                 f"prefill ({MOCK_KV_FORMAT})"
             )
-        job = _Request(request.token_ids, request.stop_conditions.max_tokens or 16, emitted=1, transferred=True)
+        job = _Request(
+            request.token_ids, request.stop_conditions.max_tokens or 16, emitted=1, transferred=True
+        )
         if job.max_tokens <= 1:
             yield LLMEngineOutput.final(
                 [header["first_token"]], "length", prompt_tokens=len(job.prompt), completion_tokens=1

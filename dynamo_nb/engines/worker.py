@@ -3,7 +3,7 @@
 Every engine worker (``components/hf_worker.py``, ``components/mocker_worker.py``,
 ``python -m dynamo_nb run``) takes the same steps, in this order:
 
-1. its ``--mode`` role (`dynamo_nb.disagg.roles.WorkerRole`): which endpoint it serves and
+1. its ``--mode`` role (`dynamo_nb.disagg.modes.WorkerRole`): which endpoint it serves and
    what its card says;
 2. a `KvEventPublisher` on that endpoint's component (when the runtime has an event plane),
    handed to the engine as its KV-event sink; ``kv_sync`` then serves the engine's snapshot;
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..disagg.roles import WorkerRole
+from ..disagg.modes import WorkerRole
 from ..llm.register import serve_llm
 from ..router.kv.events import KvEventPublisher
 from ..runtime.worker import announce_ready

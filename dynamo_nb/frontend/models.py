@@ -158,7 +158,9 @@ class ModelManager:
         if router is None:
             client = await self.runtime.endpoint(card.endpoint).client()
             # round robin; with --router-mode kv the prefill worker is chosen by KV overlap and load too
-            picker = await self._router(client, card) if self.router_mode == "kv" else RoundRobinRouter(client)
+            picker = (
+                await self._router(client, card) if self.router_mode == "kv" else RoundRobinRouter(client)
+            )
             router = self.prefill.get(card.name)  # another card may have won while we waited
             if router is None:
                 on_error = (lambda: self._on_prefill_error(card.name)) if self._on_prefill_error else None
@@ -203,7 +205,9 @@ class ModelManager:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 known = ", ".join(m.name for m in self.live_models()) or "none"
-                raise NoInstancesError(f"model {name!r} did not appear within {timeout:g} s (serving: {known})")
+                raise NoInstancesError(
+                    f"model {name!r} did not appear within {timeout:g} s (serving: {known})"
+                )
             try:
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except asyncio.TimeoutError:

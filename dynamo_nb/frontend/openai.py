@@ -217,7 +217,14 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
     stop.stop = _stop_strings(body)
     sampling = SamplingOptions.from_dict({k: body.get(k) for k in ("temperature", "top_p", "top_k", "seed")})
     request = OpenAIRequest(
-        kind, model, stream, include_usage, stop, sampling, extra_fields=_extra_fields(body), routing=_routing(body)
+        kind,
+        model,
+        stream,
+        include_usage,
+        stop,
+        sampling,
+        extra_fields=_extra_fields(body),
+        routing=_routing(body),
     )
     if kind == "chat":
         request.messages = _messages(body)

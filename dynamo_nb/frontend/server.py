@@ -38,7 +38,7 @@ from ..errors import (
 )
 from ..llm.card import ModelCard
 from ..llm.detokenize import StreamDetokenizer
-from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..llm.protocol import PreprocessedRequest
 from ..router.kv.router import KvRouterConfig
 from ..router.prefill import PrefillPlan
 from ..runtime.client import ResponseStream
@@ -221,7 +221,9 @@ class Frontend:
         try:
             return json.loads(raw)
         except ValueError as exc:
-            raise InvalidRequestError(f"the request body is not valid JSON ({exc}); send a JSON object") from None
+            raise InvalidRequestError(
+                f"the request body is not valid JSON ({exc}); send a JSON object"
+            ) from None
 
     def _served(self, name: str, kind: str) -> ServedModel:
         model = self.models.get(name)
@@ -232,7 +234,9 @@ class Frontend:
             raise NoInstancesError(f"model {name!r} has no workers now; start one that registers it")
         if kind not in model.card.kinds:
             other = "/v1/completions" if kind == "chat" else "/v1/chat/completions"
-            raise InvalidRequestError(f"model {name!r} does not take {kind} requests; use {other}", param="model")
+            raise InvalidRequestError(
+                f"model {name!r} does not take {kind} requests; use {other}", param="model"
+            )
         return model
 
     # -- routes
@@ -346,7 +350,9 @@ class Frontend:
         self.metrics.disagg_requests.labels(model.name, plan.path).inc()
         return stream, first, plan
 
-    async def _open(self, model: ServedModel, engine_request: PreprocessedRequest) -> tuple[ResponseStream, Any]:
+    async def _open(
+        self, model: ServedModel, engine_request: PreprocessedRequest
+    ) -> tuple[ResponseStream, Any]:
         """Send the request and wait for its first item; a worker that is down is skipped.
 
         A worker's error (`RemoteHandlerError`) goes up with the status it carries.
@@ -383,12 +389,12 @@ class Frontend:
         """
         detok = StreamDetokenizer(model.tokenizer, stop)
         push = detok.push
-        read = LLMEngineOutput.from_dict
-        output = read(first)
+        # items are `LLMEngineOutput` dicts, read as they are: no object per token on this hot path
+        item = first
         last = time.perf_counter()
         count = 0
         while True:
-            ids = output.token_ids
+            ids = item.get("token_ids") or ()
             count += len(ids)
             text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
             if text:
@@ -396,14 +402,15 @@ class Frontend:
             if detok.stopped:
                 outcome.finish_reason = "stop"
                 break
-            if output.finish_reason is not None:
-                outcome.finish_reason = _FINISH.get(output.finish_reason, "stop")
-                usage = output.completion_usage
+            finish = item.get("finish_reason")
+            if finish is not None:
+                outcome.finish_reason = _FINISH.get(finish, "stop")
+                usage = item.get("completion_usage")
                 if usage and isinstance(usage.get("completion_tokens"), int):
                     count = usage["completion_tokens"]
                 break
             try:
-                output = read(await stream.__anext__())
+                item = await stream.__anext__()
             except StopAsyncIteration:
                 break
             except RequestError as exc:

@@ -116,7 +116,12 @@ class SamplingOptions:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        fields = (("temperature", self.temperature), ("top_p", self.top_p), ("top_k", self.top_k), ("seed", self.seed))
+        fields = (
+            ("temperature", self.temperature),
+            ("top_p", self.top_p),
+            ("top_k", self.top_k),
+            ("seed", self.seed),
+        )
         return {name: value for name, value in fields if value is not None}
 
     @property

@@ -135,7 +135,9 @@ class CardOptions(TypedDict, total=False):
     """What `register_llm` and `serve_llm` put in the model card besides the folder's own config."""
 
     model_name: str | None  # the served name (default: the folder's name)
-    kind: list[str] | tuple[str, ...] | str | None  # chat, completions, prefill, decode (default: by template)
+    kind: (
+        list[str] | tuple[str, ...] | str | None
+    )  # chat, completions, prefill, decode (default: by template)
     kv_cache_block_size: int  # for KV routing (default 16)
     runtime_config: ModelRuntimeConfig | dict[str, Any] | None  # e.g. a prefill's disaggregated_endpoint
     context_length: int | None  # overrides the model config's
@@ -154,7 +156,9 @@ def llm_card(endpoint: Endpoint, model_path: str | Path, **options: Unpack[CardO
     )
 
 
-async def register_llm(endpoint: Endpoint, model_path: str | Path, **options: Unpack[CardOptions]) -> ModelCard:
+async def register_llm(
+    endpoint: Endpoint, model_path: str | Path, **options: Unpack[CardOptions]
+) -> ModelCard:
     """Publish the model card of ``endpoint``'s instance so that frontends serve the model.
 
     ``kind``: ``"chat"``, ``"completions"``, ``"prefill"`` or a list (default: chat and completions,

@@ -135,7 +135,9 @@ class PrefillRouter:
             instance = route.instance_id
             endpoint = self._endpoints.get(instance)
             if endpoint is not None:
-                info = BootstrapInfo.parse({**endpoint, "bootstrap_room": draw_room()}, "disaggregated_endpoint")
+                info = BootstrapInfo.parse(
+                    {**endpoint, "bootstrap_room": draw_room()}, "disaggregated_endpoint"
+                )
                 stream = self.router.open(route, handoff.prefill_request(request, info))
                 decode = dataclasses.replace(request, bootstrap_info=info.to_dict())
                 plan = PrefillPlan("fast", decode, instance, info.room, events=events)
@@ -160,10 +162,14 @@ class PrefillRouter:
             reason = f"prefill failed{where}: {exc}"
             self._count_error()
             if self.enforce:
-                raise DisaggregationError(f"{reason}; disaggregation is enforced, so the request fails") from None
+                raise DisaggregationError(
+                    f"{reason}; disaggregation is enforced, so the request fails"
+                ) from None
             return self.aggregated(request, reason, events)
 
-    def aggregated(self, request: PreprocessedRequest, reason: str, events: list[str] | None = None) -> PrefillPlan:
+    def aggregated(
+        self, request: PreprocessedRequest, reason: str, events: list[str] | None = None
+    ) -> PrefillPlan:
         """The plan that serves ``request`` on the decode worker alone (logged as a warning)."""
         logger.warning("serving a request aggregated: %s", reason)
         whole = dataclasses.replace(
@@ -179,7 +185,9 @@ class PrefillRouter:
         plan.cancel()
         plan.events.append("decode refused the handoff")
         self._count_error()
-        logger.warning("prefill → decode handoff failed (%s path, room %s): %s", plan.path, plan.room, message)
+        logger.warning(
+            "prefill → decode handoff failed (%s path, room %s): %s", plan.path, plan.room, message
+        )
 
     def _count_error(self) -> None:
         self.errors_total += 1

@@ -75,7 +75,9 @@ class KvBlockManager:
     ) -> None:
         """``on_evict(sequence_hash)`` is told of every evicted block (to free what it held)."""
         if num_blocks < 1 or block_size < 1:
-            raise ConfigError(f"num_blocks and block_size must be at least 1, got {num_blocks} and {block_size}")
+            raise ConfigError(
+                f"num_blocks and block_size must be at least 1, got {num_blocks} and {block_size}"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._blocks: dict[int, _Block] = {}  # sequence hash → block, in creation order
@@ -165,7 +167,9 @@ class KvBlockManager:
 
     def _evict_one(self) -> None:
         if not self._free:
-            raise EngineError("the KV cache is full of blocks in use (allocate only what can_allocate allows)")
+            raise EngineError(
+                "the KV cache is full of blocks in use (allocate only what can_allocate allows)"
+            )
         seq, _ = self._free.popitem(last=False)
         del self._blocks[seq]
         if self._on_evict is not None:

@@ -74,7 +74,9 @@ class EtcdDiscovery(KeyValueDiscovery):
     @property
     def client(self) -> aetcd.Client:
         if self._client is None:
-            raise ServiceUnavailableError(f"etcd discovery of {self.url} is not connected: use DistributedRuntime.create")
+            raise ServiceUnavailableError(
+                f"etcd discovery of {self.url} is not connected: use DistributedRuntime.create"
+            )
         return self._client
 
     async def start(self) -> None:

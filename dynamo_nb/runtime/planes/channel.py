@@ -22,7 +22,11 @@ def error_from_frame(
     endpoint, iid = str(instance.path), instance.instance_id
     if code in (ErrorCode.HANDLER, ErrorCode.ENCODE):
         return RemoteHandlerError(
-            error_type, message, endpoint=endpoint, instance_id=iid, details=details if isinstance(details, dict) else None
+            error_type,
+            message,
+            endpoint=endpoint,
+            instance_id=iid,
+            details=details if isinstance(details, dict) else None,
         )
     if code == ErrorCode.NO_INSTANCE:
         return InstanceDownError(

@@ -234,7 +234,9 @@ class NatsPlane(RequestPlane):
     @property
     def nc(self) -> NatsConnection:
         if self._nc is None:
-            raise ServiceUnavailableError(f"the NATS plane of {self.url} is not connected: use DistributedRuntime.create")
+            raise ServiceUnavailableError(
+                f"the NATS plane of {self.url} is not connected: use DistributedRuntime.create"
+            )
         return self._nc
 
     async def start(self) -> None:
