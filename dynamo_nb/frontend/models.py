@@ -24,12 +24,12 @@ from ..llm.card import CARD_PREFIX, ModelCard
 from ..llm.protocol import PreprocessedRequest
 from ..llm.tokenizer import ModelTokenizer
 from ..router import (
-    ROUTER_MODES,
     DirectRouter,
     KvRouterConfig,
     PrefillRouter,
     RoundRobinRouter,
     Router,
+    check_router_mode,
     make_router,
 )
 from ..router.base import RoutedStream
@@ -103,10 +103,8 @@ class ModelManager:
         on_prefill_error: Callable[[str], None] | None = None,
         kv_config: KvRouterConfig | None = None,
     ) -> None:
-        if router_mode not in ROUTER_MODES:
-            raise ConfigError(f"unknown router mode {router_mode!r}: use one of {', '.join(ROUTER_MODES)}")
         self.runtime = runtime
-        self.router_mode = router_mode
+        self.router_mode = check_router_mode(router_mode)
         self.only_endpoint = str(EndpointPath.parse(only_endpoint)) if only_endpoint else None
         self.models: dict[str, ServedModel] = {}
         self.prefill: dict[str, PrefillRouter] = {}  # model name → its prefill router

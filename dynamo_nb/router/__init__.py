@@ -41,10 +41,18 @@ __all__ = [
     "Route",
     "RoutedStream",
     "Router",
+    "check_router_mode",
     "make_router",
 ]
 
 ROUTER_MODES = ("round-robin", "random", "kv")
+
+
+def check_router_mode(mode: str) -> str:
+    """``mode`` if it is one of `ROUTER_MODES`, else a `ConfigError` naming them."""
+    if mode not in ROUTER_MODES:
+        raise ConfigError(f"unknown router mode {mode!r}: use one of {', '.join(ROUTER_MODES)}")
+    return mode
 
 
 async def make_router(
@@ -57,10 +65,8 @@ async def make_router(
 ) -> Router:
     """The router for ``mode`` (one of `ROUTER_MODES`) over ``client``'s endpoint; the KV router
     follows ``component``'s KV events (unless ``kv_config`` turns them off)."""
-    if mode == "round-robin":
+    if check_router_mode(mode) == "round-robin":
         return RoundRobinRouter(client)
     if mode == "random":
         return RandomRouter(client)
-    if mode == "kv":
-        return await KvRouter.create(client, block_size, kv_config, component=component)
-    raise ConfigError(f"unknown router mode {mode!r}: use one of {', '.join(ROUTER_MODES)}")
+    return await KvRouter.create(client, block_size, kv_config, component=component)
