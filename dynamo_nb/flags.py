@@ -44,6 +44,7 @@ __all__ = [
     "frontend_parser",
     "hf_worker_parser",
     "mocker_worker_parser",
+    "vllm_worker_parser",
 ]
 
 DEFAULT_WORKER_ENDPOINT = "dynamo.backend.generate"
@@ -244,8 +245,10 @@ def add_hf_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_disagg_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--mode`` and the disaggregated-serving flags (an engine worker's role)."""
+def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) -> None:
+    """Add ``--mode`` and the disaggregated-serving flags (an engine worker's role); with
+    ``bootstrap`` False only ``--mode`` and ``--prefill-endpoint`` (an engine whose own KV
+    connector moves the KV, such as vLLM)."""
     disagg = parser.add_argument_group("disaggregated serving")
     disagg.add_argument(
         "--mode",
@@ -261,6 +264,8 @@ def add_disagg_args(parser: argparse.ArgumentParser) -> None:
         help="where prefill workers serve; a decode worker asks one itself when a request comes "
         "without bootstrap info (default: %(default)s)",
     )
+    if not bootstrap:
+        return
     disagg.add_argument(
         "--bootstrap-host",
         default=_env("BOOTSTRAP_HOST", "127.0.0.1"),
@@ -351,6 +356,33 @@ def mocker_worker_parser(
 ) -> argparse.ArgumentParser:
     """Every flag of the mocker engine worker (components/mocker_worker.py)."""
     return component_parser(prog, description, add_model_args, add_engine_args, add_mocker_args)
+
+
+def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None) -> argparse.ArgumentParser:
+    """Every flag of the vLLM worker (components/vllm_worker.py): ours (runtime, ``--model-path``,
+    ``--model-name``, ``--endpoint``, ``--mode``) and **vLLM's own engine arguments**
+    (``AsyncEngineArgs.add_cli_args``: ``--max-model-len``, ``--block-size``, ``--dtype``,
+    ``--kv-transfer-config``, … with vLLM's help). On a host without CUDA it defaults to what
+    vLLM's CPU backend needs beside other programs (`dynamo_nb.engines.vllm.cpu_engine_defaults`).
+    Needs vLLM (``pip install -e ".[vllm]"``)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from .engines.vllm import cpu_engine_defaults
+
+    parser = FlexibleArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_runtime_args(parser)
+    add_model_args(parser)
+    add_endpoint_arg(parser, DEFAULT_WORKER_ENDPOINT)
+    add_disagg_args(parser, bootstrap=False)
+    AsyncEngineArgs.add_cli_args(parser)  # its --log-level is ours too: one level for both
+    parser.set_defaults(log_level=_env("LOG_LEVEL", "INFO"), model=None)  # --model: as --model-path
+    if current_platform.is_cpu():
+        parser.set_defaults(**cpu_engine_defaults())
+    return parser
 
 
 def frontend_parser(prog: str = "frontend", description: str | None = None) -> argparse.ArgumentParser:

@@ -105,9 +105,9 @@ class DecodeHandler:
         stream = self.prefill.round_robin(handoff.prefill_request(request).to_dict())  # NoInstancesError
         self.self_prefills += 1
         try:
-            info = await handoff.await_params(stream, self.prefill_timeout)
+            params = await handoff.await_params(stream, self.prefill_timeout)
         except BaseException:
             await stream.aclose()
             raise
         handoff.drain(stream, what="the prefill stream after its disaggregated_params")
-        return dataclasses.replace(request, prefill_result={"disaggregated_params": info.to_dict()})
+        return dataclasses.replace(request, prefill_result={"disaggregated_params": params})

@@ -6,7 +6,8 @@ request without bootstrap info (`dynamo_nb.disagg.decode`) both send a prefill t
 - `prefill_request`: the request with ``max_tokens`` 1 (and the router's ``bootstrap_info``
   when it drew the room);
 - `await_params` (fallback path): wait for the prefill's first item and read its
-  ``disaggregated_params``; a stream that ends, fails, times out or carries bad params is a
+  ``disaggregated_params`` (bootstrap host, port, room; or an engine's own
+  ``kv_transfer_params``); a stream that ends, fails, times out or carries bad params is a
   `DisaggregationError` that says which;
 - `drain`: read the rest of the prefill stream in the background (its KV is parked once it
   ends), log its failure and tell the caller; the task is held until it is done, and can be
@@ -20,7 +21,7 @@ Example:
 On the fallback path, in short::
 
     stream = client.round_robin(prefill_request(request).to_dict())
-    info = await await_params(stream, timeout=30)       # BootstrapInfo: host, port, room
+    params = await await_params(stream, timeout=30)     # host, port, room (or kv_transfer_params)
     task = drain(stream, what="prefill")                 # the rest, in the background
 """
 
@@ -38,7 +39,7 @@ from .rooms import BootstrapInfo
 if TYPE_CHECKING:
     from ..runtime.client import ResponseStream
 
-__all__ = ["await_params", "drain", "prefill_request"]
+__all__ = ["await_params", "check_params", "drain", "prefill_request"]
 
 logger = logging.getLogger("dynamo_nb.disagg")
 
@@ -53,12 +54,31 @@ def prefill_request(request: PreprocessedRequest, info: BootstrapInfo | None = N
     return prefill
 
 
-async def await_params(stream: Any, timeout: float) -> BootstrapInfo:
-    """The ``disaggregated_params`` of the prefill ``stream``'s first item (the stream goes on).
+def check_params(params: Any, what: str = "the prefill worker's disaggregated_params") -> dict[str, Any]:
+    """A prefill's ``disaggregated_params``, checked: an engine's own KV connector handoff
+    (``{"kv_transfer_params": {...}}``, vLLM's) as it is, else bootstrap host, port and room.
+
+    Example:
+        >>> check_params({"kv_transfer_params": {"remote_block_ids": [3]}})
+        {'kv_transfer_params': {'remote_block_ids': [3]}}
+        >>> check_params({"bootstrap_host": "127.0.0.1", "bootstrap_port": 7000})
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.DisaggregationError: the prefill worker's disaggregated_params lacks bootstrap_room ...
+    """
+    if isinstance(params, dict) and isinstance(params.get("kv_transfer_params"), dict):
+        return params
+    return BootstrapInfo.parse(params, what).to_dict()
+
+
+async def await_params(stream: Any, timeout: float) -> dict[str, Any]:
+    """The ``disaggregated_params`` of the prefill ``stream``'s first item, checked by
+    `check_params` (the stream goes on).
 
     Raises:
         DisaggregationError: the prefill ended without output, failed, did not answer within
-            ``timeout`` seconds, or sent params without host, port or room.
+            ``timeout`` seconds, or sent params that are neither an engine's ``kv_transfer_params``
+            nor bootstrap host, port and room.
     """
     try:
         first = await asyncio.wait_for(stream.__anext__(), timeout)
@@ -71,7 +91,7 @@ async def await_params(stream: Any, timeout: float) -> BootstrapInfo:
     except RequestError as exc:
         raise DisaggregationError(f"the prefill failed: {exc}") from None
     params = first.get("disaggregated_params") if isinstance(first, dict) else None
-    return BootstrapInfo.parse(params, "the prefill worker's disaggregated_params")
+    return check_params(params)
 
 
 def drain(

@@ -61,6 +61,8 @@ class WorkerRole:
         """The engine method to serve and the card's runtime config; starts what the role needs
         (the prefill role's bootstrap server, the decode role's prefill client)."""
         if self.mode == "prefill":
+            if not hasattr(args, "bootstrap_host"):  # the engine's own KV connector moves the KV (vLLM)
+                return engine.prefill, {"disaggregated_endpoint": None}
             bootstrap = await engine.start_bootstrap(
                 args.bootstrap_host, args.bootstrap_port, ttl=args.kv_ttl
             )

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
@@ -27,23 +28,30 @@ class EchoEngine:
     def __init__(self, context_length: int | None = None) -> None:
         self.context_length = context_length
         self.requests_total = 0
+        self.active = 0  # streams open now
 
     async def generate(
         self, request: PreprocessedRequest, context: Context | None = None
     ) -> AsyncIterator[LLMEngineOutput]:
-        """The prompt's tokens, cycled, one per item; the last with usage."""
+        """The prompt's tokens, cycled, one per item; the last with usage. It lets other tasks
+        run between items (as a real engine between steps), so concurrent streams interleave."""
         self.requests_total += 1
         prompt = request.token_ids
         budget = token_budget(request, self.context_length)
-        for index in range(budget - 1):
-            if context is not None and context.is_stopped():
-                yield LLMEngineOutput.final(
-                    [], "cancelled", prompt_tokens=len(prompt), completion_tokens=index
-                )
-                return
-            yield LLMEngineOutput([prompt[index % len(prompt)]])
-        last = prompt[(budget - 1) % len(prompt)]
-        yield LLMEngineOutput.final([last], "length", prompt_tokens=len(prompt), completion_tokens=budget)
+        self.active += 1
+        try:
+            for index in range(budget - 1):
+                if context is not None and context.is_stopped():
+                    yield LLMEngineOutput.final(
+                        [], "cancelled", prompt_tokens=len(prompt), completion_tokens=index
+                    )
+                    return
+                yield LLMEngineOutput([prompt[index % len(prompt)]])
+                await asyncio.sleep(0)
+            last = prompt[(budget - 1) % len(prompt)]
+            yield LLMEngineOutput.final([last], "length", prompt_tokens=len(prompt), completion_tokens=budget)
+        finally:
+            self.active -= 1
 
     def stats(self) -> dict[str, int]:
         """``requests``: how many it served."""

@@ -90,9 +90,9 @@ async def serve_engine(
             model_path,
             model_name=model_name,
             kind=role.kinds,
-            kv_cache_block_size=args.kv_cache_block_size,
+            kv_cache_block_size=getattr(engine, "block_size", None) or args.kv_cache_block_size,
             runtime_config=runtime_config,
-            context_length=getattr(args, "context_length", None),
+            context_length=getattr(engine, "context_length", None) or getattr(args, "context_length", None),
         )
         await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))  # prefix hits
     except BaseException:

@@ -147,13 +147,14 @@ class PrefillRouter:
             stream = self.router.open(route, handoff.prefill_request(request))
             events.append("prefill sent")
             try:
-                info = await handoff.await_params(stream, self.prefill_timeout)
+                params = await handoff.await_params(stream, self.prefill_timeout)
             except BaseException:
                 await stream.aclose()
                 raise
             events.append("prefill first item")
-            decode = dataclasses.replace(request, prefill_result={"disaggregated_params": info.to_dict()})
-            plan = PrefillPlan("fallback", decode, instance, info.room, events=events)
+            decode = dataclasses.replace(request, prefill_result={"disaggregated_params": params})
+            room = params.get("bootstrap_room")  # None for a connector handoff (vLLM's kv_transfer_params)
+            plan = PrefillPlan("fallback", decode, instance, room, events=events)
             plan.task = self._drain(stream, plan)
             events.append("decode handed back")
             return plan

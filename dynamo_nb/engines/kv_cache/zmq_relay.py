@@ -1,0 +1,149 @@
+"""Relay an engine's own KV events (vLLM's ZMQ publisher) to our KV router.
+
+vLLM (``--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", ...}'``)
+publishes each scheduler step's cache changes on a ZMQ PUB socket as msgpack frames
+``[topic, seq, EventBatch]``; an ``EventBatch`` is ``[ts, events, dp_rank]`` and each event a
+map tagged by ``type``: ``BlockStored`` (engine block hashes, parent hash, the blocks' token
+ids), ``BlockRemoved`` (hashes) or ``AllBlocksCleared``. SGLang's publisher uses the same shapes.
+
+`ZmqKvRelay` subscribes to that socket and turns each event into ours (`dynamo_nb.router.kv`):
+``stored`` with ``tokens_hash`` computed from the token ids by our block hash (so the router
+matches requests by content), ``removed``, ``cleared``. It keeps the live blocks, so
+`ZmqKvRelay.snapshot` rebuilds a router's view after a lost event.
+
+Example:
+    >>> relay = ZmqKvRelay("tcp://127.0.0.1:5557", block_size=2)
+    >>> relay.translate({"type": "BlockStored", "block_hashes": [b"\\x01" * 8], "parent_block_hash": None,
+    ...                  "token_ids": [5, 6], "block_size": 2})["stored"]["blocks"][0]["block_hash"]
+    72340172838076673
+    >>> relay.translate({"type": "AllBlocksCleared"}), relay.snapshot()
+    ('cleared', [])
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import msgpack
+
+from ...router.kv.hashing import block_hashes
+from ..base import KvEvent, KvEventSink
+
+__all__ = ["ZmqKvRelay", "engine_block_id"]
+
+logger = logging.getLogger("dynamo_nb.engines.kv_events")
+
+
+def engine_block_id(value: int | bytes) -> int:
+    """An engine's block hash as our block id: ints as they are (negative ones as u64), bytes as
+    their first 8 bytes, little-endian.
+
+    Example:
+        >>> engine_block_id(-1), engine_block_id(b"\\x02" + b"\\x00" * 31)
+        (18446744073709551615, 2)
+    """
+    if isinstance(value, (bytes, bytearray)):
+        return int.from_bytes(bytes(value[:8]), "little")
+    return int(value) & 0xFFFF_FFFF_FFFF_FFFF
+
+
+class ZmqKvRelay:
+    """Subscribes to an engine's ZMQ KV-event publisher at ``endpoint`` and sends our events to a sink.
+
+    With ``bind`` the relay's socket binds ``endpoint`` (say ``tcp://127.0.0.1:PORT``) and the
+    engine's publisher connects to it; else the publisher binds and the relay connects.
+
+    Attributes:
+        events_relayed: events sent on; ``events_dropped``: frames that could not be read.
+    """
+
+    def __init__(self, endpoint: str, block_size: int, *, topic: str = "", bind: bool = False) -> None:
+        self.endpoint = endpoint
+        self.bind = bind
+        self.block_size = block_size
+        self.topic = topic
+        self.events_relayed = 0
+        self.events_dropped = 0
+        self._blocks: OrderedDict[int, tuple[int | None, int]] = OrderedDict()  # id → (parent, tokens_hash)
+        self._task: asyncio.Task[None] | None = None
+        self._socket: Any = None
+
+    async def start(self, sink: KvEventSink) -> None:
+        """Connect and relay in the background until `stop`."""
+        import zmq
+        import zmq.asyncio
+
+        context = zmq.asyncio.Context.instance()
+        self._socket = context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt_string(zmq.SUBSCRIBE, self.topic)
+        if self.bind:  # the engine's publisher connects to us (vLLM connects to an address without "*")
+            self._socket.bind(self.endpoint)
+        else:
+            self._socket.connect(self.endpoint)
+        self._task = asyncio.get_running_loop().create_task(self._run(sink), name="dynamo_nb-kv-relay")
+
+    async def _run(self, sink: KvEventSink) -> None:
+        while True:
+            frames = await self._socket.recv_multipart()
+            try:
+                batch = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
+                events = [self.translate(event) for event in batch[1]]
+            except Exception:  # a frame we cannot read: the router re-syncs from the snapshot
+                self.events_dropped += 1
+                logger.warning("unreadable KV event frame from %s", self.endpoint, exc_info=True)
+                continue
+            for event in events:
+                if event is None:
+                    continue
+                try:
+                    await sink(event)
+                    self.events_relayed += 1
+                except Exception:
+                    logger.warning("could not publish a KV event; routers will re-sync", exc_info=True)
+
+    def translate(self, event: dict[str, Any]) -> KvEvent | None:
+        """Our event for one engine event (None for one we do not follow), and the live blocks updated."""
+        kind = event.get("type")
+        if kind == "BlockStored":
+            ids = [engine_block_id(h) for h in event["block_hashes"]]
+            size = event.get("block_size") or self.block_size
+            content = block_hashes(event["token_ids"], size)
+            parent = event.get("parent_block_hash")
+            parent_id = None if parent is None else engine_block_id(parent)
+            blocks = []
+            for block_id, tokens_hash in zip(ids, content, strict=False):
+                self._blocks[block_id] = (parent_id, tokens_hash)
+                blocks.append({"block_hash": block_id, "tokens_hash": tokens_hash})
+                parent_id = block_id
+            parent = None if parent is None else engine_block_id(parent)
+            return {"stored": {"parent_hash": parent, "blocks": blocks}}
+        if kind == "BlockRemoved":
+            ids = [engine_block_id(h) for h in event["block_hashes"]]
+            for block_id in ids:
+                self._blocks.pop(block_id, None)
+            return {"removed": {"block_hashes": ids}}
+        if kind == "AllBlocksCleared":
+            self._blocks.clear()
+            return "cleared"
+        return None
+
+    def snapshot(self) -> list[KvEvent]:
+        """Events that rebuild the engine's cache as relayed so far (parents before children)."""
+        return [
+            {"stored": {"parent_hash": parent, "blocks": [{"block_hash": block_id, "tokens_hash": content}]}}
+            for block_id, (parent, content) in self._blocks.items()
+        ]
+
+    async def stop(self) -> None:
+        """Stop relaying and close the socket."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._socket is not None:
+            self._socket.close(linger=0)

@@ -1,0 +1,173 @@
+"""The vLLM worker as real processes: a prefill and a decode worker (vLLM's NixlConnector on CPU
+between them) behind the frontend; greedy disaggregated output equals aggregated, the model card
+carries vLLM's block size, vLLM's KV events reach a KV router, a SIGKILLed worker fails its stream.
+
+Skips (with the reason) when vLLM is not installed: ``pip install -e ".[vllm]"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from helpers import FRONTEND, ROOT, collect, free_port
+
+pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]')")
+
+from dynamo_nb import DistributedRuntime, launch
+from dynamo_nb.errors import RequestError
+from dynamo_nb.llm.card import CARD_PREFIX, ModelCard
+from dynamo_nb.router.kv.events import KvIndexer
+from dynamo_nb.router.kv.hashing import block_hashes
+from dynamo_nb.runtime.worker import parse_ready_line
+
+pytestmark = pytest.mark.timeout(300)
+
+VLLM_WORKER = ROOT / "components" / "vllm_worker.py"
+PROMPT = list(range(10, 110))  # 100 tokens: three full 32-token blocks
+GREEDY = {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 16}, "sampling_options": {"temperature": 0}}
+
+
+@pytest.fixture(scope="module")
+async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, Any]]:
+    """A vLLM prefill worker, a vLLM decode worker and a frontend, over etcd + NATS."""
+    logs = tmp_path_factory.mktemp("vllm")
+    common = ["--discovery", services.etcd_url, "--nats-url", services.nats_url, "--lease-ttl", "3"]
+    prefill, decode = await asyncio.gather(
+        launch(
+            VLLM_WORKER, *common, "--mode", "prefill", cwd=ROOT, log_dir=logs, show_logs=False, timeout=240
+        ),
+        launch(
+            VLLM_WORKER, *common, "--mode", "decode", cwd=ROOT, log_dir=logs, show_logs=False, timeout=240
+        ),
+    )
+    port = free_port()
+    frontend = await launch(
+        FRONTEND, *common, "--http-port", str(port), cwd=ROOT, log_dir=logs, show_logs=False, timeout=60
+    )
+    runtime = await DistributedRuntime.create(services.etcd_url, "tcp", services.nats_url)
+    client = await runtime.endpoint("dynamo.backend.generate").client()
+    await client.wait_for_instances(timeout=20)
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        for _ in range(200):
+            if (await http.get("/v1/models")).json()["data"]:
+                break
+            await asyncio.sleep(0.1)
+    yield {"prefill": prefill, "decode": decode, "url": url, "runtime": runtime, "client": client}
+    await runtime.shutdown(grace=0.5)
+    await frontend.stop(timeout=10)
+    await asyncio.gather(prefill.stop(timeout=30), decode.stop(timeout=30))
+
+
+def tokens(items: list[dict[str, Any]]) -> list[int]:
+    return [token for item in items for token in item["token_ids"]]
+
+
+async def decode_stats(graph: dict[str, Any]) -> dict[str, int]:
+    stats = await graph["runtime"].endpoint("dynamo.backend.stats").client()
+    await stats.wait_for_instances(timeout=10)
+    return (await collect(stats.round_robin({})))[0]
+
+
+async def test_disaggregated_greedy_output_equals_aggregated(graph: dict[str, Any]) -> None:
+    client = graph["client"]
+    # aggregated: the decode worker's vLLM generates the whole answer itself
+    aggregated = tokens(await collect(client.round_robin({**GREEDY, "extra_args": {"aggregated": True}})))
+    before = await decode_stats(graph)
+    # the decode worker asks the prefill worker itself (no bootstrap info, no prefill result)
+    asked = tokens(await collect(client.round_robin(GREEDY)))
+    # through the frontend: its prefill router waits for vLLM's kv_transfer_params (fallback path)
+    async with httpx.AsyncClient(base_url=graph["url"], timeout=60) as http:
+        body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 16, "temperature": 0}
+        response = await http.post("/v1/completions", json=body)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-dynamo-path"] == "fallback"
+        usage = response.json()["usage"]
+    after = await decode_stats(graph)
+    assert len(aggregated) == 16 and asked == aggregated
+    assert usage == {"prompt_tokens": 100, "completion_tokens": 16, "total_tokens": 116}
+    # vLLM's NIXL connector pulled the prompt's blocks from the prefill worker, twice
+    assert after["kv_transfers"] - before["kv_transfers"] >= 2, (before, after)
+    assert after["kv_transfer_failures"] == 0
+
+
+async def test_a_decode_request_with_bad_kv_transfer_params_is_a_clear_error(graph: dict[str, Any]) -> None:
+    bad = {**GREEDY, "prefill_result": {"disaggregated_params": {"bootstrap_room": 7}}}
+    with pytest.raises(
+        RequestError,
+        match=r"needs prefill_result.disaggregated_params.kv_transfer_params.*"
+        r"carries disaggregated_params with \['bootstrap_room'\]",
+    ):
+        await collect(graph["client"].round_robin(bad))
+
+
+async def test_model_cards_carry_vllms_block_size_and_no_bootstrap_endpoint(graph: dict[str, Any]) -> None:
+    watch = await graph["runtime"].discovery.watch_prefix(CARD_PREFIX)
+    cards = [ModelCard.from_json(value) for value in watch.items.values()]
+    decode = [card for card in cards if "decode" in card.kinds]
+    prefill = [card for card in cards if "prefill" in card.kinds]
+    assert decode and decode[0].kv_cache_block_size == 32 and decode[0].context_length == 1024
+    # vLLM's prefill has no bootstrap server of ours: the frontend takes the fallback path
+    assert prefill and prefill[0].runtime_config.disaggregated_endpoint is None
+
+
+async def test_vllm_kv_events_reach_a_kv_router(graph: dict[str, Any]) -> None:
+    component = graph["runtime"].namespace("dynamo").component("backend")
+    indexer = await KvIndexer.start(component)
+    try:
+        prompt = list(range(200, 300))  # new blocks, so stored events follow
+        await collect(
+            graph["client"].round_robin({**GREEDY, "token_ids": prompt, "extra_args": {"aggregated": True}})
+        )
+        wanted = block_hashes(prompt, 32)
+        decode_id = int(parse_ready_line(graph["decode"].ready_line)[1]["instance"], 16)
+        for _ in range(100):
+            if indexer.tree.find_matches(wanted).scores.get(decode_id, 0) >= 3:
+                break
+            await asyncio.sleep(0.1)
+        assert indexer.tree.find_matches(wanted).scores.get(decode_id) == 3
+    finally:
+        await indexer.stop()
+
+
+async def test_a_sigkilled_vllm_worker_fails_the_stream_not_hangs(graph: dict[str, Any]) -> None:
+    """Runs last: it kills the decode worker mid-stream."""
+    long = {
+        **GREEDY,
+        "stop_conditions": {"max_tokens": 900, "ignore_eos": True},
+        "extra_args": {"aggregated": True},
+    }
+    stream = graph["client"].round_robin(long)
+    first = await asyncio.wait_for(anext(stream), 60)
+    assert first["token_ids"]
+    graph["decode"].send_signal(signal.SIGKILL)
+    with pytest.raises(RequestError):  # the worker's connection closed: an error, not a hang (30 s cap)
+        await asyncio.wait_for(collect(stream), 30)
+
+
+def test_help_lists_our_flags_and_vllms_own() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, str(VLLM_WORKER), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    for flag in (
+        "--discovery",
+        "--model-path",
+        "--mode",
+        "--max-model-len",
+        "--block-size",
+        "--kv-transfer-config",
+    ):
+        assert flag in done.stdout, flag
+    from dynamo_nb.flags import vllm_worker_parser
+
+    args = vllm_worker_parser().parse_args(["--mode", "decode", "--max-model-len", "512"])
+    assert (args.mode, args.max_model_len, args.block_size) == ("decode", 512, 32)  # 32: vLLM's CPU attention
