@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -162,3 +163,24 @@ async def test_a_refused_connection_marks_the_instance_down(
     with pytest.raises(InstanceDownError, match="cannot connect"):
         await collect(client.direct({"text": "x"}, instance_id))
     assert instance_id not in client.instance_ids()  # its lease still lives for 30 s; the client knows better
+
+
+@pytest.mark.parametrize("plane", ["tcp", "nats"])
+async def test_a_caller_whose_loop_blocked_does_not_cut_a_live_stream(
+    make_runtime: RuntimeFactory, start_worker: Any, services: Any, plane: str
+) -> None:
+    """A notebook cell that blocks the loop longer than the heartbeat timeout (or a process
+    starved of CPU): the worker's frames are waiting unread, so the stream goes on."""
+    ns = f"stall-{plane}"
+    await start_worker(
+        "--discovery", services.etcd_url, "--request-plane", plane, "--nats-url", services.nats_url,
+        "--endpoint", f"{ns}.echo.generate",
+    )  # fmt: skip
+    rt = await make_runtime(f"etcd-{plane}", heartbeat_timeout=2.5)
+    client = await rt.endpoint(f"{ns}.echo.generate").client()
+    await client.wait_for_instances(timeout=10)
+    stream = await client.round_robin({"text": "w " * 40, "delay_ms": 100})
+    assert (await stream.__anext__())["index"] == 0
+    time.sleep(4.0)  # noqa: ASYNC251 - blocks this loop past the 2.5 s heartbeat timeout, on purpose
+    rest = await asyncio.wait_for(collect(stream), 30)
+    assert [item["index"] for item in rest] == list(range(1, 40))

@@ -21,7 +21,7 @@ from dynamo_nb.errors import InvalidRequestError
 from dynamo_nb.llm import engine_handler
 from dynamo_nb.runtime.context import Context
 
-ENGINES = ["echo", "hf", "mocker", "vllm"]
+ENGINES = ["echo", "hf", "mocker", "vllm", pytest.param("hf-cuda", marks=pytest.mark.gpu)]
 
 LIMITS: dict[str, dict[str, str]] = {
     "echo": {
@@ -36,6 +36,7 @@ LIMITS: dict[str, dict[str, str]] = {
         "context": "the mocker has no context length",
     },
     "hf": {},
+    "hf-cuda": {},
     "vllm": {},
 }
 
@@ -61,10 +62,16 @@ async def engine(request: pytest.FixtureRequest, tiny_path: Path) -> AsyncIterat
         from dynamo_nb.engines import EchoEngine
 
         made: Any = EchoEngine(context_length=1024)
-    elif name == "hf":
+    elif name in ("hf", "hf-cuda"):
         from dynamo_nb.engines import HFEngine
 
-        made = await HFEngine.load(tiny_path, kv_events=sink)
+        device = "cpu"
+        if name == "hf-cuda":
+            torch = pytest.importorskip("torch")
+            if not torch.cuda.is_available():
+                pytest.skip("needs a CUDA device")
+            device = "cuda"
+        made = await HFEngine.load(tiny_path, device=device, kv_events=sink)
     elif name == "mocker":
         from dynamo_nb.engines import MockerEngine
 

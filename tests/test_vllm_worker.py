@@ -36,7 +36,7 @@ GREEDY = {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 16}, "sampling_
 async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, Any]]:
     """A vLLM prefill worker, a vLLM decode worker and a frontend, over etcd + NATS."""
     logs = tmp_path_factory.mktemp("vllm")
-    common = ["--discovery", services.etcd_url, "--nats-url", services.nats_url, "--lease-ttl", "3"]
+    common = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
     prefill, decode = await asyncio.gather(
         launch(
             VLLM_WORKER, *common, "--mode", "prefill", cwd=ROOT, log_dir=logs, show_logs=False, timeout=240
@@ -94,6 +94,15 @@ async def test_disaggregated_greedy_output_equals_aggregated(graph: dict[str, An
     # vLLM's NIXL connector pulled the prompt's blocks from the prefill worker, twice
     assert after["kv_transfers"] - before["kv_transfers"] >= 2, (before, after)
     assert after["kv_transfer_failures"] == 0
+
+
+async def test_stop_strings_end_vllm_output_at_the_frontend(graph: dict[str, Any]) -> None:
+    body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 16, "temperature": 0}
+    async with httpx.AsyncClient(base_url=graph["url"], timeout=60) as http:
+        full = (await http.post("/v1/completions", json=body)).json()["choices"][0]["text"]
+        stop = full[len(full) // 2 : len(full) // 2 + 2]
+        cut = (await http.post("/v1/completions", json={**body, "stop": [stop]})).json()["choices"][0]
+    assert stop and cut["text"] == full[: full.index(stop)] and cut["finish_reason"] == "stop"
 
 
 async def test_a_decode_request_with_bad_kv_transfer_params_is_a_clear_error(graph: dict[str, Any]) -> None:

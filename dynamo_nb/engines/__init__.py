@@ -6,8 +6,10 @@
 - ``hf.py``: `HFEngine`, a local Hugging Face model with PyTorch + transformers (the ``hf`` extra);
 - ``mocker.py``: `MockerEngine`, a simulated vLLM-style scheduler with a KV block manager and
   Dynamo's timing model, for routing experiments at scale;
-- ``kv_cache/``: the block manager (prefix reuse, LRU eviction, KV events) and the ``hf``
-  engine's prefix cache of KV tensors.
+- ``vllm.py``: `VllmEngine`, vLLM's ``AsyncLLM`` (the ``vllm`` extra), prefill/decode through
+  vLLM's KV connector;
+- ``kv_cache/``: the block manager (prefix reuse, LRU eviction, KV events), the ``hf``
+  engine's prefix cache of KV tensors, and the relay of vLLM's ZMQ KV events.
 
 A new engine implements `Engine` (and `DisaggregatedEngine` for prefill/decode roles); serve it
 with `dynamo_nb.llm.serve_llm(endpoint, engine.generate, model_path)`.
@@ -29,6 +31,7 @@ from .mocker import MockerEngine
 
 if TYPE_CHECKING:
     from .hf import HFEngine
+    from .vllm import VllmEngine
 
 __all__ = [
     "DisaggregatedEngine",
@@ -38,14 +41,19 @@ __all__ = [
     "KvEvent",
     "KvEventSink",
     "MockerEngine",
+    "VllmEngine",
     "stats_handler",
     "token_budget",
 ]
 
 
-def __getattr__(name: str) -> Any:  # HFEngine imports torch only when asked for
+def __getattr__(name: str) -> Any:  # HFEngine (torch) and VllmEngine (vLLM) import only when asked for
     if name == "HFEngine":
         from .hf import HFEngine
 
         return HFEngine
+    if name == "VllmEngine":
+        from .vllm import VllmEngine
+
+        return VllmEngine
     raise AttributeError(name)

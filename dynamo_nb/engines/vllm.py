@@ -48,6 +48,7 @@ from .kv_cache.zmq_relay import ZmqKvRelay
 
 __all__ = [
     "VllmEngine",
+    "calm_idle_pollers",
     "cpu_engine_defaults",
     "kv_transfer_params_of",
     "nixl_transfer_config",
@@ -84,6 +85,14 @@ def cpu_engine_defaults() -> dict[str, Any]:
     return {"block_size": 32, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES}
 
 
+def _small_cpu_host() -> bool:
+    import os
+
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu() and (os.cpu_count() or 1) <= 4
+
+
 def share_small_cpu_host() -> None:
     """On a CPU host with 4 cores or fewer, let vLLM engines share the cores: one unbound OpenMP
     thread each (``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``OMP_NUM_THREADS=1``) unless either is set.
@@ -94,14 +103,80 @@ def share_small_cpu_host() -> None:
     """
     import os
 
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu() or (os.cpu_count() or 1) > 4:
+    if not _small_cpu_host():
         return
     if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or "OMP_NUM_THREADS" in os.environ:
         return
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     os.environ["OMP_NUM_THREADS"] = "1"
+
+
+async def calm_idle_pollers(sample_s: float = 1.0) -> set[int]:
+    """Lower to the lowest priority (Linux's ``SCHED_IDLE``, else nice 19) the threads of this
+    process's children that burn a core while vLLM is idle; returns their thread ids.
+
+    On a CPU host, NIXL's UCX progress thread (vLLM's NixlConnector, in the prefill and decode
+    roles) polls without pause. Two such workers on a 2-core host starve everything else: the
+    NIXL handshake between them times out and etcd keep-alives miss their deadline. At idle priority
+    the pollers only get the cores nobody else wants. Call it while the engine has no request
+    (any thread busy then is a poller); `VllmEngine` does, every 2 s while it is idle.
+    """
+    import os
+
+    import psutil
+
+    workers = psutil.Process().children(recursive=True)
+
+    def cpu_by_thread() -> dict[tuple[int, int], float]:
+        times = {}
+        for process in workers:
+            try:
+                for thread in process.threads():
+                    times[(process.pid, thread.id)] = thread.user_time + thread.system_time
+            except psutil.Error:
+                continue
+        return times
+
+    before = cpu_by_thread()
+    await asyncio.sleep(sample_s)
+    calmed = set()
+    for key, used in cpu_by_thread().items():
+        if used - before.get(key, used) > 0.2 * sample_s:  # an idle thread uses next to nothing
+            try:  # SCHED_IDLE: it runs only on a core nobody else wants; nice 19 where that is refused
+                os.sched_setscheduler(key[1], os.SCHED_IDLE, os.sched_param(0))
+            except OSError:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, key[1], 19)
+                except OSError:
+                    continue
+            calmed.add(key[1])
+    return calmed
+
+
+def _kv_relay(engine_args: Any) -> ZmqKvRelay | None:
+    """The relay of vLLM's KV events, turning them on (``engine_args.kv_events_config``) when the
+    flags did not; None when vLLM is told to publish somewhere else than ZMQ."""
+    from vllm.config import KVEventsConfig
+
+    block_size = engine_args.block_size or 16
+    config = engine_args.kv_events_config
+    if config is None or not config.enable_kv_cache_events:
+        # vLLM's publisher connects to an address without "*": our relay binds it, on 127.0.0.1
+        endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        engine_args.kv_events_config = KVEventsConfig(
+            enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint
+        )
+        return ZmqKvRelay(endpoint, block_size, bind=True)
+    if config.publisher != "zmq":
+        logger.warning(
+            "KV events: vLLM's publisher is %r, not zmq: no KV events are relayed, KV routers to this "
+            "worker use their approximate mode",
+            config.publisher,
+        )
+        return None
+    bind = "*" not in config.endpoint and not config.endpoint.startswith(("ipc://", "inproc://"))
+    endpoint = config.endpoint.replace("*", "127.0.0.1")
+    return ZmqKvRelay(endpoint, block_size, topic=config.topic, bind=bind)
 
 
 def _free_port() -> int:
@@ -191,35 +266,17 @@ class VllmEngine:
         self.requests_total = 0
         self.aborted_total = 0
         self._closed = False
+        self._calmer: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, engine_args: Any, *, kv_events: KvEventSink | None = None) -> VllmEngine:
         """Start vLLM (its engine core process; about 30 s on a CPU) with ``engine_args`` (vLLM's
         ``AsyncEngineArgs``), off the event loop; with ``kv_events`` its KV events go there."""
-        from vllm.config import KVEventsConfig
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        relay: ZmqKvRelay | None = None
-        if kv_events is not None:
-            config = engine_args.kv_events_config
-            if config is None or not config.enable_kv_cache_events:
-                # vLLM's publisher connects to an address without "*": our relay binds it, on 127.0.0.1
-                endpoint = f"tcp://127.0.0.1:{_free_port()}"
-                config = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint)
-                engine_args.kv_events_config = config
-                relay = ZmqKvRelay(endpoint, engine_args.block_size or 16, bind=True)
-            elif config.publisher != "zmq":
-                logger.warning(
-                    "KV events: vLLM's publisher is %r, not zmq: no KV events are relayed, KV routers "
-                    "to this worker use their approximate mode",
-                    config.publisher,
-                )
-            else:
-                bind = "*" not in config.endpoint and not config.endpoint.startswith(("ipc://", "inproc://"))
-                endpoint = config.endpoint.replace("*", "127.0.0.1")
-                relay = ZmqKvRelay(endpoint, engine_args.block_size or 16, topic=config.topic, bind=bind)
-            if relay is not None:
-                await relay.start(kv_events)  # before vLLM starts: no event is missed
+        relay = _kv_relay(engine_args) if kv_events is not None else None
+        if relay is not None:
+            await relay.start(kv_events)  # before vLLM starts: no event is missed
         stats = _EngineStats()
         share_small_cpu_host()
         try:
@@ -233,6 +290,10 @@ class VllmEngine:
         engine = cls(llm, stats, relay)
         if relay is not None:
             relay.block_size = engine.block_size
+        if engine_args.kv_transfer_config is not None and _small_cpu_host():
+            engine._calmer = asyncio.get_running_loop().create_task(
+                engine._calm_pollers(), name="dynamo_nb-vllm-calm-pollers"
+            )
         logger.info("vLLM started: %s", engine)
         return engine
 
@@ -292,11 +353,25 @@ class VllmEngine:
         """Events that rebuild vLLM's prefix cache as relayed so far ([] without KV events)."""
         return self.relay.snapshot() if self.relay is not None else []
 
+    async def _calm_pollers(self, every_s: float = 2.0) -> None:
+        """While vLLM holds no request, lower any thread of its processes that is busy anyway
+        (`calm_idle_pollers`); NIXL starts some of them lazily, at its first handshake."""
+        calmed: set[int] = set()
+        while True:
+            if self.active == 0:
+                calmed |= await calm_idle_pollers(sample_s=0.5)
+                if calmed:
+                    logger.debug("polling threads at idle priority: %s", sorted(calmed))
+            await asyncio.sleep(every_s)
+
     async def close(self) -> None:
         """Stop relaying KV events and shut vLLM down (its engine core process exits)."""
         if self._closed:
             return
         self._closed = True
+        if self._calmer is not None:
+            self._calmer.cancel()
+            await asyncio.gather(self._calmer, return_exceptions=True)
         if self.relay is not None:
             await self.relay.stop()
         await asyncio.to_thread(self.llm.shutdown)
@@ -368,21 +443,16 @@ class VllmEngine:
                 f"token id {max(request.token_ids)} is outside the vocabulary ({self.vocab_size})",
                 param="token_ids",
             )
-        sampling, stop = request.sampling_options, request.stop_conditions
+        stop = request.stop_conditions
         options: dict[str, Any] = {
             "max_tokens": max_tokens,
             "min_tokens": min(stop.min_tokens, max_tokens),
             "ignore_eos": stop.ignore_eos,
             "output_kind": RequestOutputKind.DELTA,
             "detokenize": False,
-            "temperature": 1.0 if sampling.temperature is None else sampling.temperature,
+            "temperature": 1.0,  # ours: unset means 1.0
+            **request.sampling_options.to_dict(),  # temperature, top_p, top_k, seed: those that are set
         }
-        if sampling.top_p is not None:
-            options["top_p"] = sampling.top_p
-        if sampling.top_k is not None:
-            options["top_k"] = sampling.top_k
-        if sampling.seed is not None:
-            options["seed"] = sampling.seed
         if request.eos_token_ids and not stop.ignore_eos:
             options["stop_token_ids"] = list(request.eos_token_ids)
         if kv_transfer_params is not None:
@@ -404,9 +474,12 @@ class VllmEngine:
             raise EngineError("the vLLM engine is shut down")
         request_id = uuid.uuid4().hex
         self.requests_total += 1
-        stream = self.llm.generate(TokensPrompt(prompt_token_ids=request.token_ids), params, request_id)
+        stream: Any = None
         finished = False
         try:
+            # the engine input vLLM's renderer makes of our token ids (what generate() would do itself)
+            (prompt,) = self.llm.renderer.render_cmpl([TokensPrompt(prompt_token_ids=request.token_ids)])
+            stream = self.llm.generate(prompt, params, request_id)
             async for output in stream:
                 finished = output.finished
                 yield output
@@ -421,7 +494,7 @@ class VllmEngine:
         except Exception as exc:
             raise EngineError(f"vLLM failed the request: {type(exc).__name__}: {exc}") from None
         finally:
-            if not finished:
+            if not finished and stream is not None:
                 self.aborted_total += 1
                 await stream.aclose()  # aborts the request inside vLLM (frees its KV blocks)
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import InstanceDownError, InvalidRequestError
@@ -12,11 +14,27 @@ if TYPE_CHECKING:
     from ..server import EndpointServer
     from .channel import StreamChannel
 
-__all__ = ["HEARTBEAT_INTERVAL", "RequestPlane", "StreamHandle", "instance_down"]
+__all__ = ["HEARTBEAT_INTERVAL", "RequestPlane", "StreamHandle", "instance_down", "liveness_ticks"]
 
 # A server sends a heartbeat on a silent stream (or connection) this often; a client gives
 # up on it after its heartbeat timeout (several intervals, DistributedRuntime.create).
 HEARTBEAT_INTERVAL = 1.0
+
+
+async def liveness_ticks() -> AsyncIterator[tuple[float, bool]]:
+    """``(now, stalled)`` every half heartbeat interval, for a plane's heartbeat task.
+
+    ``stalled`` is True when this event loop itself did not run for more than an interval (a
+    notebook cell that blocked, a process starved of CPU): frames that arrived meanwhile are
+    still unread, so a peer's silence proves nothing this round.
+    """
+    loop = asyncio.get_running_loop()
+    last = loop.time()
+    while True:
+        await asyncio.sleep(HEARTBEAT_INTERVAL / 2)
+        now = loop.time()
+        yield now, now - last > HEARTBEAT_INTERVAL
+        last = now
 
 
 class StreamHandle(Protocol):

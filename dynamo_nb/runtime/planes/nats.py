@@ -22,7 +22,14 @@ from nats.aio.msg import Msg
 
 from ...errors import ConfigError, ServiceUnavailableError
 from ..instance import Instance
-from .base import HEARTBEAT_INTERVAL, RequestPlane, StreamHandle, encode_request_error, instance_down
+from .base import (
+    HEARTBEAT_INTERVAL,
+    RequestPlane,
+    StreamHandle,
+    encode_request_error,
+    instance_down,
+    liveness_ticks,
+)
 from .channel import StreamChannel
 from .wire import (
     ACK,
@@ -403,15 +410,14 @@ class NatsPlane(RequestPlane):
     # -- liveness
 
     async def _tick(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL / 2)
-            now = loop.time()
+        async for now, stalled in liveness_ticks():
             for _stream, sink in list(self._streams.values()):
                 if now - sink.last_sent >= HEARTBEAT_INTERVAL:
                     sink.heartbeat()
             for inbox, handle in list(self._open.items()):
-                if now - handle.channel.last_seen > self.heartbeat_timeout:
+                if stalled:  # this loop did not run: what came meanwhile is still unread
+                    handle.channel.last_seen = max(handle.channel.last_seen, now - HEARTBEAT_INTERVAL)
+                elif now - handle.channel.last_seen > self.heartbeat_timeout:
                     self._open.pop(inbox, None)
                     handle.channel.fail(f"no frames or heartbeats for {self.heartbeat_timeout:g} s")
 

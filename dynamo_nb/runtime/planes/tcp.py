@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
 from ..instance import Instance
-from .base import HEARTBEAT_INTERVAL, RequestPlane, StreamHandle, encode_request_error, instance_down
+from .base import (
+    HEARTBEAT_INTERVAL,
+    RequestPlane,
+    StreamHandle,
+    encode_request_error,
+    instance_down,
+    liveness_ticks,
+)
 from .channel import StreamChannel
 from .wire import (
     END,
@@ -353,16 +360,16 @@ class TcpPlane(RequestPlane):
             )
 
     async def _tick(self) -> None:
-        """Heartbeats out on busy-but-silent connections; give up on silent ones we wait on."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL / 2)
-            now = loop.time()
+        """Heartbeats out on busy-but-silent connections; give up on silent ones we wait on
+        (not right after this loop stalled: what they sent meanwhile is still unread)."""
+        async for now, stalled in liveness_ticks():
             for conn in list(self._server_conns):
                 if conn.streams and now - conn.last_sent >= HEARTBEAT_INTERVAL:
                     conn.send(encode_prefixed((HEARTBEAT, 0)))
             for conn in list(self._conns.values()):
-                if conn.streams and now - conn.last_seen > self.heartbeat_timeout:
+                if stalled:
+                    conn.last_seen = max(conn.last_seen, now - HEARTBEAT_INTERVAL)
+                elif conn.streams and now - conn.last_seen > self.heartbeat_timeout:
                     conn.abort(
                         f"no frames or heartbeats from {conn.address} for {self.heartbeat_timeout:g} s"
                     )
