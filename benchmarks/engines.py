@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import platform
-import socket
 from typing import Any
 
 import pandas as pd
@@ -30,6 +29,7 @@ from _harness import run_benchmark
 
 from dynamo_nb import LocalServices, bench, launch, launched
 from dynamo_nb.bench.stats import level_summary
+from dynamo_nb.launch.services import free_port
 from dynamo_nb.models import tiny_model_path
 
 LEVELS = (1, 8, 32)
@@ -39,12 +39,6 @@ PROMPTS = bench.random_prompts(64, words=48, seed=3)
 SERVERS = ("ours+vllm", "vllm serve", "ours+hf")
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 VLLM_ENGINE_FLAGS = ["--block-size", "32", "--kv-cache-memory-bytes", str(256 << 20)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def start_server(label: str, etcd_url: str) -> tuple[str, str]:

