@@ -39,11 +39,13 @@ __all__ = [
     "add_mocker_args",
     "add_model_args",
     "add_runtime_args",
+    "add_sglang_args",
     "component_parser",
     "echo_worker_parser",
     "frontend_parser",
     "hf_worker_parser",
     "mocker_worker_parser",
+    "sglang_worker_parser",
     "vllm_worker_parser",
 ]
 
@@ -103,7 +105,7 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_endpoint_arg(parser: argparse.ArgumentParser, default: str) -> None:
+def add_endpoint_arg(parser: argparse._ActionsContainer, default: str) -> None:
     """Add ``--endpoint ns.comp.ep`` with ``default``."""
     parser.add_argument(
         "--endpoint",
@@ -245,6 +247,24 @@ def add_hf_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_prefill_endpoint_arg(group: argparse._ActionsContainer) -> None:
+    group.add_argument(
+        "--prefill-endpoint",
+        default=DEFAULT_PREFILL_ENDPOINT,
+        help="where prefill workers serve; a decode worker asks one itself when a request comes "
+        "without bootstrap info (default: %(default)s)",
+    )
+
+
+def _add_no_bootstrap_endpoint_arg(group: argparse._ActionsContainer) -> None:
+    group.add_argument(
+        "--no-bootstrap-endpoint",
+        action="store_true",
+        help="prefill: do not publish the bootstrap server as disaggregated_endpoint, so routers take "
+        "the fallback path (wait for disaggregated_params), as with engines that have none (default: off)",
+    )
+
+
 def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) -> None:
     """Add ``--mode`` and the disaggregated-serving flags (an engine worker's role); with
     ``bootstrap`` False only ``--mode`` and ``--prefill-endpoint`` (an engine whose own KV
@@ -258,12 +278,7 @@ def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) 
         "KV caches in its bootstrap server) or decode (serves at --endpoint, fetches them) "
         "(default: %(default)s)",
     )
-    disagg.add_argument(
-        "--prefill-endpoint",
-        default=DEFAULT_PREFILL_ENDPOINT,
-        help="where prefill workers serve; a decode worker asks one itself when a request comes "
-        "without bootstrap info (default: %(default)s)",
-    )
+    _add_prefill_endpoint_arg(disagg)
     if not bootstrap:
         return
     disagg.add_argument(
@@ -275,12 +290,7 @@ def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) 
     disagg.add_argument(
         "--bootstrap-port", type=int, default=0, help="prefill: its port (default: 0, a free one)"
     )
-    disagg.add_argument(
-        "--no-bootstrap-endpoint",
-        action="store_true",
-        help="prefill: do not publish the bootstrap server as disaggregated_endpoint, so routers take "
-        "the fallback path (wait for disaggregated_params), as with engines that have none (default: off)",
-    )
+    _add_no_bootstrap_endpoint_arg(disagg)
     disagg.add_argument(
         "--kv-ttl",
         type=float,
@@ -382,6 +392,107 @@ def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None
     parser.set_defaults(log_level=_env("LOG_LEVEL", "INFO"), model=None)  # --model: as --model-path
     if current_platform.is_cpu():
         parser.set_defaults(**cpu_engine_defaults())
+    return parser
+
+
+SGLANG_FLAGS: list[tuple[str, dict[str, object]]] = [
+    ("--model-path", {"default": None, "help": "model folder"}),
+    ("--served-model-name", {"default": None, "help": "name the model is served as"}),
+    ("--host", {"default": "127.0.0.1", "help": "host of SGLang's servers (its bootstrap server too)"}),
+    ("--context-length", {"type": int, "default": None, "help": "the model's context length"}),
+    ("--page-size", {"type": int, "default": None, "help": "tokens per KV page (default: 1)"}),
+    ("--tp-size", {"type": int, "default": 1, "help": "tensor parallel size"}),
+    ("--kv-events-config", {"default": None, "help": "KV event publisher, as JSON"}),
+    ("--dist-init-addr", {"default": None, "help": "HOST:PORT for multi-node setups"}),
+    (
+        "--disaggregation-mode",
+        {"choices": ["null", "prefill", "decode"], "default": "null", "help": "null, prefill or decode"},
+    ),
+    (
+        "--disaggregation-bootstrap-port",
+        {"type": int, "default": 8998, "help": "prefill: bootstrap server port"},
+    ),
+    (
+        "--disaggregation-transfer-backend",
+        {
+            "choices": ["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"],
+            "default": "mooncake",
+            "help": "how the KV moves between engines",
+        },
+    ),
+    ("--log-level", {"default": "info", "help": "logging level"}),
+]
+"""The SGLang flags the SGLang worker reads, as SGLang 0.5.23 defines them: its parser falls back
+to these where SGLang is not installed (the contract test checks them against SGLang's own)."""
+
+
+def add_sglang_args(parser: argparse.ArgumentParser) -> None:
+    """Add **SGLang's own** ``ServerArgs`` flags (``ServerArgs.add_cli_args``: ``--disaggregation-mode``,
+    ``--disaggregation-bootstrap-port``, ``--tp-size``, ``--page-size``, ``--kv-events-config``, …
+    with SGLang's help), or, where SGLang is not installed, the ones the worker reads
+    (`SGLANG_FLAGS`); then the recording stand-in's flags (``--fake-engine``, for hosts without a GPU)."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except Exception:  # not installed (or not importable here): the flags the worker reads
+        group = parser.add_argument_group("SGLang (not installed here: only the flags this worker reads)")
+        for flag, options in SGLANG_FLAGS:
+            group.add_argument(flag, **options)  # type: ignore[arg-type]
+    else:
+        ServerArgs.add_cli_args(parser)
+        for action in parser._actions:  # SGLang requires it; the worker defaults to the tiny model
+            if action.dest == "model_path":
+                action.required = False
+    fake = parser.add_argument_group("recording stand-in for SGLang (hosts without a GPU)")
+    fake.add_argument(
+        "--fake-engine",
+        action="store_true",
+        help="serve with a stand-in that has SGLang's method signatures and records every call, not "
+        "sglang.Engine (SGLang needs CUDA); its tokens are a function of the prompt (default: off)",
+    )
+    fake.add_argument(
+        "--fake-record", default=None, help="stand-in: append each call to this JSON-lines file"
+    )
+    fake.add_argument(
+        "--fake-prefill-delay",
+        type=float,
+        default=0.0,
+        help="stand-in: seconds each prefill takes (default: 0)",
+    )
+    fake.add_argument(
+        "--fake-fail-prefill",
+        action="store_true",
+        help="stand-in: fail every prefill as a lost KV transfer does (default: off)",
+    )
+
+
+def sglang_worker_parser(
+    prog: str = "sglang_worker", description: str | None = None
+) -> argparse.ArgumentParser:
+    """Every flag of the SGLang worker (components/sglang_worker.py): ours (runtime, ``--model-name``,
+    ``--endpoint``, ``--prefill-endpoint``, ``--no-bootstrap-endpoint``) and **SGLang's own server
+    arguments** (`add_sglang_args`). Its role is SGLang's ``--disaggregation-mode`` (``null`` is
+    aggregated); ``--model-path`` defaults to the built-in tiny model.
+
+    Example:
+        >>> args = sglang_worker_parser().parse_args(["--disaggregation-mode", "prefill"])
+        >>> args.disaggregation_mode, args.disaggregation_bootstrap_port, args.model_path
+        ('prefill', 8998, None)
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_runtime_args(parser)
+    ours = parser.add_argument_group("model and endpoints")
+    ours.add_argument(
+        "--model-name",
+        default=_env("MODEL_NAME", None),
+        help="name the model is served as (default: --served-model-name, else the folder's name)",
+    )
+    add_endpoint_arg(ours, DEFAULT_WORKER_ENDPOINT)
+    _add_prefill_endpoint_arg(ours)
+    _add_no_bootstrap_endpoint_arg(ours)
+    add_sglang_args(parser)
+    parser.set_defaults(log_level=_env("LOG_LEVEL", "INFO"), model_path=_env("MODEL_PATH", None))
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The Engine conformance suite: what every engine (echo, hf, mocker, vllm, and the next one) must do.
+"""The Engine conformance suite: what every engine (echo, hf, mocker, vllm, sglang, and the next one) must do.
 
 Each test runs against every engine in ``ENGINES``. What an engine cannot do by design is
 declared in ``LIMITS`` with the reason, and those tests skip for it with that reason (echo and
@@ -21,7 +21,7 @@ from dynamo_nb.errors import InvalidRequestError
 from dynamo_nb.llm import engine_handler
 from dynamo_nb.runtime.context import Context
 
-ENGINES = ["echo", "hf", "mocker", "vllm", pytest.param("hf-cuda", marks=pytest.mark.gpu)]
+ENGINES = ["echo", "hf", "mocker", "vllm", "sglang-fake", pytest.param("hf-cuda", marks=pytest.mark.gpu)]
 
 LIMITS: dict[str, dict[str, str]] = {
     "echo": {
@@ -38,6 +38,7 @@ LIMITS: dict[str, dict[str, str]] = {
     "hf": {},
     "hf-cuda": {},
     "vllm": {},
+    "sglang-fake": {},  # SGLang's stand-in (no GPU here): our engine code against SGLang's API shapes
 }
 
 PROMPT = list(range(10, 50))  # 40 tokens: more than one KV block for every engine
@@ -76,6 +77,12 @@ async def engine(request: pytest.FixtureRequest, tiny_path: Path) -> AsyncIterat
         from dynamo_nb.engines import MockerEngine
 
         made = MockerEngine(speedup_ratio=100.0, kv_events=sink)
+    elif name == "sglang-fake":
+        from dynamo_nb.engines.sglang import SglangEngine
+        from dynamo_nb.flags import sglang_worker_parser
+
+        args = sglang_worker_parser().parse_args(["--fake-engine", "--context-length", "1024"])
+        made = await SglangEngine.from_args(args, tiny_path, kv_events=sink)
     else:
         pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]')")
         from vllm.engine.arg_utils import AsyncEngineArgs

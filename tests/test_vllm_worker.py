@@ -8,7 +8,6 @@ Skips (with the reason) when vLLM is not installed: ``pip install -e ".[vllm]"``
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,13 +34,7 @@ GREEDY = {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 16}, "sampling_
 
 @pytest.fixture(scope="module")
 async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, Any]]:
-    """A vLLM prefill worker, a vLLM decode worker and a frontend, over etcd + NATS.
-
-    Runs with ``DYN_NB_VLLM_DISAGG=1``: on a 2-core host, two NIXL engines beside the rest of
-    the suite still starve etcd now and then (keep-alives miss their deadline, leases expire),
-    so these tests are not reliable there yet; they pass run on their own."""
-    if os.environ.get("DYN_NB_VLLM_DISAGG") != "1":
-        pytest.skip("set DYN_NB_VLLM_DISAGG=1 to run the vLLM worker processes (not reliable on 2 cores yet)")
+    """A vLLM prefill worker, a vLLM decode worker and a frontend, over etcd + NATS."""
     logs = tmp_path_factory.mktemp("vllm")
     common = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
     prefill, decode = await asyncio.gather(

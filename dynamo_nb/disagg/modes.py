@@ -35,7 +35,9 @@ class WorkerRole:
 
     - ``aggregated``: ``engine.generate`` at ``--endpoint``;
     - ``prefill``: ``engine.prefill`` at ``--prefill-endpoint``, card kind ``prefill`` with its
-      bootstrap server as ``disaggregated_endpoint`` (unless ``--no-bootstrap-endpoint``);
+      bootstrap server as ``disaggregated_endpoint`` (unless ``--no-bootstrap-endpoint``); an
+      engine that moves the KV itself says where with ``handoff_endpoint`` (SGLang's bootstrap
+      server; None for vLLM's connector: the fallback path);
     - ``decode``: a `DecodeHandler` at ``--endpoint`` (it asks a prefill worker itself for requests
       without bootstrap info), card kinds chat, completions and decode.
     """
@@ -61,8 +63,9 @@ class WorkerRole:
         """The engine method to serve and the card's runtime config; starts what the role needs
         (the prefill role's bootstrap server, the decode role's prefill client)."""
         if self.mode == "prefill":
-            if not hasattr(args, "bootstrap_host"):  # the engine's own KV connector moves the KV (vLLM)
-                return engine.prefill, {"disaggregated_endpoint": None}
+            if hasattr(engine, "handoff_endpoint"):  # the engine moves the KV itself (vLLM, SGLang)
+                published = None if getattr(args, "no_bootstrap_endpoint", False) else engine.handoff_endpoint
+                return engine.prefill, {"disaggregated_endpoint": published}
             bootstrap = await engine.start_bootstrap(
                 args.bootstrap_host, args.bootstrap_port, ttl=args.kv_ttl
             )

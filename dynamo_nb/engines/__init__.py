@@ -8,8 +8,10 @@
   Dynamo's timing model, for routing experiments at scale;
 - ``vllm.py``: `VllmEngine`, vLLM's ``AsyncLLM`` (the ``vllm`` extra), prefill/decode through
   vLLM's KV connector;
+- ``sglang.py``: `SglangEngine`, ``sglang.Engine`` (the ``sglang`` extra, on a GPU) with SGLang's
+  bootstrap-room disaggregation; ``sglang_fake.py``: its recording stand-in (no GPU needed);
 - ``kv_cache/``: the block manager (prefix reuse, LRU eviction, KV events), the ``hf``
-  engine's prefix cache of KV tensors, and the relay of vLLM's ZMQ KV events.
+  engine's prefix cache of KV tensors, and the relay of vLLM's and SGLang's ZMQ KV events.
 
 A new engine implements `Engine` (and `DisaggregatedEngine` for prefill/decode roles); serve it
 with `dynamo_nb.llm.serve_llm(endpoint, engine.generate, model_path)`.
@@ -31,6 +33,7 @@ from .mocker import MockerEngine
 
 if TYPE_CHECKING:
     from .hf import HFEngine
+    from .sglang import SglangEngine
     from .vllm import VllmEngine
 
 __all__ = [
@@ -41,13 +44,14 @@ __all__ = [
     "KvEvent",
     "KvEventSink",
     "MockerEngine",
+    "SglangEngine",
     "VllmEngine",
     "stats_handler",
     "token_budget",
 ]
 
 
-def __getattr__(name: str) -> Any:  # HFEngine (torch) and VllmEngine (vLLM) import only when asked for
+def __getattr__(name: str) -> Any:  # HFEngine (torch), VllmEngine, SglangEngine import only when asked for
     if name == "HFEngine":
         from .hf import HFEngine
 
@@ -56,4 +60,8 @@ def __getattr__(name: str) -> Any:  # HFEngine (torch) and VllmEngine (vLLM) imp
         from .vllm import VllmEngine
 
         return VllmEngine
+    if name == "SglangEngine":
+        from .sglang import SglangEngine
+
+        return SglangEngine
     raise AttributeError(name)

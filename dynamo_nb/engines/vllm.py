@@ -33,8 +33,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
+import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,11 +50,12 @@ from .kv_cache.zmq_relay import ZmqKvRelay
 
 __all__ = [
     "VllmEngine",
-    "calm_idle_pollers",
     "cpu_engine_defaults",
     "kv_transfer_params_of",
+    "lower_session_priority",
     "nixl_transfer_config",
     "share_small_cpu_host",
+    "start_in_niced_thread",
     "vllm_available",
 ]
 
@@ -86,8 +89,6 @@ def cpu_engine_defaults() -> dict[str, Any]:
 
 
 def _small_cpu_host() -> bool:
-    import os
-
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu() and (os.cpu_count() or 1) <= 4
@@ -101,8 +102,6 @@ def share_small_cpu_host() -> None:
     engines on a small host (a prefill and a decode worker) starve each other, the NIXL
     handshake and the worker's own event loop (etcd keep-alives miss their deadline).
     """
-    import os
-
     if not _small_cpu_host():
         return
     if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or "OMP_NUM_THREADS" in os.environ:
@@ -111,46 +110,70 @@ def share_small_cpu_host() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
 
 
-async def calm_idle_pollers(sample_s: float = 1.0) -> set[int]:
-    """Lower to the lowest priority (Linux's ``SCHED_IDLE``, else nice 19) the threads of this
-    process's children that burn a core while vLLM is idle; returns their thread ids.
+ENGINE_NICE = 10
+"""How much lower than the worker's own the priority of vLLM's processes is on a small CPU host."""
 
-    On a CPU host, NIXL's UCX progress thread (vLLM's NixlConnector, in the prefill and decode
-    roles) polls without pause. Two such workers on a 2-core host starve everything else: the
-    NIXL handshake between them times out and etcd keep-alives miss their deadline. At idle priority
-    the pollers only get the cores nobody else wants. Call it while the engine has no request
-    (any thread busy then is a poller); `VllmEngine` does, every 2 s while it is idle.
+
+def lower_session_priority(nice: int) -> bool:
+    """Raise the nice value of this process's Linux *autogroup* by ``nice`` (at most 19), when
+    this process leads its own session (as `dynamo_nb.launch` starts every worker); returns
+    whether it did.
+
+    Where the kernel groups processes by session (``sched_autogroup_enabled``, the default on
+    many distributions and VMs), it shares the CPU between sessions first and applies nice
+    values only inside a session. vLLM's processes are in the worker's session, so their nice
+    value alone leaves etcd, NATS and the frontend (other sessions) to share the cores with
+    them evenly, and two spinning engines on a 2-core host starve etcd's keep-alives. A lower
+    autogroup priority makes the whole worker session yield to the others when they are ready.
+    A worker that shares a terminal's session is left alone (the setting would reach the shell).
     """
-    import os
+    if os.getsid(0) != os.getpid():
+        return False
+    try:
+        with open("/proc/self/autogroup") as current:  # "/autogroup-123 nice 0"
+            value = int(current.read().rsplit("nice", 1)[1])
+        with open("/proc/self/autogroup", "w") as autogroup:
+            autogroup.write(str(min(19, value + nice)))
+    except (OSError, ValueError, IndexError):  # not Linux, no autogroup, or refused
+        return False
+    return True
 
-    import psutil
 
-    workers = psutil.Process().children(recursive=True)
+async def start_in_niced_thread(start: Callable[[], Any], nice: int) -> Any:
+    """``start()`` in a new thread whose nice value is raised by ``nice`` (Linux: per thread),
+    so every process it starts (vLLM's engine core, and its workers) runs at that lower
+    priority, while this process (its event loop, etcd keep-alives) keeps its own.
 
-    def cpu_by_thread() -> dict[tuple[int, int], float]:
-        times = {}
-        for process in workers:
-            try:
-                for thread in process.threads():
-                    times[(process.pid, thread.id)] = thread.user_time + thread.system_time
-            except psutil.Error:
-                continue
-        return times
+    On a CPU host vLLM's processes spin while they wait (its shared-memory queues, NIXL's UCX
+    progress thread), even when idle; at nice 10 they still take every core nobody else wants,
+    but a ready etcd, frontend or worker event loop runs first.
 
-    before = cpu_by_thread()
-    await asyncio.sleep(sample_s)
-    calmed = set()
-    for key, used in cpu_by_thread().items():
-        if used - before.get(key, used) > 0.2 * sample_s:  # an idle thread uses next to nothing
-            try:  # SCHED_IDLE: it runs only on a core nobody else wants; nice 19 where that is refused
-                os.sched_setscheduler(key[1], os.SCHED_IDLE, os.sched_param(0))
-            except OSError:
-                try:
-                    os.setpriority(os.PRIO_PROCESS, key[1], 19)
-                except OSError:
-                    continue
-            calmed.add(key[1])
-    return calmed
+    Example:
+        >>> asyncio.run(start_in_niced_thread(lambda: os.getpriority(os.PRIO_PROCESS, 0), 5))
+        5
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.cancelled():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def run() -> None:
+        try:
+            if nice:
+                os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) + nice)  # this thread
+            result, error = start(), None
+        except BaseException as exc:  # handed to the awaiting task
+            result, error = None, exc
+        loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="dynamo_nb-vllm-start", daemon=True).start()
+    return await done
 
 
 def _kv_relay(engine_args: Any) -> ZmqKvRelay | None:
@@ -260,7 +283,6 @@ class VllmEngine:
         self.requests_total = 0
         self.aborted_total = 0
         self._closed = False
-        self._calmer: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, engine_args: Any, *, kv_events: KvEventSink | None = None) -> VllmEngine:
@@ -273,9 +295,12 @@ class VllmEngine:
             await relay.start(kv_events)  # before vLLM starts: no event is missed
         stats = _EngineStats()
         share_small_cpu_host()
+        if _small_cpu_host() and lower_session_priority(ENGINE_NICE):
+            logger.info("this worker's session runs at autogroup nice +%d (a small CPU host)", ENGINE_NICE)
         try:
-            llm = await asyncio.to_thread(
-                AsyncLLM.from_engine_args, engine_args, stat_loggers=[_stat_logger_factory(stats)]
+            llm = await start_in_niced_thread(
+                lambda: AsyncLLM.from_engine_args(engine_args, stat_loggers=[_stat_logger_factory(stats)]),
+                ENGINE_NICE if _small_cpu_host() else 0,
             )
         except Exception as exc:
             if relay is not None:
@@ -284,10 +309,6 @@ class VllmEngine:
         engine = cls(llm, stats, relay)
         if relay is not None:
             relay.block_size = engine.block_size
-        if engine_args.kv_transfer_config is not None and _small_cpu_host():
-            engine._calmer = asyncio.get_running_loop().create_task(
-                engine._calm_pollers(), name="dynamo_nb-vllm-calm-pollers"
-            )
         logger.info("vLLM started: %s", engine)
         return engine
 
@@ -338,6 +359,10 @@ class VllmEngine:
             "aborted": self.aborted_total,
         }
 
+    handoff_endpoint: dict[str, Any] | None = None
+    """vLLM's prefill has no bootstrap server: its card publishes none, so routers take the
+    fallback path (they wait for its ``kv_transfer_params``)."""
+
     @property
     def active(self) -> int:
         """Requests vLLM holds now (its own count: an aborted request leaves it at once)."""
@@ -347,25 +372,11 @@ class VllmEngine:
         """Events that rebuild vLLM's prefix cache as relayed so far ([] without KV events)."""
         return self.relay.snapshot() if self.relay is not None else []
 
-    async def _calm_pollers(self, every_s: float = 2.0) -> None:
-        """While vLLM holds no request, lower any thread of its processes that is busy anyway
-        (`calm_idle_pollers`); NIXL starts some of them lazily, at its first handshake."""
-        calmed: set[int] = set()
-        while True:
-            if self.active == 0:
-                calmed |= await calm_idle_pollers(sample_s=0.5)
-                if calmed:
-                    logger.debug("polling threads at idle priority: %s", sorted(calmed))
-            await asyncio.sleep(every_s)
-
     async def close(self) -> None:
         """Stop relaying KV events and shut vLLM down (its engine core process exits)."""
         if self._closed:
             return
         self._closed = True
-        if self._calmer is not None:
-            self._calmer.cancel()
-            await asyncio.gather(self._calmer, return_exceptions=True)
         if self.relay is not None:
             await self.relay.stop()
         await asyncio.to_thread(self.llm.shutdown)
@@ -545,8 +556,6 @@ def nixl_transfer_config(mode: str) -> Any:
     a free port, so several workers share a host. Set the host to an address the decode
     workers reach when they run elsewhere.
     """
-    import os
-
     from vllm.config import KVTransferConfig
     from vllm.platforms import current_platform
 

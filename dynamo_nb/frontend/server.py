@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -155,7 +156,9 @@ class Frontend:
         app.router.add_get("/health", self._health)
         app.router.add_get("/live", self._live)
         app.router.add_get("/metrics", self._metrics)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # a client that leaves cancels its handler: the decode and its prefill stop at once,
+        # even before the first token (aiohttp otherwise notices only at the next write)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         try:
@@ -316,6 +319,9 @@ class Frontend:
             metrics.output_tokens.observe(outcome.completion_tokens)
             status = "success" if outcome.error is None else "error"
             return response
+        except asyncio.CancelledError:  # the client left (aiohttp cancels its handler)
+            status = "cancelled"
+            raise
         finally:
             if plan is not None:
                 plan.cancel()  # the prefill goes with its decode
@@ -339,6 +345,7 @@ class Frontend:
             stream, first = await self._open(model, plan.decode_request)
         except RemoteHandlerError as exc:
             if exc.code != DisaggregationError.code:
+                plan.cancel()
                 raise
             router.handoff_failed(plan, exc.remote_message)  # the decode could not take the prefill's KV
             if router.enforce:
@@ -347,6 +354,9 @@ class Frontend:
                 ) from None
             plan = router.aggregated(engine_request, f"the handoff failed: {exc.remote_message}", plan.events)
             stream, first = await self._open(model, plan.decode_request)
+        except BaseException:  # e.g. the client left before the first token: the prefill goes too
+            plan.cancel()
+            raise
         self.metrics.disagg_requests.labels(model.name, plan.path).inc()
         return stream, first, plan
 

@@ -127,7 +127,9 @@ class _Child:
 class LocalServices:
     """etcd and nats-server running as child processes on 127.0.0.1 free ports.
 
-    They stop on `stop`, at the end of ``async with``, or when the interpreter exits.
+    They stop on `stop`, at the end of ``async with``, or when the interpreter exits. etcd keeps
+    its data in a temporary folder, deleted at stop, and skips fsync (``--unsafe-no-fsync``): on
+    a busy disk a slow fsync would stall every lease keep-alive behind it.
 
     Example::
 
@@ -190,6 +192,9 @@ class LocalServices:
                 "--initial-cluster", f"dynamo-nb=http://127.0.0.1:{peer}",
                 "--logger", "zap",
                 "--log-level", "warn",
+                # throwaway data (deleted at stop): no fsync, so a slow disk never stalls its
+                # raft loop and every lease keep-alive behind it (a 2 s fdatasync expires leases)
+                "--unsafe-no-fsync",
             ]  # fmt: skip
             return command, f"etcd://127.0.0.1:{port}", port
         return [binary, "-a", "127.0.0.1", "-p", str(port)], f"nats://127.0.0.1:{port}", port
