@@ -1,6 +1,7 @@
 """``python -m dynamo_nb <command>``.
 
 Commands:
+    serve         start a serving graph from its YAML file (see serve --help)
     run           serve an LLM: frontend + worker in one process, or either alone (see run --help)
     demo          the runtime demo: serve and call endpoints in one process, then across processes
     demo-worker   the demo's worker (started by ``demo``; runtime flags as every component)
@@ -20,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
         from .runtime.worker import run_program
 
         return run_program(lambda: run(argv[1:]))
+    if argv[:1] == ["serve"]:
+        from .graph.cli import serve_main
+
+        return serve_main(argv[1:])
     if argv[:1] == ["demo-worker"]:  # its own flags: the runtime flags every component takes
         from .demo import serve_worker
 
@@ -27,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dynamo_nb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=("run", "demo", "demo-worker"))
+    parser.add_argument("command", choices=("serve", "run", "demo", "demo-worker"))
     parser.add_argument(
         "--in-process-only", action="store_true", help="demo: skip the part that starts etcd/NATS"
     )

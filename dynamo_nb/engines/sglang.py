@@ -50,8 +50,8 @@ from ..errors import DisaggregationError, EngineError, InvalidRequestError, Requ
 from ..launch.services import free_port
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
-from .base import KvEvent, KvEventSink, token_budget
-from .kv_cache.zmq_relay import ZmqKvRelay
+from .base import KvEventSink, token_budget
+from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
 from .sglang_fake import SERVER_ARG_DEFAULTS, RecordingSglangEngine
 
 __all__ = [
@@ -160,7 +160,7 @@ def _kv_relay(server_args: Any) -> ZmqKvRelay | None:
     )
 
 
-class SglangEngine:
+class SglangEngine(RelayedKvEvents):
     """``sglang.Engine`` (or its recording stand-in) as an `Engine`, with SGLang's prefill and
     decode roles (see the module docstring).
 
@@ -273,20 +273,15 @@ class SglangEngine:
             "active": self.active,
             "requests": self.requests_total,
             "aborted": self.aborted_total,
-            "kv_events": self.relay.events_relayed if self.relay is not None else 0,
+            "kv_events": self.kv_events_relayed,
         }
-
-    def kv_snapshot(self) -> list[KvEvent]:
-        """Events that rebuild SGLang's cache as relayed so far ([] without KV events)."""
-        return self.relay.snapshot() if self.relay is not None else []
 
     async def close(self) -> None:
         """Stop relaying KV events and shut SGLang down."""
         if self._closed:
             return
         self._closed = True
-        if self.relay is not None:
-            await self.relay.stop()
+        await self.stop_relay()
         if isinstance(self.llm, RecordingSglangEngine):
             self.llm.shutdown()
         else:

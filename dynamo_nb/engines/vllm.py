@@ -45,8 +45,8 @@ from ..errors import DisaggregationError, EngineError, InvalidRequestError, Requ
 from ..launch.services import free_port
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
-from .base import KvEvent, KvEventSink, token_budget
-from .kv_cache.zmq_relay import ZmqKvRelay
+from .base import KvEventSink, token_budget
+from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
 
 __all__ = [
     "VllmEngine",
@@ -258,7 +258,7 @@ def _stat_logger_factory(stats: _EngineStats) -> Any:
     return _Recorder
 
 
-class VllmEngine:
+class VllmEngine(RelayedKvEvents):
     """vLLM's ``AsyncLLM`` as an `Engine` (and a `DisaggregatedEngine`: ``prefill`` / ``decode``
     hand the KV over with vLLM's KV connector).
 
@@ -350,7 +350,7 @@ class VllmEngine:
             "prefix_hits": stats.prefix_hits,
             "prefix_queries": stats.prefix_queries,
             "steps": stats.steps,
-            "kv_events": self.relay.events_relayed if self.relay is not None else 0,
+            "kv_events": self.kv_events_relayed,
             "kv_transfers": stats.kv_transfers,
             "kv_transfer_bytes": stats.kv_transfer_bytes,
             "kv_transfer_failures": stats.kv_transfer_failures,
@@ -368,17 +368,12 @@ class VllmEngine:
         """Requests vLLM holds now (its own count: an aborted request leaves it at once)."""
         return int(self.llm.get_num_unfinished_requests())
 
-    def kv_snapshot(self) -> list[KvEvent]:
-        """Events that rebuild vLLM's prefix cache as relayed so far ([] without KV events)."""
-        return self.relay.snapshot() if self.relay is not None else []
-
     async def close(self) -> None:
         """Stop relaying KV events and shut vLLM down (its engine core process exits)."""
         if self._closed:
             return
         self._closed = True
-        if self.relay is not None:
-            await self.relay.stop()
+        await self.stop_relay()
         await asyncio.to_thread(self.llm.shutdown)
 
     # -- disaggregated serving: vLLM's KV connector moves the prompt's blocks

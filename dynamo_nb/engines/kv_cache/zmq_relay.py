@@ -34,7 +34,7 @@ from ...router.kv.hashing import block_hashes
 from ..base import KvEvent, KvEventSink
 from .blocks import publish_kv_events
 
-__all__ = ["ZmqKvRelay", "engine_block_id"]
+__all__ = ["RelayedKvEvents", "ZmqKvRelay", "engine_block_id"]
 
 logger = logging.getLogger("dynamo_nb.engines.kv_events")
 
@@ -140,3 +140,24 @@ class ZmqKvRelay:
                 await self._task
         if self._socket is not None:
             self._socket.close(linger=0)
+
+
+class RelayedKvEvents:
+    """Mixin of an engine whose KV events come through a `ZmqKvRelay` (vLLM, SGLang): its
+    ``kv_snapshot`` and relayed-event count; ``relay`` is None when no sink was given."""
+
+    relay: ZmqKvRelay | None = None
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        """Events that rebuild the engine's prefix cache as relayed so far ([] without KV events)."""
+        return self.relay.snapshot() if self.relay is not None else []
+
+    @property
+    def kv_events_relayed(self) -> int:
+        """KV events sent on to the sink so far."""
+        return self.relay.events_relayed if self.relay is not None else 0
+
+    async def stop_relay(self) -> None:
+        """Stop relaying (the engine's ``close`` calls it)."""
+        if self.relay is not None:
+            await self.relay.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -13,6 +14,8 @@ from ..instance import Instance
 if TYPE_CHECKING:
     from ..server import EndpointServer
     from .channel import StreamChannel
+
+logger = logging.getLogger("dynamo_nb.planes")
 
 __all__ = ["HEARTBEAT_INTERVAL", "RequestPlane", "StreamHandle", "instance_down", "liveness_ticks"]
 
@@ -33,6 +36,10 @@ async def liveness_ticks() -> AsyncIterator[tuple[float, bool]]:
     while True:
         await asyncio.sleep(HEARTBEAT_INTERVAL / 2)
         now = loop.time()
+        if now - last > 2 * HEARTBEAT_INTERVAL:  # its peers may have given up on its streams
+            logger.info(
+                "this event loop did not run for %.1f s (a blocking call, or no CPU for it)", now - last
+            )
         yield now, now - last > HEARTBEAT_INTERVAL
         last = now
 

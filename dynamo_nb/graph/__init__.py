@@ -1,0 +1,32 @@
+"""Serving graphs: every component of a deployment, its replicas, flags and resources, in one
+object built in Python or loaded from YAML, checked with each component's own parser and
+started in dependency order (``python -m dynamo_nb serve graph.yaml``, or ``await serve(graph)``).
+
+- ``model.py``: `Graph`, `Service`, `Resources`, `GraphError` (YAML in and out);
+- ``commands.py``: the command lines, checked before anything starts (`check_graph`);
+- ``serve.py``: `serve` and `RunningGraph` (status, restarts on failure, stop).
+
+Example:
+    >>> graph = Graph.from_yaml("components: {frontend: {component: components/frontend.py, flags: {http-port: 8000}}}")
+    >>> [command.argv for command in check_graph(graph)]
+    [['--http-port', '8000']]
+"""
+
+from __future__ import annotations
+
+from .commands import ReplicaCommand, apply_overrides, check_graph, flag_argv
+from .model import Graph, GraphError, Resources, Service
+from .serve import RunningGraph, serve
+
+__all__ = [
+    "Graph",
+    "GraphError",
+    "ReplicaCommand",
+    "Resources",
+    "RunningGraph",
+    "Service",
+    "apply_overrides",
+    "check_graph",
+    "flag_argv",
+    "serve",
+]

@@ -1,0 +1,73 @@
+"""``python -m dynamo_nb serve graph.yaml``: check a graph, print its command lines, or start it.
+
+Example::
+
+    python -m dynamo_nb serve graphs/disagg_hf.yaml --dry-run
+    python -m dynamo_nb serve graphs/disagg_hf.yaml --set frontend.http-port=8001 --set prefill.replicas=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+from .commands import apply_overrides, check_graph
+from .model import Graph, GraphError
+from .serve import serve
+
+__all__ = ["serve_main"]
+
+
+def serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamo_nb serve",
+        description="Start every component of a serving graph (a YAML file).",
+    )
+    parser.add_argument("graph", type=Path, help="the graph's YAML file, e.g. graphs/agg_hf.yaml")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SERVICE.FLAG=VALUE",
+        help="override a flag (or replicas) of one service; wins over the file; repeatable",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="check the graph and print its command lines")
+    parser.add_argument("--quiet", action="store_true", help="do not echo the components' logs")
+    return parser
+
+
+async def _serve_until_signal(graph: Graph, quiet: bool) -> int:
+    running = await serve(graph, show_logs=not quiet)
+    for row in running.status():
+        print(f"{row['replica']:<20} pid {row['pid']:<8} {row['state']}")
+    if running.url:
+        print(f"serving at {running.url}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await running.stop()
+    return 0
+
+
+def serve_main(argv: list[str]) -> int:
+    args = serve_parser().parse_args(argv)
+    try:
+        graph = Graph.from_yaml(args.graph)
+        apply_overrides(graph, args.overrides)
+        if args.dry_run:
+            urls = {k: (v if v != "local" else f"{k}://<local {k}>") for k, v in graph.shared.items()}
+            for command in check_graph(graph, urls=urls):
+                print(f"{command.name}: {command.shell()}")
+            return 0
+        return asyncio.run(_serve_until_signal(graph, args.quiet))
+    except GraphError as exc:
+        print(f"{args.graph}: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,198 @@
+"""A graph's command lines, checked with each component's own parser before anything starts.
+
+A service's ``flags`` are exactly its component's ``--flags`` (``http_port`` or ``http-port``).
+`check_graph` builds every command line and parses it with the component's ``build_parser()``
+(loaded from its file, not run), so an unknown flag, a wrong type or a bad choice is a
+`GraphError` naming the service, the flag and what is allowed, before any process starts.
+
+Example:
+    >>> flag_argv({"mode": "prefill", "http_port": 8000, "static": True, "debug": False})
+    ['--mode', 'prefill', '--http-port', '8000', '--static']
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..launch.launcher import resolve_program
+from .model import Graph, GraphError, Service
+
+__all__ = ["ReplicaCommand", "apply_overrides", "check_graph", "flag_argv"]
+
+_PARSERS: dict[Path, argparse.ArgumentParser] = {}
+
+
+@dataclass
+class ReplicaCommand:
+    """One replica's program, flags and extra environment (its GPUs, when it asks for some)."""
+
+    service: str
+    index: int
+    program: Path
+    argv: list[str]
+    env: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        """``service`` for a single replica, else ``service-<index>``."""
+        return self.service if self.index < 0 else f"{self.service}-{self.index}"
+
+    def shell(self) -> str:
+        """The command line, as `--dry-run` prints it."""
+        import shlex
+
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        line = shlex.join(["python3", str(self.program), *self.argv])
+        return f"{env} {line}" if env else line
+
+
+def flag_argv(flags: dict[str, Any]) -> list[str]:
+    """``--flag value`` pairs for a service's ``flags`` (``True``: a switch; ``False``/None: left out;
+    a list: several values; a mapping: JSON)."""
+    argv: list[str] = []
+    for key, value in flags.items():
+        option = "--" + str(key).replace("_", "-")
+        if value is True:
+            argv.append(option)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            argv += [option, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            argv += [option, json.dumps(value)]
+        else:
+            argv += [option, str(value)]
+    return argv
+
+
+def apply_overrides(graph: Graph, overrides: list[str]) -> None:
+    """``service.flag=value`` (``--set frontend.http-port=8001``) into the graph's flags; values are YAML."""
+    import yaml
+
+    for override in overrides:
+        target, sep, raw = override.partition("=")
+        service, dot, key = target.partition(".")
+        if not sep or not dot or not key:
+            raise GraphError(f"--set {override!r}: write SERVICE.FLAG=VALUE, e.g. frontend.http-port=8001")
+        if service not in graph.services:
+            raise GraphError(
+                f"--set {override!r}: no component {service!r}; use one of {', '.join(graph.services)}"
+            )
+        if key == "replicas":
+            graph.services[service].replicas = int(raw)
+        else:
+            graph.services[service].flags[key] = yaml.safe_load(raw)
+
+
+def component_parser(program: Path) -> argparse.ArgumentParser:
+    """The component's own parser: its file's ``build_parser()``, loaded without running ``main``."""
+    if program not in _PARSERS:
+        spec = importlib.util.spec_from_file_location(f"_dynamo_nb_component_{program.stem}", program)
+        if spec is None or spec.loader is None:
+            raise GraphError(f"{program} cannot be loaded as a Python file")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        if not hasattr(module, "build_parser"):
+            raise GraphError(f"{program} has no build_parser(): a graph component must define one")
+        _PARSERS[program] = module.build_parser()
+    return _PARSERS[program]
+
+
+def _check(service: Service, program: Path, argv: list[str]) -> None:
+    parser = component_parser(program)
+    options = {option: action for action in parser._actions for option in action.option_strings}
+    where = f"components.{service.name}.flags"
+    for key in service.flags:
+        option = "--" + str(key).replace("_", "-")
+        if option not in options:
+            close = difflib.get_close_matches(option, list(options), n=3)
+            hint = (
+                f"; did you mean {', '.join(close)}?"
+                if close
+                else f"; see python3 {service.component} --help"
+            )
+            raise GraphError(f"{where}: {key!r} is not a flag of {service.component}{hint}")
+        action = options[option]
+        if action.nargs == 0 and service.flags[key] not in (True, False, None):
+            raise GraphError(f"{where}.{key} is a switch: write true or false, got {service.flags[key]!r}")
+
+    def refuse(message: str) -> None:
+        raise GraphError(f"{where}: {message} (component {service.component})")
+
+    original = parser.error
+    parser.error = refuse  # type: ignore[method-assign,assignment]
+    try:
+        parser.parse_args(argv)
+    finally:
+        parser.error = original  # type: ignore[method-assign]
+
+
+def check_graph(
+    graph: Graph,
+    *,
+    urls: dict[str, str] | None = None,
+    gpus: list[str] | None = None,
+    cwd: Path | None = None,
+) -> list[ReplicaCommand]:
+    """Every replica's command line, in start order, each checked with its component's parser.
+
+    ``urls`` are the shared services' URLs (``{"etcd": "etcd://…", "nats": "nats://…"}``): a
+    component that takes ``--discovery`` / ``--nats-url`` and does not set it gets them.
+    ``gpus`` are the devices to hand out (default: ``CUDA_VISIBLE_DEVICES``, else the host's); a
+    replica asking ``resources.gpu: N`` gets N of them as its ``CUDA_VISIBLE_DEVICES``, and a
+    graph asking for more than there are is refused.
+    """
+    cwd = cwd or Path.cwd()
+    urls = urls or {}
+    free = list(gpus if gpus is not None else visible_gpus())
+    wanted = sum(s.resources.gpu * s.replicas for s in graph.services.values())
+    if wanted > len(free):
+        raise GraphError(
+            f"the graph asks for {wanted} GPU(s) (resources.gpu × replicas), this host has {len(free)}"
+        )
+    commands: list[ReplicaCommand] = []
+    for name in graph.start_order():
+        service = graph.services[name]
+        try:
+            program = resolve_program(service.component, cwd)
+        except Exception as exc:
+            raise GraphError(f"components.{name}.component: {exc}") from None
+        argv = flag_argv(service.flags)
+        parser = component_parser(program)
+        options = {option for action in parser._actions for option in action.option_strings}
+        given = {"--" + str(k).replace("_", "-") for k in service.flags}
+        for flag, url_key in (("--discovery", "etcd"), ("--nats-url", "nats")):
+            if url_key in urls and flag in options and flag not in given:
+                argv += [flag, urls[url_key]]
+        _check(service, program, argv)
+        for index in range(service.replicas):
+            env = dict(service.env)
+            if service.resources.gpu:
+                taken, free = free[: service.resources.gpu], free[service.resources.gpu :]
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
+            commands.append(ReplicaCommand(name, index if service.replicas > 1 else -1, program, argv, env))
+    return commands
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may hand out: ``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``'s."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [g for g in listed.split(",") if g.strip()]
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        lines = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(lines.splitlines()) if line.startswith("GPU ")]

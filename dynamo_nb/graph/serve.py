@@ -1,0 +1,192 @@
+"""Start a graph: its shared services, then every replica in dependency order, each checked first.
+
+``await serve(graph)`` (a notebook) and ``python -m dynamo_nb serve graph.yaml`` (a terminal)
+do the same: check every command line with its component's parser (nothing starts if one is
+wrong), start ``services: {etcd: local, nats: local}`` as `LocalServices`, launch each service's
+replicas with `dynamo_nb.launch` (its READY line is its readiness), restart replicas whose
+service says ``restart: on-failure`` when they die (up to 5 times, with backoff), and stop it
+all, replicas in reverse order then the services, on `RunningGraph.stop`.
+
+Example::
+
+    running = await serve(Graph.from_yaml(Path("graphs/agg_hf.yaml")))
+    print(running.status())          # [{'replica': 'worker', 'pid': 1234, 'state': 'running', ...}]
+    await running.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..launch import LocalServices, launch
+from ..launch.launcher import ManagedProcess
+from .commands import ReplicaCommand, check_graph
+from .model import Graph
+
+__all__ = ["RunningGraph", "serve"]
+
+logger = logging.getLogger("dynamo_nb.graph")
+
+MAX_RESTARTS = 5
+
+
+@dataclass
+class _Replica:
+    command: ReplicaCommand
+    process: ManagedProcess | None = None
+    restarts: int = 0
+    watcher: asyncio.Task[None] | None = None
+
+
+@dataclass
+class RunningGraph:
+    """A started graph: its replicas (by name), its `LocalServices` (None when it uses others)."""
+
+    graph: Graph
+    services: LocalServices | None
+    replicas: dict[str, _Replica] = field(default_factory=dict)
+    _stopping: bool = False
+
+    def process(self, name: str) -> ManagedProcess:
+        """The live process of replica ``name`` (``frontend``, ``prefill-0``, …)."""
+        replica = self.replicas[name]
+        if replica.process is None:
+            raise KeyError(f"replica {name} has no process")
+        return replica.process
+
+    @property
+    def url(self) -> str | None:
+        """The first replica that serves HTTP (a frontend): its URL."""
+        for replica in self.replicas.values():
+            url = getattr(replica.process, "url", None)
+            if url:
+                return url
+        return None
+
+    def status(self) -> list[dict[str, Any]]:
+        """One row per replica: its name, service, pid, state and restarts."""
+        rows = []
+        for name, replica in self.replicas.items():
+            process = replica.process
+            state = "running" if process is not None and process.running else "exited"
+            rows.append(
+                {
+                    "replica": name,
+                    "service": replica.command.service,
+                    "pid": process.pid if process is not None else None,
+                    "state": state,
+                    "returncode": None if process is None else process.returncode,
+                    "restarts": replica.restarts,
+                }
+            )
+        return rows
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Stop every replica (the last started first), then the shared services."""
+        self._stopping = True
+        for replica in reversed(list(self.replicas.values())):
+            if replica.watcher is not None:
+                replica.watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await replica.watcher
+            if replica.process is not None:
+                await replica.process.stop(timeout=timeout)
+        if self.services is not None:
+            await self.services.stop()
+
+    async def _start(self, replica: _Replica, *, show_logs: bool, timeout: float) -> None:
+        command = replica.command
+        replica.process = await launch(
+            command.program,
+            *command.argv,
+            name=command.name,
+            env=command.env or None,
+            show_logs=show_logs,
+            timeout=timeout,
+        )
+        if self.graph.services[command.service].restart == "on-failure":
+            replica.watcher = asyncio.get_running_loop().create_task(
+                self._watch(replica, show_logs=show_logs, timeout=timeout),
+                name=f"dynamo_nb graph {command.name}",
+            )
+
+    async def _watch(self, replica: _Replica, *, show_logs: bool, timeout: float) -> None:
+        """Restart ``replica`` when it exits with an error, up to `MAX_RESTARTS` times, backing off."""
+        while replica.process is not None:
+            code = await replica.process.wait()
+            if self._stopping or code == 0:
+                return
+            if replica.restarts >= MAX_RESTARTS:
+                logger.error(
+                    "%s exited with %s %d times: not restarting it again",
+                    replica.command.name,
+                    code,
+                    MAX_RESTARTS,
+                )
+                return
+            delay = min(2.0**replica.restarts, 30.0)
+            replica.restarts += 1
+            logger.warning(
+                "%s exited with %s; restart %d of %d in %.0f s",
+                replica.command.name,
+                code,
+                replica.restarts,
+                MAX_RESTARTS,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            command = replica.command
+            try:
+                replica.process = await launch(
+                    command.program, *command.argv, name=command.name, env=command.env or None,
+                    show_logs=show_logs, timeout=timeout,
+                )  # fmt: skip
+            except Exception as exc:  # it failed to start: count it and try again
+                logger.warning("%s did not start again: %s", command.name, exc)
+
+
+async def serve(
+    graph: Graph,
+    *,
+    cwd: Path | None = None,
+    show_logs: bool = True,
+    timeout: float = 300.0,
+) -> RunningGraph:
+    """Check, then start ``graph`` (see the module docstring); returns the `RunningGraph`.
+
+    Raises `GraphError` before anything starts when a command line is wrong; when a replica
+    fails to start, what started is stopped again and its `LaunchError` goes up.
+    """
+    check_graph(graph, urls={k: f"{k}://placeholder:0" for k in graph.shared}, cwd=cwd)  # nothing runs yet
+    local = {k for k, v in graph.shared.items() if v == "local"}
+    services = await LocalServices.start(etcd="etcd" in local, nats="nats" in local) if local else None
+    urls = {k: v for k, v in graph.shared.items() if v != "local"}
+    if services is not None:
+        urls |= {k: url for k, url in (("etcd", services.etcd_url), ("nats", services.nats_url)) if url}
+    running = RunningGraph(graph, services)
+    try:
+        commands = check_graph(graph, urls=urls, cwd=cwd)
+        for name in graph.start_order():
+            batch = [_Replica(c) for c in commands if c.service == name]
+            for replica in batch:
+                running.replicas[replica.command.name] = replica
+                if replica.command.env.get("CUDA_VISIBLE_DEVICES"):
+                    logger.info(
+                        "%s gets GPU(s) %s", replica.command.name, replica.command.env["CUDA_VISIBLE_DEVICES"]
+                    )
+            started = await asyncio.gather(
+                *(running._start(r, show_logs=show_logs, timeout=timeout) for r in batch),
+                return_exceptions=True,
+            )
+            failed = [result for result in started if isinstance(result, BaseException)]
+            if failed:
+                raise failed[0]
+    except BaseException:
+        await running.stop()
+        raise
+    return running
