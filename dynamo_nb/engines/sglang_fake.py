@@ -296,6 +296,11 @@ class RecordingSglangEngine:
             )
         return params
 
+    def _release(self, state: _ReqState) -> None:
+        """The request is done: SGLang's tokenizer manager forgets it."""
+        state.finished = True
+        self.tokenizer_manager.rid_to_state.pop(state.rid, None)
+
     def _token(self, input_ids: list[int], position: int, rng: random.Random | None) -> int:
         vocab = self.tokenizer_manager.model_config.vocab_size
         if rng is not None:
@@ -355,8 +360,7 @@ class RecordingSglangEngine:
                 if finish is not None:
                     return
         finally:
-            state.finished = True
-            self.tokenizer_manager.rid_to_state.pop(state.rid, None)
+            self._release(state)
 
     async def _prefill(
         self, input_ids: list[int], params: dict[str, Any], state: _ReqState, info: BootstrapInfo
@@ -378,8 +382,7 @@ class RecordingSglangEngine:
             )
             yield self._output(state, [first], {"type": "length", "length": 1}, len(input_ids), 1)
         finally:
-            state.finished = True
-            self.tokenizer_manager.rid_to_state.pop(state.rid, None)
+            self._release(state)
 
     async def _decode(
         self, input_ids: list[int], params: dict[str, Any], state: _ReqState, info: BootstrapInfo
@@ -397,7 +400,7 @@ class RecordingSglangEngine:
                 return
             header, _ = fetch.result()
         except Exception as exc:
-            self.tokenizer_manager.rid_to_state.pop(state.rid, None)
+            self._release(state)
             message = f"KV transfer from {info.host}:{info.port} room {info.room} failed: {exc}"
             yield self._output(state, [], {"type": "abort", "message": message}, len(input_ids), 0)
             return
@@ -405,7 +408,7 @@ class RecordingSglangEngine:
             for task in (fetch, aborted):
                 task.cancel()
         if header.get("prompt_tokens") != len(input_ids):
-            self.tokenizer_manager.rid_to_state.pop(state.rid, None)
+            self._release(state)
             message = f"room {info.room} holds the KV of another prompt"
             yield self._output(state, [], {"type": "abort", "message": message}, len(input_ids), 0)
             return
