@@ -393,7 +393,7 @@ class RecordingSglangEngine:
         try:
             await asyncio.wait({fetch, aborted}, return_when=asyncio.FIRST_COMPLETED)
             if state.aborted:  # SGLang's decode drops a request aborted while it waits for the KV
-                self.tokenizer_manager.rid_to_state.pop(state.rid, None)
+                self._release(state)
                 yield self._output(
                     state, [], {"type": "abort", "message": "Abort request"}, len(input_ids), 0
                 )
