@@ -29,6 +29,10 @@ from dynamo_nb.runtime import (
     shutdown_on_signals,
 )
 
+# This component's deployment defaults, read by the graph launcher without running this file:
+# a graph service that names no resources gets these.
+DEPLOYMENT = {"name": "echo-worker", "namespace": "dynamo", "resources": {"cpu": 0.5, "memory": "512Mi"}}
+
 
 def build_parser():
     """The flags of this component (importable, e.g. by a graph launcher)."""

@@ -27,6 +27,10 @@ from dynamo_nb.runtime import (
     shutdown_on_signals,
 )
 
+# This component's deployment defaults, read by the graph launcher without running this file:
+# a graph service that names no resources gets these.
+DEPLOYMENT = {"name": "frontend", "namespace": "dynamo", "resources": {"cpu": 1, "memory": "1Gi"}}
+
 
 def build_parser():
     """The flags of this component (importable, e.g. by a graph launcher)."""

@@ -38,6 +38,10 @@ from dynamo_nb.flags import hf_worker_parser
 from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args, shutdown_on_signals
 
+# This component's deployment defaults, read by the graph launcher without running this file:
+# a graph service that names no resources gets these.
+DEPLOYMENT = {"name": "hf-worker", "namespace": "dynamo", "resources": {"cpu": 1, "memory": "2Gi"}}
+
 
 def build_parser():
     """The flags of this component (importable, e.g. by a graph launcher)."""

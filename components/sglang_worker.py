@@ -38,6 +38,10 @@ from dynamo_nb.flags import sglang_worker_parser
 from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args, shutdown_on_signals
 
+# This component's deployment defaults, read by the graph launcher without running this file:
+# a graph service that names no resources gets these.
+DEPLOYMENT = {"name": "sglang-worker", "namespace": "dynamo", "resources": {"gpu": 1}}
+
 
 def build_parser():
     """The flags of this component, ours and SGLang's (importable, e.g. by a graph launcher)."""

@@ -61,12 +61,14 @@ def _env(name: str, default: str | None) -> str | None:
 
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--discovery``, ``--request-plane``, ``--nats-url``, ``--lease-ttl``, ``--static``."""
+    """Add ``--discovery``, ``--request-plane``, ``--nats-url``, ``--lease-ttl``, ``--static``, the TCP
+    plane's ``--tcp-host``/``--tcp-port`` and the system status server's ``--system-host``/``--system-port``."""
     group = parser.add_argument_group("runtime")
     group.add_argument(
         "--discovery",
         default=_env("DISCOVERY", "memory"),
-        help="discovery backend: memory | etcd://HOST:PORT | static (env DYN_NB_DISCOVERY; default: %(default)s)",
+        help="discovery backend: memory | file://DIR (processes of one host, no etcd) | etcd://HOST:PORT | static "
+        "(env DYN_NB_DISCOVERY; default: %(default)s)",
     )
     group.add_argument(
         "--request-plane",
@@ -102,6 +104,18 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=int(_env("TCP_PORT", "0") or 0),
         help="TCP plane port, 0 = free (default: %(default)s)",
+    )
+    group.add_argument(
+        "--system-host",
+        default=_env("SYSTEM_HOST", "127.0.0.1"),
+        help="host of the system status server (/live, /health) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--system-port",
+        type=int,
+        default=int(_env("SYSTEM_PORT", "-1") or -1),
+        help="serve /live and /health for probes at this port, 0 = free, -1 = off "
+        "(env DYN_NB_SYSTEM_PORT; default: %(default)s)",
     )
 
 

@@ -20,13 +20,15 @@ async def services() -> AsyncIterator[LocalServices]:
 
 
 @pytest.fixture
-async def make_runtime(services: LocalServices) -> AsyncIterator[RuntimeFactory]:
-    """``await make_runtime("etcd-tcp")`` → a runtime in that mode, shut down after the test."""
+async def make_runtime(services: LocalServices, tmp_path: Path) -> AsyncIterator[RuntimeFactory]:
+    """``await make_runtime("etcd-tcp")`` → a runtime in that mode, shut down after the test (the
+    runtimes of one test share their etcd, or their ``file://`` folder)."""
     made: list[DistributedRuntime] = []
+    folder = f"file://{tmp_path / 'discovery'}"
 
     async def make(mode: str, **kwargs: object) -> DistributedRuntime:
         discovery, plane = mode.split("-")
-        spec = {"memory": "memory", "etcd": services.etcd_url, "static": "static"}[discovery]
+        spec = {"memory": "memory", "file": folder, "etcd": services.etcd_url, "static": "static"}[discovery]
         runtime = await DistributedRuntime.create(spec, plane, services.nats_url, **kwargs)  # type: ignore[arg-type]
         made.append(runtime)
         return runtime

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,9 +17,23 @@ HF_WORKER = ROOT / "components" / "hf_worker.py"
 FRONTEND = ROOT / "components" / "frontend.py"
 
 # (discovery, request plane): every combination a user can pick.
-MODES = ["memory-inproc", "memory-tcp", "etcd-tcp", "etcd-nats", "static-nats"]
+MODES = ["memory-inproc", "memory-tcp", "file-tcp", "file-nats", "etcd-tcp", "etcd-nats", "static-nats"]
 
 RuntimeFactory = Callable[[str], Awaitable[DistributedRuntime]]
+
+NEEDS_VLLM = {"06_serving_with_vllm"}  # notebooks that start vLLM engines
+
+
+def vllm_notebook_skip_reason() -> str | None:
+    """Why the vLLM notebook does not run here (None: it runs). It starts four vLLM engines (about
+    4 minutes with its exported script on 2 cores, more than the default run's time budget) and
+    its disaggregated half meets the same NIXL-handshake stalls as the vLLM worker tests beside
+    the rest of the suite, so it runs with ``DYN_NB_VLLM_NOTEBOOK=1``."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (pip install -e '.[vllm]')"
+    if os.environ.get("DYN_NB_VLLM_NOTEBOOK") != "1":
+        return "set DYN_NB_VLLM_NOTEBOOK=1 to run it: four vLLM engine starts, ~4 min on 2 cores"
+    return None
 
 
 async def collect(stream: Any) -> list[Any]:

@@ -14,7 +14,9 @@ import httpx
 import pytest
 from helpers import ROOT
 
+from dynamo_nb import DistributedRuntime
 from dynamo_nb.graph import Graph, GraphError, apply_overrides, check_graph, serve
+from dynamo_nb.graph.defaults import ComponentDefaults, component_defaults, defaults_from_source
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -77,8 +79,9 @@ def test_dry_run_prints_each_replicas_command_line() -> None:
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert [line.split(":", 1)[0] for line in lines] == ["prefill-0", "prefill-1", "decode", "frontend"]
-    assert "components/hf_worker.py --mode prefill --discovery 'etcd://<local etcd>'" in lines[0]
-    assert lines[0].startswith("prefill-0: OMP_NUM_THREADS=1 python3 ")
+    assert lines[0] == (
+        "prefill-0: OMP_NUM_THREADS=1 python3 components/hf_worker.py --mode prefill --discovery 'etcd://<local etcd>'"
+    )  # the program relative to the working folder, so the line runs as printed
     bad = subprocess.run(
         [sys.executable, "-m", "dynamo_nb", "serve", str(GRAPHS / "agg_hf.yaml"), "--set", "frontend.http-port=x"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
@@ -152,3 +155,97 @@ async def test_a_killed_replica_restarts_when_its_service_says_on_failure() -> N
     finally:
         await running.stop()
     assert gone(running.status()[0]["pid"])
+
+
+async def test_a_running_graph_scales_a_service_up_and_down_live() -> None:
+    graph = Graph.from_yaml(
+        "services: {etcd: local}\ncomponents: {echo: {component: components/echo_worker.py}}"
+    )
+    running = await serve(graph, show_logs=False)
+    runtime = None
+    try:
+        assert running.services is not None and running.services.etcd_url
+        runtime = await DistributedRuntime.create(running.services.etcd_url)
+        client = await runtime.endpoint("dynamo.echo.generate").client()
+        await client.wait_for_instances(timeout=20)
+        await running.scale("echo", 3)
+        assert [row["replica"] for row in running.status()] == ["echo", "echo-1", "echo-2"]
+        assert graph.services["echo"].replicas == 3
+        for _ in range(100):  # discovery follows: the new replicas registered themselves
+            if len(client.instance_ids()) == 3:
+                break
+            await asyncio.sleep(0.1)
+        assert len(client.instance_ids()) == 3
+        removed = running.process("echo-2").pid
+        await running.scale("echo", 2)
+        assert [row["replica"] for row in running.status()] == ["echo", "echo-1"] and gone(removed)
+        for _ in range(300):  # a clean stop deregisters at once; a lease expires within its 10 s TTL
+            if len(client.instance_ids()) == 2:
+                break
+            await asyncio.sleep(0.1)
+        assert len(client.instance_ids()) == 2
+        await running.scale("echo", 0)
+        assert running.status() == [] and graph.services["echo"].replicas == 0
+        await running.scale("echo", 1)  # from nothing: its command line is built and checked again
+        assert [row["replica"] for row in running.status()] == ["echo-0"]
+        with pytest.raises(GraphError, match="no component 'ehco'; use one of echo"):
+            await running.scale("ehco", 1)
+    finally:
+        if runtime is not None:
+            await runtime.shutdown(grace=0)
+        rows = running.status()
+        await running.stop()
+    assert all(gone(row["pid"]) for row in rows)
+
+
+def test_a_service_without_resources_gets_its_components_declared_defaults() -> None:
+    declared = component_defaults(ROOT / "components/sglang_worker.py")
+    assert (declared.name, declared.namespace, declared.resources.gpu) == ("sglang-worker", "dynamo", 1)
+    text = "components: {w: {component: components/sglang_worker.py, flags: {fake-engine: true}}}"
+    with pytest.raises(GraphError, match=r"asks for 1 GPU\(s\).*per replica: w 1.*resources: \{gpu: 0\}"):
+        check_graph(Graph.from_yaml(text), gpus=[], cwd=ROOT)
+    assert check_graph(Graph.from_yaml(text), gpus=["3"], cwd=ROOT)[0].env == {"CUDA_VISIBLE_DEVICES": "3"}
+    explicit = Graph.from_yaml(text.replace("flags:", "resources: {gpu: 0}, flags:"))
+    assert check_graph(explicit, gpus=[], cwd=ROOT)[0].env == {}  # written resources win
+    assert Graph.from_yaml(explicit.to_yaml()) == explicit  # gpu: 0 survives the round trip
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ("DEPLOYMENT = dict(name='w')", "DEPLOYMENT must be a literal mapping"),
+        ("DEPLOYMENT = ['w']", "DEPLOYMENT must be a mapping, got list"),
+        ("DEPLOYMENT = {'nmae': 'w'}", "DEPLOYMENT has unknown key 'nmae'"),
+        ("DEPLOYMENT = {'resources': {'gpu': -1}}", r"DEPLOYMENT\.resources\.gpu must be a whole number"),
+    ],
+)
+def test_a_bad_deployment_declaration_is_a_clear_error(source: str, message: str) -> None:
+    with pytest.raises(GraphError, match=message):
+        defaults_from_source(source, "w.py")
+    assert defaults_from_source("x = 1", "w.py") == ComponentDefaults()  # declaring none is fine
+
+
+def test_serve_in_a_terminal_stops_every_replica_on_sigterm() -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "dynamo_nb",
+        "serve",
+        "graphs/agg_hf.yaml",
+        "--set",
+        "frontend.http-port=0",
+    ]
+    with subprocess.Popen(
+        [*command, "--quiet"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    ) as serving:
+        assert serving.stdout is not None
+        lines = []
+        for line in serving.stdout:  # the status rows, then "serving at URL"
+            lines.append(line)
+            if line.startswith("serving at "):
+                break
+        pids = [int(line.split(" pid ")[1].split()[0]) for line in lines if " pid " in line]
+        assert len(pids) == 2 and all(not gone(pid) for pid in pids), lines
+        serving.send_signal(signal.SIGTERM)
+        assert serving.wait(timeout=60) == 0
+    assert all(gone(pid) for pid in pids)  # no orphans

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,15 +13,12 @@ from typing import Any
 
 import nbformat
 import pytest
-from helpers import ROOT, collect
+from helpers import NEEDS_VLLM, ROOT, collect, vllm_notebook_skip_reason
 
 from dynamo_nb import DistributedRuntime, LocalServices
 from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-NEEDS_VLLM = {
-    "06_serving_with_vllm"
-}  # skipped without vLLM or DYN_NB_VLLM_NOTEBOOK=1 (notebooks/conftest.py)
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -78,12 +74,9 @@ def test_plain_export_is_a_program_that_passes_its_smoke_check(
 ) -> None:
     vllm_notebook = notebook.stem in NEEDS_VLLM
     if vllm_notebook:
-        if importlib.util.find_spec("vllm") is None:
-            pytest.skip("vLLM is not installed (pip install -e '.[vllm]')")
-        if os.environ.get("DYN_NB_VLLM_NOTEBOOK") != "1":
-            pytest.skip(
-                "set DYN_NB_VLLM_NOTEBOOK=1 to run it (three vLLM engines; not reliable on 2 cores yet)"
-            )
+        reason = vllm_notebook_skip_reason()
+        if reason is not None:
+            pytest.skip(reason)
     cwd = ROOT if where == "root" else ROOT / "notebooks"
     script = export(notebook, cwd, tmp_path)
     source = script.read_text()

@@ -84,7 +84,7 @@ async def test_each_client_mode_streams_every_item(make_runtime: RuntimeFactory,
         assert sorted(client.instance_ids()) == sorted(s.instance_id for s in servers)
 
 
-@pytest.mark.parametrize("mode", ["memory-inproc", "etcd-tcp", "etcd-nats"])
+@pytest.mark.parametrize("mode", ["memory-inproc", "file-tcp", "etcd-tcp", "etcd-nats"])
 async def test_round_robin_alternates_and_random_reaches_all(make_runtime: RuntimeFactory, mode: str) -> None:
     servers, client = await serve_and_connect(make_runtime, mode, words, f"rr-{mode.replace('-', '')}", 3)
     picks = [client.round_robin({"text": "x"}).instance_id for _ in range(9)]
@@ -212,7 +212,7 @@ async def test_cancelling_the_caller_task_stops_the_handler(make_runtime: Runtim
     assert servers[0].inflight == 0
 
 
-@pytest.mark.parametrize("mode", ["memory-inproc", "etcd-tcp", "etcd-nats"])
+@pytest.mark.parametrize("mode", ["memory-inproc", "file-tcp", "etcd-tcp", "etcd-nats"])
 async def test_no_instances_is_an_immediate_clear_error(make_runtime: RuntimeFactory, mode: str) -> None:
     rt = await make_runtime(mode)
     client = await rt.endpoint(f"test.nobody-{mode}.generate").client()

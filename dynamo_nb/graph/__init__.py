@@ -4,7 +4,8 @@ started in dependency order (``python -m dynamo_nb serve graph.yaml``, or ``awai
 
 - ``model.py``: `Graph`, `Service`, `Resources`, `GraphError` (YAML in and out);
 - ``commands.py``: the command lines, checked before anything starts (`check_graph`);
-- ``serve.py``: `serve` and `RunningGraph` (status, restarts on failure, stop).
+- ``serve.py``: `serve` and `RunningGraph` (status, restarts on failure, stop);
+- ``kubernetes.py``: `kubernetes_manifests` (Deployments, Services, etcd/NATS; ``--emit k8s``).
 
 Example:
     >>> graph = Graph.from_yaml("components: {frontend: {component: components/frontend.py, flags: {http-port: 8000}}}")
@@ -15,6 +16,7 @@ Example:
 from __future__ import annotations
 
 from .commands import ReplicaCommand, apply_overrides, check_graph, flag_argv
+from .kubernetes import kubernetes_manifests, manifests_yaml
 from .model import Graph, GraphError, Resources, Service
 from .serve import RunningGraph, serve
 
@@ -28,5 +30,7 @@ __all__ = [
     "apply_overrides",
     "check_graph",
     "flag_argv",
+    "kubernetes_manifests",
+    "manifests_yaml",
     "serve",
 ]

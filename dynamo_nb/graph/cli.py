@@ -4,6 +4,7 @@ Example::
 
     python -m dynamo_nb serve graphs/disagg_hf.yaml --dry-run
     python -m dynamo_nb serve graphs/disagg_hf.yaml --set frontend.http-port=8001 --set prefill.replicas=1
+    python -m dynamo_nb serve graphs/disagg_hf.yaml --emit k8s --image registry.example/dynamo-nb:0.1 > k8s.yaml
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ import signal
 import sys
 from pathlib import Path
 
+from ..errors import ConfigError
 from .commands import apply_overrides, check_graph
-from .model import Graph, GraphError
+from .kubernetes import DEFAULT_IMAGE, kubernetes_manifests, manifests_yaml
+from .model import Graph
 from .serve import serve
 
 __all__ = ["serve_main"]
@@ -37,15 +40,27 @@ def serve_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--dry-run", action="store_true", help="check the graph and print its command lines")
     parser.add_argument("--quiet", action="store_true", help="do not echo the components' logs")
+    kubernetes = parser.add_argument_group("kubernetes")
+    kubernetes.add_argument(
+        "--emit",
+        choices=("k8s",),
+        help="print the graph's Kubernetes manifests (Deployments, Services, etcd/NATS) instead of starting it",
+    )
+    kubernetes.add_argument(
+        "--image",
+        default=DEFAULT_IMAGE,
+        help="image holding dynamo_nb and the components (default: %(default)s)",
+    )
+    kubernetes.add_argument("--namespace", default=None, help="Kubernetes namespace of the objects")
     return parser
 
 
 async def _serve_until_signal(graph: Graph, quiet: bool) -> int:
     running = await serve(graph, show_logs=not quiet)
     for row in running.status():
-        print(f"{row['replica']:<20} pid {row['pid']:<8} {row['state']}")
+        print(f"{row['replica']:<20} pid {row['pid']:<8} {row['state']}", flush=True)
     if running.url:
-        print(f"serving at {running.url}")
+        print(f"serving at {running.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -62,12 +77,18 @@ def serve_main(argv: list[str]) -> int:
     try:
         graph = Graph.from_yaml(args.graph)
         apply_overrides(graph, args.overrides)
+        if args.emit == "k8s":
+            print(
+                manifests_yaml(kubernetes_manifests(graph, image=args.image, namespace=args.namespace)),
+                end="",
+            )
+            return 0
         if args.dry_run:
             urls = {k: (v if v != "local" else f"{k}://<local {k}>") for k, v in graph.shared.items()}
             for command in check_graph(graph, urls=urls):
                 print(f"{command.name}: {command.shell()}")
             return 0
         return asyncio.run(_serve_until_signal(graph, args.quiet))
-    except GraphError as exc:
+    except ConfigError as exc:  # a GraphError, or a graph file that is not there
         print(f"{args.graph}: {exc}", file=sys.stderr)
         return 2

@@ -22,9 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from ..launch.launcher import resolve_program
-from .model import Graph, GraphError, Service
+from .defaults import component_defaults
+from .model import Graph, GraphError, Resources, Service
 
-__all__ = ["ReplicaCommand", "apply_overrides", "check_graph", "flag_argv"]
+__all__ = [
+    "ReplicaCommand",
+    "apply_overrides",
+    "check_graph",
+    "component_options",
+    "flag_argv",
+    "service_argv",
+]
 
 _PARSERS: dict[Path, argparse.ArgumentParser] = {}
 
@@ -45,11 +53,11 @@ class ReplicaCommand:
         return self.service if self.index < 0 else f"{self.service}-{self.index}"
 
     def shell(self) -> str:
-        """The command line, as `--dry-run` prints it."""
+        """The command line, as `--dry-run` prints it (the program relative to the working folder)."""
         import shlex
 
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        line = shlex.join(["python3", str(self.program), *self.argv])
+        line = shlex.join(["python3", os.path.relpath(self.program), *self.argv])
         return f"{env} {line}" if env else line
 
 
@@ -152,33 +160,65 @@ def check_graph(
     cwd = cwd or Path.cwd()
     urls = urls or {}
     free = list(gpus if gpus is not None else visible_gpus())
-    wanted = sum(s.resources.gpu * s.replicas for s in graph.services.values())
+    lines = {name: service_argv(graph.services[name], urls, cwd) for name in graph.start_order()}
+    per_replica = {
+        name: resources_of(graph.services[name], program).gpu for name, (program, _) in lines.items()
+    }
+    wanted = sum(per_replica[name] * graph.services[name].replicas for name in lines)
     if wanted > len(free):
         raise GraphError(
-            f"the graph asks for {wanted} GPU(s) (resources.gpu × replicas), this host has {len(free)}"
+            f"the graph asks for {wanted} GPU(s) (resources.gpu × replicas), this host has {len(free)}; "
+            f"per replica: {', '.join(f'{n} {g}' for n, g in per_replica.items() if g)} (a service without "
+            "resources gets its component's DEPLOYMENT resources; write resources: {gpu: 0} to run without)"
         )
     commands: list[ReplicaCommand] = []
-    for name in graph.start_order():
+    for name, (program, argv) in lines.items():
         service = graph.services[name]
-        try:
-            program = resolve_program(service.component, cwd)
-        except Exception as exc:
-            raise GraphError(f"components.{name}.component: {exc}") from None
-        argv = flag_argv(service.flags)
-        parser = component_parser(program)
-        options = {option for action in parser._actions for option in action.option_strings}
-        given = {"--" + str(k).replace("_", "-") for k in service.flags}
-        for flag, url_key in (("--discovery", "etcd"), ("--nats-url", "nats")):
-            if url_key in urls and flag in options and flag not in given:
-                argv += [flag, urls[url_key]]
-        _check(service, program, argv)
         for index in range(service.replicas):
             env = dict(service.env)
-            if service.resources.gpu:
-                taken, free = free[: service.resources.gpu], free[service.resources.gpu :]
+            if per_replica[name]:
+                taken, free = free[: per_replica[name]], free[per_replica[name] :]
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
             commands.append(ReplicaCommand(name, index if service.replicas > 1 else -1, program, argv, env))
     return commands
+
+
+def resources_of(service: Service, program: Path) -> Resources:
+    """The service's ``resources``, or its component's declared ``DEPLOYMENT`` resources when it names none."""
+    if service.resources is not None:
+        return service.resources
+    return component_defaults(program).resources
+
+
+def service_argv(
+    service: Service, urls: dict[str, str], cwd: Path, extra: dict[str, str] | None = None
+) -> tuple[Path, list[str]]:
+    """``(program, argv)`` of one service, checked with its component's parser.
+
+    The shared services' ``urls`` become ``--discovery`` / ``--nats-url`` and ``extra`` flags
+    (``{"--tcp-host": "0.0.0.0"}``) are added, each only where the component has the flag and the
+    service does not set it.
+    """
+    try:
+        program = resolve_program(service.component, cwd)
+    except Exception as exc:
+        raise GraphError(f"components.{service.name}.component: {exc}") from None
+    argv = flag_argv(service.flags)
+    options = component_options(program)
+    given = {"--" + str(k).replace("_", "-") for k in service.flags}
+    added = {
+        flag: urls[key] for flag, key in (("--discovery", "etcd"), ("--nats-url", "nats")) if key in urls
+    }
+    for flag, value in {**added, **(extra or {})}.items():
+        if flag in options and flag not in given:
+            argv += [flag, value]
+    _check(service, program, argv)
+    return program, argv
+
+
+def component_options(program: Path) -> set[str]:
+    """The ``--flags`` a component's parser knows."""
+    return {option for action in component_parser(program)._actions for option in action.option_strings}
 
 
 def visible_gpus() -> list[str]:

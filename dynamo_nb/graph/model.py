@@ -61,7 +61,9 @@ class Resources:
         return cls(gpu=gpu, cpu=data.get("cpu"), memory=data.get("memory"))
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in (("gpu", self.gpu), ("cpu", self.cpu), ("memory", self.memory)) if v}
+        out: dict[str, Any] = {"gpu": self.gpu}  # written even when 0: it overrides the component's
+        out |= {k: v for k, v in (("cpu", self.cpu), ("memory", self.memory)) if v}
+        return out
 
 
 @dataclass
@@ -72,6 +74,8 @@ class Service:
         component: the program (a path such as ``components/hf_worker.py``, found as `launch` finds it).
         flags: the component's own flags, ``{"mode": "prefill"}`` for ``--mode prefill``; ``True``
             for a switch, a list for a flag given several values.
+        resources: what one replica needs; None (not written): what its component's ``DEPLOYMENT``
+            declares (`dynamo_nb.graph.defaults`).
         depends_on: services that must be ready before this one starts.
         restart: ``no`` or ``on-failure``.
     """
@@ -81,7 +85,7 @@ class Service:
     replicas: int = 1
     flags: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
-    resources: Resources = field(default_factory=Resources)
+    resources: Resources | None = None
     depends_on: list[str] = field(default_factory=list)
     restart: str = "no"
 
@@ -110,7 +114,9 @@ class Service:
             replicas=replicas,
             flags=dict(_mapping(data.get("flags") or {}, f"{where}.flags")),
             env={str(k): str(v) for k, v in _mapping(data.get("env") or {}, f"{where}.env").items()},
-            resources=Resources.from_dict(data.get("resources"), f"{where}.resources"),
+            resources=Resources.from_dict(data["resources"], f"{where}.resources")
+            if "resources" in data
+            else None,
             depends_on=list(depends),
             restart=restart,
         )
@@ -122,7 +128,7 @@ class Service:
         for key, value in (
             ("flags", self.flags),
             ("env", self.env),
-            ("resources", self.resources.to_dict()),
+            ("resources", self.resources.to_dict() if self.resources is not None else None),
             ("depends_on", self.depends_on),
         ):
             if value:
@@ -169,14 +175,17 @@ class Graph:
 
     @classmethod
     def from_yaml(cls, source: str | Path) -> Graph:
-        """A graph from YAML text or a ``.yaml`` file's path."""
+        """A graph from YAML text or a ``.yaml`` file's path; a relative path is found as `launch`
+        finds components (the working folder and its parents, then the dynamo_nb checkout), so
+        ``Graph.from_yaml("graphs/agg_hf.yaml")`` works from ``notebooks/`` too."""
         import yaml
 
-        text = (
-            Path(source).read_text()
-            if isinstance(source, Path) or str(source).endswith((".yaml", ".yml"))
-            else source
-        )
+        if isinstance(source, Path) or str(source).endswith((".yaml", ".yml")):
+            from ..launch.launcher import resolve_program
+
+            text = resolve_program(str(source), Path.cwd()).read_text()
+        else:
+            text = source
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
@@ -219,6 +228,25 @@ class Graph:
         for name in self.services:
             visit(name, [])
         return order
+
+    def start_waves(self) -> list[list[str]]:
+        """Service names in waves: each wave's services depend only on earlier waves, so a wave
+        starts at once (a service with no ``depends_on`` is in the first).
+
+        Example:
+            >>> graph = Graph.from_yaml(
+            ...     "components: {a: {component: x.py}, b: {component: y.py}, c: {component: z.py, depends_on: [a, b]}}"
+            ... )
+            >>> graph.start_waves()
+            [['a', 'b'], ['c']]
+        """
+        depth: dict[str, int] = {}
+        for name in self.start_order():
+            depth[name] = 1 + max((depth[d] for d in self.services[name].depends_on), default=-1)
+        waves: list[list[str]] = [[] for _ in range(max(depth.values(), default=-1) + 1)]
+        for name, level in depth.items():
+            waves[level].append(name)
+        return waves
 
 
 def _mapping(data: Any, where: str) -> dict[str, Any]:

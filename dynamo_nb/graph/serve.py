@@ -3,7 +3,8 @@
 ``await serve(graph)`` (a notebook) and ``python -m dynamo_nb serve graph.yaml`` (a terminal)
 do the same: check every command line with its component's parser (nothing starts if one is
 wrong), start ``services: {etcd: local, nats: local}`` as `LocalServices`, launch each service's
-replicas with `dynamo_nb.launch` (its READY line is its readiness), restart replicas whose
+replicas with `dynamo_nb.launch` (its READY line is its readiness) once the services it
+depends on are ready (those that wait for nothing more start together), restart replicas whose
 service says ``restart: on-failure`` when they die (up to 5 times, with backoff), and stop it
 all, replicas in reverse order then the services, on `RunningGraph.stop`.
 
@@ -25,8 +26,8 @@ from typing import Any
 
 from ..launch import LocalServices, launch
 from ..launch.launcher import ManagedProcess
-from .commands import ReplicaCommand, check_graph
-from .model import Graph
+from .commands import ReplicaCommand, check_graph, resources_of, service_argv, visible_gpus
+from .model import Graph, GraphError
 
 __all__ = ["RunningGraph", "serve"]
 
@@ -50,6 +51,10 @@ class RunningGraph:
     graph: Graph
     services: LocalServices | None
     replicas: dict[str, _Replica] = field(default_factory=dict)
+    _urls: dict[str, str] = field(default_factory=dict)
+    _cwd: Path | None = None
+    _show_logs: bool = True
+    _timeout: float = 300.0
     _stopping: bool = False
 
     def process(self, name: str) -> ManagedProcess:
@@ -86,16 +91,85 @@ class RunningGraph:
             )
         return rows
 
+    async def scale(self, service: str, replicas: int) -> None:
+        """Run ``replicas`` copies of ``service`` now: start the missing ones (ready when this
+        returns), or stop the last started. Discovery lets frontends and routers follow.
+
+        Example::
+
+            await running.scale("prefill", 2)     # prefill, prefill-1
+            await running.scale("prefill", 1)     # prefill-1 stopped
+        """
+        if service not in self.graph.services:
+            raise GraphError(f"no component {service!r}; use one of {', '.join(self.graph.services)}")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise GraphError(f"replicas must be a whole number (0 or more), got {replicas!r}")
+        current = [r for r in self.replicas.values() if r.command.service == service]
+        template = current[0].command if current else None
+        if template is None and replicas:  # scaled to 0 before: its command line again, checked
+            spec = self.graph.services[service]
+            program, argv = service_argv(spec, self._urls, self._cwd or Path.cwd())
+            template = ReplicaCommand(service, -1, program, argv, dict(spec.env))
+        for replica in reversed(current[replicas:]):
+            await self._stop_replica(replica, timeout=10.0)
+            del self.replicas[replica.command.name]
+        if template is None or replicas <= len(current):
+            self.graph.services[service].replicas = replicas
+            return
+        taken = {r.command.index for r in current}
+        first = 1 if -1 in taken else 0
+        free = self._free_gpus()
+        gpus = resources_of(self.graph.services[service], template.program).gpu
+        if gpus * (replicas - len(current)) > len(free):
+            raise GraphError(
+                f"{service} needs {gpus} GPU(s) per replica; {len(free)} are free for {replicas - len(current)} more"
+            )
+        fresh = []
+        for _ in range(replicas - len(current)):
+            index = next(i for i in range(first, replicas + len(taken) + 1) if i not in taken)
+            taken.add(index)
+            env = dict(template.env)
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"], free = ",".join(free[:gpus]), free[gpus:]
+            command = ReplicaCommand(service, index, template.program, template.argv, env)
+            fresh.append(_Replica(command))
+            self.replicas[command.name] = fresh[-1]
+        started = await asyncio.gather(
+            *(self._start(r, show_logs=self._show_logs, timeout=self._timeout) for r in fresh),
+            return_exceptions=True,
+        )
+        failed = [result for result in started if isinstance(result, BaseException)]
+        for replica, result in zip(fresh, started, strict=True):
+            if isinstance(result, BaseException):
+                del self.replicas[replica.command.name]
+        self.graph.services[service].replicas = len(
+            [r for r in self.replicas.values() if r.command.service == service]
+        )
+        if failed:
+            raise failed[0]
+
+    def _free_gpus(self) -> list[str]:
+        used = {
+            gpu
+            for replica in self.replicas.values()
+            for gpu in replica.command.env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+            if gpu
+        }
+        return [gpu for gpu in visible_gpus() if gpu not in used]
+
+    async def _stop_replica(self, replica: _Replica, timeout: float) -> None:
+        if replica.watcher is not None:
+            replica.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replica.watcher
+        if replica.process is not None:
+            await replica.process.stop(timeout=timeout)
+
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop every replica (the last started first), then the shared services."""
         self._stopping = True
         for replica in reversed(list(self.replicas.values())):
-            if replica.watcher is not None:
-                replica.watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await replica.watcher
-            if replica.process is not None:
-                await replica.process.stop(timeout=timeout)
+            await self._stop_replica(replica, timeout=timeout)
         if self.services is not None:
             await self.services.stop()
 
@@ -168,11 +242,11 @@ async def serve(
     urls = {k: v for k, v in graph.shared.items() if v != "local"}
     if services is not None:
         urls |= {k: url for k, url in (("etcd", services.etcd_url), ("nats", services.nats_url)) if url}
-    running = RunningGraph(graph, services)
+    running = RunningGraph(graph, services, _urls=urls, _cwd=cwd, _show_logs=show_logs, _timeout=timeout)
     try:
         commands = check_graph(graph, urls=urls, cwd=cwd)
-        for name in graph.start_order():
-            batch = [_Replica(c) for c in commands if c.service == name]
+        for wave in graph.start_waves():  # services that wait for nothing more start together
+            batch = [_Replica(c) for c in commands if c.service in wave]
             for replica in batch:
                 running.replicas[replica.command.name] = replica
                 if replica.command.env.get("CUDA_VISIBLE_DEVICES"):

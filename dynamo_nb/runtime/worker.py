@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from ..errors import ConfigError
 from ..notebook import in_notebook
 from .distributed import DistributedRuntime
+from .system_status import start_system_status
 
 __all__ = [
     "READY",
@@ -158,9 +159,10 @@ def run_program(main: Callable[[], Awaitable[int]]) -> int:
 
 
 async def runtime_from_args(args: argparse.Namespace) -> DistributedRuntime:
-    """Create the runtime the runtime flags describe (``--static`` or ``--static-endpoint``: no discovery)."""
+    """Create the runtime the runtime flags describe (``--static`` or ``--static-endpoint``: no discovery),
+    with its system status server (``/live``, ``/health``) when ``--system-port`` is 0 or more."""
     static = args.static or getattr(args, "static_endpoint", None) is not None
-    return await DistributedRuntime.create(
+    runtime = await DistributedRuntime.create(
         "static" if static else args.discovery,
         args.request_plane,
         args.nats_url,
@@ -168,6 +170,13 @@ async def runtime_from_args(args: argparse.Namespace) -> DistributedRuntime:
         tcp_host=args.tcp_host,
         tcp_port=args.tcp_port,
     )
+    if getattr(args, "system_port", -1) >= 0:
+        try:
+            await start_system_status(runtime, args.system_host, args.system_port)
+        except BaseException:
+            await runtime.shutdown(grace=0)
+            raise
+    return runtime
 
 
 def configure_logging(level: str = "INFO") -> None:

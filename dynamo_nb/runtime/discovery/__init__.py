@@ -1,7 +1,8 @@
 """Discovery backends: who serves what.
 
-``memory`` (one process), ``etcd://HOST:PORT`` (leases and watches, across machines) and
-``static`` (no discovery service: fixed NATS subjects or explicit TCP addresses).
+``memory`` (one process), ``file://DIR`` (processes of one host, through a folder),
+``etcd://HOST:PORT`` (leases and watches, across machines) and ``static`` (no discovery
+service: fixed NATS subjects or explicit TCP addresses).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from ...errors import ConfigError
 from .base import Discovery, InstanceSet, KeyValueDiscovery, PrefixWatch
 from .etcd import DEFAULT_LEASE_TTL, EtcdDiscovery
+from .file import FileDiscovery
 from .memory import MemoryDiscovery
 from .static import StaticDiscovery
 
@@ -16,6 +18,7 @@ __all__ = [
     "DEFAULT_LEASE_TTL",
     "Discovery",
     "EtcdDiscovery",
+    "FileDiscovery",
     "InstanceSet",
     "KeyValueDiscovery",
     "MemoryDiscovery",
@@ -28,7 +31,7 @@ __all__ = [
 def make_discovery(
     spec: str, *, lease_ttl: float = DEFAULT_LEASE_TTL, connect_timeout: float = 5.0
 ) -> Discovery:
-    """Build the backend named by ``spec``: ``memory``, ``static`` or ``etcd://HOST:PORT``.
+    """Build the backend named by ``spec``: ``memory``, ``static``, ``file://DIR`` or ``etcd://HOST:PORT``.
 
     Example:
         >>> make_discovery("memory").kind
@@ -40,7 +43,9 @@ def make_discovery(
         return StaticDiscovery()
     if isinstance(spec, str) and spec.startswith("etcd://"):
         return EtcdDiscovery(spec, lease_ttl=lease_ttl, connect_timeout=connect_timeout)
+    if isinstance(spec, str) and spec.startswith("file://"):
+        return FileDiscovery(spec, lease_ttl=lease_ttl)
     raise ConfigError(
-        f"unknown discovery {spec!r}: use 'memory' (one process), 'etcd://HOST:PORT' (e.g. "
-        "services.etcd_url from LocalServices) or 'static' (no discovery service)"
+        f"unknown discovery {spec!r}: use 'memory' (one process), 'file://DIR' (processes of one host, "
+        "no etcd), 'etcd://HOST:PORT' (e.g. services.etcd_url from LocalServices) or 'static' (no discovery service)"
     )

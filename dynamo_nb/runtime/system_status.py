@@ -1,0 +1,84 @@
+"""A worker's system status server: ``GET /live`` and ``GET /health`` for orchestrators.
+
+A frontend answers health checks on its HTTP port; a worker has no HTTP port of its own. With
+``--system-port`` (env ``DYN_NB_SYSTEM_PORT``, as Dynamo's ``DYN_SYSTEM_PORT``) a worker also
+serves, on ``--system-host`` (default 127.0.0.1):
+
+- ``/live``: 200 while its event loop answers (a liveness probe);
+- ``/health``: 200 once it serves at least one endpoint and is not shutting down, else 503
+  (a readiness probe); the body lists the endpoints it serves.
+
+Example::
+
+    python components/hf_worker.py --discovery etcd://127.0.0.1:2379 --system-port 9090
+    curl http://127.0.0.1:9090/health     # {"status": "ready", "endpoints": ["dynamo.backend.generate"]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .distributed import DistributedRuntime
+
+__all__ = ["start_system_status"]
+
+logger = logging.getLogger("dynamo_nb.system_status")
+
+
+def health_of(runtime: DistributedRuntime) -> tuple[int, dict[str, Any]]:
+    """``(status code, body)`` of ``/health`` for ``runtime``: ready once it serves an endpoint."""
+    endpoints = [str(server.endpoint.path) for server in runtime.servers]
+    if runtime.is_shutdown:
+        return 503, {"status": "shutting down", "endpoints": endpoints}
+    if not endpoints:
+        return 503, {"status": "starting", "endpoints": []}
+    return 200, {"status": "ready", "endpoints": endpoints}
+
+
+async def start_system_status(runtime: DistributedRuntime, host: str, port: int) -> str:
+    """Serve ``/live`` and ``/health`` for ``runtime`` at ``host:port`` (0: a free port) until the
+    runtime shuts down; returns the server's URL.
+
+    Example::
+
+        url = await start_system_status(runtime, "127.0.0.1", 0)   # http://127.0.0.1:41234
+    """
+    from aiohttp import web
+
+    async def live(_request: web.Request) -> web.Response:
+        return web.json_response({"status": "live"})
+
+    async def health(_request: web.Request) -> web.Response:
+        status, body = health_of(runtime)
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_get("/live", live)
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigError(
+            f"--system-port {port}: cannot listen on {host}:{port} ({exc}); choose another port or 0"
+        ) from None
+    bound = runner.addresses[0][1] if runner.addresses else port
+    url = f"http://{host}:{bound}"
+
+    async def serve_until_shutdown() -> None:
+        try:
+            await asyncio.Event().wait()  # cancelled when the runtime shuts down
+        finally:
+            await runner.cleanup()
+
+    runtime.spawn(serve_until_shutdown(), name="dynamo_nb system status")
+    logger.info("system status at %s (/live, /health)", url)
+    return url
