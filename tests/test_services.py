@@ -72,9 +72,39 @@ def test_services_stop_when_the_interpreter_exits(tmp_path: object) -> None:
     assert result.returncode == 0, result.stderr
     pids = [int(p) for p in result.stdout.split()]
     assert len(pids) == 2
-    for pid in pids:
-        try:
-            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            continue
-        assert state == "Z", f"service process {pid} outlived the interpreter (state {state})"
+    alive = [pid for pid in pids if _running(pid)]
+    assert not alive, f"service processes {alive} outlived the interpreter"
+
+
+def test_services_stop_when_their_process_is_sigkilled() -> None:
+    """No clean-up runs after SIGKILL: etcd and nats-server get SIGTERM from the kernel (parent death)."""
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import asyncio, os, signal, dynamo_nb\n"
+        "async def main():\n"
+        "    s = await dynamo_nb.LocalServices.start()\n"
+        "    print(*[c.process.pid for c in s._children.values()], flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "asyncio.run(main())\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == -9, result.stderr
+    pids = [int(p) for p in result.stdout.split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in pids if _running(pid)]
+        time.sleep(0.05)
+    assert not alive, f"service processes {alive} outlived their SIGKILLed parent"
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

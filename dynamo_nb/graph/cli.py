@@ -56,16 +56,24 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 async def _serve_until_signal(graph: Graph, quiet: bool) -> int:
-    running = await serve(graph, show_logs=not quiet)
-    for row in running.status():
-        print(f"{row['replica']:<20} pid {row['pid']:<8} {row['state']}", flush=True)
-    if running.url:
-        print(f"serving at {running.url}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM):  # from the start: a signal while starting stops it too
         loop.add_signal_handler(signum, stop.set)
+    starting = loop.create_task(serve(graph, show_logs=not quiet))
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():  # stopped before it was up: serve() stops what it started
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        return 0
+    stopping.cancel()
+    running = starting.result()
     try:
+        for row in running.status():
+            print(f"{row['replica']:<20} pid {row['pid']:<8} {row['state']}", flush=True)
+        if running.url:
+            print(f"serving at {running.url}", flush=True)
         await stop.wait()
     finally:
         await running.stop()

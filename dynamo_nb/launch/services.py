@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import BinaryNotFoundError, ServiceStartError
-from .process_group import stop_group
+from .process_group import guarded_command, stop_group
 
 __all__ = ["INSTALL_HINTS", "LocalServices", "find_binary", "free_port"]
 
@@ -207,7 +207,7 @@ class LocalServices:
             log = self.workdir / f"{name}-{port}.log"
             with open(log, "wb") as out:  # noqa: ASYNC230 - creating an empty file
                 process = subprocess.Popen(  # noqa: ASYNC220 - fork/exec returns at once
-                    command,
+                    guarded_command(command),  # SIGTERM when this process dies without stopping it
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
