@@ -329,3 +329,33 @@ async def test_dynamo_worker_injects_the_runtime() -> None:
         return await collect(client.round_robin({"text": text}))
 
     assert await worker("a b") == [{"word": "a"}, {"word": "b"}]
+
+
+@pytest.mark.parametrize(("stop_grace", "saw_the_stop"), [(0.05, False), (2.0, True)])
+async def test_a_stopped_handler_runs_on_for_its_stop_grace_then_is_cancelled(
+    make_runtime: RuntimeFactory, stop_grace: float, saw_the_stop: bool
+) -> None:
+    seen: list[str] = []
+
+    async def slow(request: Any, context: Context) -> Any:
+        for i in range(100):
+            if context.is_stopped():
+                seen.append("stopped")
+                return
+            await asyncio.sleep(0.2)  # longer than the default grace between checks
+            yield i
+
+    rt = await make_runtime("memory-inproc")
+    server = await rt.endpoint(f"grace.slow.g{int(stop_grace * 100)}").serve(slow, stop_grace=stop_grace)
+    client = await rt.endpoint(f"grace.slow.g{int(stop_grace * 100)}").client()
+    await client.wait_for_instances(timeout=5)
+    context = Context()
+    async for _item in client.round_robin({}, context=context):
+        context.stop_generating()
+        break
+    for _ in range(100):
+        if server.inflight == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert server.inflight == 0 and server.cancelled_total == 1
+    assert (seen == ["stopped"]) is saw_the_stop  # it checked again (long grace) or was cancelled first

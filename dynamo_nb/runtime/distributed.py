@@ -18,7 +18,7 @@ from .planes import RequestPlane, make_plane
 from .planes.events import EventPlane, event_subject, make_event_plane
 from .planes.nats import static_subject
 from .planes.tcp import parse_tcp_address
-from .server import EndpointServer, Handler
+from .server import STOP_GRACE_SECONDS, EndpointServer, Handler
 
 __all__ = ["Component", "DistributedRuntime", "Endpoint", "Namespace"]
 
@@ -164,7 +164,9 @@ class DistributedRuntime:
 
     # -- serving
 
-    async def _serve(self, endpoint: Endpoint, handler: Handler) -> EndpointServer:
+    async def _serve(
+        self, endpoint: Endpoint, handler: Handler, stop_grace: float = STOP_GRACE_SECONDS
+    ) -> EndpointServer:
         self._check_open()
         path = endpoint.path
         static = self.is_static
@@ -174,7 +176,10 @@ class DistributedRuntime:
         target = str(path) if static else f"{path}/{instance_id:x}"
         # EndpointServer checks the handler: a bad one fails here, before anything is registered.
         server = EndpointServer(
-            endpoint, handler, Instance(path.namespace, path.component, path.endpoint, instance_id)
+            endpoint,
+            handler,
+            Instance(path.namespace, path.component, path.endpoint, instance_id),
+            stop_grace,
         )
         transport = await self.request_plane.add_target(target, server, static=static)
         server.instance = (
@@ -380,20 +385,24 @@ class Endpoint:
         """The component this endpoint belongs to."""
         return Namespace(self.runtime, self.path.namespace).component(self.path.component)
 
-    async def serve(self, handler: Handler) -> EndpointServer:
+    async def serve(self, handler: Handler, *, stop_grace: float = STOP_GRACE_SECONDS) -> EndpointServer:
         """Serve ``handler`` in the background; returns once the instance is registered.
 
         ``handler`` is an async generator ``handler(request)`` or ``handler(request, context)``
-        whose each ``yield`` is one JSON-able stream item.
+        whose each ``yield`` is one JSON-able stream item. A request its caller stops has
+        ``context.is_stopped()`` at once, and is cancelled ``stop_grace`` seconds later if the
+        handler has not returned by then.
         """
-        return await self.runtime._serve(self, handler)
+        return await self.runtime._serve(self, handler, stop_grace)
 
-    async def serve_endpoint(self, handler: Handler, graceful_shutdown: bool = True) -> None:
+    async def serve_endpoint(
+        self, handler: Handler, graceful_shutdown: bool = True, *, stop_grace: float = STOP_GRACE_SECONDS
+    ) -> None:
         """Serve ``handler`` until the runtime shuts down (Dynamo semantics).
 
         With ``graceful_shutdown`` running streams may finish before it returns.
         """
-        server = await self.serve(handler)
+        server = await self.serve(handler, stop_grace=stop_grace)
         try:
             await self.runtime.wait_closed()
         finally:

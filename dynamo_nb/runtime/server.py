@@ -94,11 +94,12 @@ def _name(handler: Any) -> str:
 class ServerStream:
     """One running request: its context, the task that drives the handler, and its sink."""
 
-    __slots__ = ("_timer", "context", "sink", "task")
+    __slots__ = ("_timer", "context", "grace", "sink", "task")
 
-    def __init__(self, context: Context, sink: ResponseSink) -> None:
+    def __init__(self, context: Context, sink: ResponseSink, grace: float = STOP_GRACE_SECONDS) -> None:
         self.context = context
         self.sink = sink
+        self.grace = grace
         self.task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
 
@@ -109,7 +110,7 @@ class ServerStream:
         self.context.stop_generating()
         task = self.task
         if task is not None and not task.done() and self._timer is None:
-            self._timer = task.get_loop().call_later(STOP_GRACE_SECONDS, task.cancel)
+            self._timer = task.get_loop().call_later(self.grace, task.cancel)
 
     def finished(self) -> None:
         if self._timer is not None:
@@ -127,8 +128,11 @@ class EndpointServer:
         await server.stop()
     """
 
-    def __init__(self, endpoint: Endpoint, handler: Handler, instance: Instance) -> None:
+    def __init__(
+        self, endpoint: Endpoint, handler: Handler, instance: Instance, stop_grace: float = STOP_GRACE_SECONDS
+    ) -> None:
         self.endpoint = endpoint
+        self.stop_grace = stop_grace  # seconds a stopped handler may run on before it is cancelled
         self.instance = instance
         self._call = adapt_handler(handler)
         self._streams: set[ServerStream] = set()
@@ -163,7 +167,7 @@ class EndpointServer:
         if self._closing:
             sink.error(ErrorCode.NO_INSTANCE, "InstanceStopped", "the instance is shutting down")
             return None
-        stream = ServerStream(Context(request_id), sink)
+        stream = ServerStream(Context(request_id), sink, self.stop_grace)
         self._streams.add(stream)
         self.requests_total += 1
         stream.task = asyncio.get_running_loop().create_task(self._drive(stream, body))
