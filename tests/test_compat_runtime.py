@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from helpers import ROOT
 
@@ -124,3 +125,55 @@ async def test_stopping_a_dynamo_request_reaches_the_server(
         for process in (middle, server):
             if process is not None:
                 await process.stop(timeout=10)
+
+
+async def test_a_dynamo_llm_worker_registers_its_model_for_our_frontend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dynamo_nb.compat.llm import ModelInput, ModelType, register_llm
+    from dynamo_nb.frontend import Frontend
+    from dynamo_nb.models import tiny_model_path
+
+    monkeypatch.setenv("DYN_NB_DISCOVERY", "memory")
+
+    async def generate(request: dict[str, Any], context: Context):
+        # a Dynamo token engine: token ids in, {"token_ids": [...]} items out (here: the prompt, reversed)
+        tokens = request["token_ids"][::-1][: request["stop_conditions"]["max_tokens"]]
+        for i, token in enumerate(tokens):
+            last = i == len(tokens) - 1
+            yield {"token_ids": [token], **({"finish_reason": "length"} if last else {})}
+
+    runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", False)
+    endpoint = runtime.namespace("dynamo").component("backend").endpoint("generate")
+    card = await register_llm(
+        ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, tiny_model_path(), "tiny-dynamo"
+    )
+    assert card.name == "tiny-dynamo" and set(card.kinds) == {"chat", "completions"}
+    serving = asyncio.get_running_loop().create_task(endpoint.serve_endpoint(generate))
+    frontend = await Frontend.start(await runtime.inner(), port=0)
+    try:
+        await frontend.wait_for_model("tiny-dynamo", timeout=10)  # the card went out when it served
+
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+            body = {"model": "tiny-dynamo", "prompt": [5, 6, 7, 8], "max_tokens": 3}
+            reply = (await http.post("/v1/completions", json=body)).json()
+        assert reply["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+        assert reply["choices"][0]["finish_reason"] == "length"
+    finally:
+        await frontend.stop()
+        await runtime.shutdown_async()
+        await asyncio.wait_for(serving, 10)
+
+
+async def test_register_llm_refuses_text_input_with_what_to_use() -> None:
+    from dynamo_nb.compat.llm import ModelInput, ModelType, register_llm
+    from dynamo_nb.errors import ConfigError
+    from dynamo_nb.models import tiny_model_path
+
+    runtime = DistributedRuntime(None, "mem", None)
+    endpoint = runtime.endpoint("dynamo.backend.generate")
+    try:
+        with pytest.raises(ConfigError, match=r"use ModelInput\.Tokens"):
+            await register_llm(ModelInput.Text, ModelType.Chat, endpoint, tiny_model_path())
+    finally:
+        await runtime.shutdown_async()

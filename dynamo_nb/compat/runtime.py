@@ -173,6 +173,7 @@ class DistributedRuntime:
         self._nats_url = os.environ.get("NATS_SERVER") if self._plane == "nats" else None
         self._inner: _Runtime | None = None
         self._connecting: asyncio.Lock | None = None
+        self.pending_cards: dict[str, list[Any]] = {}  # endpoint path → model cards register_llm built
 
     async def inner(self) -> _Runtime:
         """The dynamo_nb runtime underneath (created on first use)."""
@@ -235,8 +236,19 @@ class Endpoint:
     ) -> None:
         """Serve ``handler(request[, context])`` until the runtime shuts down."""
         endpoint = await self._inner()
+        cards = self.component.namespace.runtime.pending_cards.pop(self.path, [])
+
+        async def publish(_server: Any) -> None:  # the cards register_llm built, now that it serves
+            from ..llm.register import publish_card
+
+            for card in cards:
+                await publish_card(endpoint, card)
+
         await endpoint.serve_endpoint(
-            _with_dynamo_context(handler), graceful_shutdown=graceful_shutdown, stop_grace=DYNAMO_STOP_GRACE
+            _with_dynamo_context(handler),
+            graceful_shutdown=graceful_shutdown,
+            stop_grace=DYNAMO_STOP_GRACE,
+            on_serving=publish,
         )
 
     async def client(self) -> Client:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ..errors import ConfigError, RuntimeClosedError
@@ -396,14 +396,22 @@ class Endpoint:
         return await self.runtime._serve(self, handler, stop_grace)
 
     async def serve_endpoint(
-        self, handler: Handler, graceful_shutdown: bool = True, *, stop_grace: float = STOP_GRACE_SECONDS
+        self,
+        handler: Handler,
+        graceful_shutdown: bool = True,
+        *,
+        stop_grace: float = STOP_GRACE_SECONDS,
+        on_serving: Callable[[EndpointServer], Awaitable[object]] | None = None,
     ) -> None:
         """Serve ``handler`` until the runtime shuts down (Dynamo semantics).
 
-        With ``graceful_shutdown`` running streams may finish before it returns.
+        With ``graceful_shutdown`` running streams may finish before it returns. ``on_serving``
+        is awaited once the instance is registered (e.g. to publish its model card).
         """
         server = await self.serve(handler, stop_grace=stop_grace)
         try:
+            if on_serving is not None:
+                await on_serving(server)
             await self.runtime.wait_closed()
         finally:
             await server.stop(grace=5.0 if graceful_shutdown else 0.0)

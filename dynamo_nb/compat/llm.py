@@ -1,0 +1,84 @@
+"""Dynamo's ``dynamo.llm`` registration names on dynamo_nb: ``register_llm``, ``ModelInput``, ``ModelType``.
+
+A Dynamo LLM worker registers its model before it serves::
+
+    from dynamo_nb.compat.llm import ModelInput, ModelType, register_llm
+
+    await register_llm(ModelInput.Tokens, ModelType.Chat | ModelType.Completions, endpoint, model_path, "tiny")
+    await endpoint.serve_endpoint(generate)   # token ids in, {"token_ids": [...]} items out
+
+The card is built (and the model folder checked) at once and published when the endpoint
+serves, with the instance's lease; frontends then serve the model. Differences from Dynamo:
+``ModelInput.Text`` (the frontend sends raw text) is refused with a clear error, as dynamo_nb's
+frontend always tokenizes; ``router_mode``, ``migration_limit``, ``user_data`` and LoRA
+arguments are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..llm.card import ModelCard, ModelRuntimeConfig
+from ..llm.register import llm_card
+from .runtime import Endpoint
+
+__all__ = ["ModelInput", "ModelRuntimeConfig", "ModelType", "register_llm"]
+
+
+class ModelInput(enum.Enum):
+    """What the worker takes: token ids (``Tokens``) or text (``Text``, not supported here)."""
+
+    Tokens = "tokens"
+    Text = "text"
+
+
+class ModelType(enum.Flag):
+    """What the model serves; combine with ``|``."""
+
+    Chat = enum.auto()
+    Completions = enum.auto()
+    Prefill = enum.auto()
+    Embedding = enum.auto()
+
+
+_KINDS = {ModelType.Chat: "chat", ModelType.Completions: "completions", ModelType.Prefill: "prefill"}
+
+
+async def register_llm(
+    model_input: ModelInput,
+    model_type: ModelType,
+    endpoint: Endpoint,
+    model_path: str | Path,
+    model_name: str | None = None,
+    context_length: int | None = None,
+    kv_cache_block_size: int | None = None,
+    runtime_config: ModelRuntimeConfig | dict[str, Any] | None = None,
+    **_ignored: Any,
+) -> ModelCard:
+    """Build ``endpoint``'s model card now; it is published when the endpoint serves.
+
+    Example::
+
+        card = await register_llm(ModelInput.Tokens, ModelType.Chat, endpoint, tiny_model_path(), "tiny")
+    """
+    if model_input is not ModelInput.Tokens:
+        raise ConfigError(
+            f"register_llm: {model_input} is not supported; dynamo_nb's frontend tokenizes, so use ModelInput.Tokens"
+        )
+    if ModelType.Embedding in model_type:
+        raise ConfigError(
+            "register_llm: ModelType.Embedding is not supported; use Chat, Completions or Prefill"
+        )
+    kinds = [kind for flag, kind in _KINDS.items() if flag in model_type]
+    inner = await endpoint._inner()
+    options: dict[str, Any] = {"model_name": model_name, "kind": kinds, "context_length": context_length}
+    if kv_cache_block_size:
+        options["kv_cache_block_size"] = kv_cache_block_size
+    if runtime_config is not None:
+        options["runtime_config"] = runtime_config
+    card = llm_card(inner, model_path, **options)
+    endpoint.component.namespace.runtime.pending_cards.setdefault(endpoint.path, []).append(card)
+    return card
