@@ -4,7 +4,6 @@ the example YAML files with real processes, queried, restarted on failure, stopp
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import signal
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ROOT
+from helpers import ROOT, VLLM_DISAGG_OPT_IN, vllm_skip_reason
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.graph import Graph, GraphError, apply_overrides, check_graph, serve
@@ -116,11 +115,7 @@ def gone(pid: int) -> bool:
 
 def needs_vllm(disaggregated: bool = False) -> pytest.MarkDecorator:
     """Skip, saying why, without vLLM (and, for two vLLM engines, without ``DYN_NB_VLLM_DISAGG=1``)."""
-    reason = None
-    if importlib.util.find_spec("vllm") is None:
-        reason = "vLLM is not installed (pip install -e '.[vllm]')"
-    elif disaggregated and os.environ.get("DYN_NB_VLLM_DISAGG") != "1":
-        reason = "set DYN_NB_VLLM_DISAGG=1 to run vLLM prefill/decode workers (not reliable on 2 cores yet)"
+    reason = vllm_skip_reason(VLLM_DISAGG_OPT_IN if disaggregated else None)
     return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 

@@ -8,14 +8,13 @@ Skips (with the reason) when vLLM is not installed: ``pip install -e ".[vllm]"``
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from helpers import FRONTEND, ROOT, collect, free_port
+from helpers import FRONTEND, ROOT, VLLM_DISAGG_OPT_IN, collect, free_port, vllm_skip_reason
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]')")
 
@@ -44,8 +43,9 @@ async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     on a 2-core host the prefill and then the decode worker's event loop stalled for 5-11 s
     around the first NIXL handshake (vLLM gives the handshake 5 s; the frontend cuts a stream
     after 5 s of silence), so they are not part of the default run yet."""
-    if os.environ.get("DYN_NB_VLLM_DISAGG") != "1":
-        pytest.skip("set DYN_NB_VLLM_DISAGG=1 to run the vLLM worker processes (not reliable on 2 cores yet)")
+    reason = vllm_skip_reason(VLLM_DISAGG_OPT_IN)
+    if reason is not None:
+        pytest.skip(reason)
     logs = tmp_path_factory.mktemp("vllm")
     common = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
     eager = [*common, "--enforce-eager"]

@@ -50,6 +50,7 @@ from ..runtime import Context as _Context
 from ..runtime import DistributedRuntime as _Runtime
 from ..runtime.client import Client as _Client
 from ..runtime.client import ResponseStream
+from ..runtime.server import adapt_handler
 from ..runtime.worker import shutdown_on_signals
 
 DYNAMO_STOP_GRACE = 5.0
@@ -173,6 +174,7 @@ class DistributedRuntime:
         self._nats_url = os.environ.get("NATS_SERVER") if self._plane == "nats" else None
         self._inner: _Runtime | None = None
         self._connecting: asyncio.Lock | None = None
+        self._shutting_down: asyncio.Task[None] | None = None  # held: a bare task may be collected
         self.pending_cards: dict[str, list[Any]] = {}  # endpoint path → model cards register_llm built
 
     async def inner(self) -> _Runtime:
@@ -195,8 +197,8 @@ class DistributedRuntime:
 
     def shutdown(self) -> None:
         """Start shutting down (Dynamo's is synchronous); `shutdown_async` waits for it."""
-        if self._inner is not None:
-            asyncio.get_running_loop().create_task(self._inner.shutdown())
+        if self._inner is not None and self._shutting_down is None:
+            self._shutting_down = asyncio.get_running_loop().create_task(self._inner.shutdown())
 
     async def shutdown_async(self) -> None:
         if self._inner is not None:
@@ -289,8 +291,6 @@ def _with_dynamo_context(
     handler: Callable[..., AsyncIterator[Any]],
 ) -> Callable[[Any, _Context], AsyncIterator[Any]]:
     """``handler`` called with a Dynamo `Context`; a `CancelledError` it raises once stopped ends the stream."""
-    from ..runtime.server import adapt_handler
-
     call = adapt_handler(handler)
 
     async def serve(request: Any, context: _Context) -> AsyncIterator[Any]:
@@ -332,8 +332,6 @@ def dynamo_endpoint(
     a pydantic request type parses the request (``model_validate``); a pydantic item is sent as its dict."""
 
     def decorate(func: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-        from ..runtime.server import adapt_handler
-
         call = adapt_handler(func)
 
         @functools.wraps(func)

@@ -133,6 +133,14 @@ class InstanceSet:
             on_change(key, value)
 
 
+async def cancel_tasks(tasks: list[asyncio.Task[None]], timeout: float = 2.0) -> None:
+    """Cancel a backend's background tasks and wait (at most ``timeout`` s) until they end."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
+
+
 def _id_from_key(key: str) -> int | None:
     try:
         return int(key.rsplit("/", 1)[1], 16)

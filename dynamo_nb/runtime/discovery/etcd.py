@@ -11,7 +11,7 @@ import aetcd
 import aetcd.rtypes
 
 from ...errors import ConfigError, ServiceUnavailableError
-from .base import KeyValueDiscovery, PrefixWatch
+from .base import KeyValueDiscovery, PrefixWatch, cancel_tasks
 
 __all__ = ["EtcdDiscovery", "parse_etcd_url"]
 
@@ -120,9 +120,7 @@ class EtcdDiscovery(KeyValueDiscovery):
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.wait(self._tasks, timeout=2.0) if self._tasks else None
+        await cancel_tasks(self._tasks)
         if self._client is not None:
             try:
                 await asyncio.wait_for(self._client.revoke_lease(self._lease_id), 2.0)

@@ -34,7 +34,7 @@ from urllib.parse import quote, unquote
 
 from ...errors import ConfigError
 from ..ids import new_instance_id
-from .base import KeyValueDiscovery, PrefixWatch
+from .base import KeyValueDiscovery, PrefixWatch, cancel_tasks
 
 __all__ = ["FileDiscovery", "parse_file_url"]
 
@@ -117,10 +117,7 @@ class FileDiscovery(KeyValueDiscovery):
         if self._closed:
             return
         self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=2.0)
+        await cancel_tasks(self._tasks)
         for key in list(self._owned):
             self._unlink(self._keys / _file_name(key, self.connection_id))
         self._owned.clear()
