@@ -4,7 +4,9 @@ Identical graphs over etcd + NATS, each one mocker process with 4 engines (limit
 Dynamo's timing model at speedup 1, chunked prefill with vLLM's 2048-token step budget)
 behind its own frontend: one frontend routes round robin, one with ``--router-mode kv`` at the
 default overlap weight (1: balances KV load as much as it follows the cache), one with
-``--kv-overlap-score-weight 4`` (favours cache hits, for TTFT). The workload is 16 long shared
+``--kv-overlap-score-weight 4`` (favours cache hits, for TTFT), and one kv frontend as two
+processes on one port (``--http-workers 2``: each router sees the same KV events but counts
+only its own requests' load). The workload is 16 long shared
 system prompts (about 5.7 k tokens) with 32 short user turns each, in a seeded random order,
 at concurrency 16 (4 requests per engine): round robin spreads every system prompt over all
 four engines, whose pools cannot hold all 16; the KV router keeps each on an engine that has
@@ -36,6 +38,8 @@ MODES = {
     "round-robin": ["--router-mode", "round-robin"],
     "kv": ["--router-mode", "kv"],
     "kv-weight-4": ["--router-mode", "kv", "--kv-overlap-score-weight", "4"],
+    # two frontend processes on one port, each with its own KV router (its own requests' load)
+    "kv-2-frontends": ["--router-mode", "kv", "--http-workers", "2"],
 }
 GROUPS, SYSTEM_WORDS, USER_WORDS, TOKENS, CONCURRENCY = 16, 2300, 24, 16, 16
 MOCKER_FLAGS = ["--num-workers", "4", "--num-gpu-blocks", "2400", "--kv-cache-block-size", "16",

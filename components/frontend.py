@@ -9,7 +9,9 @@ publishes; in static mode it is told the one model and the worker endpoint inste
     python components/frontend.py --static-endpoint dynamo.backend.generate --model-name tiny-llama \\
         --model-path DIR --nats-url nats://127.0.0.1:4222
 
-It prints ``READY frontend url=http://HOST:PORT`` once it listens.
+It prints ``READY frontend url=http://HOST:PORT`` once it listens. ``--http-workers N`` runs N
+frontend processes on the one port (``SO_REUSEPORT``), each with its own routers, so the frontend
+uses N cores.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.flags import frontend_parser
 from dynamo_nb.frontend.options import start_frontend, validate_frontend_args
+from dynamo_nb.frontend.replicas import start_http_replicas, stop_http_replicas
 from dynamo_nb.runtime import (
     announce_ready,
     configure_logging,
@@ -38,6 +41,7 @@ def build_parser():
 
 
 async def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
     validate_frontend_args(args)  # bad flag combinations fail here, naming the flag to change
@@ -45,10 +49,13 @@ async def main(argv: list[str] | None = None) -> int:
     runtime: DistributedRuntime = await runtime_from_args(args)  # static discovery with --static-endpoint
     # HTTP, router mode, KV router settings; with --static-endpoint the model is given here
     frontend = await start_frontend(runtime, args)
+    shutdown_on_signals(runtime)
+    # --http-workers N: N - 1 more processes like this one listen on the same port
+    replicas = await start_http_replicas(__file__, argv, frontend.port, args.http_workers - 1)
     announce_ready("frontend", url=frontend.url)
 
-    shutdown_on_signals(runtime)
     await runtime.wait_closed()
+    await stop_http_replicas(replicas)
     await frontend.stop()
     return 0
 

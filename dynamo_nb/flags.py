@@ -32,6 +32,7 @@ __all__ = [
     "add_disagg_args",
     "add_endpoint_arg",
     "add_engine_args",
+    "add_event_loop_arg",
     "add_frontend_args",
     "add_hf_args",
     "add_http_args",
@@ -129,11 +130,21 @@ def add_endpoint_arg(parser: argparse._ActionsContainer, default: str) -> None:
 
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--log-level``."""
+    """Add ``--log-level`` and ``--no-uvloop`` (read before the parser runs, by `run_program`)."""
     parser.add_argument(
         "--log-level",
         default=_env("LOG_LEVEL", "INFO"),
         help="logging level: DEBUG | INFO | WARNING | ERROR (env DYN_NB_LOG_LEVEL; default: %(default)s)",
+    )
+    add_event_loop_arg(parser)
+
+
+def add_event_loop_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``--no-uvloop`` (`dynamo_nb.runtime.worker.run_program` reads it before parsing)."""
+    parser.add_argument(
+        "--no-uvloop",
+        action="store_true",
+        help="run on asyncio's own event loop even when uvloop is installed (env DYN_NB_UVLOOP=0)",
     )
 
 
@@ -173,6 +184,15 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     """Add the frontend's own flags: HTTP address, ``--router-mode`` and static mode."""
     add_http_args(parser)
     group = parser.add_argument_group("frontend")
+    group.add_argument(
+        "--http-workers",
+        type=int,
+        default=int(_env("HTTP_WORKERS", "1") or 1),
+        help="frontend processes sharing --http-port (SO_REUSEPORT), each with its own routers, all fed "
+        "by the same discovery and KV events: a frontend that uses more than one core (env "
+        "DYN_NB_HTTP_WORKERS; default: %(default)s)",
+    )
+    group.add_argument("--http-reuse-port", action="store_true", help=argparse.SUPPRESS)  # set on replicas
     group.add_argument(
         "--router-mode",
         choices=ROUTER_MODES,
@@ -345,6 +365,12 @@ def add_mocker_args(parser: argparse.ArgumentParser) -> None:
         help="divide every simulated step time by this (default: %(default)s)",
     )
     group.add_argument(
+        "--decode-speedup-ratio",
+        type=float,
+        default=1.0,
+        help="divide the decode part of a step time by this too, as Dynamo's mocker (default: %(default)s)",
+    )
+    group.add_argument(
         "--context-length",
         type=int,
         default=None,
@@ -403,6 +429,7 @@ def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None
     add_endpoint_arg(parser, DEFAULT_WORKER_ENDPOINT)
     add_disagg_args(parser, bootstrap=False)
     AsyncEngineArgs.add_cli_args(parser)  # its --log-level is ours too: one level for both
+    add_event_loop_arg(parser)
     parser.set_defaults(log_level=_env("LOG_LEVEL", "INFO"), model=None)  # --model: as --model-path
     if current_platform.is_cpu():
         parser.set_defaults(**cpu_engine_defaults())
@@ -506,6 +533,7 @@ def sglang_worker_parser(
     _add_prefill_endpoint_arg(ours)
     _add_no_bootstrap_endpoint_arg(ours)
     add_sglang_args(parser)
+    add_event_loop_arg(parser)
     parser.set_defaults(log_level=_env("LOG_LEVEL", "INFO"), model_path=_env("MODEL_PATH", None))
     return parser
 

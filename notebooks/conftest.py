@@ -1,5 +1,5 @@
 """nbval runs every notebook here as a test. The vLLM notebook skips, with the reason, without vLLM
-and unless ``DYN_NB_VLLM_NOTEBOOK=1`` (why: ``tests/helpers.py``)."""
+and unless ``DYN_NB_VLLM_LONG=1`` (why: ``tests/helpers.py``)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ cancellation examples), in one process and as processes over etcd + TCP, etcd + 
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -65,27 +67,62 @@ def environments(services: Any, tmp_path: Path) -> dict[str, dict[str, str]]:
     }
 
 
+async def run_program(program: Path, *args: str, env: dict[str, str], timeout: float = 60) -> list[str]:
+    """Run a client program to its end; its stdout lines (its exit status must be 0)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(program),
+        *args,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        output, _ = await asyncio.wait_for(process.communicate(), timeout)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    lines = output.decode().splitlines()
+    assert process.returncode == 0, lines
+    return lines
+
+
+async def serve_program(program: Path, instance: str, env: dict[str, str], log_dir: Path) -> Any:
+    """Launch a Dynamo-shaped server; ready once ``instance`` is in discovery (it prints no READY line)."""
+    watcher = DistributedRuntime(asyncio.get_running_loop(), "etcd", False)
+    try:
+        return await launch(
+            program,
+            env=env,
+            cwd=ROOT,
+            log_dir=log_dir,
+            show_logs=False,
+            ready=None,
+            instance=instance,
+            runtime=await watcher.inner(),
+            timeout=60,
+        )
+    finally:
+        await watcher.shutdown_async()
+
+
 @pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
-async def test_the_hello_world_worker_serves_a_dynamo_client(
+async def test_the_hello_world_worker_serves_the_hello_world_client(
     services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    env = environments(services, tmp_path)[mode]
+    env = {**environments(services, tmp_path)[mode], "DYN_TEST_HELLO_WORLD_WORD_DELAY_SEC": "0.01"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    worker = await launch(SHAPED / "hello_world.py", env=env, cwd=ROOT, log_dir=tmp_path, show_logs=False)
-    runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", False)
+    worker = await serve_program(SHAPED / "hello_world.py", "hello_world.backend.generate", env, tmp_path)
     try:
-        client = await runtime.endpoint("hello_world.backend.generate").client()
-        await client.wait_for_instances(timeout=30)
-        stream = await client.generate("world,sun,moon,star")
-        assert [r.data() async for r in stream] == [
-            "Hello world!",
-            "Hello sun!",
-            "Hello moon!",
-            "Hello star!",
-        ]
+        printed = await run_program(SHAPED / "hello_world_client.py", env=env)
+        assert printed[-4:] == ["Hello world!", "Hello sun!", "Hello moon!", "Hello star!"]
+        assert any(
+            "[backend] __main__: Received request: world,sun,moon,star" in line for line in worker.logs()
+        )
     finally:
-        await runtime.shutdown_async()
         await worker.stop(timeout=10)
 
 
@@ -100,31 +137,85 @@ async def test_stopping_a_dynamo_request_reaches_the_server(
     env = environments(services, tmp_path)["etcd-tcp"]
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    common = {"env": env, "cwd": ROOT, "log_dir": tmp_path, "show_logs": False}
-    server = await launch(SHAPED / "cancellation_server.py", **common)
-    middle = await launch(SHAPED / "cancellation_middle.py", **common) if through == "middle" else None
-    runtime = DistributedRuntime(asyncio.get_running_loop(), "etcd", False)
+    server = await serve_program(SHAPED / "cancellation_server.py", "demo.server.generate", env, tmp_path)
+    middle = None
     try:
-        client = await runtime.namespace("demo").component(through).endpoint("generate").client()
-        await client.wait_for_instances(timeout=30)
-        context = Context()
-        received = []
-        async for response in await client.generate("dummy_request", context=context):
-            received.append(response.data())
-            if len(received) == 3:
-                context.stop_generating()
-                break
-        assert received == [0, 1, 2]
+        if through == "middle":
+            middle = await serve_program(
+                SHAPED / "cancellation_middle.py", "demo.middle.generate", env, tmp_path
+            )
+        args = ["--middle"] if through == "middle" else []
+        printed = await run_program(SHAPED / "cancellation_client.py", *args, env=env)
+        received = [line for line in printed if line.startswith("Client: Received")]
+        assert received == ["Client: Received 0", "Client: Received 1", "Client: Received 2"]
+        assert printed[-1] == "Client: Done"
         for _ in range(100):  # the stop crossed the wire (twice, through the middle server)
             if cancelled(server.logs()):
                 break
             await asyncio.sleep(0.05)
         assert cancelled(server.logs()), server.logs()
     finally:
-        await runtime.shutdown_async()
         for process in (middle, server):
             if process is not None:
                 await process.stop(timeout=10)
+
+
+async def test_client_options_context_ids_and_handler_shapes_as_dynamos(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``annotated=False``, ``Context(id)``, a keyword-only ``context``, a method endpoint and a
+    pydantic request sent as a JSON string, in one process."""
+    import pydantic
+
+    monkeypatch.setenv("DYN_NB_DISCOVERY", "memory")
+
+    class Question(pydantic.BaseModel):
+        text: str
+
+    seen: list[str] = []
+
+    async def keyword_context(request, *, context):
+        seen.append(context.id())
+        yield request.upper()
+
+    class Handlers:
+        prefix = "re: "
+
+        @dynamo_endpoint(Question, str)
+        async def answer(self, request: Question, context):
+            seen.append(context.id())
+            yield self.prefix + request.text
+
+    runtime = DistributedRuntime(asyncio.get_running_loop(), "mem", "tcp", False)
+    upper = runtime.endpoint("demo.shapes.upper")
+    answer = runtime.endpoint("demo.shapes.answer")
+    loop = asyncio.get_running_loop()
+    serving = [
+        loop.create_task(upper.serve_endpoint(keyword_context)),
+        loop.create_task(answer.serve_endpoint(Handlers().answer)),
+    ]
+    try:
+        upper_client, answer_client = await upper.client(), await answer.client()
+        await upper_client.wait_for_instances()
+        await answer_client.wait_for_instances()
+        bare = [
+            item
+            async for item in await upper_client.generate("hi", annotated=False, context=Context("req-7"))
+        ]
+        assert bare == ["HI"]
+        items = [item async for item in await answer_client.round_robin(Question(text="x").model_dump_json())]
+        assert [item.data() for item in items] == ["re: x"] and not items[0].is_error()
+        assert seen[0] == "req-7" and len(seen) == 2
+    finally:
+        await runtime.shutdown_async()
+        await asyncio.wait_for(asyncio.gather(*serving), 10)
+
+
+def test_an_unknown_discovery_backend_is_a_clear_error() -> None:
+    from dynamo_nb.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="use 'etcd', 'file' or 'mem'"):
+        DistributedRuntime(None, "etcdd", "tcp")
 
 
 async def test_a_dynamo_llm_worker_registers_its_model_for_our_frontend(
@@ -177,3 +268,38 @@ async def test_register_llm_refuses_text_input_with_what_to_use() -> None:
             await register_llm(ModelInput.Text, ModelType.Chat, endpoint, tiny_model_path())
     finally:
         await runtime.shutdown_async()
+
+
+async def test_a_model_registered_after_its_endpoint_serves_is_published(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Dynamo's examples may ``gather(serve_endpoint(...), register_model(...))``: either order works."""
+    from dynamo_nb.compat.llm import ModelInput, ModelType, WorkerType, register_model
+    from dynamo_nb.frontend import Frontend
+    from dynamo_nb.models import tiny_model_path
+
+    monkeypatch.setenv("DYN_NB_DISCOVERY", "memory")
+
+    async def generate(request: dict[str, Any]):
+        yield {"token_ids": request["token_ids"][:1], "finish_reason": "length"}
+
+    runtime = DistributedRuntime(asyncio.get_running_loop(), "mem")
+    endpoint = runtime.endpoint("dynamo.late.generate")
+    serving = asyncio.get_running_loop().create_task(endpoint.serve_endpoint(generate))
+    frontend = await Frontend.start(await runtime.inner(), port=0)
+    try:
+        await (await endpoint.client()).wait_for_instances(timeout=10)
+        card = await register_model(
+            model_input=ModelInput.Tokens,
+            model_type=ModelType.Chat,
+            endpoint=endpoint,
+            model_path=tiny_model_path(),
+            model_name="late",
+            worker_type=WorkerType.Aggregated,
+        )
+        assert card.kinds == ["chat"]
+        await frontend.wait_for_model("late", timeout=10)
+    finally:
+        await frontend.stop()
+        await runtime.shutdown_async()
+        await asyncio.wait_for(serving, 10)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ROOT, VLLM_DISAGG_OPT_IN, vllm_skip_reason
+from helpers import ROOT, VLLM_LONG_OPT_IN, vllm_skip_reason
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.graph import Graph, GraphError, apply_overrides, check_graph, serve
@@ -114,8 +114,8 @@ def gone(pid: int) -> bool:
 
 
 def needs_vllm(disaggregated: bool = False) -> pytest.MarkDecorator:
-    """Skip, saying why, without vLLM (and, for two vLLM engines, without ``DYN_NB_VLLM_DISAGG=1``)."""
-    reason = vllm_skip_reason(VLLM_DISAGG_OPT_IN if disaggregated else None)
+    """Skip, saying why, without vLLM (and, for two vLLM engines, without ``DYN_NB_VLLM_LONG=1``)."""
+    reason = vllm_skip_reason(VLLM_LONG_OPT_IN if disaggregated else None)
     return pytest.mark.skipif(reason is not None, reason=reason or "")
 
 

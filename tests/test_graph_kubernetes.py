@@ -157,15 +157,25 @@ async def test_system_status_is_ready_once_an_endpoint_is_served() -> None:
             await http.get("/live")
 
 
-async def test_a_worker_process_answers_health_on_its_system_port() -> None:
+@pytest.mark.parametrize(("flags", "event_loop"), [([], "uvloop"), (["--no-uvloop"], "asyncio")])
+async def test_a_worker_process_answers_health_on_its_system_port(flags: list[str], event_loop: str) -> None:
+    """...and runs on uvloop (installed with the serving extras) unless told not to."""
     port = free_port()
     worker = await launch(
-        ROOT / "components/echo_worker.py", "--system-port", str(port), cwd=ROOT, show_logs=False, timeout=60
+        ROOT / "components/echo_worker.py",
+        "--system-port",
+        str(port),
+        *flags,
+        cwd=ROOT,
+        show_logs=False,
+        timeout=60,
     )
     try:
         async with httpx.AsyncClient(timeout=5) as http:
             health = await http.get(f"http://127.0.0.1:{port}/health")
+            live = await http.get(f"http://127.0.0.1:{port}/live")
         assert health.status_code == 200 and health.json()["status"] == "ready"
+        assert live.json() == {"status": "live", "event_loop": event_loop}
     finally:
         await worker.stop(timeout=10)
 

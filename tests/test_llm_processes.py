@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import os
 import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from helpers import FRONTEND, HF_WORKER, ROOT, RuntimeFactory, collect, free_port
+from helpers import FRONTEND, HF_WORKER, ROOT, RuntimeFactory, collect, free_port, metric_value
 
 from dynamo_nb.llm import ModelTokenizer
 
@@ -240,3 +242,71 @@ async def test_readme_command_one_serves_and_answers_curl(start_worker: Any) -> 
     finally:
         process.terminate()
         assert await asyncio.wait_for(process.wait(), 10) == 0
+
+
+async def test_http_workers_share_the_port_and_stop_together(services: Any, start_worker: Any) -> None:
+    """``--http-workers 2``: two frontend processes on one port (SO_REUSEPORT), each with its own
+    routers; connections spread between them; both stop with the first."""
+    etcd = ["--discovery", services.etcd_url]
+    await start_worker(
+        *etcd, "--model-name", "mock", "--speedup-ratio", "1000", script=ROOT / "components/mocker_worker.py"
+    )
+    port = free_port()
+    frontend = await start_worker(*etcd, "--http-port", str(port), "--http-workers", "2", script=FRONTEND)
+    url = f"http://127.0.0.1:{port}"
+    replicas = child_pids(frontend.pid)
+    assert len(replicas) == 1, replicas
+    body = {"model": "mock", "messages": HI, "max_tokens": 4}
+    one_connection_each = httpx.Limits(max_keepalive_connections=0)  # a new connection per request
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=one_connection_each) as http:
+        for _ in range(100):  # each process learns the model from discovery on its own
+            served = {(await http.get("/v1/models")).json()["data"] != [] for _ in range(8)}
+            if served == {True}:
+                break
+            await asyncio.sleep(0.1)
+        replies = await asyncio.gather(*(http.post("/v1/chat/completions", json=body) for _ in range(40)))
+        assert [r.status_code for r in replies] == [200] * 40
+        counts = set()
+        for _ in range(30):  # /metrics answers from whichever process took the connection
+            text = (await http.get("/metrics")).text
+            counts.add(
+                metric_value(
+                    text,
+                    "dynamo_frontend_requests_total",
+                    model="mock",
+                    endpoint="chat_completions",
+                    status="success",
+                )
+            )
+    assert len(counts) == 2 and sum(counts) == 40, counts  # both served, every request counted once
+    await frontend.stop(timeout=10)  # SIGTERM: it stops its replica
+    for _ in range(100):
+        if not any(pid_alive(pid) for pid in replicas):
+            break
+        await asyncio.sleep(0.1)
+    assert not any(pid_alive(pid) for pid in replicas)
+
+
+def child_pids(parent: int) -> list[int]:
+    """The pids whose parent is ``parent`` (Linux /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                children.append(int(entry.name))
+    return children
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return (
+        Path(f"/proc/{pid}/stat").exists()
+        and Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    )

@@ -18,7 +18,7 @@ from dynamo_nb.engines import MockerEngine
 from dynamo_nb.engines.kv_cache.blocks import KvBlockManager
 from dynamo_nb.engines.mocker import decode_ms, prefill_ms
 from dynamo_nb.errors import InvalidRequestError
-from dynamo_nb.llm import engine_handler
+from dynamo_nb.llm import PreprocessedRequest, StopConditions, engine_handler
 from dynamo_nb.router.kv import RadixTree, block_hashes
 from dynamo_nb.runtime import parse_ready_line
 
@@ -84,6 +84,52 @@ def test_timing_model_is_dynamos_polynomials() -> None:
         -25.74 / 4 + 54.01 / 2 + 5.74
     )
     assert decode_ms(5.0) == 1.0  # the floor
+
+
+async def test_the_step_that_finishes_a_prompt_also_decodes_and_load_counts_decoded_tokens() -> None:
+    """As Dynamo's mocker: the first token's step costs prefill + decode, and the KV load grows
+    with each request's decoded tokens (whole blocks); a prefill worker's pass has no decode."""
+    engine = MockerEngine(block_size=4, num_blocks=64, speedup_ratio=1000.0)
+    request = PreprocessedRequest(list(range(8)), StopConditions(max_tokens=3))
+    assert len([o async for o in engine.generate(request)]) == 3
+    # 8 prompt tokens = 2 blocks; after 1 and 2 decoded tokens the request holds 3 blocks
+    expected_ms = prefill_ms(8) + decode_ms(2 / 64) + 2 * decode_ms(3 / 64)
+    assert engine.steps == 3 and engine.simulated_s == pytest.approx(expected_ms / 1000 / 1000)
+    await engine.close()
+
+    slower_decode = MockerEngine(block_size=4, num_blocks=64, speedup_ratio=1000.0, decode_speedup_ratio=0.5)
+    assert len([o async for o in slower_decode.generate(request)]) == 3
+    expected_ms = prefill_ms(8) + 2 * (decode_ms(2 / 64) + 2 * decode_ms(3 / 64))
+    assert slower_decode.simulated_s == pytest.approx(expected_ms / 1000 / 1000)
+    await slower_decode.close()
+
+    prefill = MockerEngine(block_size=4, num_blocks=64, speedup_ratio=1000.0)
+    header, _ = await prefill._prefill_handoff(
+        PreprocessedRequest(list(range(8)), StopConditions(max_tokens=3)), None
+    )
+    assert header["first_token"] == 0 and prefill.simulated_s == pytest.approx(prefill_ms(8) / 1000 / 1000)
+    await prefill.close()
+
+
+@pytest.mark.parametrize("step_ms", [0.05, 5.0])
+async def test_simulated_time_matches_the_clock_over_a_thousand_steps(step_ms: float) -> None:
+    """Steps sleep until their deadline: 1000 steps of 0.05 ms (far below the event loop's ~1 ms
+    timer resolution) or 5 ms take their simulated time within 5 %, not a millisecond each more.
+    The best of three runs counts (a busy host can steal a run's CPU)."""
+    loop = asyncio.get_running_loop()
+    errors = []
+    for _ in range(3):
+        engine = MockerEngine(block_size=4, num_blocks=1 << 20, speedup_ratio=decode_ms(0.0) / step_ms)
+        request = PreprocessedRequest(list(range(4)), StopConditions(max_tokens=1001))
+        started = loop.time()
+        assert len([o async for o in engine.generate(request)]) == 1001
+        measured = loop.time() - started
+        await engine.close()
+        assert engine.steps == 1001
+        errors.append(abs(measured - engine.simulated_s) / engine.simulated_s)
+        if errors[-1] <= 0.05:
+            break
+    assert min(errors) <= 0.05, f"measured vs simulated time off by {[f'{e:.1%}' for e in errors]}"
 
 
 async def test_engine_streams_exactly_max_tokens_and_reuses_the_cache() -> None:

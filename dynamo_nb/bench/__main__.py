@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--label", default="", help="value of the label column")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds one request may take")
     parser.add_argument("--warmup", type=int, default=0, help="unrecorded requests before the sweep")
+    parser.add_argument(
+        "--new-connection", action="store_true", help="a new TCP connection per request (default: keep-alive)"
+    )
     parser.add_argument("--out", default=None, help="write the summary and every request as JSON here")
     parser.add_argument("--plot", default=None, help="write a PNG chart here")
     parser.add_argument(
@@ -93,6 +96,7 @@ async def main(argv: list[str] | None = None) -> int:
             worker_ids=args.worker_ids,
             timeout=args.timeout,
             warmup=args.warmup,
+            new_connection=args.new_connection,
             progress=args.progress,
         )
     except ConfigError as exc:

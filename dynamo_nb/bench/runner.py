@@ -79,6 +79,7 @@ async def run(
     api_key: str | None = None,
     timeout: float = 300.0,
     warmup: int = 0,
+    new_connection: bool = False,
     progress: bool = True,
     live: LiveChart | None = None,
 ) -> pd.DataFrame:
@@ -107,6 +108,8 @@ async def run(
         api_key: sent as ``Authorization: Bearer …``.
         timeout: seconds one request may take; it then counts as an error.
         warmup: requests sent (and not recorded) before the first level.
+        new_connection: open a new TCP connection for every request (connect time counts in
+            TTFT, as for clients that do not keep connections alive); default keep-alive.
         progress: a ``tqdm.auto`` progress bar.
         live: a `LiveChart` (see `live`) redrawn while the run goes.
 
@@ -145,7 +148,7 @@ async def run(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     records: list[dict[str, Any]] = []
 
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=new_connection)
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
         origin = perf_counter()
 

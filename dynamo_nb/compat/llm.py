@@ -1,4 +1,5 @@
-"""Dynamo's ``dynamo.llm`` registration names on dynamo_nb: ``register_llm``, ``ModelInput``, ``ModelType``.
+"""Dynamo's ``dynamo.llm`` registration names on dynamo_nb: ``register_llm`` (and its newer
+name ``register_model``), ``ModelInput``, ``ModelType``, ``WorkerType``.
 
 A Dynamo LLM worker registers its model before it serves::
 
@@ -22,10 +23,10 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..llm.card import ModelCard, ModelRuntimeConfig
-from ..llm.register import llm_card
+from ..llm.register import llm_card, publish_card
 from .runtime import Endpoint
 
-__all__ = ["ModelInput", "ModelRuntimeConfig", "ModelType", "register_llm"]
+__all__ = ["ModelInput", "ModelRuntimeConfig", "ModelType", "WorkerType", "register_llm", "register_model"]
 
 
 class ModelInput(enum.Enum):
@@ -42,6 +43,14 @@ class ModelType(enum.Flag):
     Completions = enum.auto()
     Prefill = enum.auto()
     Embedding = enum.auto()
+
+
+class WorkerType(enum.Enum):
+    """What a worker does in a disaggregated deployment (`register_model`'s ``worker_type``)."""
+
+    Aggregated = "aggregated"
+    Prefill = "prefill"
+    Decode = "decode"
 
 
 _KINDS = {ModelType.Chat: "chat", ModelType.Completions: "completions", ModelType.Prefill: "prefill"}
@@ -80,5 +89,33 @@ async def register_llm(
     if runtime_config is not None:
         options["runtime_config"] = runtime_config
     card = llm_card(inner, model_path, **options)
-    endpoint.component.namespace.runtime.pending_cards.setdefault(endpoint.path, []).append(card)
+    runtime = endpoint.component.namespace.runtime
+    serving = runtime.serving.get(endpoint.path)
+    if serving is not None:  # registered after (or while) the endpoint started serving
+        await publish_card(serving, card)
+    else:
+        runtime.pending_cards.setdefault(endpoint.path, []).append(card)
     return card
+
+
+async def register_model(
+    model_input: ModelInput,
+    model_type: ModelType,
+    endpoint: Endpoint,
+    model_path: str | Path,
+    model_name: str | None = None,
+    *,
+    worker_type: WorkerType | None = None,
+    **options: Any,
+) -> ModelCard:
+    """Dynamo's newer name for `register_llm` (keyword arguments, and a ``worker_type``:
+    `WorkerType.Prefill` registers a prefill worker).
+
+    Example::
+
+        await register_model(model_input=ModelInput.Tokens, model_type=ModelType.Chat,
+                             endpoint=endpoint, model_path=tiny_model_path(), model_name="tiny")
+    """
+    if worker_type is WorkerType.Prefill:
+        model_type = ModelType.Prefill
+    return await register_llm(model_input, model_type, endpoint, model_path, model_name, **options)

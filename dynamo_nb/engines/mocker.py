@@ -4,13 +4,20 @@ A vLLM-style loop with chunked prefill: each step gives every prefilled request 
 token, spends the rest of the token budget (``max_num_batched_tokens``) on prompt chunks of
 running prefills, then admits waiting requests (while ``max_num_seqs`` and the KV pool allow)
 with chunks of their uncached prompt tokens. A request's first token comes at the end of the
-step that finishes its prompt. A step lasts what
-Dynamo's published timing model says (milliseconds, divided by ``speedup_ratio``):
+step that finishes its prompt. A step lasts what Dynamo's mocker says (its polynomial
+timing model, milliseconds):
 
 - prefill: ``4.209989e-7·T² + 1.518344e-2·T + 16.50142`` for T uncached prompt tokens in the
-  step (0 when everything was cached);
-- decode (when the step has prefilled requests): ``-25.74·p² + 54.01·p + 5.74`` (at least 1)
-  with p = active KV tokens / total KV tokens.
+  step (0 when everything was cached), divided by ``speedup_ratio``;
+- decode, when some request has a token to emit at the end of the step (including those whose
+  prompt the step finishes; a prefill worker's handoffs do not count):
+  ``max(-25.74·p² + 54.01·p + 5.74, 1)`` with p = KV tokens held by running requests (their
+  prompts and the tokens decoded so far, in whole blocks) / total KV tokens, divided by
+  ``speedup_ratio · decode_speedup_ratio``.
+
+Steps run against an absolute clock: each step's deadline is the previous one plus its
+duration, so the event loop's timer resolution (about 1 ms) and the scheduler's own work are
+carried over, not added to every step; simulated time matches the model over many steps.
 
 Its KV block manager reuses cached prompt prefixes and emits real KV events (``kv_events``),
 so the KV router sees what it would see from vLLM. It streams exactly ``max_tokens`` tokens
@@ -55,6 +62,14 @@ __all__ = ["MOCK_KV_FORMAT", "MockerEngine", "decode_ms", "prefill_ms"]
 
 MOCK_KV_FORMAT = "dynamo_nb.mock-kv.v1"  # a prefill's handoff: no tensors, the prompt length and first token
 
+# The timing model follows Dynamo's mocker: ai-dynamo/dynamo lib/mocker/src/common/perf_model.rs
+# (PerfModel::Polynomial) and lib/mocker/src/scheduler/vllm/core.rs (the pass's prefill tokens,
+# its ready requests, the decode load) @ f80944a4c0c32d6e8ba9ab7a58a399eae18a053a; a pass sleeps
+# until its deadline as lib/mocker/src/scheduler/vllm/live.rs @ 7568efc4c9497e42f0c6f018d79738ce4a1516e5.
+MAX_CATCH_UP_S = 0.05
+"""After a stall (no CPU for the event loop) at most this much lost time is made up by running
+steps back to back; the rest is dropped, as a real engine cannot compute faster to catch up."""
+
 
 def prefill_ms(uncached_tokens: int) -> float:
     """Dynamo's polynomial prefill time for ``uncached_tokens`` new prompt tokens in a step."""
@@ -80,6 +95,7 @@ class _Request:
     emitted: int = 0  # tokens handed to the stream
     cancelled: bool = False
     transferred: bool = False  # a decode: its prompt's KV came from a prefill worker
+    handoff: bool = False  # a prefill worker's request: its one token is part of the prefill pass
 
     @property
     def prefilled(self) -> bool:
@@ -103,10 +119,14 @@ class MockerEngine(BootstrapRole):
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
         speedup_ratio: float = 1.0,
+        decode_speedup_ratio: float = 1.0,
         kv_events: KvEventSink | None = None,
     ) -> None:
-        if speedup_ratio <= 0:
-            raise ConfigError(f"--speedup-ratio must be positive, got {speedup_ratio}")
+        if speedup_ratio <= 0 or decode_speedup_ratio <= 0:
+            raise ConfigError(
+                f"--speedup-ratio and --decode-speedup-ratio must be positive, got {speedup_ratio} and "
+                f"{decode_speedup_ratio}"
+            )
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ConfigError(
                 f"--max-num-batched-tokens and --max-num-seqs must be at least 1, got {max_num_batched_tokens} "
@@ -117,10 +137,12 @@ class MockerEngine(BootstrapRole):
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.speedup_ratio = speedup_ratio
+        self.decode_speedup_ratio = decode_speedup_ratio
         self.kv_events = kv_events
         self.prefix_hits = 0
         self.prompt_blocks = 0
         self.steps = 0
+        self.simulated_s = 0.0  # the model's time of every step run, summed
         self._waiting: deque[_Request] = deque()
         self._running: list[_Request] = []
         self._wake = asyncio.Event()
@@ -149,6 +171,7 @@ class MockerEngine(BootstrapRole):
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             speedup_ratio=args.speedup_ratio,
+            decode_speedup_ratio=getattr(args, "decode_speedup_ratio", 1.0),
             kv_events=kv_events,
         )
         engine.kv_timeout = args.kv_timeout
@@ -172,7 +195,7 @@ class MockerEngine(BootstrapRole):
     ) -> tuple[dict[str, Any], bytes]:
         """The prefill role's work (see `BootstrapRole.prefill`): the prompt through the scheduler
         (its blocks cached here), then a tensor-less handoff."""
-        job = _Request(request.token_ids, 1)
+        job = _Request(request.token_ids, 1, handoff=True)
         async with contextlib.aclosing(self._stream(job, context)) as outputs:
             tokens = [token async for output in outputs for token in output.token_ids]
         if not tokens:
@@ -241,16 +264,21 @@ class MockerEngine(BootstrapRole):
             self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="dynamo_nb-mocker")
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None  # when the current step ends, on the loop's clock
         while True:
             if not self._waiting and not self._running:
                 self._wake.clear()
                 await self._wake.wait()
+                deadline = None  # idle time is not owed to anyone
                 continue
             decoding = [job for job in self._running if job.prefilled and not job.cancelled]
             chunks = self._schedule(self.max_num_batched_tokens - len(decoding))
-            load = self.kv.active_blocks / self.kv.num_blocks
-            step_ms = prefill_ms(sum(n for _, n in chunks)) + (decode_ms(load) if decoding else 0.0)
-            await asyncio.sleep(step_ms / 1000.0 / self.speedup_ratio)
+            step_s = self.step_seconds(chunks)
+            self.simulated_s += step_s
+            now = loop.time()
+            deadline = max(now if deadline is None else deadline, now - MAX_CATCH_UP_S) + step_s
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
             self.steps += 1
             for job, tokens in chunks:
                 job.computed += tokens
@@ -258,6 +286,41 @@ class MockerEngine(BootstrapRole):
                     self.kv.mark_computed(job.allocation, job.computed)
             self._emit()
             await self._publish_events()
+
+    def step_seconds(self, chunks: list[tuple[_Request, int]]) -> float:
+        """How long a step with these prefill ``chunks`` lasts (Dynamo's mocker model, scaled)."""
+        prefill = 0.0
+        if chunks:  # Dynamo's token count: B·(Σ(prefix + chunk)//B − Σprefix//B)
+            batch = len(chunks)
+            total = sum(job.computed + tokens for job, tokens in chunks)
+            prefix = sum(job.computed for job, _ in chunks)
+            prefill = prefill_ms(batch * (total // batch - prefix // batch))
+        ready = [
+            job
+            for job in self._running
+            if not job.cancelled and job.emitted < job.max_tokens and self._computed_after(job, chunks)
+        ]
+        decode = 0.0
+        if ready and not all(job.handoff for job in ready):
+            decode = decode_ms(self._kv_load()) / self.decode_speedup_ratio
+        return (prefill + decode) / 1000.0 / self.speedup_ratio
+
+    @staticmethod
+    def _computed_after(job: _Request, chunks: list[tuple[_Request, int]]) -> bool:
+        """Whether ``job``'s prompt is computed once this step's ``chunks`` are."""
+        done = job.computed + sum(tokens for other, tokens in chunks if other is job)
+        return done >= len(job.prompt)
+
+    def _kv_load(self) -> float:
+        """KV tokens held by running requests (shared prompt blocks once, plus each request's
+        partial and decoded blocks) over the pool's tokens."""
+        size = self.block_size
+        extra = sum(
+            -(-(len(job.prompt) + job.emitted) // size) - len(job.prompt) // size
+            for job in self._running
+            if not job.cancelled
+        )
+        return min(1.0, (self.kv.active_blocks + extra) / self.kv.num_blocks)
 
     def _schedule(self, budget: int) -> list[tuple[_Request, int]]:
         """This step's prefill chunks within ``budget`` tokens: running prefills first (chunked

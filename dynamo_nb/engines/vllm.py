@@ -52,7 +52,6 @@ __all__ = [
     "VllmEngine",
     "cpu_engine_defaults",
     "kv_transfer_params_of",
-    "lower_session_priority",
     "nixl_transfer_config",
     "share_small_cpu_host",
     "start_in_niced_thread",
@@ -112,31 +111,6 @@ def share_small_cpu_host() -> None:
 
 ENGINE_NICE = 10
 """How much lower than the worker's own the priority of vLLM's processes is on a small CPU host."""
-
-
-def lower_session_priority(nice: int) -> bool:
-    """Raise the nice value of this process's Linux *autogroup* by ``nice`` (at most 19), when
-    this process leads its own session (as `dynamo_nb.launch` starts every worker); returns
-    whether it did.
-
-    Where the kernel groups processes by session (``sched_autogroup_enabled``, the default on
-    many distributions and VMs), it shares the CPU between sessions first and applies nice
-    values only inside a session. vLLM's processes are in the worker's session, so their nice
-    value alone leaves etcd, NATS and the frontend (other sessions) to share the cores with
-    them evenly, and two spinning engines on a 2-core host starve etcd's keep-alives. A lower
-    autogroup priority makes the whole worker session yield to the others when they are ready.
-    A worker that shares a terminal's session is left alone (the setting would reach the shell).
-    """
-    if os.getsid(0) != os.getpid():
-        return False
-    try:
-        with open("/proc/self/autogroup") as current:  # "/autogroup-123 nice 0"
-            value = int(current.read().rsplit("nice", 1)[1])
-        with open("/proc/self/autogroup", "w") as autogroup:
-            autogroup.write(str(min(19, value + nice)))
-    except (OSError, ValueError, IndexError):  # not Linux, no autogroup, or refused
-        return False
-    return True
 
 
 async def start_in_niced_thread(start: Callable[[], Any], nice: int) -> Any:
@@ -295,8 +269,6 @@ class VllmEngine(RelayedKvEvents):
             await relay.start(kv_events)  # before vLLM starts: no event is missed
         stats = _EngineStats()
         share_small_cpu_host()
-        if _small_cpu_host() and lower_session_priority(ENGINE_NICE):
-            logger.info("this worker's session runs at autogroup nice +%d (a small CPU host)", ENGINE_NICE)
         try:
             llm = await start_in_niced_thread(
                 lambda: AsyncLLM.from_engine_args(engine_args, stat_loggers=[_stat_logger_factory(stats)]),

@@ -32,6 +32,8 @@ __all__ = ["start_frontend", "validate_frontend_args"]
 
 def validate_frontend_args(args: argparse.Namespace) -> None:
     """Reject flag combinations that cannot work, naming the flag and the fix (before anything starts)."""
+    if getattr(args, "http_workers", 1) < 1:
+        raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
     if (
         args.router_mode == "kv"
         and not args.no_kv_events
@@ -107,6 +109,7 @@ async def start_frontend(
         only_endpoint=only_endpoint,
         enforce_disagg=args.enforce_disagg,
         kv_config=KvRouterConfig.from_args(args),
+        reuse_port=getattr(args, "http_workers", 1) > 1 or getattr(args, "http_reuse_port", False),
     )
     if args.static_endpoint:  # static mode: the card is built here; no etcd, no registration
         card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)

@@ -109,6 +109,7 @@ class Frontend:
         only_endpoint: str | None = None,
         enforce_disagg: bool = False,
         kv_config: KvRouterConfig | None = None,
+        reuse_port: bool = False,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -120,6 +121,8 @@ class Frontend:
             enforce_disagg: a model with prefill workers never falls back to aggregated
                 serving: a failed prefill is a 503 naming the reason.
             kv_config: the KV router's settings (``router_mode="kv"``).
+            reuse_port: listen with ``SO_REUSEPORT``, so other frontend processes can share the
+                port (the kernel spreads new connections between them).
         """
         metrics = FrontendMetrics()
         manager = ModelManager(
@@ -133,7 +136,7 @@ class Frontend:
         if not runtime.is_static:
             await manager.watch()
         frontend = cls(runtime, manager, host, port, metrics)
-        await frontend._listen()
+        await frontend._listen(reuse_port)
         return frontend
 
     async def add_model(self, card: ModelCard, *, address: str | None = None) -> ServedModel:
@@ -148,7 +151,7 @@ class Frontend:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    async def _listen(self) -> None:
+    async def _listen(self, reuse_port: bool = False) -> None:
         app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
@@ -160,7 +163,7 @@ class Frontend:
         # even before the first token (aiohttp otherwise notices only at the next write)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_port=reuse_port or None)
         try:
             await site.start()
         except OSError as exc:

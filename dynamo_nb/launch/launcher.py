@@ -39,7 +39,7 @@ from ..errors import ConfigError, LaunchError, ProcessTimeoutError
 from ..notebook import in_notebook
 from ..runtime.worker import parse_ready_line
 from .logview import LogSink, log_sink
-from .process_group import guarded_command, signal_group, stop_group
+from .process_group import OWN_PROCESS_GROUP, guarded_command, signal_group, stop_group
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -306,7 +306,7 @@ def _start(
     cwd: str | os.PathLike[str] | None,
     log_dir: str | os.PathLike[str] | None,
 ) -> ManagedProcess:
-    """Fork/exec the program in a new session (its own process group); output to a pipe."""
+    """Fork/exec the program in a process group of its own (in this session); output to a pipe."""
     workdir = Path(os.path.abspath(cwd if cwd is not None else os.curdir))
     argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
     default_name, command = _command(os.fspath(program), argv, workdir)
@@ -319,7 +319,7 @@ def _start(
         stdin=subprocess.DEVNULL,
         cwd=workdir,
         env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,
+        **OWN_PROCESS_GROUP,  # type: ignore[arg-type]
     )
     name = name or default_name
     managed = ManagedProcess(name, command, process, folder / f"{name}-{process.pid}.log")

@@ -15,7 +15,19 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["guarded_command", "signal_group", "stop_group"]
+__all__ = ["OWN_PROCESS_GROUP", "guarded_command", "signal_group", "stop_group"]
+
+OWN_PROCESS_GROUP: dict[str, object] = (
+    {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+)
+"""``Popen`` keywords that start a child in a process group of its own, in the caller's session.
+
+Not a new session: where Linux groups processes by session for scheduling (autogroup, the
+default on many distributions and VMs), a session of its own would give every component an
+equal share of the CPU whatever its nice value, so a busy child (vLLM's engine processes spin
+while they wait) could take the CPU from another component's event loop for seconds. In the
+caller's session nice values rank them as asked; the group still lets a stop reach every child,
+and a terminal's Ctrl-C reaches only the foreground group."""
 
 _PARENT_GUARD = Path(__file__).with_name("parent_guard.py")
 

@@ -50,8 +50,10 @@ async def start_system_status(runtime: DistributedRuntime, host: str, port: int)
     """
     from aiohttp import web
 
+    event_loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
+
     async def live(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "live"})
+        return web.json_response({"status": "live", "event_loop": event_loop})
 
     async def health(_request: web.Request) -> web.Response:
         status, body = health_of(runtime)

@@ -2,7 +2,8 @@
 
 - `dynamo_worker`: the decorator that gives a script's ``main`` coroutine its runtime;
 - `runtime_from_args`: the runtime the runtime flags (`dynamo_nb.flags.add_runtime_args`) describe;
-- `shutdown_on_signals`, `run_program`: SIGINT/SIGTERM end it, a `ConfigError` is one line;
+- `shutdown_on_signals`, `run_program`: SIGINT/SIGTERM end it, a `ConfigError` is one line, uvloop
+  when installed (`uses_uvloop`);
 - `configure_logging`: the one logging setup every component uses;
 - `announce_ready` / `parse_ready_line`: the one READY line format,
   ``READY <subject> key=value ...`` — a worker's subject is its endpoint path, a frontend's is
@@ -25,7 +26,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
@@ -43,6 +44,7 @@ __all__ = [
     "run_program",
     "runtime_from_args",
     "shutdown_on_signals",
+    "uses_uvloop",
 ]
 
 READY = "READY"
@@ -141,8 +143,27 @@ def shutdown_on_signals(*runtimes: DistributedRuntime) -> Callable[[], None]:
     return remove
 
 
+def uses_uvloop(argv: Sequence[str] | None = None) -> bool:
+    """Whether `run_program` runs on uvloop: when it is installed, unless ``--no-uvloop`` is in
+    ``argv`` (default: this program's) or ``DYN_NB_UVLOOP=0``; never inside a notebook kernel.
+
+    Example:
+        >>> uses_uvloop(["--no-uvloop"])
+        False
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if "--no-uvloop" in argv or os.environ.get("DYN_NB_UVLOOP", "1") == "0" or in_notebook():
+        return False
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def run_program(main: Callable[[], Awaitable[int]]) -> int:
-    """Run a component's ``async def main()`` as a program: a `ConfigError` is one line and exit 2.
+    """Run a component's ``async def main()`` as a program, on uvloop when it is installed (see
+    `uses_uvloop`): a `ConfigError` is one line and exit 2.
 
     Example::
 
@@ -150,6 +171,10 @@ def run_program(main: Callable[[], Awaitable[int]]) -> int:
             sys.exit(run_program(main))
     """
     try:
+        if uses_uvloop():
+            import uvloop
+
+            return uvloop.run(main())
         return asyncio.run(main())
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""A middle server written against Dynamo's API (the shape of Dynamo's cancellation example):
+"""A middle server written against Dynamo's API (in the shape of Dynamo's cancellation example; our own code):
 it forwards each request to demo.server with the caller's context, so a stop reaches the backend."""
 
 import asyncio
@@ -28,7 +28,6 @@ async def main():
     await handler.initialize()
     component = runtime.namespace("demo").component("middle")
     await component.create_service()
-    print("READY demo.middle.generate", flush=True)
     await component.endpoint("generate").serve_endpoint(handler.generate)
     runtime.shutdown()
 

@@ -1,5 +1,5 @@
-"""A server written against Dynamo's API (the shape of Dynamo's cancellation example): numbers
-0-999, one every 0.05 s; it raises CancelledError once its caller stops, as Dynamo's does."""
+"""A server written against Dynamo's API (in the shape of Dynamo's cancellation example; our own code): numbers
+0-999, one every 0.1 s; it raises CancelledError once its caller stops, as Dynamo's does."""
 
 import asyncio
 
@@ -12,7 +12,7 @@ class DemoServer:
             if context.is_stopped():
                 print(f"Server: Cancelled at iteration {i}", flush=True)
                 raise asyncio.CancelledError
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.1)
             yield i
 
 
@@ -22,7 +22,6 @@ async def main():
     component = runtime.namespace("demo").component("server")
     await component.create_service()
     endpoint = component.endpoint("generate")
-    print("READY demo.server.generate", flush=True)
     await endpoint.serve_endpoint(DemoServer().generate)
     runtime.shutdown()
 

@@ -35,23 +35,38 @@ Differences from Dynamo 1.6 (on purpose):
 - the request plane is TCP unless ``DYN_REQUEST_PLANE=nats`` (Dynamo 1.6 defaults to TCP too);
 - there is no Rust core: ``dynamo._core`` names map to this module as well;
 - SIGTERM and Ctrl-C shut the runtime down (deregistering its endpoints) in a script, not in a
-  notebook kernel.
+  notebook kernel;
+- ``Context.metadata`` stays in the caller's process (the request id crosses to the server,
+  the metadata does not); ``Context.detached()`` and the tracing spans are not provided;
+- a stream that fails raises in the caller instead of yielding an item whose ``is_error()``
+  is True;
+- ``client.wait_for_instances()`` gives up after ``timeout`` seconds (300 by default) instead
+  of waiting forever;
+- ``enable_nats`` is accepted and ignored (NATS carries requests when ``DYN_REQUEST_PLANE=nats``);
+  the ``kubernetes`` discovery backend, ``DistributedRuntime.detached()``, ``child_token()``,
+  ``register_engine_route()`` and ``Endpoint.connection_id()`` / ``.metrics`` are not provided.
+
+``from dynamo.runtime.logging import configure_dynamo_logging`` becomes
+``from dynamo_nb.compat.runtime.logging import configure_dynamo_logging``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from ..runtime import Context as _Context
-from ..runtime import DistributedRuntime as _Runtime
-from ..runtime.client import Client as _Client
-from ..runtime.client import ResponseStream
-from ..runtime.server import adapt_handler
-from ..runtime.worker import shutdown_on_signals
+from ...errors import ConfigError
+from ...llm.register import publish_card
+from ...runtime import Context as _Context
+from ...runtime import DistributedRuntime as _Runtime
+from ...runtime.client import Client as _Client
+from ...runtime.client import ResponseStream
+from ...runtime.server import adapt_handler
+from ...runtime.worker import shutdown_on_signals
 
 DYNAMO_STOP_GRACE = 5.0
 """Seconds a stopped Dynamo handler may run on (checking ``context.is_stopped()``) before it is
@@ -72,17 +87,19 @@ __all__ = [
 
 
 class Context:
-    """Dynamo's request context: ``id()``, ``metadata``, stop and kill.
+    """Dynamo's request context: ``Context(id=None, metadata=None)``, ``id()``, ``metadata``, stop and kill.
 
     Example:
-        >>> ctx = Context(metadata={"user": "a"})
+        >>> ctx = Context("req-1", metadata={"user": "a"})
         >>> ctx.kill()
-        >>> ctx.is_stopped(), ctx.is_killed(), ctx.metadata["user"]
-        (True, True, 'a')
+        >>> ctx.id(), ctx.is_stopped(), ctx.is_killed(), ctx.metadata["user"]
+        ('req-1', True, True, 'a')
     """
 
-    def __init__(self, metadata: dict[str, Any] | None = None, *, _inner: _Context | None = None) -> None:
-        self._inner = _inner if _inner is not None else _Context()
+    def __init__(
+        self, id: str | None = None, metadata: dict[str, Any] | None = None, *, _inner: _Context | None = None
+    ) -> None:
+        self._inner = _inner if _inner is not None else _Context(id)
         self.metadata: dict[str, Any] = dict(metadata or {})
         self._killed = False
 
@@ -114,7 +131,16 @@ class Context:
 
 
 class Annotated:
-    """One stream item as Dynamo's clients see it: ``.data()`` is the value the handler yielded."""
+    """One stream item as Dynamo's clients see it: ``.data()`` is the value the handler yielded.
+
+    A failed stream raises in the caller's loop instead of yielding an error item, so
+    ``is_error()`` is always False here; ``event()``, ``comments()`` and ``id()`` are empty.
+
+    Example:
+        >>> item = Annotated("Hello world!")
+        >>> item.data(), item.is_error(), item.comments()
+        ('Hello world!', False, [])
+    """
 
     __slots__ = ("_data",)
 
@@ -124,36 +150,71 @@ class Annotated:
     def data(self) -> Any:
         return self._data
 
+    def is_error(self) -> bool:
+        return False
+
+    def event(self) -> str | None:
+        return None
+
+    def comments(self) -> list[str]:
+        return []
+
+    def id(self) -> str | None:
+        return None
+
     def __repr__(self) -> str:
         return f"Annotated({self._data!r})"
 
 
 class _Stream:
-    """A response stream whose items are `Annotated`."""
+    """A response stream whose items are `Annotated` (or the bare values, ``annotated=False``)."""
 
-    def __init__(self, stream: ResponseStream) -> None:
+    def __init__(self, stream: ResponseStream, annotated: bool = True) -> None:
         self._stream = stream
+        self._annotated = annotated
 
     def __aiter__(self) -> _Stream:
         return self
 
-    async def __anext__(self) -> Annotated:
-        return Annotated(await self._stream.__anext__())
+    async def __anext__(self) -> Any:
+        data = await self._stream.__anext__()
+        return Annotated(data) if self._annotated else data
 
     async def aclose(self) -> None:
         await self._stream.aclose()
 
 
-def _runtime_spec(store_kv: str) -> str:
+def _runtime_spec(store_kv: str | bool) -> str:
     override = os.environ.get("DYN_NB_DISCOVERY")
     if override:
         return override
+    if store_kv is False:  # older Dynamo: DistributedRuntime(loop, is_static=False)
+        store_kv = "etcd"
+    elif store_kv is True:
+        raise ConfigError(
+            "DistributedRuntime: static mode (is_static=True) is not supported by the Dynamo-shaped API; "
+            "use 'etcd', or 'file' for processes of one host with no etcd"
+        )
     if store_kv == "etcd":
         endpoint = os.environ.get("ETCD_ENDPOINTS", "http://localhost:2379").split(",")[0]
         return "etcd://" + endpoint.split("://", 1)[-1]
     if store_kv == "file":
         return "file://" + os.environ.get("DYN_FILE_KV", "/tmp/dynamo_store_kv")
-    return "memory"
+    if store_kv in ("mem", "memory"):
+        return "memory"
+    if store_kv == "kubernetes":
+        raise ConfigError(
+            "DistributedRuntime: the 'kubernetes' discovery backend is not supported here; use 'etcd', "
+            "'file' or 'mem' (or set DYN_NB_DISCOVERY)"
+        )
+    raise ConfigError(
+        f"DistributedRuntime: unknown discovery backend {store_kv!r}; use 'etcd', 'file' or 'mem'"
+    )
+
+
+def _discovery_backend() -> str:
+    """The backend Dynamo's ``dynamo_worker`` reads: ``DYN_DISCOVERY_BACKEND``, else ``DYN_STORE_KV``."""
+    return os.environ.get("DYN_DISCOVERY_BACKEND") or os.environ.get("DYN_STORE_KV") or "etcd"
 
 
 class DistributedRuntime:
@@ -166,7 +227,11 @@ class DistributedRuntime:
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop | None = None, store_kv: str = "etcd", request_plane: Any = None
+        self,
+        loop: asyncio.AbstractEventLoop | None = None,
+        store_kv: str | bool = "etcd",
+        request_plane: Any = None,
+        enable_nats: bool | None = None,
     ) -> None:
         self._spec = _runtime_spec(store_kv)
         plane = request_plane if isinstance(request_plane, str) else os.environ.get("DYN_REQUEST_PLANE")
@@ -176,6 +241,7 @@ class DistributedRuntime:
         self._connecting: asyncio.Lock | None = None
         self._shutting_down: asyncio.Task[None] | None = None  # held: a bare task may be collected
         self.pending_cards: dict[str, list[Any]] = {}  # endpoint path → model cards register_llm built
+        self.serving: dict[str, Any] = {}  # endpoint path → its dynamo_nb endpoint, once it serves
 
     async def inner(self) -> _Runtime:
         """The dynamo_nb runtime underneath (created on first use)."""
@@ -237,21 +303,23 @@ class Endpoint:
         self, handler: Callable[..., AsyncIterator[Any]], graceful_shutdown: bool = True, **_options: Any
     ) -> None:
         """Serve ``handler(request[, context])`` until the runtime shuts down."""
+        runtime = self.component.namespace.runtime
         endpoint = await self._inner()
-        cards = self.component.namespace.runtime.pending_cards.pop(self.path, [])
 
         async def publish(_server: Any) -> None:  # the cards register_llm built, now that it serves
-            from ..llm.register import publish_card
-
-            for card in cards:
+            runtime.serving[self.path] = endpoint  # a card registered from now on is published at once
+            for card in runtime.pending_cards.pop(self.path, []):
                 await publish_card(endpoint, card)
 
-        await endpoint.serve_endpoint(
-            _with_dynamo_context(handler),
-            graceful_shutdown=graceful_shutdown,
-            stop_grace=DYNAMO_STOP_GRACE,
-            on_serving=publish,
-        )
+        try:
+            await endpoint.serve_endpoint(
+                _with_dynamo_context(handler),
+                graceful_shutdown=graceful_shutdown,
+                stop_grace=DYNAMO_STOP_GRACE,
+                on_serving=publish,
+            )
+        finally:
+            runtime.serving.pop(self.path, None)
 
     async def client(self) -> Client:
         return Client(await (await self._inner()).client())
@@ -266,21 +334,25 @@ class Client:
     def instance_ids(self) -> list[int]:
         return self._client.instance_ids()
 
-    async def wait_for_instances(self, timeout: float = 30.0) -> list[int]:
+    async def wait_for_instances(self, timeout: float = 300.0) -> list[int]:
         return await self._client.wait_for_instances(timeout=timeout)
 
-    async def generate(self, request: Any, context: Context | None = None) -> _Stream:
-        """Round robin, as Dynamo's ``generate``."""
-        return await self.round_robin(request, context=context)
+    async def generate(self, request: Any, annotated: bool = True, context: Context | None = None) -> _Stream:
+        """A random instance, as Dynamo's ``generate``."""
+        return await self.random(request, annotated, context)
 
-    async def round_robin(self, request: Any, context: Context | None = None) -> _Stream:
-        return _Stream(await self._client.round_robin(request, context=_inner_of(context)))
+    async def round_robin(
+        self, request: Any, annotated: bool = True, context: Context | None = None
+    ) -> _Stream:
+        return _Stream(await self._client.round_robin(request, context=_inner_of(context)), annotated)
 
-    async def random(self, request: Any, context: Context | None = None) -> _Stream:
-        return _Stream(await self._client.random(request, context=_inner_of(context)))
+    async def random(self, request: Any, annotated: bool = True, context: Context | None = None) -> _Stream:
+        return _Stream(await self._client.random(request, context=_inner_of(context)), annotated)
 
-    async def direct(self, request: Any, instance_id: int, context: Context | None = None) -> _Stream:
-        return _Stream(await self._client.direct(request, instance_id, context=_inner_of(context)))
+    async def direct(
+        self, request: Any, instance_id: int, annotated: bool = True, context: Context | None = None
+    ) -> _Stream:
+        return _Stream(await self._client.direct(request, instance_id, context=_inner_of(context)), annotated)
 
 
 def _inner_of(context: Context | _Context | None) -> _Context | None:
@@ -291,7 +363,7 @@ def _with_dynamo_context(
     handler: Callable[..., AsyncIterator[Any]],
 ) -> Callable[[Any, _Context], AsyncIterator[Any]]:
     """``handler`` called with a Dynamo `Context`; a `CancelledError` it raises once stopped ends the stream."""
-    call = adapt_handler(handler)
+    call = _dynamo_call(handler)
 
     async def serve(request: Any, context: _Context) -> AsyncIterator[Any]:
         try:
@@ -305,16 +377,35 @@ def _with_dynamo_context(
     return serve
 
 
+def _accepts_context(func: Callable[..., Any]) -> bool:
+    """Whether Dynamo would pass ``context=`` to ``func``: it has a ``context`` parameter or ``**kwargs``."""
+    try:
+        params = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "context" or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _dynamo_call(handler: Callable[..., AsyncIterator[Any]]) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    """``call(request, context)`` for a Dynamo handler: the context goes as the keyword ``context``
+    when the handler takes one (as Dynamo's server passes it), else only the request."""
+    adapt_handler(handler)  # the same checks (and clear errors) as dynamo_nb's own handlers
+    if getattr(handler, "_dynamo_takes_context", False) or _accepts_context(handler):
+        return lambda request, context: handler(request, context=context)
+    return lambda request, context: handler(request)
+
+
 def dynamo_worker(
     *_args: Any, **_kwargs: Any
 ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
     """Decorate ``async def worker(runtime, ...)``: a runtime (as `DistributedRuntime` finds
-    its services) is created, passed first and shut down when the function ends."""
+    its services: ``DYN_DISCOVERY_BACKEND`` or ``DYN_STORE_KV``) is created, passed first and
+    shut down when the function ends."""
 
     def decorate(func: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
         @functools.wraps(func)
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            runtime = DistributedRuntime(asyncio.get_running_loop(), os.environ.get("DYN_STORE_KV", "etcd"))
+            runtime = DistributedRuntime(asyncio.get_running_loop(), _discovery_backend())
             try:
                 return await func(runtime, *args, **kwargs)
             finally:
@@ -328,20 +419,28 @@ def dynamo_worker(
 def dynamo_endpoint(
     request_type: Any = None, response_type: Any = None
 ) -> Callable[[Callable[..., AsyncIterator[Any]]], Callable[..., AsyncIterator[Any]]]:
-    """Decorate a handler with its request and response types, as Dynamo's ``@dynamo_endpoint(Req, Resp)``:
-    a pydantic request type parses the request (``model_validate``); a pydantic item is sent as its dict."""
+    """Decorate a handler (a function, or a method taking ``self``) with its request and response
+    types, as Dynamo's ``@dynamo_endpoint(Req, Resp)``: a pydantic request type parses the request
+    (a dict, or a JSON string); a pydantic item is sent as its dict."""
 
     def decorate(func: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
-        call = adapt_handler(func)
+        adapt_handler(func)
+        takes_context = _accepts_context(func)
 
         @functools.wraps(func)
-        async def handler(request: Any, context: Any) -> AsyncIterator[Any]:
+        async def handler(*args: Any, context: Any = None) -> AsyncIterator[Any]:
+            *owner, request = args  # a method is called with (self, request)
             if hasattr(request_type, "model_validate"):
-                request = request_type.model_validate(request)
-            async for item in call(request, context):
+                if isinstance(request, str | bytes):
+                    request = request_type.model_validate_json(request)
+                else:
+                    request = request_type.model_validate(request)
+            extra = {"context": context} if takes_context else {}
+            async for item in func(*owner, request, **extra):
                 yield item.model_dump() if hasattr(item, "model_dump") else item
 
-        del handler.__wrapped__  # callers see (request, context), not the wrapped signature
+        del handler.__wrapped__  # callers see (request, context=), not the wrapped signature
+        handler._dynamo_takes_context = True  # type: ignore[attr-defined]
         return handler
 
     return decorate

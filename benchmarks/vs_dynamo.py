@@ -1,0 +1,256 @@
+"""Our frontend + mocker against NVIDIA Dynamo's, side by side, in one run.
+
+Both systems run on this machine at once, each over its own etcd and NATS (started here with
+`LocalServices`): a frontend and two mockers, one at speedup 100 (model ``tiny-fast``), one at
+speedup 1 (``tiny-slow``), both with the built-in tiny model's tokenizer. The same load
+generator (`dynamo_nb.bench`, this process) drives them in turn, alternating the systems at every
+level: concurrency 1, 8, 32 and 128, keep-alive connections and a new connection per request,
+32-token streams. Per level: requests/s, TTFT/ITL/E2E percentiles, and the CPU time of each
+system's frontend and mocker per request; ratios are ours / Dynamo's.
+
+Dynamo (``ai-dynamo==1.6.1``) runs from its own virtual environment: pass its Python with
+``--peer-python`` (recipe: ``../shared/peers/dynamo/README.md``). Without it the benchmark says
+so and exits.
+
+    python benchmarks/vs_dynamo.py --peer-python ~/dynpeer/venv/bin/python [--requests 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from _harness import RESULTS
+
+from dynamo_nb import LocalServices, bench, launch
+from dynamo_nb.models import tiny_model_path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKENS = 32
+LEVELS = (1, 8, 32, 128)
+MODELS = {100.0: "tiny-fast", 1.0: "tiny-slow"}
+PROMPTS = bench.random_prompts(100, words=32)
+
+
+def requests_at(level: int, speedup: float, scale: int) -> int:
+    """Requests per level: ``scale`` at speedup 100 (fewer at c=1), a fifth of it at speedup 1."""
+    count = scale if level > 1 else max(scale // 5, 50)
+    return count if speedup >= 100 else max(count // 5, 4 * level, 40)
+
+
+class System:
+    """One stack (ours or Dynamo's): etcd + NATS, two mockers and a frontend."""
+
+    def __init__(self, name: str, python: str) -> None:
+        self.name, self.python = name, python
+        self.services: LocalServices | None = None
+        self.frontend: Any = None
+        self.mockers: dict[float, Any] = {}
+        self.url = ""
+
+    def _dynamo_env(self) -> dict[str, str]:
+        assert self.services is not None
+        return {
+            "ETCD_ENDPOINTS": "http://" + self.services.etcd_url.removeprefix("etcd://"),
+            "NATS_SERVER": self.services.nats_url,
+            "DYN_DISCOVERY_BACKEND": "etcd",
+            "DYN_TCP_RPC_HOST": "127.0.0.1",
+            "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+            "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+            "DYN_SYSTEM_HOST": "127.0.0.1",
+            "DYN_HTTP_HOST": "127.0.0.1",
+            "DYN_EVENT_PLANE": "nats",
+            "DYN_SELF_HOST_METADATA": "0",
+            "DYN_LOG": "warn",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "PATH": os.path.dirname(self.python) + os.pathsep + os.environ.get("PATH", ""),
+        }
+
+    async def start(self, port: int) -> None:
+        self.services = await LocalServices.start()
+        model = str(tiny_model_path())
+        common = {"cwd": ROOT, "show_logs": False, "timeout": 180}
+        for speedup, name in MODELS.items():
+            if self.name == "dynamo":
+                self.mockers[speedup] = await launch(
+                    self.python, "-m", "dynamo.mocker", "--model-path", model, "--model-name", name,
+                    "--endpoint", f"dyn://dynamo.{name.replace('-', '_')}.generate",
+                    "--speedup-ratio", speedup, env=self._dynamo_env(), ready=None, **common,
+                )  # fmt: skip
+            else:
+                self.mockers[speedup] = await launch(
+                    ROOT / "components/mocker_worker.py", "--discovery", self.services.etcd_url,
+                    "--nats-url", self.services.nats_url, "--model-path", model, "--model-name", name,
+                    "--endpoint", f"dynamo.{name.replace('-', '_')}.generate", "--speedup-ratio", speedup,
+                    "--log-level", "WARNING", **common,
+                )  # fmt: skip
+        if self.name == "dynamo":
+            self.frontend = await launch(
+                self.python, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", port,
+                env=self._dynamo_env(), ready=None, **common,
+            )  # fmt: skip
+        else:
+            self.frontend = await launch(
+                ROOT / "components/frontend.py", "--discovery", self.services.etcd_url,
+                "--nats-url", self.services.nats_url, "--http-port", port, "--log-level", "WARNING", **common,
+            )  # fmt: skip
+        self.url = f"http://127.0.0.1:{port}"
+        for name in MODELS.values():
+            await bench.wait_for_model(self.url, name, instances=1, timeout=180)
+
+    def cpu(self, speedup: float) -> tuple[float, float]:
+        return self.frontend.cpu_seconds(), self.mockers[speedup].cpu_seconds()
+
+    async def stop(self) -> None:
+        for process in [self.frontend, *self.mockers.values()]:
+            if process is not None:
+                await process.stop(timeout=10)
+        if self.services is not None:
+            await self.services.stop()
+
+
+async def measure(
+    system: System, speedup: float, level: int, requests: int, new_connection: bool
+) -> dict[str, Any]:
+    frontend_cpu, mocker_cpu = system.cpu(speedup)
+    started = time.perf_counter()
+    df = await bench.run(
+        system.url, MODELS[speedup], prompts=PROMPTS, concurrency=level, requests=requests, max_tokens=TOKENS,
+        ignore_eos=True, worker_ids=False, new_connection=new_connection, progress=False,
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    frontend_after, mocker_after = system.cpu(speedup)
+    ok = df[df["error"].isna()]
+    itl = [gap for gaps in ok["itl_s"] for gap in gaps]
+    return {
+        "requests": requests,
+        "errors": int(df["error"].notna().sum()),
+        "rps": len(ok) / wall,
+        "output_tok_per_s": float(ok["output_tokens"].sum()) / wall,
+        "ttft_p50_ms": quantile_ms(list(ok["ttft_s"]), 0.5),
+        "ttft_p90_ms": quantile_ms(list(ok["ttft_s"]), 0.9),
+        "itl_p50_ms": quantile_ms(itl, 0.5),
+        "e2e_p50_ms": quantile_ms(list(ok["e2e_s"]), 0.5),
+        "frontend_cpu_ms_per_request": (frontend_after - frontend_cpu) / requests * 1e3,
+        "mocker_cpu_ms_per_request": (mocker_after - mocker_cpu) / requests * 1e3,
+    }
+
+
+def quantile_ms(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``values`` (seconds) in milliseconds; None when there are none."""
+    return float(sorted(values)[int(q * (len(values) - 1))] * 1e3) if values else None
+
+
+RATIOS = {  # ours / Dynamo's: above 1 is better for throughput, below 1 better for the rest
+    "rps": "rps",
+    "ttft_p50_ms": "ttft_p50",
+    "e2e_p50_ms": "e2e_p50",
+    "itl_p50_ms": "itl_p50",
+    "frontend_cpu_ms_per_request": "frontend_cpu",
+}
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    ours, dynamo = System("ours", sys.executable), System("dynamo", args.peer_python)
+    rows = []
+    try:
+        await ours.start(args.port)
+        await dynamo.start(args.port + 1)
+        for system in (ours, dynamo):  # warm both: tokenizer caches, connections, JIT-free paths
+            await bench.run(system.url, MODELS[100.0], prompts=PROMPTS, concurrency=8, requests=100,
+                            max_tokens=TOKENS, ignore_eos=True, worker_ids=False, progress=False)  # fmt: skip
+        for speedup in (100.0, 1.0):
+            for new_connection in (False, True):
+                for level in LEVELS:
+                    count = requests_at(level, speedup, args.requests)
+                    first, second = (ours, dynamo) if len(rows) % 2 == 0 else (dynamo, ours)
+                    results = {
+                        s.name: await measure(s, speedup, level, count, new_connection)
+                        for s in (first, second)
+                    }
+                    row = {"speedup": speedup, "connection": "new" if new_connection else "keep-alive",
+                           "concurrency": level, "ours": results["ours"], "dynamo": results["dynamo"]}  # fmt: skip
+                    for key, name in RATIOS.items():
+                        theirs = results["dynamo"][key]
+                        row[f"ratio_{name}"] = results["ours"][key] / theirs if theirs else None
+                    rows.append(row)
+                    print_row(row)
+    finally:
+        await asyncio.gather(ours.stop(), dynamo.stop())
+    return {
+        "rows": rows,
+        "setup": {
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+            "peer": "ai-dynamo 1.6.1 frontend + mocker (its own venv)",
+            "tokens_per_stream": TOKENS,
+            "note": "both systems and the load generator share the machine; systems alternate per level; "
+            "ratios are ours / Dynamo's",
+        },
+    }
+
+
+HEADER = (
+    f"{'speedup':>7} {'conn':>10} {'c':>4} │ {'req/s ours':>10} {'dynamo':>7} {'ratio':>6} │ "
+    f"{'TTFT p50 ours':>13} {'dynamo':>7} │ {'E2E p50 ours':>12} {'dynamo':>7} │ {'FE CPU ms/req':>13} {'dynamo':>7}"
+)
+
+
+def print_row(row: dict[str, Any]) -> None:
+    ours, theirs = row["ours"], row["dynamo"]
+    print(
+        f"{row['speedup']:>7.0f} {row['connection']:>10} {row['concurrency']:>4} │ {ours['rps']:>10.0f} "
+        f"{theirs['rps']:>7.0f} {row['ratio_rps']:>6.2f} │ {ours['ttft_p50_ms']:>13.1f} {theirs['ttft_p50_ms']:>7.1f} │ "
+        f"{ours['e2e_p50_ms']:>12.1f} {theirs['e2e_p50_ms']:>7.1f} │ {ours['frontend_cpu_ms_per_request']:>13.2f} "
+        f"{theirs['frontend_cpu_ms_per_request']:>7.2f}",
+        flush=True,
+    )
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\nOurs vs Dynamo 1.6.1: frontend + mocker, {TOKENS}-token streams (times in ms)")
+    print(HEADER)
+    for row in report["rows"]:
+        print_row(row)
+
+
+def cli() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--peer-python", default=os.environ.get("DYN_NB_PEER_PYTHON"),
+                        help="Python of the venv with ai-dynamo 1.6.1 (env DYN_NB_PEER_PYTHON)")  # fmt: skip
+    parser.add_argument(
+        "--requests", type=int, default=1000, help="requests per level at speedup 100 (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=31480,
+        help="our frontend's port; Dynamo's is the next (default: %(default)s)",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "vs_dynamo.json", help="where the JSON goes")
+    args = parser.parse_args()
+    if not args.peer_python or not Path(args.peer_python).exists():
+        print(
+            "skipped: no Dynamo to compare with. Install ai-dynamo==1.6.1 in its own venv (recipe: "
+            "../shared/peers/dynamo/README.md) and pass its Python with --peer-python PATH.",
+            file=sys.stderr,
+        )
+        sys.exit(0)
+    report = asyncio.run(main(args))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report)
+    print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    cli()

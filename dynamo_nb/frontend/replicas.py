@@ -1,0 +1,48 @@
+"""Frontend processes that share one HTTP port, so the frontend uses more than one core.
+
+The first frontend listens with ``SO_REUSEPORT`` and starts the others with the same flags
+(``--http-workers N``): the kernel spreads new connections between the N listeners. Each
+process has its own runtime, discovery watch, model routers and KV event subscription, so all
+of them see the same workers, cards and cache contents; each KV router counts the load of its
+own requests only (the workers' KV events, which carry the cache contents, reach them all).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from ..launch import ManagedProcess, launch
+
+__all__ = ["start_http_replicas", "stop_http_replicas"]
+
+
+async def start_http_replicas(
+    program: str, argv: Sequence[str], port: int, count: int, *, timeout: float = 60.0
+) -> list[ManagedProcess]:
+    """Start ``count`` more frontends running ``program`` with ``argv`` on ``port`` (already
+    bound with ``SO_REUSEPORT`` by this process); each is ready when it listens.
+
+    Example::
+
+        replicas = await start_http_replicas(__file__, sys.argv[1:], frontend.port, 1)
+    """
+    extra = ["--http-port", str(port), "--http-workers", "1", "--http-reuse-port"]  # the last flag wins
+    started = await asyncio.gather(
+        *(
+            launch(program, *argv, *extra, name=f"frontend-replica{i + 1}", show_logs=False, timeout=timeout)
+            for i in range(count)
+        ),
+        return_exceptions=True,
+    )
+    replicas = [item for item in started if isinstance(item, ManagedProcess)]
+    failure = next((item for item in started if isinstance(item, BaseException)), None)
+    if failure is not None:
+        await stop_http_replicas(replicas)
+        raise failure
+    return replicas
+
+
+async def stop_http_replicas(replicas: Sequence[ManagedProcess], timeout: float = 10.0) -> None:
+    """Stop the replicas together (SIGTERM, then SIGKILL after ``timeout`` s)."""
+    await asyncio.gather(*(replica.stop(timeout=timeout) for replica in replicas))
