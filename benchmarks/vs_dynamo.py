@@ -2,11 +2,14 @@
 
 Both systems run on this machine at once, each over its own etcd and NATS (started here with
 `LocalServices`): a frontend and two mockers, one at speedup 100 (model ``tiny-fast``), one at
-speedup 1 (``tiny-slow``), both with the built-in tiny model's tokenizer. The same load
+speedup 1 (``tiny-slow``), both with the same model folder (the recipe's 2000-token
+tokenizer: Dynamo's mocker emits token ids beyond our built-in model's 512). The same load
 generator (`dynamo_nb.bench`, this process) drives them in turn, alternating the systems at every
 level: concurrency 1, 8, 32 and 128, keep-alive connections and a new connection per request,
 32-token streams. Per level: requests/s, TTFT/ITL/E2E percentiles, and the CPU time of each
-system's frontend and mocker per request; ratios are ours / Dynamo's.
+system's frontend and mocker per request; ratios are ours / Dynamo's. At speedup 100 and
+concurrency 32 and 128 a third stack, our frontend as two processes on one port
+(``--http-workers 2``), measures capacity against the number of frontend processes.
 
 Dynamo (``ai-dynamo==1.6.1``) runs from its own virtual environment: pass its Python with
 ``--peer-python`` (recipe: ``../shared/peers/dynamo/README.md``). Without it the benchmark says
@@ -48,8 +51,8 @@ def requests_at(level: int, speedup: float, scale: int) -> int:
 class System:
     """One stack (ours or Dynamo's): etcd + NATS, two mockers and a frontend."""
 
-    def __init__(self, name: str, python: str) -> None:
-        self.name, self.python = name, python
+    def __init__(self, name: str, python: str, model: str, http_workers: int = 1) -> None:
+        self.name, self.python, self.model, self.http_workers = name, python, model, http_workers
         self.services: LocalServices | None = None
         self.frontend: Any = None
         self.mockers: dict[float, Any] = {}
@@ -76,7 +79,7 @@ class System:
 
     async def start(self, port: int) -> None:
         self.services = await LocalServices.start()
-        model = str(tiny_model_path())
+        model = self.model
         common = {"cwd": ROOT, "show_logs": False, "timeout": 180}
         for speedup, name in MODELS.items():
             if self.name == "dynamo":
@@ -100,11 +103,14 @@ class System:
         else:
             self.frontend = await launch(
                 ROOT / "components/frontend.py", "--discovery", self.services.etcd_url,
-                "--nats-url", self.services.nats_url, "--http-port", port, "--log-level", "WARNING", **common,
+                "--nats-url", self.services.nats_url, "--http-port", port, "--http-workers", self.http_workers,
+                "--log-level", "WARNING", **common,
             )  # fmt: skip
         self.url = f"http://127.0.0.1:{port}"
         for name in MODELS.values():
-            await bench.wait_for_model(self.url, name, instances=1, timeout=180)
+            await bench.wait_for_model(
+                self.url, name, instances=0 if self.name == "dynamo" else 1, timeout=180
+            )
 
     def cpu(self, speedup: float) -> tuple[float, float]:
         return self.frontend.cpu_seconds(), self.mockers[speedup].cpu_seconds()
@@ -129,6 +135,11 @@ async def measure(
     wall = time.perf_counter() - started
     frontend_after, mocker_after = system.cpu(speedup)
     ok = df[df["error"].isna()]
+    if len(ok) < len(df):
+        print(
+            f"{system.name}: {len(df) - len(ok)} of {len(df)} failed, first: {df['error'].dropna().iloc[0]}",
+            file=sys.stderr,
+        )
     itl = [gap for gaps in ok["itl_s"] for gap in gaps]
     return {
         "requests": requests,
@@ -159,12 +170,14 @@ RATIOS = {  # ours / Dynamo's: above 1 is better for throughput, below 1 better 
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    ours, dynamo = System("ours", sys.executable), System("dynamo", args.peer_python)
+    ours, dynamo = System("ours", sys.executable, args.model), System("dynamo", args.peer_python, args.model)
+    ours_2 = System("ours-2", sys.executable, args.model, http_workers=2)  # --http-workers 2
     rows = []
     try:
         await ours.start(args.port)
         await dynamo.start(args.port + 1)
-        for system in (ours, dynamo):  # warm both: tokenizer caches, connections, JIT-free paths
+        await ours_2.start(args.port + 2)
+        for system in (ours, dynamo, ours_2):  # warm both: tokenizer caches, connections, JIT-free paths
             await bench.run(system.url, MODELS[100.0], prompts=PROMPTS, concurrency=8, requests=100,
                             max_tokens=TOKENS, ignore_eos=True, worker_ids=False, progress=False)  # fmt: skip
         for speedup in (100.0, 1.0):
@@ -181,10 +194,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     for key, name in RATIOS.items():
                         theirs = results["dynamo"][key]
                         row[f"ratio_{name}"] = results["ours"][key] / theirs if theirs else None
+                    if speedup >= 100 and level >= 32:  # capacity: our frontend as 2 processes too
+                        row["ours_2_frontends"] = await measure(ours_2, speedup, level, count, new_connection)
+                        row["ratio_rps_2_frontends"] = (
+                            row["ours_2_frontends"]["rps"] / results["dynamo"]["rps"]
+                        )
                     rows.append(row)
                     print_row(row)
     finally:
-        await asyncio.gather(ours.stop(), dynamo.stop())
+        await asyncio.gather(ours.stop(), dynamo.stop(), ours_2.stop())
     return {
         "rows": rows,
         "setup": {
@@ -200,16 +218,25 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 HEADER = (
     f"{'speedup':>7} {'conn':>10} {'c':>4} │ {'req/s ours':>10} {'dynamo':>7} {'ratio':>6} │ "
     f"{'TTFT p50 ours':>13} {'dynamo':>7} │ {'E2E p50 ours':>12} {'dynamo':>7} │ {'FE CPU ms/req':>13} {'dynamo':>7}"
+    f" │ {'errors':>6} {'dynamo':>6}"
 )
+
+
+def cell(value: float | None, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
 
 def print_row(row: dict[str, Any]) -> None:
     ours, theirs = row["ours"], row["dynamo"]
     print(
-        f"{row['speedup']:>7.0f} {row['connection']:>10} {row['concurrency']:>4} │ {ours['rps']:>10.0f} "
-        f"{theirs['rps']:>7.0f} {row['ratio_rps']:>6.2f} │ {ours['ttft_p50_ms']:>13.1f} {theirs['ttft_p50_ms']:>7.1f} │ "
-        f"{ours['e2e_p50_ms']:>12.1f} {theirs['e2e_p50_ms']:>7.1f} │ {ours['frontend_cpu_ms_per_request']:>13.2f} "
-        f"{theirs['frontend_cpu_ms_per_request']:>7.2f}",
+        f"{row['speedup']:>7.0f} {row['connection']:>10} {row['concurrency']:>4} │ {cell(ours['rps'], 10, 0)} "
+        f"{cell(theirs['rps'], 7, 0)} {cell(row['ratio_rps'], 6, 2)} │ {cell(ours['ttft_p50_ms'], 13, 1)} "
+        f"{cell(theirs['ttft_p50_ms'], 7, 1)} │ {cell(ours['e2e_p50_ms'], 12, 1)} {cell(theirs['e2e_p50_ms'], 7, 1)} │ "
+        f"{cell(ours['frontend_cpu_ms_per_request'], 13, 2)} {cell(theirs['frontend_cpu_ms_per_request'], 7, 2)} │ "
+        f"{ours['errors']:>6} {theirs['errors']:>6}"
+        + (
+            f" │ 2 frontends: {row['ours_2_frontends']['rps']:.0f} req/s" if "ours_2_frontends" in row else ""
+        ),
         flush=True,
     )
 
@@ -236,6 +263,9 @@ def cli() -> None:
         default=31480,
         help="our frontend's port; Dynamo's is the next (default: %(default)s)",
     )
+    parser.add_argument("--model", default=None, help="the model folder both systems serve (default: the "
+                        "recipe's tiny-llama beside the peer's venv; Dynamo's mocker emits ids our built-in "
+                        "512-token vocabulary cannot decode)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "vs_dynamo.json", help="where the JSON goes")
     args = parser.parse_args()
     if not args.peer_python or not Path(args.peer_python).exists():
@@ -245,6 +275,11 @@ def cli() -> None:
             file=sys.stderr,
         )
         sys.exit(0)
+    if args.model is None:
+        recipe_model = (
+            Path(os.path.abspath(args.peer_python)).parents[2] / "tiny-llama"
+        )  # PEER/venv/bin/python
+        args.model = str(recipe_model if (recipe_model / "tokenizer.json").exists() else tiny_model_path())
     report = asyncio.run(main(args))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")

@@ -167,6 +167,34 @@ async def test_hf_engine_greedy_matches_transformers_generate(hf_engine: Any, ti
     }
 
 
+async def test_hf_engine_batches_decodes_and_greedy_output_does_not_depend_on_the_batch(
+    hf_engine: Any, tiny_path: Path
+) -> None:
+    """Concurrent requests share one forward pass per decode step (continuous batching: they join
+    and leave between steps, with prompts of different lengths); each one's greedy tokens equal
+    what it gets alone and what transformers' generate gives."""
+    tok = ModelTokenizer.load(tiny_path)
+    prompts = [
+        chat_ids(tok, text)
+        for text in ("Hi", "What is the capital of France?", "Tell me a story about a cat")
+    ]
+    alone = [
+        tokens_of(await collect(hf_engine.generate(req(greedy(ids, 12, ignore_eos=True))))) for ids in prompts
+    ]
+    batched_before = hf_engine.batched_steps
+
+    async def late(ids: list[int], lengths: int, delay: float) -> list[int]:
+        await asyncio.sleep(delay)  # joins a batch that is already decoding
+        return tokens_of(await collect(hf_engine.generate(req(greedy(ids, lengths, ignore_eos=True)))))
+
+    together = await asyncio.gather(
+        late(prompts[0], 12, 0), late(prompts[1], 12, 0.01), late(prompts[2], 12, 0.03)
+    )
+    assert together == alone
+    assert hf_engine.batched_steps > batched_before  # decodes did share forward passes
+    assert hf_engine.stats()["batched_steps"] == hf_engine.batched_steps
+
+
 async def test_hf_engine_stops_on_eos(hf_engine: Any) -> None:
     first = tokens_of(await collect(hf_engine.generate(req(greedy([5, 6, 7], 3)))))
     items = await collect(hf_engine.generate(req({**greedy([5, 6, 7], 50), "eos_token_ids": [first[1]]})))

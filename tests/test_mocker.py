@@ -111,6 +111,25 @@ async def test_the_step_that_finishes_a_prompt_also_decodes_and_load_counts_deco
     await prefill.close()
 
 
+async def test_the_mocker_streams_no_special_tokens_when_told_them(tiny_path: Any) -> None:
+    """The worker passes its tokenizer's special ids: a chat prompt's markers (which decode to no
+    text, so a client would see its first text a few steps late) are not streamed."""
+    from dynamo_nb.llm import ModelTokenizer
+
+    tokenizer = ModelTokenizer.load(tiny_path)
+    special = tokenizer.special_token_ids()
+    prompt = tokenizer.encode(
+        tokenizer.render_chat([{"role": "user", "content": "hi"}]), add_special_tokens=False
+    )
+    assert special and set(prompt) & special  # the template's markers are special tokens
+    engine = MockerEngine(speedup_ratio=1000.0, skip_token_ids=special)
+    outputs = [o async for o in engine.generate(PreprocessedRequest(prompt, StopConditions(max_tokens=6)))]
+    await engine.close()
+    streamed = [t for o in outputs for t in o.token_ids]
+    assert len(streamed) == 6 and not set(streamed) & special
+    assert tokenizer.decode(streamed[:1])  # the first token already has text
+
+
 @pytest.mark.parametrize("step_ms", [0.05, 5.0])
 async def test_simulated_time_matches_the_clock_over_a_thousand_steps(step_ms: float) -> None:
     """Steps sleep until their deadline: 1000 steps of 0.05 ms (far below the event loop's ~1 ms

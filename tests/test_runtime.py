@@ -84,6 +84,22 @@ async def test_each_client_mode_streams_every_item(make_runtime: RuntimeFactory,
         assert sorted(client.instance_ids()) == sorted(s.instance_id for s in servers)
 
 
+async def test_tcp_plane_sockets_send_small_frames_at_once(make_runtime: RuntimeFactory) -> None:
+    """TCP_NODELAY on both ends of every TCP request-plane connection (no 40 ms Nagle stall)."""
+    import socket
+
+    server_rt, client_rt = await make_runtime("memory-tcp"), await make_runtime("memory-tcp")
+    await server_rt.endpoint("test.nodelay.generate").serve(words)
+    client = await client_rt.endpoint("test.nodelay.generate").client()
+    await client.wait_for_instances(timeout=10)
+    assert await collect(client.round_robin({"text": "a b"})) == [{"word": "a"}, {"word": "b"}]
+    connections = [*client_rt.request_plane._conns.values(), *server_rt.request_plane._server_conns]
+    assert len(connections) == 2  # the client's end and the server's
+    for conn in connections:
+        sock = conn.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
 @pytest.mark.parametrize("mode", ["memory-inproc", "file-tcp", "etcd-tcp", "etcd-nats"])
 async def test_round_robin_alternates_and_random_reaches_all(make_runtime: RuntimeFactory, mode: str) -> None:
     servers, client = await serve_and_connect(make_runtime, mode, words, f"rr-{mode.replace('-', '')}", 3)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import DisaggregationError
+from ..runtime.planes.base import set_nodelay
 from .rooms import BootstrapInfo
 
 __all__ = ["BootstrapServer", "fetch_kv"]
@@ -128,6 +129,7 @@ class BootstrapServer:
         task = asyncio.current_task()
         if task is not None:
             self._connections.add(task)
+        set_nodelay(writer.transport)
         try:
             request = await asyncio.wait_for(_read_header(reader), 10.0)
             room, wait = request.get("room"), request.get("timeout", 30.0)
@@ -213,6 +215,7 @@ async def fetch_kv(info: BootstrapInfo, timeout: float = 30.0) -> tuple[dict[str
         reader, writer = await asyncio.wait_for(asyncio.open_connection(info.host, info.port), 5.0)
     except (OSError, asyncio.TimeoutError) as exc:
         raise DisaggregationError(f"cannot reach the {where}: {exc!r}") from None
+    set_nodelay(writer.transport)
     try:
         await _write_frame(writer, {"room": info.room, "timeout": timeout})
         header = await asyncio.wait_for(_read_header(reader), timeout + 5.0)

@@ -1,9 +1,11 @@
 """The ``hf`` engine: a local Hugging Face model run with PyTorch + transformers (CPU or CUDA).
 
-Requests are interleaved: a scheduler task runs one step (prefill or one decode token) of
-every active sequence per round, in a worker thread so the event loop stays free, and hands
-each new token to its stream. A short request therefore finishes while a long one runs.
-Cancelling a stream drops its sequence and KV cache at once.
+Requests are batched continuously: a scheduler task runs one step of every active sequence
+per round, in a worker thread so the event loop stays free, and hands each new token to its
+stream. New sequences prefill; all decoding sequences then share one batched forward pass
+(`hf_batch`), so throughput grows with concurrency, and sequences join and leave between
+steps. A short request finishes while a long one runs; a request's greedy output does not
+depend on what it was batched with. Cancelling a stream drops its sequence and KV cache at once.
 
 Example::
 
@@ -35,6 +37,7 @@ from ..llm.card import check_model_dir
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions
 from ..runtime.context import Context
 from .base import KvEvent, KvEventSink, token_budget
+from .hf_batch import can_batch, decode_step
 from .kv_cache.blocks import publish_kv_events
 from .kv_cache.prefix import PrefixCache
 
@@ -79,6 +82,7 @@ class HFEngine(BootstrapRole):
         max_num_seqs: int = 64,
         prefix_cache: PrefixCache | None = None,
         kv_events: KvEventSink | None = None,
+        batch_decode: bool = True,
     ) -> None:
         """Use `HFEngine.load`."""
         self.model = model
@@ -96,6 +100,8 @@ class HFEngine(BootstrapRole):
         self._wake = asyncio.Event()
         self._layout = KVLayout.of(model.config)
         self.steps_total = 0
+        self.batch_decode = batch_decode  # one forward pass for every decoding sequence per step
+        self.batched_steps = 0  # steps whose decodes ran as one batch
 
     @classmethod
     async def load(
@@ -172,6 +178,7 @@ class HFEngine(BootstrapRole):
             "prompt_blocks": cache.prompt_blocks if cache else 0,
             "cached_blocks": cache.cached_blocks if cache else 0,
             "steps": self.steps_total,
+            "batched_steps": self.batched_steps,
         }
 
     def kv_snapshot(self) -> list[KvEvent]:
@@ -331,15 +338,30 @@ class HFEngine(BootstrapRole):
             await publish_kv_events(self.kv_events, self.prefix_cache.drain_events())
 
     def _step_all(self, batch: list[_Sequence]) -> list[int]:
-        """One step of every sequence in ``batch`` (runs in the engine's thread)."""
+        """One step of every sequence in ``batch`` (runs in the engine's thread): new sequences
+        prefill one by one, then every decoding sequence gets its next token from one batched
+        forward pass (`hf_batch.decode_step`; sequences join and leave between steps)."""
         import torch
 
-        tokens = []
+        tokens: dict[int, int] = {}
         with torch.inference_mode():
+            decoding = [seq for seq in batch if seq.cache is not None]
             for seq in batch:
-                tokens.append(self._step(seq, torch))
+                if seq.cache is None:
+                    tokens[seq.seq_id] = self._step(seq, torch)
+            if self.batch_decode and len(decoding) > 1 and can_batch([seq.cache for seq in decoding]):
+                logits, caches = decode_step(
+                    self.model, [seq.cache for seq in decoding], [seq.last_token for seq in decoding], torch
+                )
+                for row, (seq, cache) in enumerate(zip(decoding, caches, strict=True)):
+                    seq.cache = cache
+                    tokens[seq.seq_id] = self._take(seq, logits[row], torch)
+                self.batched_steps += 1
+            else:
+                for seq in decoding:
+                    tokens[seq.seq_id] = self._step(seq, torch)
         self.steps_total += 1
-        return tokens
+        return [tokens[seq.seq_id] for seq in batch]
 
     def _step(self, seq: _Sequence, torch: Any) -> int:
         if seq.cache is None:
@@ -347,6 +369,10 @@ class HFEngine(BootstrapRole):
         else:
             input_ids = torch.tensor([[seq.last_token]], device=self.device)
             logits = self.model(input_ids=input_ids, past_key_values=seq.cache, use_cache=True).logits[0, -1]
+        return self._take(seq, logits, torch)
+
+    def _take(self, seq: _Sequence, logits: Any, torch: Any) -> int:
+        """Sample ``seq``'s next token from its ``logits`` and account for it."""
         token = _sample(logits.float(), seq.sampling, seq.generator, torch)
         seq.last_token = token
         seq.generated += 1

@@ -21,7 +21,8 @@ carried over, not added to every step; simulated time matches the model over man
 
 Its KV block manager reuses cached prompt prefixes and emits real KV events (``kv_events``),
 so the KV router sees what it would see from vLLM. It streams exactly ``max_tokens`` tokens
-(the prompt's ids, cycled), ignoring eos.
+(the prompt's ids, cycled, leaving out ``skip_token_ids``: the mocker worker passes the
+tokenizer's special tokens, which decode to no text), ignoring eos.
 
 Disaggregated roles, like the ``hf`` engine's: `prefill` computes the prompt (one token) and
 parks a tensor-less handoff (``prompt_tokens``, ``first_token``) in its bootstrap server;
@@ -88,6 +89,7 @@ def decode_ms(kv_load: float) -> float:
 class _Request:
     prompt: list[int]
     max_tokens: int
+    output: list[int] = field(default_factory=list)  # the ids it streams, cycled
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     allocation: Allocation | None = None
     hashes: tuple[list[int], list[int]] | None = None  # the prompt's block hashes, computed once
@@ -121,6 +123,7 @@ class MockerEngine(BootstrapRole):
         speedup_ratio: float = 1.0,
         decode_speedup_ratio: float = 1.0,
         kv_events: KvEventSink | None = None,
+        skip_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         if speedup_ratio <= 0 or decode_speedup_ratio <= 0:
             raise ConfigError(
@@ -138,6 +141,7 @@ class MockerEngine(BootstrapRole):
         self.max_num_seqs = max_num_seqs
         self.speedup_ratio = speedup_ratio
         self.decode_speedup_ratio = decode_speedup_ratio
+        self.skip_token_ids = skip_token_ids
         self.kv_events = kv_events
         self.prefix_hits = 0
         self.prompt_blocks = 0
@@ -163,7 +167,13 @@ class MockerEngine(BootstrapRole):
         }
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, *, kv_events: KvEventSink | None = None) -> MockerEngine:
+    def from_args(
+        cls,
+        args: argparse.Namespace,
+        *,
+        kv_events: KvEventSink | None = None,
+        skip_token_ids: frozenset[int] = frozenset(),
+    ) -> MockerEngine:
         """The engine the mocker worker's flags describe (its KV pool, scheduler limits, speed, ``--kv-timeout``)."""
         engine = cls(
             block_size=args.kv_cache_block_size,
@@ -173,6 +183,7 @@ class MockerEngine(BootstrapRole):
             speedup_ratio=args.speedup_ratio,
             decode_speedup_ratio=getattr(args, "decode_speedup_ratio", 1.0),
             kv_events=kv_events,
+            skip_token_ids=skip_token_ids,
         )
         engine.kv_timeout = args.kv_timeout
         return engine
@@ -233,6 +244,7 @@ class MockerEngine(BootstrapRole):
 
     async def _stream(self, job: _Request, context: Context | None) -> AsyncIterator[LLMEngineOutput]:
         """Queue ``job`` and stream its tokens; leaving early (cancel, close) frees it."""
+        job.output = [t for t in job.prompt if t not in self.skip_token_ids] or job.prompt or [0]
         self._waiting.append(job)
         self._ensure_loop()
         received = job.emitted  # a decode's first token came from its prefill
@@ -373,7 +385,7 @@ class MockerEngine(BootstrapRole):
         still = []
         for job in self._running:
             if not job.cancelled and job.prefilled and job.emitted < job.max_tokens:
-                job.queue.put_nowait(job.prompt[job.emitted % len(job.prompt)] if job.prompt else 0)
+                job.queue.put_nowait(job.output[job.emitted % len(job.output)])
                 job.emitted += 1
             if job.cancelled or job.emitted >= job.max_tokens:
                 if job.allocation is not None:

@@ -99,6 +99,10 @@ class ModelTokenizer:
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
+    def special_token_ids(self) -> frozenset[int]:
+        """The ids of the special tokens (``<s>``, chat-template markers…): decoding skips them."""
+        return frozenset(i for i, token in self.tokenizer.get_added_tokens_decoder().items() if token.special)
+
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.get_vocab_size()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,7 +19,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("dynamo_nb.planes")
 
-__all__ = ["HEARTBEAT_INTERVAL", "RequestPlane", "StreamHandle", "instance_down", "liveness_ticks"]
+__all__ = [
+    "HEARTBEAT_INTERVAL",
+    "RequestPlane",
+    "StreamHandle",
+    "instance_down",
+    "liveness_ticks",
+    "set_nodelay",
+]
 
 # A server sends a heartbeat on a silent stream (or connection) this often; a client gives
 # up on it after its heartbeat timeout (several intervals, DistributedRuntime.create).
@@ -90,6 +99,21 @@ class RequestPlane(ABC):
     @abstractmethod
     async def ping(self, instance: Instance, timeout: float) -> bool:
         """True if ``instance`` answers (used for static endpoints, which discovery cannot list)."""
+
+
+def set_nodelay(transport: Any) -> None:
+    """Turn Nagle's algorithm off on ``transport``'s TCP socket (asyncio and uvloop do by default;
+    said here so every socket we own is sure to): a small frame goes out at once, not after the
+    peer's delayed ACK (~40 ms).
+
+    Example::
+
+        def connection_made(self, transport): set_nodelay(transport)
+    """
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def instance_down(instance: Instance, reason: str) -> InstanceDownError:

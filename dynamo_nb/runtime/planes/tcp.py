@@ -20,6 +20,7 @@ from .base import (
     encode_request_error,
     instance_down,
     liveness_ticks,
+    set_nodelay,
 )
 from .channel import StreamChannel
 from .wire import (
@@ -110,6 +111,7 @@ class _ServerConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        set_nodelay(transport)
         self.plane._server_conns.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -231,6 +233,7 @@ class _ClientConnection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        set_nodelay(transport)
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
