@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import socket
@@ -76,3 +77,21 @@ def req(data: dict[str, Any]) -> Any:
     from dynamo_nb.llm import PreprocessedRequest
 
     return PreprocessedRequest.from_dict(data)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux /proc); a zombie waiting for its reaper counts as gone."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+async def pid_gone(pid: int, timeout: float = 5.0) -> bool:
+    """Wait up to ``timeout`` s for process ``pid`` to be gone; whether it is."""
+    for _ in range(int(timeout / 0.05)):
+        if not pid_alive(pid):
+            return True
+        await asyncio.sleep(0.05)
+    return False

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import ECHO_WORKER, ROOT
+from helpers import ECHO_WORKER, ROOT, pid_alive, pid_gone
 
 import dynamo_nb
 from dynamo_nb import ConfigError, DistributedRuntime, LaunchError, LocalServices, launch, launched
@@ -26,22 +26,6 @@ async def group_gone(pgid: int, timeout: float = 5.0) -> bool:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
-            return True
-        await asyncio.sleep(0.05)
-    return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")  # a zombie waiting for its reaper is gone for our purposes
-
-
-async def pid_gone(pid: int, timeout: float = 5.0) -> bool:
-    for _ in range(int(timeout / 0.05)):
-        if not _alive(pid):
             return True
         await asyncio.sleep(0.05)
     return False
@@ -115,7 +99,7 @@ async def test_a_leader_that_exits_leaves_no_grandchild_behind(tmp_path: Path) -
     grandchild = int(proc.logs()[0].split()[1])
     proc.send_signal(signal.SIGTERM)  # the leader dies, the grandchild (ignoring SIGTERM) stays
     assert await proc.wait(timeout=5) == -signal.SIGTERM
-    assert _alive(grandchild)
+    assert pid_alive(grandchild)
     await proc.stop()  # stopping an exited program still clears its group
     assert await group_gone(proc.pid)
 

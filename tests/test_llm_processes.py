@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import shlex
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from helpers import FRONTEND, HF_WORKER, ROOT, RuntimeFactory, collect, free_port, metric_value
+from helpers import FRONTEND, HF_WORKER, ROOT, RuntimeFactory, collect, free_port, metric_value, pid_gone
 
 from dynamo_nb.llm import ModelTokenizer
 
@@ -280,11 +279,7 @@ async def test_http_workers_share_the_port_and_stop_together(services: Any, star
             )
     assert len(counts) == 2 and sum(counts) == 40, counts  # both served, every request counted once
     await frontend.stop(timeout=10)  # SIGTERM: it stops its replica
-    for _ in range(100):
-        if not any(pid_alive(pid) for pid in replicas):
-            break
-        await asyncio.sleep(0.1)
-    assert not any(pid_alive(pid) for pid in replicas)
+    assert all([await pid_gone(pid, timeout=10) for pid in replicas])
 
 
 def child_pids(parent: int) -> list[int]:
@@ -299,14 +294,3 @@ def child_pids(parent: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
                 children.append(int(entry.name))
     return children
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return (
-        Path(f"/proc/{pid}/stat").exists()
-        and Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    )

@@ -43,14 +43,13 @@ def decode_step(model: Any, caches: list[Any], last_tokens: list[int], torch: An
     device = caches[0].layers[0].keys.device
     lengths = [cache.get_seq_length() for cache in caches]
     longest = max(lengths)
-    stacked = []
-    for index in range(len(caches[0].layers)):
-        keys, values = [], []
-        for cache, length in zip(caches, lengths, strict=True):
-            layer = cache.layers[index]
-            keys.append(_left_pad(layer.keys, longest - length, torch))
-            values.append(_left_pad(layer.values, longest - length, torch))
-        stacked.append((torch.cat(keys), torch.cat(values)))
+    stacked = [
+        (
+            _stack_left_padded([cache.layers[index].keys for cache in caches], lengths, longest),
+            _stack_left_padded([cache.layers[index].values for cache in caches], lengths, longest),
+        )
+        for index in range(len(caches[0].layers))
+    ]
     batch = DynamicCache(ddp_cache_data=stacked, config=model.config)
     mask = torch.zeros((len(caches), longest + 1), dtype=torch.long, device=device)
     for row, length in enumerate(lengths):
@@ -66,18 +65,20 @@ def decode_step(model: Any, caches: list[Any], last_tokens: list[int], torch: An
     ).logits[:, -1]
     grown = []
     for row, length in enumerate(lengths):
-        start = longest - length
+        start = longest - length  # views into the batch: the next step copies them into its own
         layers = [
-            (layer.keys[row : row + 1, :, start:].clone(), layer.values[row : row + 1, :, start:].clone())
+            (layer.keys[row : row + 1, :, start:], layer.values[row : row + 1, :, start:])
             for layer in batch.layers
         ]
         grown.append(DynamicCache(ddp_cache_data=layers, config=model.config))
     return logits, grown
 
 
-def _left_pad(tensor: Any, count: int, torch: Any) -> Any:
-    """``tensor`` (batch, heads, length, dim) with ``count`` zero positions before its first."""
-    if count == 0:
-        return tensor
-    shape = (tensor.shape[0], tensor.shape[1], count, tensor.shape[3])
-    return torch.cat([torch.zeros(shape, dtype=tensor.dtype, device=tensor.device), tensor], dim=2)
+def _stack_left_padded(tensors: list[Any], lengths: list[int], longest: int) -> Any:
+    """One (batch, heads, ``longest``, dim) tensor from single-sequence ``tensors``, each
+    right-aligned (zeros before its first position), in one copy."""
+    first = tensors[0]
+    out = first.new_zeros((len(tensors), first.shape[1], longest, first.shape[3]))
+    for row, (tensor, length) in enumerate(zip(tensors, lengths, strict=True)):
+        out[row, :, longest - length :] = tensor[0]
+    return out

@@ -307,21 +307,18 @@ class MockerEngine(BootstrapRole):
             total = sum(job.computed + tokens for job, tokens in chunks)
             prefix = sum(job.computed for job, _ in chunks)
             prefill = prefill_ms(batch * (total // batch - prefix // batch))
+        chunk_of = {id(job): tokens for job, tokens in chunks}
         ready = [
             job
             for job in self._running
-            if not job.cancelled and job.emitted < job.max_tokens and self._computed_after(job, chunks)
+            if not job.cancelled
+            and job.emitted < job.max_tokens
+            and job.computed + chunk_of.get(id(job), 0) >= len(job.prompt)  # computed once this step ends
         ]
         decode = 0.0
         if ready and not all(job.handoff for job in ready):
             decode = decode_ms(self._kv_load()) / self.decode_speedup_ratio
         return (prefill + decode) / 1000.0 / self.speedup_ratio
-
-    @staticmethod
-    def _computed_after(job: _Request, chunks: list[tuple[_Request, int]]) -> bool:
-        """Whether ``job``'s prompt is computed once this step's ``chunks`` are."""
-        done = job.computed + sum(tokens for other, tokens in chunks if other is job)
-        return done >= len(job.prompt)
 
     def _kv_load(self) -> float:
         """KV tokens held by running requests (shared prompt blocks once, plus each request's
