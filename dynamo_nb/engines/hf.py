@@ -37,7 +37,7 @@ from ..llm.card import check_model_dir
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions
 from ..runtime.context import Context
 from .base import KvEvent, KvEventSink, token_budget
-from .hf_batch import can_batch, decode_step
+from .hf_batch import DecodeBatch, can_batch
 from .kv_cache.blocks import publish_kv_events
 from .kv_cache.prefix import PrefixCache
 
@@ -102,6 +102,7 @@ class HFEngine(BootstrapRole):
         self.steps_total = 0
         self.batch_decode = batch_decode  # one forward pass for every decoding sequence per step
         self.batched_steps = 0  # steps whose decodes ran as one batch
+        self._batch = DecodeBatch(model)  # the decoding sequences, stacked (engine thread only)
 
     @classmethod
     async def load(
@@ -340,28 +341,52 @@ class HFEngine(BootstrapRole):
     def _step_all(self, batch: list[_Sequence]) -> list[int]:
         """One step of every sequence in ``batch`` (runs in the engine's thread): new sequences
         prefill one by one, then every decoding sequence gets its next token from one batched
-        forward pass (`hf_batch.decode_step`; sequences join and leave between steps)."""
+        forward pass (a `DecodeBatch`, restacked only when sequences join or leave)."""
         import torch
 
         tokens: dict[int, int] = {}
-        with torch.inference_mode():
-            decoding = [seq for seq in batch if seq.cache is not None]
-            for seq in batch:
-                if seq.cache is None:
-                    tokens[seq.seq_id] = self._step(seq, torch)
-            if self.batch_decode and len(decoding) > 1 and can_batch([seq.cache for seq in decoding]):
-                logits, caches = decode_step(
-                    self.model, [seq.cache for seq in decoding], [seq.last_token for seq in decoding], torch
-                )
-                for row, (seq, cache) in enumerate(zip(decoding, caches, strict=True)):
-                    seq.cache = cache
-                    tokens[seq.seq_id] = self._take(seq, logits[row], torch)
-                self.batched_steps += 1
-            else:
-                for seq in decoding:
-                    tokens[seq.seq_id] = self._step(seq, torch)
+        try:
+            with torch.inference_mode():
+                decoding = [seq for seq in batch if seq.cache is not None]
+                for seq in batch:
+                    if seq.cache is None:
+                        tokens[seq.seq_id] = self._step(seq, torch)
+                if self.batch_decode and len(decoding) > 1 and self._join_batch(decoding):
+                    logits = self._batch.step([seq.last_token for seq in decoding])
+                    for row, seq in enumerate(decoding):
+                        tokens[seq.seq_id] = self._take(seq, logits[row], torch)
+                    self.batched_steps += 1
+                else:
+                    for seq in decoding:
+                        seq.cache = self._own_cache(seq)
+                        tokens[seq.seq_id] = self._step(seq, torch)
+                    self._batch.clear()
+        except BaseException:
+            self._batch.clear()  # its members fail with the step
+            raise
         self.steps_total += 1
         return [tokens[seq.seq_id] for seq in batch]
+
+    def _join_batch(self, decoding: list[_Sequence]) -> bool:
+        """Make ``decoding`` the decode batch's members (restacked only if they changed);
+        False when their caches cannot share a forward pass (see `can_batch`)."""
+        ids = [seq.seq_id for seq in decoding]
+        if ids == self._batch.ids:
+            return True
+        caches = [self._own_cache(seq) for seq in decoding]
+        if not can_batch(caches):
+            for seq, cache in zip(decoding, caches, strict=True):
+                seq.cache = cache
+            self._batch.clear()
+            return False
+        self._batch.rebuild(ids, caches)
+        for seq in decoding:
+            seq.cache = self._batch  # its KV lives in the batch until it runs alone again
+        return True
+
+    def _own_cache(self, seq: _Sequence) -> Any:
+        """``seq``'s KV cache as its own ``DynamicCache`` (taken out of the batch if it is in it)."""
+        return self._batch.cache_of(seq.seq_id) if seq.cache is self._batch else seq.cache
 
     def _step(self, seq: _Sequence, torch: Any) -> int:
         if seq.cache is None:

@@ -1,18 +1,19 @@
-"""One batched decode step over sequences whose KV caches have different lengths (the hf engine's
-continuous batching: sequences join and leave between steps).
+"""The hf engine's decoding sequences as one batch that lives across steps (continuous batching:
+sequences join and leave between steps).
 
-Each sequence keeps its own ``DynamicCache``. For a step the caches are left-padded to the
-longest, stacked into one batch, and the model runs once with an attention mask that hides the
-padding and each sequence's own positions; each sequence then gets its grown cache back without
-the padding. A sequence's logits do not depend on what it was batched with: padded keys are
-masked out exactly (their weight is zero) and every row keeps its own positions.
+A `DecodeBatch` holds the KV caches of its members stacked into one ``DynamicCache``, each row
+left-padded to the longest, with an attention mask that hides the padding and each row's own
+positions. A step runs the model once for every member and the cache grows in place, so the
+caches are restacked only when the members change. A member's logits do not depend on what it
+was batched with: padded keys are masked out exactly (their weight is zero) and every row keeps
+its own positions.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["can_batch", "decode_step"]
+__all__ = ["DecodeBatch", "can_batch"]
 
 
 def can_batch(caches: list[Any]) -> bool:
@@ -30,48 +31,77 @@ def can_batch(caches: list[Any]) -> bool:
     return True
 
 
-def decode_step(model: Any, caches: list[Any], last_tokens: list[int], torch: Any) -> tuple[Any, list[Any]]:
-    """Run one decode step of every sequence at once: ``(logits, caches)``, the last position's
-    logits (one row per sequence) and each sequence's cache grown by its token.
+class DecodeBatch:
+    """Decoding sequences whose caches stay stacked between steps.
 
     Example::
 
-        logits, caches = decode_step(model, [a.cache, b.cache], [a.last_token, b.last_token], torch)
+        batch = DecodeBatch(model)
+        batch.rebuild([7, 9], [cache_7, cache_9])  # sequence ids and their own caches
+        logits = batch.step([last_token_7, last_token_9])  # one row each, in `ids` order
+        cache_7 = batch.cache_of(7)  # its cache again (views into the batch), e.g. to run alone
     """
-    from transformers import DynamicCache
 
-    device = caches[0].layers[0].keys.device
-    lengths = [cache.get_seq_length() for cache in caches]
-    longest = max(lengths)
-    stacked = [
-        (
-            _stack_left_padded([cache.layers[index].keys for cache in caches], lengths, longest),
-            _stack_left_padded([cache.layers[index].values for cache in caches], lengths, longest),
-        )
-        for index in range(len(caches[0].layers))
-    ]
-    batch = DynamicCache(ddp_cache_data=stacked, config=model.config)
-    mask = torch.zeros((len(caches), longest + 1), dtype=torch.long, device=device)
-    for row, length in enumerate(lengths):
-        mask[row, longest - length :] = 1
-    input_ids = torch.tensor([[token] for token in last_tokens], device=device)
-    position_ids = torch.tensor([[length] for length in lengths], device=device)
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=mask,
-        position_ids=position_ids,
-        past_key_values=batch,
-        use_cache=True,
-    ).logits[:, -1]
-    grown = []
-    for row, length in enumerate(lengths):
-        start = longest - length  # views into the batch: the next step copies them into its own
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.ids: list[int] = []  # the members, in row order
+        self._cache: Any = None
+        self._mask: Any = None  # (rows, positions): 1 where a row has a real position
+        self._lengths: Any = None  # (rows, 1): each row's own length, its next position
+
+    def rebuild(self, ids: list[int], caches: list[Any]) -> None:
+        """Make ``ids`` (with their own ``caches``, see `can_batch`) the members, in that order."""
+        import torch
+        from transformers import DynamicCache
+
+        lengths = [cache.get_seq_length() for cache in caches]
+        longest = max(lengths)
+        stacked = [
+            (
+                _stack_left_padded([cache.layers[index].keys for cache in caches], lengths, longest),
+                _stack_left_padded([cache.layers[index].values for cache in caches], lengths, longest),
+            )
+            for index in range(len(caches[0].layers))
+        ]
+        device = stacked[0][0].device
+        self._cache = DynamicCache(ddp_cache_data=stacked, config=self.model.config)
+        self._mask = torch.zeros((len(caches), longest), dtype=torch.long, device=device)
+        for row, length in enumerate(lengths):
+            self._mask[row, longest - length :] = 1
+        self._lengths = torch.tensor([[length] for length in lengths], device=device)
+        self.ids = list(ids)
+
+    def step(self, last_tokens: list[int]) -> Any:
+        """One decode step of every member: the last position's logits, one row per member."""
+        import torch
+
+        ones = self._mask.new_ones((len(self.ids), 1))
+        self._mask = torch.cat([self._mask, ones], dim=1)
+        logits = self.model(
+            input_ids=torch.tensor([[token] for token in last_tokens], device=self._mask.device),
+            attention_mask=self._mask,
+            position_ids=self._lengths,
+            past_key_values=self._cache,
+            use_cache=True,
+        ).logits[:, -1]
+        self._lengths = self._lengths + 1
+        return logits
+
+    def cache_of(self, seq_id: int) -> Any:
+        """A member's own cache (views into the batch, without the padding)."""
+        from transformers import DynamicCache
+
+        row = self.ids.index(seq_id)
+        start = self._mask.shape[1] - int(self._lengths[row, 0])
         layers = [
             (layer.keys[row : row + 1, :, start:], layer.values[row : row + 1, :, start:])
-            for layer in batch.layers
+            for layer in self._cache.layers
         ]
-        grown.append(DynamicCache(ddp_cache_data=layers, config=model.config))
-    return logits, grown
+        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    def clear(self) -> None:
+        """No members (the stacked cache is freed)."""
+        self.ids, self._cache, self._mask, self._lengths = [], None, None, None
 
 
 def _stack_left_padded(tensors: list[Any], lengths: list[int], longest: int) -> Any:
