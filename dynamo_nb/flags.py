@@ -230,6 +230,14 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "(default: off, it falls back with a warning)",
     )
     group.add_argument(
+        "--migration-limit",
+        type=int,
+        default=int(_env("MIGRATION_LIMIT", "3") or 3),
+        help="times a request whose worker goes down mid-stream is carried on by another worker (the "
+        "client sees one stream); 0: never, the stream ends with an error (env DYN_NB_MIGRATION_LIMIT; "
+        "default: %(default)s)",
+    )
+    group.add_argument(
         "--static-address",
         default=None,
         help="static mode on the TCP plane: the worker's tcp://HOST:PORT, as it prints it (default: none)",

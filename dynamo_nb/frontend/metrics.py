@@ -115,6 +115,12 @@ class FrontendMetrics:
             ("model",),
             registry=registry,
         )
+        self.migrations = Counter(
+            "dynamo_frontend_migrations",
+            "requests carried on by another worker after theirs went down mid-stream",
+            ("model",),
+            registry=registry,
+        )
         self._models: dict[str, ModelMetrics] = {}
 
     def of(self, model: str) -> ModelMetrics:

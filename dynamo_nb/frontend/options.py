@@ -22,7 +22,7 @@ from ..flags import DEFAULT_WORKER_ENDPOINT
 from ..llm.card import card_from_folder, check_model_dir
 from ..router.kv.router import KvRouterConfig
 from ..runtime.names import EndpointPath
-from .server import Frontend
+from .server import DEFAULT_MIGRATION_LIMIT, Frontend
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -34,6 +34,8 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
     """Reject flag combinations that cannot work, naming the flag and the fix (before anything starts)."""
     if getattr(args, "http_workers", 1) < 1:
         raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
+    if getattr(args, "migration_limit", 0) < 0:
+        raise ConfigError(f"--migration-limit must be 0 (off) or more, got {args.migration_limit}")
     if (
         args.router_mode == "kv"
         and not args.no_kv_events
@@ -110,6 +112,7 @@ async def start_frontend(
         enforce_disagg=args.enforce_disagg,
         kv_config=KvRouterConfig.from_args(args),
         reuse_port=getattr(args, "http_workers", 1) > 1 or getattr(args, "http_reuse_port", False),
+        migration_limit=getattr(args, "migration_limit", DEFAULT_MIGRATION_LIMIT),
     )
     if args.static_endpoint:  # static mode: the card is built here; no etcd, no registration
         card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)

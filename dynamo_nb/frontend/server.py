@@ -52,11 +52,12 @@ from .openai import OpenAIRequest, parse_request
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
 
-__all__ = ["DEFAULT_HTTP_PORT", "Frontend"]
+__all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_MIGRATION_LIMIT", "Frontend"]
 
 logger = logging.getLogger("dynamo_nb.frontend")
 
 DEFAULT_HTTP_PORT = 8000
+DEFAULT_MIGRATION_LIMIT = 3  # as Dynamo's guidance
 MAX_BODY_BYTES = 32 * 1024 * 1024
 _ENDPOINT_LABELS = {"chat": "chat_completions", "completions": "completions"}
 _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
@@ -73,6 +74,9 @@ class _Outcome:
     error: str | None = None
     nvext: dict[str, Any] | None = None  # sent with the last chunk when the request asked for it
     headers: dict[str, str] = field(default_factory=dict)  # who served it, which disaggregated path
+    stream: ResponseStream | None = None  # the worker stream relayed now (another after a migration)
+    plans: list[PrefillPlan] = field(default_factory=list)  # prefills planned for migrations
+    migrations: int = 0
 
 
 class Frontend:
@@ -89,6 +93,7 @@ class Frontend:
         host: str,
         port: int,
         metrics: FrontendMetrics | None = None,
+        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
     ) -> None:
         """Use `Frontend.start`."""
         self.runtime = runtime
@@ -96,6 +101,7 @@ class Frontend:
         self.host = host
         self.port = port
         self.metrics = metrics or FrontendMetrics()
+        self.migration_limit = migration_limit
         self._runner: web.AppRunner | None = None
 
     @classmethod
@@ -110,6 +116,7 @@ class Frontend:
         enforce_disagg: bool = False,
         kv_config: KvRouterConfig | None = None,
         reuse_port: bool = False,
+        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -123,7 +130,12 @@ class Frontend:
             kv_config: the KV router's settings (``router_mode="kv"``).
             reuse_port: listen with ``SO_REUSEPORT``, so other frontend processes can share the
                 port (the kernel spreads new connections between them).
+            migration_limit: how many times a request whose worker went down mid-stream is
+                carried on by another worker (the prompt plus the tokens already streamed; the
+                client sees one stream); 0: never, the stream ends with an error event.
         """
+        if migration_limit < 0:
+            raise ConfigError(f"migration_limit must be 0 (off) or more, got {migration_limit}")
         metrics = FrontendMetrics()
         manager = ModelManager(
             runtime,
@@ -135,7 +147,7 @@ class Frontend:
         )
         if not runtime.is_static:
             await manager.watch()
-        frontend = cls(runtime, manager, host, port, metrics)
+        frontend = cls(runtime, manager, host, port, metrics, migration_limit)
         await frontend._listen(reuse_port)
         return frontend
 
@@ -303,13 +315,16 @@ class Frontend:
         status = "error"
         metrics.inflight.inc()
         plan: PrefillPlan | None = None
+        outcome: _Outcome | None = None
         try:
             stream, first, plan = await self._open_planned(model, engine_request)
             metrics.ttft.observe(time.perf_counter() - started)
             metrics.input_tokens.observe(len(token_ids))
-            outcome = _Outcome(nvext=_nvext(parsed, stream, plan), headers=_route_headers(stream, plan))
+            outcome = _Outcome(
+                nvext=_nvext(parsed, stream, plan), headers=_route_headers(stream, plan), stream=stream
+            )
             try:
-                pieces = self._relay(model, stream, first, parsed.stop.stop, outcome, metrics.itl)
+                pieces = self._relay(model, engine_request, first, parsed.stop.stop, outcome, metrics.itl)
                 if parsed.stream:
                     response = await self._send_stream(request, parsed, pieces, outcome, len(token_ids))
                 else:
@@ -318,7 +333,7 @@ class Frontend:
                 status = "cancelled"
                 raise
             finally:
-                await stream.aclose()
+                await outcome.stream.aclose()  # type: ignore[union-attr]
             metrics.output_tokens.observe(outcome.completion_tokens)
             status = "success" if outcome.error is None else "error"
             return response
@@ -326,8 +341,8 @@ class Frontend:
             status = "cancelled"
             raise
         finally:
-            if plan is not None:
-                plan.cancel()  # the prefill goes with its decode
+            for prefill in ([plan] if plan is not None else []) + (outcome.plans if outcome else []):
+                prefill.cancel()  # the prefill goes with its decode
             metrics.inflight.dec()
             metrics.duration.observe(time.perf_counter() - started)
             self.metrics.count_request(
@@ -390,25 +405,32 @@ class Frontend:
     async def _relay(
         self,
         model: ServedModel,
-        stream: ResponseStream,
+        request: PreprocessedRequest,
         first: Any,
         stop: list[str],
         outcome: _Outcome,
         itl: Any,
     ) -> AsyncIterator[str]:
-        """Text pieces of the stream, as soon as they are final; ``outcome`` holds how it ended.
+        """Text pieces of ``outcome.stream``, as soon as they are final; ``outcome`` holds how it
+        ended. A worker that goes down mid-stream hands the rest to another (`_migrate`).
 
         ``itl`` is the model's inter-token latency histogram.
         """
         detok = StreamDetokenizer(model.tokenizer, stop)
         push = detok.push
+        stream = outcome.stream
+        assert stream is not None
+        generated: list[int] | None = [] if self.migration_limit else None  # kept for a migration
         # items are `LLMEngineOutput` dicts, read as they are: no object per token on this hot path
         item = first
         last = time.perf_counter()
         count = 0
+        earlier = 0  # tokens streamed by workers that went down (their usage is not in the last one's)
         while True:
             ids = item.get("token_ids") or ()
             count += len(ids)
+            if generated is not None:
+                generated.extend(ids)
             text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
             if text:
                 yield text
@@ -420,12 +442,18 @@ class Frontend:
                 outcome.finish_reason = _FINISH.get(finish, "stop")
                 usage = item.get("completion_usage")
                 if usage and isinstance(usage.get("completion_tokens"), int):
-                    count = usage["completion_tokens"]
+                    count = earlier + usage["completion_tokens"]
                 break
             try:
                 item = await stream.__anext__()
             except StopAsyncIteration:
                 break
+            except InstanceDownError as exc:
+                moved = await self._migrate(model, request, generated, exc, outcome)
+                if moved is None:
+                    break
+                item, stream, earlier = moved, outcome.stream, count
+                continue
             except RequestError as exc:
                 outcome.error = str(exc)
                 break
@@ -436,6 +464,51 @@ class Frontend:
         if tail:
             yield tail
         outcome.completion_tokens = count
+
+    async def _migrate(
+        self,
+        model: ServedModel,
+        request: PreprocessedRequest,
+        generated: list[int] | None,
+        down: InstanceDownError,
+        outcome: _Outcome,
+    ) -> Any | None:
+        """Carry a request whose worker went down on with another worker: the prompt plus the
+        ``generated`` tokens, ``max_tokens`` less them (`PreprocessedRequest.continued`), routed
+        (and, with prefill workers, prefilled) afresh. Its first item, with ``outcome.stream``
+        now the new stream; None when it cannot (``outcome`` then holds the error or the end).
+        """
+        asked = request.stop_conditions.max_tokens
+        if generated is not None and asked is not None and len(generated) >= asked:
+            outcome.finish_reason = "length"  # every token came; only the last item was lost
+            return None
+        if generated is None:
+            outcome.error = f"{down} (no migration: the frontend runs with --migration-limit 0)"
+            return None
+        if outcome.migrations >= self.migration_limit:
+            outcome.error = (
+                f"{down} (after {outcome.migrations} migrations, the frontend's --migration-limit)"
+            )
+            return None
+        outcome.migrations += 1
+        self.metrics.migrations.labels(model.name).inc()
+        logger.warning(
+            "a worker of %r went down after %d tokens of a request (%s): another carries it on (%d of at most %d)",
+            model.name,
+            len(generated),
+            down,
+            outcome.migrations,
+            self.migration_limit,
+        )
+        try:
+            stream, first, plan = await self._open_planned(model, request.continued(generated))
+        except RequestError as exc:
+            outcome.error = f"{down}; no other worker could carry the request on: {exc}"
+            return None
+        if plan is not None:
+            outcome.plans.append(plan)
+        outcome.stream = stream
+        return first
 
     async def _send_stream(
         self,

@@ -196,6 +196,31 @@ class PreprocessedRequest:
         """
         return replace(self, stop_conditions=replace(self.stop_conditions, max_tokens=max_tokens))
 
+    def continued(self, generated: list[int]) -> PreprocessedRequest:
+        """The request that carries on after ``generated`` (a stream's tokens so far), for
+        another worker: the prompt plus those tokens, ``max_tokens`` and ``min_tokens`` less
+        them, no prefill result or instance pin of the first attempt.
+
+        Example:
+            >>> r = PreprocessedRequest([1, 2], StopConditions(max_tokens=10, min_tokens=4))
+            >>> c = r.continued([7, 8, 9])
+            >>> c.token_ids, c.stop_conditions.max_tokens, c.stop_conditions.min_tokens
+            ([1, 2, 7, 8, 9], 7, 1)
+        """
+        stop = self.stop_conditions
+        return replace(
+            self,
+            token_ids=[*self.token_ids, *generated],
+            stop_conditions=replace(
+                stop,
+                max_tokens=None if stop.max_tokens is None else stop.max_tokens - len(generated),
+                min_tokens=max(0, stop.min_tokens - len(generated)),
+            ),
+            routing=None,
+            bootstrap_info=None,
+            prefill_result=None,
+        )
+
 
 @dataclass(slots=True)
 class LLMEngineOutput:
