@@ -16,6 +16,7 @@ from helpers import collect, metric_value, req
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.frontend import Frontend
+from dynamo_nb.frontend.server import MAX_BODY_BYTES
 from dynamo_nb.llm import ModelTokenizer, serve_llm
 
 MODEL = "tiny"
@@ -173,6 +174,28 @@ GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
             "messages[0].content",
             "text",
         ),
+        (CHAT, {"model": MODEL, "messages": [{"role": "user"}]}, 400, "messages[0].content", "required"),
+        (
+            CHAT,
+            {"model": MODEL, "messages": [{"role": "tool", "content": "42"}]},
+            400,
+            "messages[0].tool_call_id",
+            "tool_call_id",
+        ),
+        (
+            CHAT,
+            {"model": MODEL, "messages": [{"role": "user", "content": "x", "name": 3}]},
+            400,
+            "messages[0].name",
+            "string",
+        ),
+        (CHAT, {**GOOD, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+        (CHAT, {**GOOD, "min_tokens": 9}, 400, "min_tokens", "more than max_tokens"),
+        (CHAT, {**GOOD, "seed": 2**64}, 400, "seed", "between"),
+        (CHAT, {**GOOD, "n": True}, 400, "n", "n=1"),
+        (CHAT, {**GOOD, "logit_bias": {"5": 10}}, 400, "logit_bias", "not supported"),
+        (CHAT, {**GOOD, "user": 7}, 400, "user", "string"),
+        (CHAT, b"[" * 100_000 + b"]" * 100_000, 400, None, "nested too deeply"),
         (CHAT, {**GOOD, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
         (CHAT, {**GOOD, "max_tokens": "many"}, 400, "max_tokens", "integer"),
         (CHAT, {**GOOD, "max_tokens": 5000}, 400, "max_tokens", "lower max_tokens"),
@@ -226,6 +249,8 @@ async def test_openai_client_raises_its_own_error_types(served: Served) -> None:
 async def test_wrong_method_and_completions_only_models(served: Served, tiny_path: Path) -> None:
     response = await served.http.get(CHAT)
     assert response.status_code == 405 and "not allowed" in response.json()["error"]["message"]
+    too_big = await served.http.post(CHAT, content=b" " * (MAX_BODY_BYTES + 1))
+    assert too_big.status_code == 413 and "larger than" in too_big.json()["error"]["message"]
     echo = EchoEngine()
     server, _ = await serve_llm(
         served.runtime.endpoint("fe.echo.generate"),

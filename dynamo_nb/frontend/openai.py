@@ -25,6 +25,8 @@ __all__ = ["OpenAIRequest", "parse_request"]
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI and vLLM
+MAX_STOP_SEQUENCES = 4  # as OpenAI
+SEED_RANGE = (-(2**63), 2**64 - 1)  # as vLLM
 
 
 @dataclass
@@ -80,10 +82,24 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise _bad(f'messages[{index}] must be an object with "role" and "content"', f"messages[{index}]")
         role = message.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise _bad(
                 f"messages[{index}].role must be one of {', '.join(CHAT_ROLES)}; got {role!r}",
                 f"messages[{index}].role",
+            )
+        if message.get("content") is None and role != "assistant":
+            raise _bad(
+                f"messages[{index}].content is required for a {role} message: send a string or a list of "
+                "text parts",
+                f"messages[{index}].content",
+            )
+        name = message.get("name")
+        if name is not None and not isinstance(name, str):
+            raise _bad(f"messages[{index}].name must be a string, got {name!r}", f"messages[{index}].name")
+        if role == "tool" and not isinstance(message.get("tool_call_id"), str):
+            raise _bad(
+                f"messages[{index}] is a tool message: it needs tool_call_id (a string)",
+                f"messages[{index}].tool_call_id",
             )
         out.append({**message, "content": _text_content(message.get("content"), index)})
     return out
@@ -110,10 +126,10 @@ def _prompt(body: dict[str, Any]) -> str | list[int]:
 
 def _unsupported(body: dict[str, Any]) -> None:
     n = body.get("n")
-    if n is not None and n != 1:
+    if n is not None and (isinstance(n, bool) or n != 1):
         raise _bad(f"n={n!r} is not supported: send n=1 (or leave it out) and repeat the request", "n")
     best_of = body.get("best_of")
-    if best_of is not None and best_of != 1:
+    if best_of is not None and (isinstance(best_of, bool) or best_of != 1):
         raise _bad("best_of is not supported: leave it out", "best_of")
     for name in ("presence_penalty", "frequency_penalty"):
         value = body.get(name)
@@ -123,6 +139,11 @@ def _unsupported(body: dict[str, Any]) -> None:
         raise _bad("logprobs are not supported: leave logprobs out", "logprobs")
     if body.get("echo"):
         raise _bad("echo is not supported: leave it out", "echo")
+    if body.get("logit_bias"):
+        raise _bad("logit_bias is not supported by dynamo_nb engines: leave it out", "logit_bias")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _bad(f"user must be a string, got {user!r}", "user")
     if body.get("suffix"):
         raise _bad("suffix is not supported: leave it out", "suffix")
     if body.get("tools") or body.get("functions"):
@@ -144,6 +165,8 @@ def _stop_strings(body: dict[str, Any]) -> list[str]:
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise _bad("stop must be a non-empty string or a list of them", "stop")
+    if len(stop) > MAX_STOP_SEQUENCES:
+        raise _bad(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}", "stop")
     return stop
 
 
@@ -215,7 +238,14 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
         }
     )
     stop.stop = _stop_strings(body)
+    if stop.max_tokens is not None and stop.min_tokens > stop.max_tokens:
+        raise _bad(
+            f"min_tokens ({stop.min_tokens}) is more than max_tokens ({stop.max_tokens}): lower min_tokens",
+            "min_tokens",
+        )
     sampling = SamplingOptions.from_dict({k: body.get(k) for k in ("temperature", "top_p", "top_k", "seed")})
+    if sampling.seed is not None and not SEED_RANGE[0] <= sampling.seed <= SEED_RANGE[1]:
+        raise _bad(f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {sampling.seed}", "seed")
     request = OpenAIRequest(
         kind,
         model,

@@ -242,6 +242,10 @@ class Frontend:
             raise InvalidRequestError(
                 f"the request body is not valid JSON ({exc}); send a JSON object"
             ) from None
+        except RecursionError:
+            raise InvalidRequestError(
+                "the request body is nested too deeply; send a flat JSON object"
+            ) from None
 
     def _served(self, name: str, kind: str) -> ServedModel:
         model = self.models.get(name)
