@@ -22,6 +22,7 @@ from dynamo_nb.disagg import (
     KVLayout,
     check_header,
     draw_room,
+    draw_token,
     fetch_kv,
     pack_kv,
     unpack_kv,
@@ -158,7 +159,7 @@ async def test_engine_roles_give_the_aggregated_tokens_on_both_paths(hf_engine: 
     aggregated = tokens(await collect(hf_engine.generate(req(GREEDY))))
 
     # fast path: the room is drawn up front and the decode is sent before the prefill runs
-    info = {**hf_engine.bootstrap.endpoint, "bootstrap_room": draw_room()}
+    info = {**hf_engine.bootstrap.endpoint, "bootstrap_room": draw_room(), "bootstrap_token": draw_token()}
     events: list[str] = []
 
     async def decode() -> list[Any]:

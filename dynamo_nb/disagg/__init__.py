@@ -24,7 +24,7 @@ from .decode import DecodeHandler
 from .kv_wire import KV_FORMAT, KVLayout, check_header, pack_kv, unpack_kv
 from .modes import WorkerRole
 from .roles import BootstrapRole, DisaggregatedEngine, fetch_prompt_kv
-from .rooms import MAX_ROOM, BootstrapInfo, draw_room
+from .rooms import MAX_ROOM, BootstrapInfo, draw_room, draw_token
 
 __all__ = [
     "KV_FORMAT",
@@ -38,6 +38,7 @@ __all__ = [
     "WorkerRole",
     "check_header",
     "draw_room",
+    "draw_token",
     "fetch_kv",
     "fetch_prompt_kv",
     "pack_kv",

@@ -1,10 +1,13 @@
 """The bootstrap server of a prefill worker: KV caches parked by room, fetched once by a decode.
 
-A prefill `park`\\ s the KV of its prompt under the request's room (or `fail`\\ s the room, so
-the decode learns why). A decode calls `fetch_kv`: it connects to ``bootstrap_host:port``,
-asks for the room and waits — the prefill may not have finished yet — up to its timeout.
-A room is handed out once; rooms nobody fetches (or parks) expire after ``ttl`` seconds, so a
-decode that never comes leaks nothing. It listens on 127.0.0.1 unless told otherwise.
+A prefill `park`\\ s the KV of its prompt under the request's room and token (or `fail`\\ s
+the room, so the decode learns why). A decode calls `fetch_kv`: it connects to
+``bootstrap_host:port``, asks for the room with its token and waits — the prefill may not have
+finished yet — up to its timeout. A room is handed out once, and only to a caller with its
+token (compared in constant time; a wrong one is refused and the room stays for its decode);
+rooms nobody fetches (or parks) expire after ``ttl`` seconds, so a decode that never comes
+leaks nothing. A malformed or oversized request closes that connection only. It listens on
+127.0.0.1 unless told otherwise.
 
 Frames on the wire: a 4-byte big-endian length, a JSON header, then (for a KV answer) the
 raw payload whose size the header gives. Nothing is pickled.
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import struct
@@ -62,6 +66,14 @@ async def _read_header(reader: asyncio.StreamReader) -> dict[str, Any]:
 class _Room:
     created: float
     ready: asyncio.Future[tuple[dict[str, Any], bytes] | str] = field(default_factory=asyncio.Future)
+    token: str | None = None  # set by park/fail: who may fetch it
+
+
+def _token_matches(expected: str | None, presented: Any) -> bool:
+    """Whether ``presented`` is the room's token (constant time; a room without one takes any)."""
+    if expected is None:
+        return True
+    return isinstance(presented, str) and hmac.compare_digest(expected.encode(), presented.encode())
 
 
 class BootstrapServer:
@@ -112,17 +124,20 @@ class BootstrapServer:
             entry = self._rooms[room] = _Room(time.monotonic())
         return entry
 
-    def park(self, room: int, header: dict[str, Any], payload: bytes) -> None:
-        """Hold ``header`` and ``payload`` for the decode that asks for ``room``."""
+    def park(self, room: int, header: dict[str, Any], payload: bytes, token: str | None = None) -> None:
+        """Hold ``header`` and ``payload`` for the decode that asks for ``room`` with ``token``
+        (None: any caller, for engines whose bootstrap has no tokens)."""
         entry = self._room(room)
         if entry.ready.done():
             raise DisaggregationError(f"bootstrap room {room} is already in use: draw rooms at random")
+        entry.token = token
         entry.ready.set_result((header, payload))
 
-    def fail(self, room: int, message: str) -> None:
-        """Tell the decode of ``room`` that its prefill failed (``message`` says why)."""
+    def fail(self, room: int, message: str, token: str | None = None) -> None:
+        """Tell the decode of ``room`` (with ``token``) that its prefill failed (``message`` says why)."""
         entry = self._room(room)
         if not entry.ready.done():
+            entry.token = token
             entry.ready.set_result(f"the prefill failed: {message}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -150,6 +165,12 @@ class BootstrapServer:
                     },
                 )
                 return
+            if not _token_matches(entry.token, request.get("token")):
+                logger.warning("refused a fetch of bootstrap room %d without its token", room)
+                await _write_frame(
+                    writer, {"ok": False, "error": f"room {room}: wrong or missing bootstrap_token"}
+                )
+                return  # the room stays for the decode that has the token
             self._rooms.pop(room, None)  # handed out once
             if isinstance(result, str):
                 await _write_frame(writer, {"ok": False, "error": f"room {room}: {result}"})
@@ -162,6 +183,7 @@ class BootstrapServer:
             ConnectionError,
             asyncio.TimeoutError,
             ValueError,
+            RecursionError,
             DisaggregationError,
         ) as exc:
             logger.debug("bootstrap connection dropped: %r", exc)
@@ -217,7 +239,10 @@ async def fetch_kv(info: BootstrapInfo, timeout: float = 30.0) -> tuple[dict[str
         raise DisaggregationError(f"cannot reach the {where}: {exc!r}") from None
     set_nodelay(writer.transport)
     try:
-        await _write_frame(writer, {"room": info.room, "timeout": timeout})
+        ask: dict[str, Any] = {"room": info.room, "timeout": timeout}
+        if info.token is not None:
+            ask["token"] = info.token
+        await _write_frame(writer, ask)
         header = await asyncio.wait_for(_read_header(reader), timeout + 5.0)
         if not header.pop("ok", False):
             raise DisaggregationError(f"{where}: {header.get('error', 'refused')}")

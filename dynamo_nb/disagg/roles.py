@@ -34,7 +34,7 @@ from ..errors import ConfigError, DisaggregationError
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from .bootstrap import BootstrapServer, fetch_kv
-from .rooms import MAX_ROOM, BootstrapInfo, draw_room
+from .rooms import MAX_ROOM, BootstrapInfo, check_token, draw_room, draw_token
 
 __all__ = [
     "BootstrapRole",
@@ -43,6 +43,7 @@ __all__ = [
     "fetch_prompt_kv",
     "prefill_stream",
     "requested_room",
+    "requested_token",
 ]
 
 
@@ -133,6 +134,12 @@ def requested_room(bootstrap_info: dict[str, Any] | None) -> int:
     return room
 
 
+def requested_token(bootstrap_info: dict[str, Any] | None) -> str:
+    """The router's room token from ``bootstrap_info``, or a fresh one."""
+    token = (bootstrap_info or {}).get("bootstrap_token")
+    return draw_token() if token is None else check_token(token)
+
+
 def bootstrap_of(request: PreprocessedRequest) -> BootstrapInfo:
     """Where a decode request's KV is: ``bootstrap_info``, else ``prefill_result.disaggregated_params``."""
     if request.bootstrap_info is not None:
@@ -157,12 +164,14 @@ async def prefill_stream(
     if bootstrap is None:
         raise ConfigError("the prefill role needs a bootstrap server: await engine.start_bootstrap() first")
     room = requested_room(request.bootstrap_info)
-    yield LLMEngineOutput([], disaggregated_params={**bootstrap.endpoint, "bootstrap_room": room})
+    token = requested_token(request.bootstrap_info)
+    params = {**bootstrap.endpoint, "bootstrap_room": room, "bootstrap_token": token}
+    yield LLMEngineOutput([], disaggregated_params=params)
     try:
         header, payload = await run()
-        bootstrap.park(room, header, payload)
+        bootstrap.park(room, header, payload, token)
     except BaseException as exc:
-        bootstrap.fail(room, f"{type(exc).__name__}: {exc}")
+        bootstrap.fail(room, f"{type(exc).__name__}: {exc}", token)
         raise
     yield LLMEngineOutput.final(
         [header["first_token"]], "length", prompt_tokens=len(request.token_ids), completion_tokens=1

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -317,7 +318,8 @@ class SglangEngine(RelayedKvEvents):
     ) -> AsyncIterator[LLMEngineOutput]:
         """The decode role: SGLang's decode with the prefill's (host, port, room), from
         ``bootstrap_info`` (fast path) or ``prefill_result.disaggregated_params`` (fallback)."""
-        handoff = bootstrap_of(request).to_dict()
+        # SGLang's own bootstrap server takes (host, port, room): our room token is not its argument
+        handoff = dataclasses.replace(bootstrap_of(request), token=None).to_dict()
         budget = token_budget(request, self.context_length)
         async with contextlib.aclosing(self._run(request, budget, context, handoff)) as outputs:
             async for output in outputs:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..disagg import handoff
-from ..disagg.rooms import BootstrapInfo, draw_room
+from ..disagg.rooms import BootstrapInfo, draw_room, draw_token
 from ..errors import DisaggregationError, RequestError
 from ..llm.protocol import PreprocessedRequest
 from .base import Router
@@ -136,7 +136,8 @@ class PrefillRouter:
             endpoint = self._endpoints.get(instance)
             if endpoint is not None:
                 info = BootstrapInfo.parse(
-                    {**endpoint, "bootstrap_room": draw_room()}, "disaggregated_endpoint"
+                    {**endpoint, "bootstrap_room": draw_room(), "bootstrap_token": draw_token()},
+                    "disaggregated_endpoint",
                 )
                 stream = self.router.open(route, handoff.prefill_request(request, info))
                 decode = dataclasses.replace(request, bootstrap_info=info.to_dict())

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, ProtocolError
 from ..instance import Instance
 from .base import (
     HEARTBEAT_INTERVAL,
@@ -123,20 +123,23 @@ class _ServerConnection(asyncio.Protocol):
                 self.transport.close()
             return
         for frame in frames:
-            self._dispatch(frame)
+            try:
+                self._dispatch(frame)
+            except Exception as exc:  # a frame of the right shape with values of the wrong types
+                logger.warning("closing a connection that sent a malformed frame: %r", exc)
+                if self.transport is not None:
+                    self.transport.close()
+                return
 
     def _dispatch(self, frame: Any) -> None:
-        try:
-            kind, sid = frame[0], frame[1]
-        except (TypeError, IndexError, KeyError):
-            logger.warning("ignoring a malformed frame: %r", frame)
-            return
+        """Act on one frame; a frame of the wrong shape raises (the connection is then closed)."""
+        if not isinstance(frame, (list, tuple)) or len(frame) < 2:
+            raise ProtocolError(f"a frame must be a list [kind, stream id, ...], got {frame!r:.80}")
+        kind, sid = frame[0], frame[1]
         if kind == REQUEST:
-            try:
-                _kind, _sid, target, request_id, body = frame
-            except ValueError:
-                logger.warning("ignoring a malformed request frame: %r", frame)
-                return
+            if len(frame) != 5:
+                raise ProtocolError(f"a request frame has 5 fields, got {len(frame)}")
+            _kind, _sid, target, request_id, body = frame
             sink = _TcpSink(self, sid)
             server = self.plane.targets.get(target)
             if server is None:
