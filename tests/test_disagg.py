@@ -532,3 +532,30 @@ async def test_kv_mode_sends_a_repeated_prefix_to_the_same_prefill_worker(
     finally:
         for runtime in runtimes:
             await runtime.shutdown()
+
+
+async def test_a_prefill_drain_cancelled_before_it_starts_still_closes_its_stream() -> None:
+    """The prefill router's load on a prefill worker is released when its stream closes: a plan
+    cancelled at once (its decode found no worker) must close the stream all the same."""
+    from dynamo_nb.disagg import handoff
+
+    class Stream:
+        closed = 0
+
+        def __aiter__(self) -> Any:
+            return self
+
+        async def __anext__(self) -> Any:
+            raise StopAsyncIteration
+
+        async def aclose(self) -> None:
+            Stream.closed += 1
+
+    task = handoff.drain(Stream(), what="a prefill")
+    task.cancel()  # before its first step
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert task.cancelled() and Stream.closed == 1
+    ran = handoff.drain(Stream(), what="a prefill")
+    await ran
+    assert Stream.closed == 2  # closed once by the drain itself, not twice

@@ -87,9 +87,17 @@ async def test_a_stream_whose_worker_dies_is_carried_on_by_another_worker(
             killed.append(worker)
             workers[worker].send_signal(signal.SIGKILL)
 
-        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        streamed = {
+            **body,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "nvext": {"extra_fields": ["worker_id"]},
+        }
         text, chunks, errors = await read_stream(http, streamed, 20, kill)
         assert killed and errors == []
+        (survivor,) = [worker for worker in workers if worker not in killed]
+        (served_by,) = [chunk["nvext"]["worker_id"] for chunk in chunks if "nvext" in chunk]
+        assert served_by["decode_worker_id"] == int(survivor, 16)  # the worker that finished it
         assert text == expected  # no token lost or repeated across the two workers
         assert len({chunk["id"] for chunk in chunks}) == 1
         assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"

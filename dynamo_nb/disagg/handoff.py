@@ -107,7 +107,11 @@ def drain(
     ``on_done()`` report how it ended.
     """
 
+    started = False
+
     async def run() -> None:
+        nonlocal started
+        started = True
         try:
             async for _ in stream:
                 pass
@@ -120,7 +124,14 @@ def drain(
         finally:
             await stream.aclose()
 
+    def closed_unstarted(task: asyncio.Task[None]) -> None:
+        _DRAINS.discard(task)
+        if not started:  # cancelled before its first step: ``run``'s finally never ran
+            closing = asyncio.get_running_loop().create_task(stream.aclose())
+            _DRAINS.add(closing)
+            closing.add_done_callback(_DRAINS.discard)
+
     task = asyncio.get_running_loop().create_task(run(), name=f"dynamo_nb {what}")
     _DRAINS.add(task)
-    task.add_done_callback(_DRAINS.discard)
+    task.add_done_callback(closed_unstarted)
     return task

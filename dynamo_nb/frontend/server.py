@@ -453,7 +453,7 @@ class Frontend:
             except StopAsyncIteration:
                 break
             except InstanceDownError as exc:
-                moved = await self._migrate(model, request, generated, exc, outcome)
+                moved = await self._migrate(model, request, generated, count, exc, outcome)
                 if moved is None:
                     break
                 item, stream, earlier = moved, outcome.stream, count
@@ -474,20 +474,26 @@ class Frontend:
         model: ServedModel,
         request: PreprocessedRequest,
         generated: list[int] | None,
+        count: int,
         down: InstanceDownError,
         outcome: _Outcome,
     ) -> Any | None:
         """Carry a request whose worker went down on with another worker: the prompt plus the
-        ``generated`` tokens, ``max_tokens`` less them (`PreprocessedRequest.continued`), routed
+        ``generated`` tokens (``count`` came), ``max_tokens`` less them
+        (`PreprocessedRequest.continued`; without one, the rest of the model's context), routed
         (and, with prefill workers, prefilled) afresh. Its first item, with ``outcome.stream``
         now the new stream; None when it cannot (``outcome`` then holds the error or the end).
+        A request pinned to an instance (``nvext.backend_instance_id``) is not moved.
         """
         asked = request.stop_conditions.max_tokens
-        if generated is not None and asked is not None and len(generated) >= asked:
+        if asked is not None and count >= asked:
             outcome.finish_reason = "length"  # every token came; only the last item was lost
             return None
         if generated is None:
             outcome.error = f"{down} (no migration: the frontend runs with --migration-limit 0)"
+            return None
+        if request.routing and "backend_instance_id" in request.routing:
+            outcome.error = f"{down} (the request named this instance, so it is not moved)"
             return None
         if outcome.migrations >= self.migration_limit:
             outcome.error = (
@@ -495,7 +501,6 @@ class Frontend:
             )
             return None
         outcome.migrations += 1
-        self.metrics.migrations.labels(model.name).inc()
         logger.warning(
             "a worker of %r went down after %d tokens of a request (%s): another carries it on (%d of at most %d)",
             model.name,
@@ -504,14 +509,21 @@ class Frontend:
             outcome.migrations,
             self.migration_limit,
         )
+        if asked is None and model.card.context_length:  # else every leg starts a full budget
+            request = request.with_max_tokens(model.card.context_length - len(request.token_ids))
         try:
             stream, first, plan = await self._open_planned(model, request.continued(generated))
         except RequestError as exc:
             outcome.error = f"{down}; no other worker could carry the request on: {exc}"
             return None
+        self.metrics.migrations.labels(model.name).inc()
         if plan is not None:
             outcome.plans.append(plan)
         outcome.stream = stream
+        # who serves it now: a unary answer's headers and the last chunk's nvext say so
+        outcome.headers = _route_headers(stream, plan)
+        if outcome.nvext is not None:
+            outcome.nvext = _worker_ids(stream, plan)
         return first
 
     async def _send_stream(
@@ -596,6 +608,10 @@ def _nvext(parsed: OpenAIRequest, stream: ResponseStream, plan: PrefillPlan | No
     """Dynamo's ``nvext`` response fields the request asked for (``worker_id``: who served it)."""
     if "worker_id" not in parsed.extra_fields:
         return None
+    return _worker_ids(stream, plan)
+
+
+def _worker_ids(stream: ResponseStream, plan: PrefillPlan | None) -> dict[str, Any]:
     prefill = plan.prefill_worker if plan is not None else None
     return {"worker_id": {"prefill_worker_id": prefill, "decode_worker_id": stream.instance_id}}
 
