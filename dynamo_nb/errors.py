@@ -60,6 +60,7 @@ __all__ = [
     "ModelNotFoundError",
     "NoInstancesError",
     "NotReadyError",
+    "OverloadedError",
     "ProcessError",
     "ProcessStartError",
     "ProcessTimeoutError",
@@ -198,6 +199,16 @@ class NoInstancesError(RequestError, TimeoutError):
 
     http_status = 503
     openai_type = "service_unavailable_error"
+
+
+class OverloadedError(RequestError):
+    """The model's workers are full and the frontend's queue is too (or a wait for a slot ran
+    out): answered at once with 503 and ``Retry-After`` (seconds, ``retry_after``)."""
+
+    http_status = 503
+    openai_type = "service_unavailable_error"
+    code = "overloaded"
+    retry_after = 1
 
 
 class InstanceNotFoundError(NoInstancesError):

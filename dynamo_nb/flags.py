@@ -197,7 +197,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "--router-mode",
         choices=ROUTER_MODES,
         default=_env("ROUTER_MODE", "round-robin"),
-        help="how requests pick a worker instance; kv: by KV cache overlap and load (default: %(default)s)",
+        help="how requests pick a worker instance; least-loaded: the less busy of two at random (skipping "
+        "workers at their --max-num-seqs); kv: by KV cache overlap and load (default: %(default)s)",
     )
     group.add_argument(
         "--kv-overlap-score-weight",
@@ -228,6 +229,14 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with prefill workers, never fall back to aggregated serving: a failed prefill is a 503 "
         "(default: off, it falls back with a warning)",
+    )
+    group.add_argument(
+        "--max-queue",
+        type=int,
+        default=None if _env("MAX_QUEUE", None) is None else int(_env("MAX_QUEUE", None) or 0),
+        help="requests of a model that may wait at the frontend while its workers are full (their "
+        "--max-num-seqs); beyond, a 503 with Retry-After at once (env DYN_NB_MAX_QUEUE; default: no bound, "
+        "a wait ends after 60 s)",
     )
     group.add_argument(
         "--migration-limit",

@@ -84,6 +84,9 @@ async def serve_engine(
         if publisher is not None:
             await publisher.serve_sync(engine.kv_snapshot)
         method, runtime_config = await role.method(runtime, engine, args)
+        limit = getattr(engine, "max_num_seqs", None)
+        if limit:  # the frontend's admission control and least-loaded router read it
+            runtime_config = {**(runtime_config or {}), "max_num_seqs": limit}
         server, card = await serve_llm(
             endpoint,
             method,

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,6 +122,13 @@ class FrontendMetrics:
             ("model",),
             registry=registry,
         )
+        self.queued = Gauge(
+            "dynamo_frontend_queued_requests",
+            "requests waiting at the frontend for a slot while the model's workers are full",
+            ("model",),
+            registry=registry,
+        )
+        self._queues_watched: set[str] = set()
         self._models: dict[str, ModelMetrics] = {}
 
     def of(self, model: str) -> ModelMetrics:
@@ -136,6 +144,12 @@ class FrontendMetrics:
                 self.output_tokens.labels(model),
             )
         return found
+
+    def watch_queue(self, model: str, waiting: Callable[[], int]) -> None:
+        """Report ``waiting()`` as ``model``'s queued requests (set once per model)."""
+        if model not in self._queues_watched:
+            self._queues_watched.add(model)
+            self.queued.labels(model).set_function(waiting)
 
     def count_request(self, model: str, endpoint: str, request_type: str, status: str) -> None:
         """One finished HTTP request (``status``: success, error or cancelled)."""

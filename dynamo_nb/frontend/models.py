@@ -36,6 +36,7 @@ from ..router.base import RoutedStream
 from ..runtime.client import Client, ResponseStream
 from ..runtime.discovery import KeyValueDiscovery
 from ..runtime.names import EndpointPath
+from .admission import Admission
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -50,7 +51,16 @@ SERVED_KINDS = ("chat", "completions")
 class ServedModel:
     """One model name: its card, tokenizer, endpoint client, router and live cards."""
 
-    def __init__(self, card: ModelCard, tokenizer: ModelTokenizer, client: Client, router: Router) -> None:
+    def __init__(
+        self,
+        card: ModelCard,
+        tokenizer: ModelTokenizer,
+        client: Client,
+        router: Router,
+        *,
+        limits: dict[int, int] | None = None,
+        admission: Admission | None = None,
+    ) -> None:
         self.card = card
         self.name = card.name
         self.tokenizer = tokenizer
@@ -59,6 +69,16 @@ class ServedModel:
         self.direct = DirectRouter(client)
         self.created = int(time.time())
         self.cards: dict[str, ModelCard] = {}
+        self.limits = limits if limits is not None else {}  # instance id → its max_num_seqs
+        self.admission = admission or Admission()
+
+    def capacity(self) -> int | None:
+        """Requests the workers take at once: the sum of their cards' ``max_num_seqs`` (None
+        when a worker publishes no limit)."""
+        limits = [card.runtime_config.max_num_seqs for card in self.cards.values()]
+        if not limits or None in limits:
+            return None
+        return sum(limits)  # type: ignore[arg-type]
 
     @property
     def live(self) -> bool:
@@ -102,8 +122,10 @@ class ModelManager:
         enforce_disagg: bool = False,
         on_prefill_error: Callable[[str], None] | None = None,
         kv_config: KvRouterConfig | None = None,
+        max_queue: int | None = None,
     ) -> None:
         self.runtime = runtime
+        self.max_queue = max_queue
         self.router_mode = check_router_mode(router_mode)
         self.only_endpoint = str(EndpointPath.parse(only_endpoint)) if only_endpoint else None
         self.models: dict[str, ServedModel] = {}
@@ -130,10 +152,13 @@ class ModelManager:
             tokenizer = await asyncio.to_thread(ModelTokenizer.load, card.model_path)
             endpoint = self.runtime.endpoint(card.endpoint)
             client = await endpoint.client(address=address)
-            router = await self._router(client, card)
+            limits: dict[int, int] = {}
+            router = await self._router(client, card, limits.get)
             model = self.models.get(card.name)  # another card may have won while we loaded
             if model is None:
-                model = self.models[card.name] = ServedModel(card, tokenizer, client, router)
+                model = self.models[card.name] = ServedModel(
+                    card, tokenizer, client, router, limits=limits, admission=Admission(self.max_queue)
+                )
                 logger.info("serving model %s from %s", card.name, card.endpoint)
             else:
                 await router.stop()
@@ -146,6 +171,9 @@ class ModelManager:
             )
             return model
         model.cards[key] = card
+        instance_id = _instance_of(key)
+        if instance_id is not None and card.runtime_config.max_num_seqs:
+            model.limits[instance_id] = card.runtime_config.max_num_seqs
         self._card_names[key] = card.name
         self._notify()
         return model
@@ -184,6 +212,9 @@ class ModelManager:
         model = self.models.get(name) if name else None
         if model is not None:
             model.cards.pop(key, None)
+            instance_id = _instance_of(key)
+            if instance_id is not None:
+                model.limits.pop(instance_id, None)
             if not model.live:
                 logger.info("model %s has no workers left", name)
             self._notify()
@@ -211,14 +242,18 @@ class ModelManager:
             except asyncio.TimeoutError:
                 pass
 
-    async def _router(self, client: Client, card: ModelCard) -> Router:
-        """The ``--router-mode`` router of a card's endpoint (a KV router follows its KV events)."""
+    async def _router(
+        self, client: Client, card: ModelCard, limit_of: Callable[[int], int | None] | None = None
+    ) -> Router:
+        """The ``--router-mode`` router of a card's endpoint (a KV router follows its KV events;
+        ``limit_of`` gives an instance's ``max_num_seqs``)."""
         return await make_router(
             self.router_mode,
             client,
             block_size=card.kv_cache_block_size,
             kv_config=self.kv_config,
             component=self.runtime.endpoint(card.endpoint).component(),
+            limit_of=limit_of,
         )
 
     async def close(self) -> None:
@@ -265,3 +300,11 @@ class ModelManager:
             await (self.add_prefill_card(card, key) if prefill else self.add_card(card, key))
         except Exception as exc:
             logger.error("cannot serve model %s from %s: %s", card.name, card.endpoint, exc)
+
+
+def _instance_of(key: str) -> int | None:
+    """The instance id a card's discovery key ends with (``.../694d9a8e...``), if it does."""
+    try:
+        return int(key.rsplit("/", 1)[-1], 16)
+    except ValueError:
+        return None

@@ -34,6 +34,8 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
     """Reject flag combinations that cannot work, naming the flag and the fix (before anything starts)."""
     if getattr(args, "http_workers", 1) < 1:
         raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
+    if getattr(args, "max_queue", None) is not None and args.max_queue < 0:
+        raise ConfigError(f"--max-queue must be 0 or more (or left out: no bound), got {args.max_queue}")
     if getattr(args, "migration_limit", 0) < 0:
         raise ConfigError(f"--migration-limit must be 0 (off) or more, got {args.migration_limit}")
     if (
@@ -113,6 +115,7 @@ async def start_frontend(
         kv_config=KvRouterConfig.from_args(args),
         reuse_port=getattr(args, "http_workers", 1) > 1 or getattr(args, "http_reuse_port", False),
         migration_limit=getattr(args, "migration_limit", DEFAULT_MIGRATION_LIMIT),
+        max_queue=getattr(args, "max_queue", None),
     )
     if args.static_endpoint:  # static mode: the card is built here; no etcd, no registration
         card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)

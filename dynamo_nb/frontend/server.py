@@ -34,6 +34,7 @@ from ..errors import (
     InvalidRequestError,
     ModelNotFoundError,
     NoInstancesError,
+    OverloadedError,
     RemoteHandlerError,
     RequestError,
 )
@@ -117,6 +118,7 @@ class Frontend:
         kv_config: KvRouterConfig | None = None,
         reuse_port: bool = False,
         migration_limit: int = DEFAULT_MIGRATION_LIMIT,
+        max_queue: int | None = None,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -133,6 +135,9 @@ class Frontend:
             migration_limit: how many times a request whose worker went down mid-stream is
                 carried on by another worker (the prompt plus the tokens already streamed; the
                 client sees one stream); 0: never, the stream ends with an error event.
+            max_queue: requests of a model that may wait at the frontend while its workers are
+                full (their cards' ``max_num_seqs``); beyond, a 503 with ``Retry-After`` at
+                once (None: no bound; a wait still ends after 60 s). See `admission`.
         """
         if migration_limit < 0:
             raise ConfigError(f"migration_limit must be 0 (off) or more, got {migration_limit}")
@@ -144,6 +149,7 @@ class Frontend:
             enforce_disagg=enforce_disagg,
             on_prefill_error=lambda model: metrics.prefill_errors.labels(model).inc(),
             kv_config=kv_config,
+            max_queue=max_queue,
         )
         if not runtime.is_static:
             await manager.watch()
@@ -214,6 +220,8 @@ class Frontend:
             return await handler(request)
         except DynamoNBError as exc:
             status, body = http_error(exc)
+            if isinstance(exc, OverloadedError):  # expected under load: no warning per request
+                return web.json_response(body, status=status, headers={"Retry-After": str(exc.retry_after)})
             if status >= 500:
                 logger.warning("%s %s answered %d: %s", request.method, request.path, status, exc)
             return web.json_response(body, status=status)
@@ -320,7 +328,11 @@ class Frontend:
         metrics.inflight.inc()
         plan: PrefillPlan | None = None
         outcome: _Outcome | None = None
+        admitted = False
         try:
+            self.metrics.watch_queue(model.name, lambda: model.admission.waiting)
+            await model.admission.enter(model.capacity())  # or OverloadedError: 503 at once
+            admitted = True
             stream, first, plan = await self._open_planned(model, engine_request)
             metrics.ttft.observe(time.perf_counter() - started)
             metrics.input_tokens.observe(len(token_ids))
@@ -347,6 +359,8 @@ class Frontend:
         finally:
             for prefill in ([plan] if plan is not None else []) + (outcome.plans if outcome else []):
                 prefill.cancel()  # the prefill goes with its decode
+            if admitted:
+                model.admission.leave()
             metrics.inflight.dec()
             metrics.duration.observe(time.perf_counter() - started)
             self.metrics.count_request(

@@ -2,6 +2,8 @@
 
 - ``base.py``: the `Router` protocol (pick an instance, open the stream there, hear when it
   ends) with `RoundRobinRouter`, `RandomRouter` and `DirectRouter`;
+- ``least_loaded.py``: `LeastLoadedRouter`, the less busy of two random instances (skipping
+  instances at their ``max_num_seqs``);
 - ``kv/``: the KV-aware router (Dynamo's block hashes, the radix-tree indexer fed by KV
   events, the cost function) — `KvRouter`;
 - ``prefill.py``: `PrefillRouter`, the prefill half of disaggregated serving (fast and
@@ -11,16 +13,18 @@
 
 Example:
     >>> ROUTER_MODES
-    ('round-robin', 'random', 'kv')
+    ('round-robin', 'random', 'least-loaded', 'kv')
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .base import DirectRouter, RandomRouter, RoundRobinRouter, Route, RoutedStream, Router
 from .kv import KvRoute, KvRouter, KvRouterConfig
+from .least_loaded import LeastLoadedRouter
 from .prefill import DISAGG_PATHS, PrefillPlan, PrefillRouter
 
 if TYPE_CHECKING:
@@ -34,6 +38,7 @@ __all__ = [
     "KvRoute",
     "KvRouter",
     "KvRouterConfig",
+    "LeastLoadedRouter",
     "PrefillPlan",
     "PrefillRouter",
     "RandomRouter",
@@ -45,7 +50,7 @@ __all__ = [
     "make_router",
 ]
 
-ROUTER_MODES = ("round-robin", "random", "kv")
+ROUTER_MODES = ("round-robin", "random", "least-loaded", "kv")
 
 
 def check_router_mode(mode: str) -> str:
@@ -62,11 +67,15 @@ async def make_router(
     block_size: int = 16,
     kv_config: KvRouterConfig | None = None,
     component: Component | None = None,
+    limit_of: Callable[[int], int | None] | None = None,
 ) -> Router:
     """The router for ``mode`` (one of `ROUTER_MODES`) over ``client``'s endpoint; the KV router
-    follows ``component``'s KV events (unless ``kv_config`` turns them off)."""
+    follows ``component``'s KV events (unless ``kv_config`` turns them off); ``limit_of`` gives
+    an instance's limit on requests in flight (least-loaded)."""
     if check_router_mode(mode) == "round-robin":
         return RoundRobinRouter(client)
     if mode == "random":
         return RandomRouter(client)
+    if mode == "least-loaded":
+        return LeastLoadedRouter(client, limit_of)
     return await KvRouter.create(client, block_size, kv_config, component=component)

@@ -1,0 +1,79 @@
+"""Load-aware picking without KV events: the less busy of two instances drawn at random.
+
+`LeastLoadedRouter` counts the requests it has in flight on each instance (from `open` until
+the stream ends) and picks by the power of two choices (as SMG and Envoy do): two instances
+at random, the one with fewer requests in flight. An instance at its limit (the card's
+``max_num_seqs``) is skipped while any other has room, so a busy worker is passed over
+before it is overloaded; when every instance is full it still picks the least loaded (the
+frontend's admission control decides whether the request waits or gets a 503).
+
+Example:
+    >>> import asyncio
+    >>> from dynamo_nb import DistributedRuntime
+    >>> from dynamo_nb.engines import EchoEngine
+    >>> from dynamo_nb.llm import PreprocessedRequest, engine_handler
+    >>> async def main():
+    ...     async with await DistributedRuntime.create() as rt:
+    ...         endpoint = rt.endpoint("demo.least.generate")
+    ...         await endpoint.serve(engine_handler(EchoEngine().generate))
+    ...         router = LeastLoadedRouter(await endpoint.client())
+    ...         route = router.pick(PreprocessedRequest(token_ids=[5]))
+    ...         busy = router.inflight[route.instance_id]
+    ...         router.finished(route)
+    ...         return busy, router.inflight[route.instance_id]
+    >>> asyncio.run(main())
+    (1, 0)
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..llm.protocol import PreprocessedRequest
+from .base import Route, Router
+
+if TYPE_CHECKING:
+    from ..runtime.client import Client
+
+__all__ = ["LeastLoadedRouter"]
+
+
+class LeastLoadedRouter(Router):
+    """The less busy of two random instances, skipping instances at their limit (see the module docstring).
+
+    Attributes:
+        inflight: requests this router has in flight per instance id.
+        limit_of: an instance's limit on requests in flight (None: no limit).
+    """
+
+    tracks_requests = True
+
+    def __init__(self, client: Client, limit_of: Callable[[int], int | None] | None = None) -> None:
+        super().__init__(client)
+        self.inflight: defaultdict[int, int] = defaultdict(int)
+        self.limit_of = limit_of or (lambda _instance: None)
+        self._random = random.Random()
+
+    def _has_room(self, instance_id: int) -> bool:
+        limit = self.limit_of(instance_id)
+        return limit is None or self.inflight[instance_id] < limit
+
+    def pick(self, request: PreprocessedRequest) -> Route:
+        ids = self.client.instance_ids()
+        if not ids:
+            self.client.next_instance()  # raises NoInstancesError with the usual message
+        open_ids = [i for i in ids if self._has_room(i)] or ids
+        candidates = self._random.sample(open_ids, min(2, len(open_ids)))
+        chosen = min(candidates, key=lambda i: self.inflight[i])
+        self.inflight[chosen] += 1
+        return Route(chosen)
+
+    def finished(self, route: Route) -> None:
+        left = self.inflight[route.instance_id] - 1
+        if left > 0:
+            self.inflight[route.instance_id] = left
+        else:
+            self.inflight.pop(route.instance_id, None)
