@@ -559,3 +559,24 @@ async def test_a_prefill_drain_cancelled_before_it_starts_still_closes_its_strea
     ran = handoff.drain(Stream(), what="a prefill")
     await ran
     assert Stream.closed == 2  # closed once by the drain itself, not twice
+
+
+async def test_a_prefill_stopped_before_it_parks_drops_its_room(hf_engine: Any) -> None:
+    """A client that leaves while its prefill runs: the prefill parks nothing, its room is gone
+    at once (not left for the TTL), and a decode waiting on it hears why."""
+    from dynamo_nb.runtime.context import Context
+
+    await hf_engine.start_bootstrap()
+    info = {**hf_engine.bootstrap.endpoint, "bootstrap_room": draw_room(), "bootstrap_token": draw_token()}
+    waiting = asyncio.ensure_future(fetch_kv(BootstrapInfo.parse(info), timeout=10))
+    await asyncio.sleep(0.05)  # the decode waits on the room
+    context = Context()
+    stream = hf_engine.prefill(req({**GREEDY, "bootstrap_info": info}), context)
+    first = (await stream.__anext__()).to_dict()
+    assert first["disaggregated_params"]["bootstrap_room"] == info["bootstrap_room"]
+    context.stop_generating()  # the client left
+    rest = await collect(stream)
+    assert rest[-1]["finish_reason"] == "cancelled"
+    assert hf_engine.bootstrap.rooms == 0 and hf_engine.bootstrap.parked == 0
+    with pytest.raises(DisaggregationError, match="cancelled"):
+        await waiting

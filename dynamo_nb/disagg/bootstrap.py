@@ -118,6 +118,11 @@ class BootstrapServer:
         """Rooms holding a KV cache (or a failure) that no decode has fetched yet."""
         return sum(1 for room in self._rooms.values() if room.ready.done())
 
+    @property
+    def rooms(self) -> int:
+        """Rooms held now: parked, failed, or awaited by a decode whose prefill has not parked yet."""
+        return len(self._rooms)
+
     def _room(self, room: int) -> _Room:
         entry = self._rooms.get(room)
         if entry is None:
@@ -139,6 +144,12 @@ class BootstrapServer:
         if not entry.ready.done():
             entry.token = token
             entry.ready.set_result(f"the prefill failed: {message}")
+
+    def discard(self, room: int) -> None:
+        """Drop ``room`` now (its request was cancelled): a decode waiting on it learns so."""
+        entry = self._rooms.pop(room, None)
+        if entry is not None and not entry.ready.done():
+            entry.ready.set_result("the request was cancelled")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()

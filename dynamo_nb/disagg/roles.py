@@ -26,6 +26,7 @@ An engine's prefill, in short::
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
@@ -104,7 +105,12 @@ class BootstrapRole:
         prefill that fails or is cancelled fails its room, so its decode gets the reason at
         once. Needs `start_bootstrap` first."""
         self.check_request(request)
-        stream = prefill_stream(self.bootstrap, request, lambda: self._prefill_handoff(request, context))
+        stream = prefill_stream(
+            self.bootstrap,
+            request,
+            lambda: self._prefill_handoff(request, context),
+            stopped=(context.is_stopped if context is not None else None),
+        )
         async with contextlib.aclosing(stream) as items:
             async for item in items:
                 yield item
@@ -158,9 +164,12 @@ async def prefill_stream(
     bootstrap: BootstrapServer | None,
     request: PreprocessedRequest,
     run: Callable[[], Awaitable[tuple[dict[str, Any], bytes]]],
+    *,
+    stopped: Callable[[], bool] | None = None,
 ) -> AsyncIterator[LLMEngineOutput]:
     """The prefill role's items (see the module docstring); ``run()`` prefills and returns the KV
-    header (with ``first_token``) and payload to park."""
+    header (with ``first_token``) and payload to park. A request stopped (``stopped()``) or
+    cancelled meanwhile parks nothing: its room is dropped at once, not left to expire."""
     if bootstrap is None:
         raise ConfigError("the prefill role needs a bootstrap server: await engine.start_bootstrap() first")
     room = requested_room(request.bootstrap_info)
@@ -169,10 +178,19 @@ async def prefill_stream(
     yield LLMEngineOutput([], disaggregated_params=params)
     try:
         header, payload = await run()
-        bootstrap.park(room, header, payload, token)
+    except (asyncio.CancelledError, GeneratorExit):
+        bootstrap.discard(room)
+        raise
     except BaseException as exc:
         bootstrap.fail(room, f"{type(exc).__name__}: {exc}", token)
         raise
+    if stopped is not None and stopped():  # the client left: nobody will fetch it
+        bootstrap.discard(room)
+        yield LLMEngineOutput.final(
+            [], "cancelled", prompt_tokens=len(request.token_ids), completion_tokens=0
+        )
+        return
+    bootstrap.park(room, header, payload, token)
     yield LLMEngineOutput.final(
         [header["first_token"]], "length", prompt_tokens=len(request.token_ids), completion_tokens=1
     )

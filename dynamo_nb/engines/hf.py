@@ -172,7 +172,8 @@ class HFEngine(BootstrapRole):
         return len(self._active)
 
     def stats(self) -> dict[str, int]:
-        """Prefix cache hits: ``prefix_hits`` of ``prompt_blocks`` full prompt blocks were reused."""
+        """Prefix cache hits (``prefix_hits`` of ``prompt_blocks`` full prompt blocks reused), model
+        steps, sequences running (``active``) and bootstrap rooms held (a prefill worker)."""
         cache = self.prefix_cache
         return {
             "prefix_hits": cache.prefix_hits if cache else 0,
@@ -180,6 +181,8 @@ class HFEngine(BootstrapRole):
             "cached_blocks": cache.cached_blocks if cache else 0,
             "steps": self.steps_total,
             "batched_steps": self.batched_steps,
+            "active": self.active,
+            "bootstrap_rooms": self.bootstrap.rooms if self.bootstrap is not None else 0,
         }
 
     def kv_snapshot(self) -> list[KvEvent]:

@@ -6,6 +6,7 @@ import asyncio
 import atexit
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -13,8 +14,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from ..errors import BinaryNotFoundError, ServiceStartError
-from .process_group import guarded_command, stop_group
+from ..errors import BinaryNotFoundError, ConfigError, ServiceStartError
+from .process_group import guarded_command, signal_group, stop_group
 
 __all__ = ["INSTALL_HINTS", "LocalServices", "find_binary", "free_port"]
 
@@ -108,11 +109,15 @@ async def _nats_ready(port: int) -> bool:
 class _Child:
     """One service process and its log."""
 
-    def __init__(self, name: str, process: subprocess.Popen[bytes], log: Path, url: str) -> None:
+    def __init__(
+        self, name: str, process: subprocess.Popen[bytes], log: Path, url: str, command: list[str], port: int
+    ) -> None:
         self.name = name
         self.process = process
         self.log = log
         self.url = url
+        self.command = command  # run again by `LocalServices.restart`: same port, same data
+        self.port = port
 
     async def stop(self, timeout: float = 5.0) -> None:
         if self.process.poll() is not None:
@@ -200,33 +205,75 @@ class LocalServices:
         return [binary, "-a", "127.0.0.1", "-p", str(port)], f"nats://127.0.0.1:{port}", port
 
     async def _launch(self, name: str, binary: str, timeout: float) -> _Child:
-        ready = _etcd_ready if name == "etcd" else _nats_ready
         last_error = ""
         for _attempt in range(3):  # a free port can be taken between our check and the bind
             command, url, port = self._command(name, binary)
-            log = self.workdir / f"{name}-{port}.log"
-            with open(log, "wb") as out:  # noqa: ASYNC230 - creating an empty file
-                process = subprocess.Popen(  # noqa: ASYNC220 - fork/exec returns at once
-                    guarded_command(command),  # SIGTERM when this process dies without stopping it
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            child = _Child(name, process, log, url)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + timeout
-            while loop.time() < deadline and process.poll() is None:
-                if await ready(port):
-                    return child
-                await asyncio.sleep(0.05)
-            await child.stop()
-            last_error = _tail(log)
+            child = await self._spawn(name, command, url, port, timeout)
+            if child is not None:
+                return child
+            last_error = _tail(self.workdir / f"{name}-{port}.log")
             if "address already in use" not in last_error:
                 break
         raise ServiceStartError(
             f"{name} ({binary}) did not become ready within {timeout:g} s", log_tail=last_error
         )
+
+    async def _spawn(
+        self, name: str, command: list[str], url: str, port: int, timeout: float
+    ) -> _Child | None:
+        """Run ``command`` and wait until it answers on ``port``; None when it does not (stopped)."""
+        ready = _etcd_ready if name == "etcd" else _nats_ready
+        log = self.workdir / f"{name}-{port}.log"
+        with open(log, "ab") as out:  # noqa: ASYNC230 - opening the log for the child
+            process = subprocess.Popen(  # noqa: ASYNC220 - fork/exec returns at once
+                guarded_command(command),  # SIGTERM when this process dies without stopping it
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        child = _Child(name, process, log, url, command, port)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline and process.poll() is None:
+            if await ready(port):
+                return child
+            await asyncio.sleep(0.05)
+        await child.stop()
+        return None
+
+    def _child(self, name: str) -> _Child:
+        child = self._children.get(name)
+        if child is None:
+            raise ConfigError(f"no service {name!r} here: these run: {', '.join(self._children) or 'none'}")
+        return child
+
+    async def kill(self, name: str) -> None:
+        """SIGKILL service ``name`` (``"etcd"`` or ``"nats"``) as a crash would, to see what
+        survives it; `restart` brings it back on the same port with the same data.
+
+        Example::
+
+            await services.kill("etcd")
+            ...  # requests keep being served from the cached view
+            await services.restart("etcd")
+        """
+        child = self._child(name)
+        signal_group(child.process.pid, signal.SIGKILL)
+        await asyncio.to_thread(child.process.wait, 10)
+
+    async def restart(self, name: str, timeout: float = 30.0) -> None:
+        """Start service ``name`` again, on its port with its data (after `kill` or a crash)."""
+        child = self._child(name)
+        if child.process.poll() is None:
+            raise ConfigError(f"{name} is running: kill it (or wait for it to exit) before restarting it")
+        restarted = await self._spawn(name, child.command, child.url, child.port, timeout)
+        if restarted is None:
+            raise ServiceStartError(
+                f"{name} did not come back on port {child.port} within {timeout:g} s",
+                log_tail=_tail(child.log),
+            )
+        self._children[name] = restarted
 
     async def stop(self) -> None:
         """Stop the services and remove their data."""

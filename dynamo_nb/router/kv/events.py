@@ -122,6 +122,7 @@ class KvIndexer:
         self._repairing: dict[int, list[dict[str, Any]]] = {}  # worker → events held during a repair
         self._sync: Client | None = None
         self._unsubscribe: Callable[[], None] | None = None
+        self._unwatch_reconnects: Callable[[], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -130,7 +131,15 @@ class KvIndexer:
         indexer = cls(component, tree)
         indexer._sync = await component.endpoint(KV_SYNC_ENDPOINT).client()
         indexer._unsubscribe = await component.subscribe_events(KV_EVENTS_TOPIC, indexer._on_message)
+        plane = await component.namespace.runtime.events()
+        indexer._unwatch_reconnects = plane.on_reconnect(indexer.resync_all)  # events may have been lost
         return indexer
+
+    def resync_all(self) -> None:
+        """Re-sync every known worker from its snapshot (after the event plane lost its server)."""
+        for worker in list(self._last):
+            if worker not in self._repairing:
+                self._start_repair(worker, [])
 
     def _on_message(self, message: dict[str, Any]) -> None:
         worker, event_id = message.get("worker_id"), message.get("event_id")
@@ -146,12 +155,15 @@ class KvIndexer:
             return  # already applied (a replay)
         if event_id != last + 1:
             logger.warning("KV events of worker %x jumped from %d to %d: re-syncing", worker, last, event_id)
-            self._repairing[worker] = [message]
-            task = asyncio.get_running_loop().create_task(self._repair(worker))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start_repair(worker, [message])
             return
         self._apply(worker, message)
+
+    def _start_repair(self, worker: int, held: list[dict[str, Any]]) -> None:
+        self._repairing[worker] = held
+        task = asyncio.get_running_loop().create_task(self._repair(worker))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _apply(self, worker: int, message: dict[str, Any]) -> None:
         try:
@@ -165,8 +177,16 @@ class KvIndexer:
         try:
             assert self._sync is not None
             snapshot = None
-            async for item in self._sync.direct({}, worker):
-                snapshot = item
+            for attempt, pause in enumerate((0.5, 1.0, 2.0, None)):  # its request plane may reconnect later
+                try:
+                    async for item in self._sync.direct({}, worker):
+                        snapshot = item
+                    break
+                except RequestError:
+                    if pause is None:
+                        raise
+                    logger.debug("KV snapshot of worker %x failed (try %d); retrying", worker, attempt + 1)
+                    await asyncio.sleep(pause)
             if not isinstance(snapshot, dict):
                 raise RequestError(f"worker {worker:x} sent no KV snapshot")
             self.tree.remove_worker(worker)
@@ -180,7 +200,7 @@ class KvIndexer:
                 "could not re-sync the KV events of worker %x: %s; dropping its blocks", worker, exc
             )
             self.tree.remove_worker(worker)  # and go on from its latest event (no endless re-sync)
-            self._last[worker] = max(m["event_id"] for m in held)
+            self._last[worker] = max((m["event_id"] for m in held), default=self._last.get(worker, 0))
             return
         held = self._repairing.pop(worker, [])
         for message in sorted(held, key=lambda m: m["event_id"]):
@@ -196,6 +216,9 @@ class KvIndexer:
 
     async def stop(self) -> None:
         """Stop listening (once; later calls do nothing)."""
+        if self._unwatch_reconnects is not None:
+            self._unwatch_reconnects()
+            self._unwatch_reconnects = None
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None

@@ -19,6 +19,13 @@ logger = logging.getLogger("dynamo_nb.discovery.etcd")
 
 DEFAULT_LEASE_TTL = 10.0
 _RPC_TIMEOUT = 5
+# gRPC's default reconnect backoff grows to 120 s: after an etcd restart the client would stay
+# away longer than a lease lives. Reconnect within a second instead.
+_CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 1000,
+}
 _RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0)
 
 
@@ -65,6 +72,8 @@ class EtcdDiscovery(KeyValueDiscovery):
         self._client: aetcd.Client | None = None
         self._lease_id = 0
         self._owned: dict[str, bytes] = {}
+        self._unpublished: set[str] = set()  # owned keys etcd may not hold (a put failed, a lease was lost)
+        self._outage = False  # logged once per outage
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -80,7 +89,9 @@ class EtcdDiscovery(KeyValueDiscovery):
         return self._client
 
     async def start(self) -> None:
-        self._client = aetcd.Client(host=self.host, port=self.port, timeout=_RPC_TIMEOUT)
+        self._client = aetcd.Client(
+            host=self.host, port=self.port, timeout=_RPC_TIMEOUT, options=dict(_CHANNEL_OPTIONS)
+        )
         try:
             lease = await asyncio.wait_for(self._client.lease(self.lease_ttl), self.connect_timeout)
         except (asyncio.TimeoutError, aetcd.ClientError, OSError) as exc:
@@ -97,7 +108,9 @@ class EtcdDiscovery(KeyValueDiscovery):
         )
 
     async def _keep_alive(self) -> None:
-        """Renew the lease every third of its TTL; re-grant it and re-put our keys if it was lost."""
+        """Renew the lease every third of its TTL. While etcd is away, keep trying (the cached
+        views serve on); once it answers, re-grant a lost lease (the same id) and put back every
+        key we own that it may not hold, without restarting anything."""
         interval = max(self.lease_ttl / 3, 0.3)
         while not self._closed:
             await asyncio.sleep(interval)
@@ -105,16 +118,38 @@ class EtcdDiscovery(KeyValueDiscovery):
                 reply = await self.client.refresh_lease(self._lease_id)
                 if reply is None or reply.TTL <= 0:
                     logger.warning(
-                        "etcd lease %x expired; granting a new one and re-publishing", self._lease_id
+                        "etcd lease %x expired; granting it again and re-publishing", self._lease_id
                     )
-                    lease = await self.client.lease(self.lease_ttl)
-                    self._lease_id = lease.id
-                    for key, value in list(self._owned.items()):
+                    await self._grant_again()
+                    self._unpublished.update(self._owned)
+                for key in list(self._unpublished):
+                    value = self._owned.get(key)
+                    if value is not None:
                         await self.client.put(key.encode(), value, lease=self._lease_id)
+                    self._unpublished.discard(key)
+                if self._outage:
+                    self._outage = False
+                    logger.warning("etcd at %s answers again; this process's keys are published", self.url)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                logger.warning("etcd lease keep-alive failed (%s: %s); retrying", type(exc).__name__, exc)
+                if not self._outage:
+                    self._outage = True
+                    logger.warning(
+                        "etcd at %s is unreachable (%s: %s); serving from the cached view, retrying every %.1f s",
+                        self.url,
+                        type(exc).__name__,
+                        exc,
+                        interval,
+                    )
+
+    async def _grant_again(self) -> None:
+        """A lease with our old id (keys and instance ids stay as they were), or a new one."""
+        try:
+            lease = await self.client.lease(self.lease_ttl, lease_id=self._lease_id)
+        except aetcd.ClientError:  # e.g. the id is still held: take a fresh one
+            lease = await self.client.lease(self.lease_ttl)
+        self._lease_id = lease.id
 
     async def close(self) -> None:
         if self._closed:
@@ -133,10 +168,16 @@ class EtcdDiscovery(KeyValueDiscovery):
 
     async def put(self, key: str, value: bytes) -> None:
         self._owned[key] = value
-        await self.client.put(key.encode(), value, lease=self._lease_id)
+        try:
+            await self.client.put(key.encode(), value, lease=self._lease_id)
+        except Exception:
+            self._unpublished.add(key)  # the keep-alive puts it once etcd answers
+            raise
+        self._unpublished.discard(key)
 
     async def delete(self, key: str) -> None:
         self._owned.pop(key, None)
+        self._unpublished.discard(key)
         await self.client.delete(key.encode())
 
     async def watch_prefix(self, prefix: str) -> PrefixWatch:

@@ -52,6 +52,11 @@ class EventPlane:
         """Call ``listener(payload)`` for every message on ``subject``; returns an unsubscribe function."""
         raise NotImplementedError
 
+    def on_reconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` whenever the plane reconnects after losing its server (events may
+        have been lost meanwhile); returns a function that undoes it. In-process planes never do."""
+        return lambda: None
+
     async def close(self) -> None:
         return None
 
@@ -90,6 +95,7 @@ class NatsEventPlane(EventPlane):
         self._nc: Any = None
         self._lock = asyncio.Lock()
         self._closing = False
+        self._on_reconnect: list[Callable[[], None]] = []
 
     async def _connection(self) -> Any:
         async with self._lock:
@@ -97,9 +103,23 @@ class NatsEventPlane(EventPlane):
                 from .nats import connect_nats
 
                 self._nc = await connect_nats(
-                    self.url, timeout=self.connect_timeout, closing=lambda: self._closing
+                    self.url,
+                    timeout=self.connect_timeout,
+                    closing=lambda: self._closing,
+                    on_reconnect=self._reconnected,
                 )
         return self._nc
+
+    def on_reconnect(self, callback: Callable[[], None]) -> Callable[[], None]:
+        self._on_reconnect.append(callback)
+        return lambda: self._on_reconnect.remove(callback) if callback in self._on_reconnect else None
+
+    def _reconnected(self) -> None:
+        for callback in list(self._on_reconnect):
+            try:
+                callback()
+            except Exception:
+                logger.exception("a NATS reconnect callback failed")
 
     async def publish(self, subject: str, payload: dict[str, Any]) -> None:
         nc = await self._connection()
@@ -119,7 +139,9 @@ class NatsEventPlane(EventPlane):
         subscription = await nc.subscribe(subject, cb=on_message)
 
         def unsubscribe() -> None:
-            asyncio.get_running_loop().create_task(subscription.unsubscribe())
+            task = asyncio.get_running_loop().create_task(_unsubscribe_quietly(subscription, subject))
+            _UNSUBSCRIBING.add(task)
+            task.add_done_callback(_UNSUBSCRIBING.discard)
 
         return unsubscribe
 
@@ -131,6 +153,17 @@ class NatsEventPlane(EventPlane):
             except (asyncio.TimeoutError, OSError):
                 pass
             self._nc = None
+
+
+_UNSUBSCRIBING: set[asyncio.Task[None]] = set()  # held until done
+
+
+async def _unsubscribe_quietly(subscription: Any, subject: str) -> None:
+    """Unsubscribe; a connection already closed (shutting down) has nothing left to undo."""
+    try:
+        await subscription.unsubscribe()
+    except Exception as exc:
+        logger.debug("unsubscribing from %s: %s", subject, exc)
 
 
 def _deliver(listener: Listener, payload: Any) -> None:

@@ -70,10 +70,17 @@ def instance_subject(path: EndpointPath, instance_id: int) -> str:
 
 
 async def connect_nats(
-    url: str, *, timeout: float = 5.0, name: str = "dynamo_nb", closing: Callable[[], bool] = lambda: False
+    url: str,
+    *,
+    timeout: float = 5.0,
+    name: str = "dynamo_nb",
+    closing: Callable[[], bool] = lambda: False,
+    on_reconnect: Callable[[], None] | None = None,
 ) -> NatsConnection:
     """Connect to NATS, failing within ``timeout`` seconds with a message that says what to do.
 
+    Once connected it reconnects for as long as the server is away (nats-py re-subscribes and
+    sends what it buffered); ``on_reconnect()`` runs after each reconnection.
     ``closing()`` tells whether a disconnect is expected (no warning then).
     """
     if not url.startswith(("nats://", "tls://", "ws://", "wss://")):
@@ -88,17 +95,28 @@ async def connect_nats(
         if not closing():
             logger.warning("disconnected from NATS at %s; reconnecting", url)
 
+    async def on_reconnected() -> None:
+        logger.warning("reconnected to NATS at %s", url)
+        if on_reconnect is not None:
+            on_reconnect()
+
+    async def on_closed() -> None:
+        if not closing():
+            logger.error("the connection to NATS at %s is closed for good", url)
+
     try:
-        return await asyncio.wait_for(
+        connection = await asyncio.wait_for(
             nats.connect(
                 url,
                 name=name,
                 connect_timeout=max(1, int(timeout)),
                 allow_reconnect=True,
-                max_reconnect_attempts=10,
+                max_reconnect_attempts=10,  # the first connect fails fast when nobody listens
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
                 disconnected_cb=on_disconnect,
+                reconnected_cb=on_reconnected,
+                closed_cb=on_closed,
             ),
             timeout,
         )
@@ -108,6 +126,8 @@ async def connect_nats(
             "from Python with `services = await dynamo_nb.LocalServices.start()` and pass services.nats_url, "
             "or run `nats-server` yourself."
         ) from exc
+    connection.options["max_reconnect_attempts"] = -1  # once connected, a restarted server is waited for
+    return connection
 
 
 def _frames(data: bytes) -> list[Any]:

@@ -1,0 +1,144 @@
+"""The control plane restarting under running processes (private etcd and nats-server,
+SIGKILLed and started again on the same port with the same data): requests keep being served
+from the frontend's cached view while etcd is away; afterwards a worker that died meanwhile is
+gone after its lease TTL and the others stay, without restarting any process; a worker whose
+lease was lost re-registers by itself; after a NATS outage longer than the old reconnect limit
+the NATS request plane serves again and a KV router re-syncs from the workers' snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aetcd
+import httpx
+import pytest
+from helpers import FRONTEND, ROOT, free_port
+
+from dynamo_nb import DistributedRuntime, LocalServices
+from dynamo_nb.launch import launch
+from dynamo_nb.router.kv.events import KvIndexer
+
+pytestmark = pytest.mark.timeout(180)
+
+MOCKER = ROOT / "components" / "mocker_worker.py"
+# long enough for full KV blocks (16 tokens each), so a worker publishes KV events
+BODY = {"model": "tiny-llama", "prompt": "the control plane restarts " * 20, "max_tokens": 4}
+
+
+@pytest.fixture
+async def private_services() -> AsyncIterator[LocalServices]:
+    """etcd and nats-server of this test only (the session's are shared: never kill those)."""
+    services = await LocalServices.start()
+    yield services
+    await services.stop()
+
+
+async def start(tmp_path: Path, *flags: Any, script: Path = MOCKER) -> Any:
+    return await launch(script, *flags, cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=60)
+
+
+async def instances(http: httpx.AsyncClient) -> set[int]:
+    return {int(i["instance_id"], 16) for i in (await http.get("/health")).json()["instances"]}
+
+
+async def until(check: Any, timeout: float = 20.0) -> bool:
+    """Poll ``await check()`` until it is true (at most ``timeout`` seconds)."""
+    for _ in range(int(timeout / 0.1)):
+        if await check():
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+async def test_etcd_killed_and_restarted_under_running_workers_and_a_frontend(
+    private_services: LocalServices, tmp_path: Path
+) -> None:
+    services = private_services
+    bus = ["--discovery", services.etcd_url, "--request-plane", "tcp", "--lease-ttl", 2]
+    mocker = [*bus, "--endpoint", "cp.backend.generate", "--speedup-ratio", 100]
+    survivor, doomed = [await start(tmp_path, *mocker) for _ in range(2)]
+    port = free_port()
+    frontend = await start(tmp_path, *bus, "--http-port", port, script=FRONTEND)
+    processes = [survivor, doomed, frontend]
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            assert await until(lambda: _has(http, {survivor.instance_id, doomed.instance_id}))
+
+            await services.kill("etcd")
+            for _ in range(4):  # served from the cached view
+                assert (await http.post("/v1/completions", json=BODY)).status_code == 200
+            doomed.send_signal(signal.SIGKILL)  # dies while nobody can see it go
+            await doomed.wait(timeout=10)
+            await asyncio.sleep(3)  # longer than the lease TTL: nothing crashes
+            for _ in range(4):  # the dead worker is skipped (its connection is gone)
+                assert (await http.post("/v1/completions", json=BODY)).status_code == 200
+
+            await services.restart("etcd")
+            # the dead worker's lease expires; the survivor keeps (or re-creates) its own
+            assert await until(lambda: _has(http, {survivor.instance_id}))
+            assert (await http.post("/v1/completions", json=BODY)).status_code == 200
+            assert survivor.returncode is None and frontend.returncode is None  # no process restarted
+
+            # the survivor's lease is lost outright (revoked): it re-grants it and re-publishes
+            host, etcd_port = services.etcd_url.removeprefix("etcd://").split(":")
+            async with aetcd.Client(host=host, port=int(etcd_port)) as etcd:
+                leases = {kv.lease for kv in await etcd.get_all() if kv.lease}
+                for lease in leases:
+                    await etcd.revoke_lease(lease)
+            assert leases
+            assert await until(lambda: _has(http, {survivor.instance_id}), timeout=30)
+            assert (await http.post("/v1/completions", json=BODY)).status_code == 200
+    finally:
+        for process in processes:
+            await process.stop(timeout=5)
+
+
+async def _has(http: httpx.AsyncClient, wanted: set[int]) -> bool:
+    try:
+        return await instances(http) == wanted and bool((await http.get("/v1/models")).json()["data"])
+    except httpx.HTTPError:
+        return False
+
+
+async def test_nats_killed_and_restarted_under_its_request_plane_and_kv_events(
+    private_services: LocalServices, tmp_path: Path
+) -> None:
+    services = private_services
+    bus = ["--discovery", services.etcd_url, "--nats-url", services.nats_url, "--request-plane", "nats"]
+    worker = await start(tmp_path, *bus, "--endpoint", "cpn.backend.generate", "--speedup-ratio", 100)
+    port = free_port()
+    frontend = await start(tmp_path, *bus, "--http-port", port, "--router-mode", "kv", script=FRONTEND)
+    runtime = await DistributedRuntime.create(services.etcd_url, "nats", services.nats_url)
+    indexer = await KvIndexer.start(runtime.endpoint("cpn.backend.generate").component())
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            assert await until(lambda: _has(http, {worker.instance_id}))
+            assert (await http.post("/v1/completions", json=BODY)).status_code == 200
+            assert await until(_async(lambda: indexer.tree.block_count() > 0))  # the indexer follows events
+
+            await services.kill("nats")
+            await asyncio.sleep(7)  # longer than nats-py's 10 reconnect attempts at 0.5 s
+            await services.restart("nats")
+
+            async def served() -> bool:
+                return (await http.post("/v1/completions", json=BODY)).status_code == 200
+
+            assert await until(served, timeout=30)  # the request plane reconnected on both ends
+            assert await until(_async(lambda: indexer.gaps_repaired >= 1), timeout=30)  # re-synced
+            assert worker.returncode is None and frontend.returncode is None
+    finally:
+        await indexer.stop()
+        await runtime.shutdown()
+        for process in (frontend, worker):
+            await process.stop(timeout=5)
+
+
+def _async(check: Any) -> Any:
+    async def wrapped() -> bool:
+        return bool(check())
+
+    return wrapped
