@@ -240,7 +240,10 @@ async def test_prefill_and_decode_roles_hand_off_and_give_the_aggregated_tokens(
     request = {"token_ids": list(range(1, 23)), "stop_conditions": {"max_tokens": 5}}
     expected = [t for item in await collect(aggregated.generate(req(request))) for t in item["token_ids"]]
     room = 1234
-    fast = {**request, "bootstrap_info": {**prefill.bootstrap.endpoint, "bootstrap_room": room, "bootstrap_token": "t"}}
+    fast = {
+        **request,
+        "bootstrap_info": {**prefill.bootstrap.endpoint, "bootstrap_room": room, "bootstrap_token": "t"},
+    }
     decoded, prefilled = await asyncio.gather(
         collect(decode.decode(req(fast))), collect(prefill.prefill(req(fast)))
     )
