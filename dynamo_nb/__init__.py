@@ -34,6 +34,7 @@ from .errors import (
     OverloadedError,
     RemoteHandlerError,
     RequestError,
+    RoutingError,
     RuntimeClosedError,
     ServiceError,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "RemoteHandlerError",
     "RequestError",
     "ResponseStream",
+    "RoutingError",
     "RuntimeClosedError",
     "ServiceError",
     "dynamo_worker",

@@ -67,6 +67,7 @@ __all__ = [
     "ProtocolError",
     "RemoteHandlerError",
     "RequestError",
+    "RoutingError",
     "RuntimeClosedError",
     "ServiceError",
     "ServiceStartError",
@@ -209,6 +210,11 @@ class OverloadedError(RequestError):
     openai_type = "service_unavailable_error"
     code = "overloaded"
     retry_after = 1
+
+
+class RoutingError(RequestError):
+    """A router could not place the request: a routing function written by a user raised, or
+    picked an instance that does not serve the endpoint (a 500 naming the function)."""
 
 
 class InstanceNotFoundError(NoInstancesError):

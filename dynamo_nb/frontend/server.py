@@ -41,6 +41,8 @@ from ..errors import (
 from ..llm.card import ModelCard
 from ..llm.detokenize import StreamDetokenizer
 from ..llm.protocol import PreprocessedRequest
+from ..router.base import Router
+from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
 from ..router.prefill import PrefillPlan
 from ..runtime.client import ResponseStream
@@ -160,6 +162,33 @@ class Frontend:
     async def add_model(self, card: ModelCard, *, address: str | None = None) -> ServedModel:
         """Serve ``card``'s model without discovery (static mode); ``address`` for static TCP."""
         return await self.models.add_card(card, address=address)
+
+    async def set_router(self, model: str, router: Router | PickFunction) -> Router:
+        """Route ``model``'s requests with ``router`` from now on: a `Router`, or a function
+        ``pick(request, instance_ids) -> instance_id`` (a `FunctionRouter`). Returns the router
+        it replaces (stopped). Requests already running finish where they are.
+
+        Example::
+
+            def long_prompts_to_the_first(request, instance_ids):
+                ids = sorted(instance_ids)
+                return ids[0] if len(request.token_ids) > 200 else ids[-1]
+
+            await frontend.set_router("tiny-llama", long_prompts_to_the_first)
+        """
+        served = self.models.get(model)
+        if served is None:
+            known = ", ".join(sorted(m.name for m in self.models.live_models())) or "none yet"
+            raise ModelNotFoundError(f"model {model!r} not found; served models: {known}", param="model")
+        if not isinstance(router, Router):
+            if not callable(router):
+                raise ConfigError(
+                    f"set_router takes a Router or a function pick(request, instance_ids), got {router!r}"
+                )
+            router = FunctionRouter(served.client, router)
+        previous, served.router = served.router, router
+        await previous.stop()
+        return previous
 
     async def wait_for_model(self, name: str, timeout: float = 30.0) -> ServedModel:
         """Wait until a worker serves ``name`` (its card arrived)."""

@@ -2,6 +2,8 @@
 
 - ``base.py``: the `Router` protocol (pick an instance, open the stream there, hear when it
   ends) with `RoundRobinRouter`, `RandomRouter` and `DirectRouter`;
+- ``function.py``: `FunctionRouter`, routing by a plain function ``pick(request, instance_ids)``
+  (a policy written in a notebook cell; `Frontend.set_router` plugs it in);
 - ``least_loaded.py``: `LeastLoadedRouter`, the less busy of two random instances (skipping
   instances at their ``max_num_seqs``);
 - ``kv/``: the KV-aware router (Dynamo's block hashes, the radix-tree indexer fed by KV
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .base import DirectRouter, RandomRouter, RoundRobinRouter, Route, RoutedStream, Router
+from .function import FunctionRouter, PickFunction
 from .kv import KvRoute, KvRouter, KvRouterConfig
 from .least_loaded import LeastLoadedRouter
 from .prefill import DISAGG_PATHS, PrefillPlan, PrefillRouter
@@ -35,10 +38,12 @@ __all__ = [
     "DISAGG_PATHS",
     "ROUTER_MODES",
     "DirectRouter",
+    "FunctionRouter",
     "KvRoute",
     "KvRouter",
     "KvRouterConfig",
     "LeastLoadedRouter",
+    "PickFunction",
     "PrefillPlan",
     "PrefillRouter",
     "RandomRouter",

@@ -1,0 +1,70 @@
+"""A router from a plain function: routing logic written in a notebook cell.
+
+``pick(request, instance_ids) -> instance_id`` sees the `PreprocessedRequest` (its token ids,
+sampling and stop settings) and the ids of the instances that can take it now (none
+reported down), and returns one of them; `FunctionRouter` turns it into a `Router` a frontend
+uses (`Frontend.set_router`). A function that raises, or returns an id that is not among
+them, fails that request with a 500 that says so; the frontend goes on serving.
+
+Example:
+    >>> import asyncio
+    >>> from dynamo_nb import DistributedRuntime
+    >>> from dynamo_nb.engines import EchoEngine
+    >>> from dynamo_nb.llm import PreprocessedRequest, engine_handler
+    >>> def longest_first(request, instance_ids):
+    ...     return max(instance_ids) if len(request.token_ids) > 100 else min(instance_ids)
+    >>> async def main():
+    ...     async with await DistributedRuntime.create() as rt:
+    ...         endpoint = rt.endpoint("demo.fn.generate")
+    ...         await endpoint.serve(engine_handler(EchoEngine().generate))
+    ...         router = FunctionRouter(await endpoint.client(), longest_first)
+    ...         return router.pick(PreprocessedRequest(token_ids=[5])).instance_id == rt.connection_id
+    >>> asyncio.run(main())
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..errors import RoutingError
+from ..llm.protocol import PreprocessedRequest
+from .base import Route, Router
+
+if TYPE_CHECKING:
+    from ..runtime.client import Client
+
+__all__ = ["FunctionRouter", "PickFunction"]
+
+PickFunction = Callable[[PreprocessedRequest, list[int]], int]
+
+
+class FunctionRouter(Router):
+    """Routes with ``pick(request, instance_ids) -> instance_id`` (see the module docstring).
+
+    Attributes:
+        function: the routing function.
+        picks: how many requests it routed, per instance id.
+    """
+
+    def __init__(self, client: Client, function: PickFunction) -> None:
+        super().__init__(client)
+        self.function = function
+        self.picks: dict[int, int] = {}
+
+    def pick(self, request: PreprocessedRequest) -> Route:
+        ids = self.client.instance_ids()
+        if not ids:
+            self.client.next_instance()  # raises NoInstancesError with the usual message
+        name = getattr(self.function, "__name__", repr(self.function))
+        try:
+            chosen = self.function(request, list(ids))
+        except Exception as exc:
+            raise RoutingError(f"the routing function {name} raised {type(exc).__name__}: {exc}") from exc
+        if chosen not in ids:
+            raise RoutingError(
+                f"the routing function {name} returned {chosen!r}, not one of the instances {[f'{i:x}' for i in ids]}"
+            )
+        self.picks[chosen] = self.picks.get(chosen, 0) + 1
+        return Route(chosen)
