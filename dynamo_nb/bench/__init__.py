@@ -11,6 +11,11 @@ Example::
     bench.summary(df)
     bench.ttft_itl_chart(df)
 
+    # open-loop request rates, and the highest one within an SLO
+    df = await bench.run(url, "tiny-llama", rate=[2, 4, 8, 16], requests=64)
+    best, table = bench.max_rate_within_slo(df, bench.SLO(ttft_ms=500, itl_ms=50))
+    bench.pareto_chart(df)
+
 From a shell::
 
     python -m dynamo_nb.bench --url http://127.0.0.1:8000 --model tiny-llama \\
@@ -19,7 +24,16 @@ From a shell::
 
 from __future__ import annotations
 
-from .charts import CHARTS, Chart, latency_cdf, path_chart, per_worker_chart, throughput_chart, ttft_itl_chart
+from .charts import (
+    CHARTS,
+    Chart,
+    latency_cdf,
+    pareto_chart,
+    path_chart,
+    per_worker_chart,
+    throughput_chart,
+    ttft_itl_chart,
+)
 from .client import RECORD_COLUMNS
 from .live import LiveChart, live
 from .prompts import (
@@ -31,13 +45,15 @@ from .prompts import (
     shared_prefix_prompts,
 )
 from .runner import run, wait_for_model
-from .stats import load_json, save_json, summary
+from .slo import SLO, max_rate_within_slo, slo_attainment
+from .stats import load_json, save_csv, save_json, summary
 from .stub_server import StubServer
 
 __all__ = [
     "CHARTS",
     "PROMPT_SETS",
     "RECORD_COLUMNS",
+    "SLO",
     "Chart",
     "LiveChart",
     "Prompt",
@@ -45,14 +61,18 @@ __all__ = [
     "latency_cdf",
     "live",
     "load_json",
+    "max_rate_within_slo",
     "multi_turn_prompts",
+    "pareto_chart",
     "path_chart",
     "per_worker_chart",
     "prompt_set",
     "random_prompts",
     "run",
+    "save_csv",
     "save_json",
     "shared_prefix_prompts",
+    "slo_attainment",
     "summary",
     "throughput_chart",
     "ttft_itl_chart",

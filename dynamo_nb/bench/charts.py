@@ -21,12 +21,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..errors import ConfigError
-from .stats import level_summary
+from .stats import level_column, level_summary
 
 __all__ = [
     "CHARTS",
     "Chart",
     "latency_cdf",
+    "pareto_chart",
     "path_chart",
     "per_worker_chart",
     "throughput_chart",
@@ -59,16 +60,16 @@ def _by_label(df: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame]]:
         yield str(label), group
 
 
-def _levels_table(df: pd.DataFrame) -> pd.DataFrame:
-    rows = [{"concurrency": c, **level_summary(g)} for c, g in df.groupby("concurrency", sort=True)]
+def _levels_table(df: pd.DataFrame, level: str = "concurrency") -> pd.DataFrame:
+    rows = [{"level": c, **level_summary(g)} for c, g in df.groupby(level, sort=True)]
     return pd.DataFrame(rows)
 
 
-def _concurrency_axis(ax, levels: list[int]) -> None:
+def _concurrency_axis(ax, levels: list[float], level: str = "concurrency") -> None:
     if levels and max(levels) / min(levels) >= 8:
         ax.set_xscale("log", base=2)
-    ax.set_xticks(levels, [str(c) for c in levels])
-    ax.set_xlabel("concurrency")
+    ax.set_xticks(levels, [f"{c:g}" for c in levels])
+    ax.set_xlabel("concurrency" if level == "concurrency" else "request rate (req/s)")
     ax.grid(True, alpha=0.3)
 
 
@@ -78,17 +79,19 @@ def _empty(ax, message: str) -> None:
 
 
 def ttft_itl_chart(df: pd.DataFrame) -> Chart:
-    """TTFT and inter-token latency (p50 solid, p90 dashed, p99 dotted) against concurrency."""
+    """TTFT and inter-token latency (p50 solid, p90 dashed, p99 dotted) against concurrency
+    (or request rate)."""
     figure, (ttft_ax, itl_ax) = _chart(2)
-    levels = sorted(df["concurrency"].unique().tolist()) if len(df) else []
+    level = level_column(df)
+    levels = sorted(df[level].dropna().unique().tolist()) if len(df) else []
     multi = df["label"].nunique() > 1 if len(df) else False
     for color, (label, group) in zip(_colors(), _by_label(df), strict=False):
-        table = _levels_table(group)
+        table = _levels_table(group, level)
         for ax, metric in ((ttft_ax, "ttft"), (itl_ax, "itl")):
             for p, style in ((50, "-"), (90, "--"), (99, ":")):
                 name = f"{label} p{p}" if multi else f"p{p}"
                 ax.plot(
-                    table["concurrency"],
+                    table["level"],
                     table[f"{metric}_p{p}_ms"],
                     style,
                     marker="o",
@@ -98,22 +101,21 @@ def ttft_itl_chart(df: pd.DataFrame) -> Chart:
     for ax, title in ((ttft_ax, "time to first token"), (itl_ax, "inter-token latency")):
         ax.set_title(title)
         ax.set_ylabel("ms")
-        _concurrency_axis(ax, levels)
+        _concurrency_axis(ax, levels, level)
         if ax.lines:
             ax.legend(fontsize="small")
     return figure
 
 
 def throughput_chart(df: pd.DataFrame) -> Chart:
-    """Requests/s and output tokens/s against concurrency."""
+    """Requests/s and output tokens/s against concurrency (or request rate)."""
     figure, (req_ax, tok_ax) = _chart(2)
-    levels = sorted(df["concurrency"].unique().tolist()) if len(df) else []
+    level = level_column(df)
+    levels = sorted(df[level].dropna().unique().tolist()) if len(df) else []
     for color, (label, group) in zip(_colors(), _by_label(df), strict=False):
-        table = _levels_table(group)
-        req_ax.plot(table["concurrency"], table["req_per_s"], marker="o", color=color, label=label or None)
-        tok_ax.plot(
-            table["concurrency"], table["output_tok_per_s"], marker="o", color=color, label=label or None
-        )
+        table = _levels_table(group, level)
+        req_ax.plot(table["level"], table["req_per_s"], marker="o", color=color, label=label or None)
+        tok_ax.plot(table["level"], table["output_tok_per_s"], marker="o", color=color, label=label or None)
     for ax, title, unit in (
         (req_ax, "requests per second", "req/s"),
         (tok_ax, "output tokens per second", "tok/s"),
@@ -121,7 +123,69 @@ def throughput_chart(df: pd.DataFrame) -> Chart:
         ax.set_title(title)
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
-        _concurrency_axis(ax, levels)
+        _concurrency_axis(ax, levels, level)
+        if df["label"].nunique() > 1:
+            ax.legend(fontsize="small")
+    return figure
+
+
+def _front(points: list[tuple[float, float]], lower_x_is_better: bool) -> list[tuple[float, float]]:
+    """The Pareto-optimal points (higher y is better; x lower or higher as told), by x."""
+    best = []
+    for x, y in points:
+        dominated = any(
+            (ox <= x if lower_x_is_better else ox >= x) and oy >= y and (ox, oy) != (x, y)
+            for ox, oy in points
+        )
+        if not dominated:
+            best.append((x, y))
+    return sorted(best)
+
+
+def pareto_chart(df: pd.DataFrame) -> Chart:
+    """A sweep's trade-offs, one point per level (the Pareto-optimal ones joined): output
+    tokens/s against p90 TTFT, and tokens/s per user (a request's decode speed, median)
+    against output tokens/s. Points are labelled with their level (concurrency or req/s)."""
+    figure, (latency_ax, user_ax) = _chart(2)
+    level = level_column(df)
+    unit = "" if level == "concurrency" else "/s"
+    for color, (label, group) in zip(_colors(), _by_label(df), strict=False):
+        table = _levels_table(group, level)
+        ok = group[group["error"].isna()]
+        speeds = []
+        for value in table["level"]:
+            rows = ok[ok[level] == value]
+            decode = (rows["e2e_s"] - rows["ttft_s"]).astype(float)
+            tokens = rows["output_tokens"].astype(float) - 1
+            speed = (tokens / decode)[decode > 0]
+            speeds.append(float(speed.median()) if len(speed) else np.nan)
+        table["tok_per_s_per_user"] = speeds
+        for ax, x_name, y_name, lower_x in (
+            (latency_ax, "ttft_p90_ms", "output_tok_per_s", True),
+            (user_ax, "output_tok_per_s", "tok_per_s_per_user", False),
+        ):
+            points = [(float(x), float(y)) for x, y in zip(table[x_name], table[y_name], strict=True)
+                      if np.isfinite(x) and np.isfinite(y)]  # fmt: skip
+            ax.scatter([p[0] for p in points], [p[1] for p in points], color=color, label=label or None)
+            front = _front(points, lower_x)
+            ax.plot([p[0] for p in front], [p[1] for p in front], color=color, alpha=0.6)
+            for value, x, y in zip(table["level"], table[x_name], table[y_name], strict=True):
+                if np.isfinite(x) and np.isfinite(y):
+                    ax.annotate(
+                        f"{value:g}{unit}",
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(4, 4),
+                        fontsize="x-small",
+                    )
+    latency_ax.set_title("throughput against p90 time to first token")
+    latency_ax.set_xlabel("TTFT p90 (ms)")
+    latency_ax.set_ylabel("output tokens/s")
+    user_ax.set_title("per-user speed against throughput")
+    user_ax.set_xlabel("output tokens/s")
+    user_ax.set_ylabel("tokens/s per user")
+    for ax in (latency_ax, user_ax):
+        ax.grid(True, alpha=0.3)
         if df["label"].nunique() > 1:
             ax.legend(fontsize="small")
     return figure
@@ -138,14 +202,18 @@ def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:
     column = _CDF_METRICS[metric]
     ok = df[df["error"].isna()]
     multi = df["label"].nunique() > 1 if len(df) else False
-    for (label, level), group in ok.groupby(["label", "concurrency"], sort=False):
+    level_name = level_column(df)
+    prefix = "c=" if level_name == "concurrency" else ""
+    suffix = "" if level_name == "concurrency" else " req/s"
+    for (label, level), group in ok.groupby(["label", level_name], sort=False):
         values = group[column]
         flat = [g for gaps in values for g in gaps] if metric == "itl" else values.dropna().tolist()
         if not flat:
             continue
         xs = np.sort(np.asarray(flat, dtype=float)) * 1000.0
         ys = np.arange(1, xs.size + 1) / xs.size
-        ax.step(xs, ys, where="post", label=f"{label} c={level}" if multi else f"c={level}")
+        name = f"{prefix}{level:g}{suffix}"
+        ax.step(xs, ys, where="post", label=f"{label} {name}" if multi else name)
     if not ax.lines:
         _empty(ax, "no successful requests")
         return figure
@@ -233,4 +301,5 @@ CHARTS = {
     "cdf": latency_cdf,
     "per_worker": per_worker_chart,
     "path": path_chart,
+    "pareto": pareto_chart,
 }

@@ -23,6 +23,7 @@ __all__ = ["RECORD_COLUMNS", "send_request"]
 RECORD_COLUMNS = [
     "label",
     "concurrency",
+    "rate",
     "index",
     "prompt",
     "sent_s",

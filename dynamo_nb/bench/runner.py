@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,13 @@ def _base_url(url: str) -> str:
         raise ConfigError(f"url must start with http:// or https://, got {url!r}")
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _rates(rate: float | Iterable[float]) -> list[float]:
+    rates = [rate] if isinstance(rate, (int, float)) else list(rate)
+    if not rates or not all(isinstance(r, (int, float)) and not isinstance(r, bool) and r > 0 for r in rates):
+        raise ConfigError(f"rate must be a positive number of requests/s (or a list of them), got {rate!r}")
+    return [float(r) for r in rates]
 
 
 def _levels(concurrency: int | Iterable[int]) -> list[int]:
@@ -67,6 +75,7 @@ async def run(
     *,
     prompts: Iterable[Prompt | str | Sequence[dict[str, str]]] | None = None,
     concurrency: int | Iterable[int] = (1, 8, 32),
+    rate: float | Iterable[float] | None = None,
     requests: int | None = None,
     max_tokens: int = 64,
     stream: bool = True,
@@ -82,11 +91,15 @@ async def run(
     new_connection: bool = False,
     progress: bool = True,
     live: LiveChart | None = None,
+    seed: int = 0,
 ) -> pd.DataFrame:
-    """Drive ``url`` at each concurrency level in turn; one row per request.
+    """Drive ``url`` at each concurrency level (or request rate) in turn; one row per request.
 
     At level ``c``, ``c`` clients each send their next request as soon as the previous one
-    ends (closed loop) until ``requests`` have been sent. Prompt ``i % len(prompts)`` goes
+    ends (closed loop) until ``requests`` have been sent. With ``rate``, requests arrive
+    open-loop instead, at each rate in turn: Poisson arrivals (exponential gaps drawn from
+    ``seed``) whatever the server's pace, as ``vllm bench serve --request-rate`` and aiperf
+    send them; the ``rate`` column holds the offered rate. Prompt ``i % len(prompts)`` goes
     with request ``i``, so every level sees the same prompts.
 
     Args:
@@ -95,7 +108,10 @@ async def run(
         model: the model name to ask for.
         prompts: `Prompt` objects, strings or message lists (default: 100 random prompts).
         concurrency: the levels to run, in order.
-        requests: requests per level (default: 4 × the level, at least 16).
+        rate: request rates (requests/s) to run open-loop, in order, instead of concurrency
+            levels (see `slo` for goodput and the highest rate within an SLO).
+        requests: requests per level (default: 4 × the level, at least 16; per rate: 4 s of
+            arrivals, at least 16).
         max_tokens: the ``max_tokens`` of each request.
         stream: SSE streaming (TTFT and gaps per token) or one JSON answer (TTFT = e2e).
         endpoint: ``"chat"`` or ``"completions"``.
@@ -112,10 +128,11 @@ async def run(
             TTFT, as for clients that do not keep connections alive); default keep-alive.
         progress: a ``tqdm.auto`` progress bar.
         live: a `LiveChart` (see `live`) redrawn while the run goes.
+        seed: the seed of the arrival times of a rate sweep.
 
     Returns:
-        A DataFrame with the columns of `RECORD_COLUMNS`: ``label``, ``concurrency``,
-        ``index``, ``prompt``, ``sent_s``, ``ttft_s``, ``e2e_s``, ``itl_s`` (the list of
+        A DataFrame with the columns of `RECORD_COLUMNS`: ``label``, ``concurrency`` (None in a
+        rate sweep), ``rate`` (None in a concurrency sweep), ``index``, ``prompt``, ``sent_s``, ``ttft_s``, ``e2e_s``, ``itl_s`` (the list of
         inter-token gaps), ``output_tokens``, ``input_tokens``, ``status``, ``error``,
         ``worker``, ``prefill_worker``, ``path``. Times are seconds. Failed requests are
         rows with ``error`` set; nothing raises for a server error.
@@ -132,7 +149,8 @@ async def run(
         raise ConfigError(f"max_tokens must be a positive integer, got {max_tokens!r}")
     if requests is not None and (not isinstance(requests, int) or requests < 1):
         raise ConfigError(f"requests must be a positive integer, got {requests!r}")
-    levels = _levels(concurrency)
+    rates = _rates(rate) if rate is not None else None
+    levels = _levels(concurrency) if rates is None else rates
     prompt_list = as_prompts(prompts)
     options: dict[str, Any] = {}
     if temperature is not None:
@@ -143,7 +161,7 @@ async def run(
         options["nvext"] = {"extra_fields": ["worker_id"]}
     options.update(extra_body or {})
     payloads = _payloads(prompt_list, model, endpoint, stream, max_tokens, options)
-    counts = [requests or max(4 * c, 16) for c in levels]
+    counts = [requests or max(int(4 * c), 16) for c in levels]
     target = base + ENDPOINTS[endpoint]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     records: list[dict[str, Any]] = []
@@ -152,11 +170,13 @@ async def run(
     async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
         origin = perf_counter()
 
-        async def one(index: int, level: int) -> dict[str, Any]:
+        async def one(index: int, level: float) -> dict[str, Any]:
             record: dict[str, Any] = dict.fromkeys(RECORD_COLUMNS)
-            record.update(
-                label=label, concurrency=level, index=index, prompt=prompt_list[index % len(prompt_list)].name
-            )
+            record.update(label=label, index=index, prompt=prompt_list[index % len(prompt_list)].name)
+            if rates is None:
+                record["concurrency"] = level
+            else:
+                record["rate"] = level
             payload = payloads[index % len(payloads)]
             return await send_request(
                 session, target, payload, record, stream=stream, timeout=timeout, origin=origin
@@ -168,9 +188,14 @@ async def run(
         if live is not None:
             live.start(records)
         try:
+            arrivals = random.Random(seed)
             for level, count in zip(levels, counts, strict=True):
-                bar.set_description(f"concurrency {level}")
-                await _level(one, level, count, records, bar.update)
+                if rates is None:
+                    bar.set_description(f"concurrency {level}")
+                    await _level(one, int(level), count, records, bar.update)
+                else:
+                    bar.set_description(f"{level:g} req/s")
+                    await _open_loop(one, level, count, records, bar.update, arrivals)
         finally:
             bar.close()
             if live is not None:
@@ -194,6 +219,34 @@ async def _level(
             tick(1)
 
     await asyncio.gather(*(client() for _ in range(min(level, count))))
+
+
+async def _open_loop(
+    one: Callable[[int, float], Awaitable[dict[str, Any]]],
+    rate: float,
+    count: int,
+    records: list[dict[str, Any]],
+    tick: Callable[[int], object],
+    arrivals: random.Random,
+) -> None:
+    """``count`` requests arriving at ``rate`` per second (exponential gaps), each sent at its
+    time whether or not earlier ones have ended; returns when every one has."""
+
+    async def send(index: int) -> None:
+        records.append(await one(index, rate))
+        tick(1)
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    due = 0.0
+    tasks = []
+    for index in range(count):
+        wait = start + due - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.ensure_future(send(index)))
+        due += arrivals.expovariate(rate)
+    await asyncio.gather(*tasks)
 
 
 async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: float = 120.0) -> list[str]:
@@ -239,7 +292,7 @@ async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: f
 def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
     """The DataFrame of `run` from its record dicts (also used for live redraws and loading JSON)."""
     frame = pd.DataFrame.from_records(records, columns=RECORD_COLUMNS)
-    for column in ("ttft_s", "e2e_s", "sent_s"):
+    for column in ("ttft_s", "e2e_s", "sent_s", "rate"):
         frame[column] = frame[column].astype(float)
     for column in ("output_tokens", "input_tokens", "status"):
         frame[column] = frame[column].astype("Int64")

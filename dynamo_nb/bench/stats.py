@@ -12,7 +12,7 @@ import pandas as pd
 
 from .runner import records_frame
 
-__all__ = ["PERCENTILES", "load_json", "save_json", "summary"]
+__all__ = ["PERCENTILES", "level_column", "load_json", "save_csv", "save_json", "summary"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -24,9 +24,16 @@ def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
     return {f"{name}_p{p}_ms": float(v) for p, v in zip(PERCENTILES, points, strict=False)}
 
 
+def level_column(df: pd.DataFrame) -> str:
+    """``"rate"`` for a rate sweep (open loop), else ``"concurrency"``."""
+    return "rate" if "rate" in df and df["rate"].notna().any() else "concurrency"
+
+
 def group_keys(df: pd.DataFrame) -> list[str]:
-    """``["concurrency"]``, or ``["label", "concurrency"]`` when the frame holds several labels."""
-    return ["label", "concurrency"] if df["label"].nunique() > 1 else ["concurrency"]
+    """``[level]``, or ``["label", level]`` when the frame holds several labels; the level is
+    ``concurrency``, or ``rate`` for a rate sweep."""
+    level = level_column(df)
+    return ["label", level] if df["label"].nunique() > 1 else [level]
 
 
 def level_summary(group: pd.DataFrame) -> dict[str, Any]:
@@ -49,7 +56,8 @@ def level_summary(group: pd.DataFrame) -> dict[str, Any]:
 def summary(df: pd.DataFrame) -> pd.DataFrame:
     """p50/p90/p99 of TTFT, inter-token latency and end-to-end (ms), requests/s and output tokens/s.
 
-    One row per concurrency level (per label and level when ``df`` holds several labels).
+    One row per concurrency level or request rate (per label and level when ``df`` holds
+    several labels).
     Percentiles count successful requests only; throughput is successful requests (and
     their output tokens) over the level's wall time, first send to last answer.
 
@@ -81,6 +89,40 @@ def save_json(df: pd.DataFrame, path: str | Path, **config: Any) -> Path:
         "requests": json.loads(df.to_json(orient="records")),
     }
     path.write_text(json.dumps(document, indent=1) + "\n")
+    return path
+
+
+def save_csv(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write one row per request to ``path`` (CSV; folders are created), in milliseconds, with
+    the names load-test plots use: ``time_to_first_token_ms``, ``inter_token_latency_ms`` (the
+    request's mean gap), ``request_latency_ms``, ``output_sequence_length``,
+    ``input_sequence_length``, beside the level (``concurrency`` or ``rate``), ``label``,
+    ``worker`` and ``error``.
+
+    Example::
+
+        bench.save_csv(df, "results/sweep.csv")
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame(
+        {
+            "label": df["label"],
+            "concurrency": df["concurrency"],
+            "rate": df["rate"],
+            "sent_ms": df["sent_s"] * 1000.0,
+            "time_to_first_token_ms": df["ttft_s"] * 1000.0,
+            "inter_token_latency_ms": df["itl_s"].map(
+                lambda gaps: float(np.mean(gaps)) * 1000.0 if isinstance(gaps, list) and gaps else math.nan
+            ),
+            "request_latency_ms": df["e2e_s"] * 1000.0,
+            "output_sequence_length": df["output_tokens"],
+            "input_sequence_length": df["input_tokens"],
+            "worker": df["worker"],
+            "error": df["error"],
+        }
+    )
+    table.to_csv(path, index=False)
     return path
 
 

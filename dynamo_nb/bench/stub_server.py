@@ -3,7 +3,9 @@
 It answers ``POST /v1/chat/completions`` and ``/v1/completions`` (streamed or not) with
 ``max_tokens`` tokens: the first after ``ttft`` seconds, the next ones ``itl`` seconds
 apart. With both at 0 it is a zero-cost server (the whole answer in one write), so a load
-test against it measures the load generator alone. It checks what it is sent (model,
+test against it measures the load generator alone. With ``slots=N`` it streams at most N
+answers at once and the others wait their turn (a server of known capacity: N / the time of
+one answer), so its latency under load is known in advance. It checks what it is sent (model,
 messages or prompt, max_tokens) and answers mistakes with OpenAI error envelopes. With
 ``workers=N`` it reports ``nvext.worker_id`` round-robin over N ids, like our frontend.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import signal
@@ -152,7 +155,7 @@ class _Connection(asyncio.Protocol):
                 _json_response(200, {"choices": [choice], "usage": {"completion_tokens": answer.tokens}})
             )
             return
-        if server.ttft == 0 and server.itl == 0:
+        if server.ttft == 0 and server.itl == 0 and server.slots is None:
             transport.write(_STREAM_HEAD + answer.first + answer.token * answer.tokens + answer.last)
             return
         self.busy = True
@@ -162,11 +165,12 @@ class _Connection(asyncio.Protocol):
         server = self.server
         try:
             self._write(_STREAM_HEAD + answer.first)
-            await asyncio.sleep(server.ttft)
-            for i in range(answer.tokens):
-                if i:
-                    await asyncio.sleep(server.itl)
-                self._write(answer.token)
+            async with server.slots if server.slots is not None else contextlib.nullcontext():
+                await asyncio.sleep(server.ttft)
+                for i in range(answer.tokens):
+                    if i:
+                        await asyncio.sleep(server.itl)
+                    self._write(answer.token)
             self._write(answer.last)
         finally:
             self.busy = False
@@ -180,11 +184,12 @@ class _Connection(asyncio.Protocol):
 class StubServer:
     """See the module docstring. Start it with `StubServer.start`, stop it with `stop`."""
 
-    def __init__(self, model: str, ttft: float, itl: float, workers: int) -> None:
+    def __init__(self, model: str, ttft: float, itl: float, workers: int, slots: int | None = None) -> None:
         """Use `StubServer.start`."""
         self.model = model
         self.ttft = ttft
         self.itl = itl
+        self.slots = asyncio.Semaphore(slots) if slots else None
         self.requests = 0
         self.connections: set[_Connection] = set()
         self._workers = itertools.cycle(range(_WORKER_BASE, _WORKER_BASE + workers)) if workers else None
@@ -201,9 +206,11 @@ class StubServer:
         ttft: float = 0.0,
         itl: float = 0.0,
         workers: int = 1,
+        slots: int | None = None,
     ) -> StubServer:
-        """Listen on ``host:port`` (0: a free port); ``url`` says where."""
-        stub = cls(model, ttft, itl, workers)
+        """Listen on ``host:port`` (0: a free port); ``url`` says where. ``slots``: answers
+        streamed at once (None: no limit)."""
+        stub = cls(model, ttft, itl, workers, slots)
         stub._server = await asyncio.get_running_loop().create_server(lambda: _Connection(stub), host, port)
         bound = stub._server.sockets[0].getsockname()
         stub.url = f"http://{bound[0]}:{bound[1]}"

@@ -1,0 +1,77 @@
+"""Open-loop request-rate sweeps and SLO analysis, checked against a held-out server whose
+capacity is known in advance: a stub that streams one answer at a time (16 ms each, so about
+60 requests/s at most). Well under that rate nearly every request meets a 50 ms TTFT; far over
+it the queue grows and most miss, so the highest rate within the SLO is the one in between."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from dynamo_nb import ConfigError
+from dynamo_nb.bench import (
+    RECORD_COLUMNS,
+    SLO,
+    Chart,
+    StubServer,
+    max_rate_within_slo,
+    pareto_chart,
+    run,
+    save_csv,
+    slo_attainment,
+    summary,
+    ttft_itl_chart,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+RATES = [10.0, 20.0, 400.0]  # a quarter and a third of the stub's capacity, then 6x it
+
+
+async def test_a_rate_sweep_finds_the_highest_rate_within_the_slo_of_a_known_server(tmp_path: Path) -> None:
+    async with await StubServer.start(ttft=0.010, itl=0.002, slots=1) as stub:
+        df = await run(stub.url, "stub", rate=RATES, requests=30, max_tokens=4, progress=False, seed=3)
+    assert list(df.columns) == RECORD_COLUMNS
+    assert df["error"].isna().all() and sorted(df["rate"].unique()) == RATES
+    assert df["concurrency"].isna().all()
+    # open loop: at 400 req/s the 30 requests are all sent within a fraction of a second
+    fast = df[df["rate"] == 400.0]
+    assert fast["sent_s"].max() - fast["sent_s"].min() < 0.5
+
+    slo = SLO(ttft_ms=50)
+    best, table = max_rate_within_slo(df, slo, attainment=0.9)
+    assert best == 20.0, table
+    assert list(table.index) == RATES and table.loc[400.0, "attainment"] < 0.5
+    assert table.loc[10.0, "within_slo"] and not table.loc[400.0, "within_slo"]
+    assert (table["goodput_req_per_s"] <= table["req_per_s"] + 1e-9).all()
+    assert list(summary(df).index) == RATES  # the summary groups a rate sweep by rate
+
+    for chart in (pareto_chart(df), ttft_itl_chart(df)):
+        assert isinstance(chart, Chart) and chart.to_png().startswith(b"\x89PNG")
+        assert all(ax.get_title() for ax in chart.axes)
+    path = save_csv(df, tmp_path / "sweep.csv")
+    back = pd.read_csv(path)
+    assert len(back) == len(df) and {"time_to_first_token_ms", "inter_token_latency_ms", "rate"} <= set(
+        back.columns
+    )
+    assert math.isclose(back["time_to_first_token_ms"].iloc[0], df["ttft_s"].iloc[0] * 1000.0)
+
+
+async def test_slo_limits_and_goodput_per_concurrency_level() -> None:
+    async with await StubServer.start(ttft=0.005, itl=0.002) as stub:
+        df = await run(stub.url, "stub", concurrency=[1, 2], requests=6, max_tokens=3, progress=False)
+    met_all = slo_attainment(df, SLO(ttft_ms=1000, itl_ms=1000, e2e_ms=1000))
+    assert list(met_all.index) == [1, 2] and (met_all["attainment"] == 1.0).all()
+    met_none = slo_attainment(df, SLO(ttft_ms=0.001))
+    assert (met_none["attainment"] == 0.0).all() and (met_none["goodput_req_per_s"] == 0.0).all()
+    best, _table = max_rate_within_slo(df, SLO(ttft_ms=0.001))
+    assert best is None
+    with pytest.raises(ConfigError, match="at least one limit"):
+        SLO()
+    with pytest.raises(ConfigError, match="positive number of milliseconds"):
+        SLO(ttft_ms=-1)
+    with pytest.raises(ConfigError, match="rate must be a positive number"):
+        await run("http://127.0.0.1:9", "stub", rate=[0], progress=False)
