@@ -87,8 +87,9 @@ class KvEventPublisher:
 
     @classmethod
     async def for_worker(cls, runtime: DistributedRuntime, component: Component) -> KvEventPublisher | None:
-        """The publisher of ``runtime``'s engine on ``component``; None (with a warning) when the
-        runtime's events cannot cross processes (no ``nats_url``).
+        """The publisher of ``runtime``'s engine on ``component``; None when the runtime's events
+        cannot cross processes (no ``nats_url``: logged at info level, since only a KV router
+        in front of this worker would miss them).
 
         Example::
 
@@ -100,7 +101,7 @@ class KvEventPublisher:
         try:
             await runtime.events()  # NATS, or in-process with memory discovery
         except ConfigError as exc:
-            logger.warning("no KV events, a KV router needs --no-kv-events: %s", exc)
+            logger.info("KV events off (%s); a KV router in front of this worker needs --no-kv-events", exc)
             return None
         return cls(component, runtime.connection_id)
 
