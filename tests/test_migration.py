@@ -46,6 +46,26 @@ async def read_stream(
     return text, chunks, errors
 
 
+BODY = {"model": "tiny-llama", "messages": PROMPT, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
+
+
+async def two_workers_and_a_frontend(
+    start_worker: Any, flags: list[str], worker_flags: list[str], frontend_flags: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], str]:
+    """Two hf worker processes (by instance id in hex) and a frontend; the frontend's URL once
+    it sees both workers."""
+    workers = {}
+    for _ in range(2):
+        worker = await start_worker(*flags, *worker_flags, "--lease-ttl", "2", script=HF_WORKER)
+        workers[f"{worker.instance_id:x}"] = worker
+    port = free_port()
+    await start_worker(*flags, "--http-port", str(port), *frontend_flags, script=FRONTEND)
+    url = f"http://127.0.0.1:{port}"
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        await wait_for_instances(http, 2)
+    return workers, url
+
+
 async def wait_for_instances(http: httpx.AsyncClient, count: int) -> None:
     for _ in range(200):
         if len((await http.get("/health")).json()["instances"]) >= count:
@@ -61,22 +81,11 @@ async def test_a_stream_whose_worker_dies_is_carried_on_by_another_worker(
     flags = ["--discovery", services.etcd_url, "--request-plane", plane]
     if plane == "nats":
         flags += ["--nats-url", services.nats_url]
-    endpoint = f"migrate{plane}.backend.generate"
-    workers = {}
-    for _ in range(2):
-        worker = await start_worker(*flags, "--endpoint", endpoint, "--lease-ttl", "2", script=HF_WORKER)
-        workers[f"{worker.instance_id:x}"] = worker
-    port = free_port()
-    await start_worker(*flags, "--http-port", str(port), script=FRONTEND)
-    body = {
-        "model": "tiny-llama",
-        "messages": PROMPT,
-        "max_tokens": TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-        await wait_for_instances(http, 2)
+    workers, url = await two_workers_and_a_frontend(
+        start_worker, flags, ["--endpoint", f"migrate{plane}.backend.generate"]
+    )
+    body = BODY
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         expected = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]["message"][
             "content"
         ]
@@ -114,23 +123,11 @@ async def test_without_migration_a_dead_workers_stream_ends_with_an_error_event(
     services: Any, start_worker: Any
 ) -> None:
     flags = ["--discovery", services.etcd_url, "--request-plane", "tcp"]
-    endpoint = "nomigrate.backend.generate"
-    workers = {}
-    for _ in range(2):
-        worker = await start_worker(*flags, "--endpoint", endpoint, "--lease-ttl", "2", script=HF_WORKER)
-        workers[f"{worker.instance_id:x}"] = worker
-    port = free_port()
-    await start_worker(*flags, "--http-port", str(port), "--migration-limit", "0", script=FRONTEND)
-    body = {
-        "model": "tiny-llama",
-        "messages": PROMPT,
-        "max_tokens": TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-        await wait_for_instances(http, 2)
+    workers, url = await two_workers_and_a_frontend(
+        start_worker, flags, ["--endpoint", "nomigrate.backend.generate"], ("--migration-limit", "0")
+    )
+    body = {**BODY, "stream": True}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         text, chunks, errors = await read_stream(
             http, body, 20, lambda worker: workers[worker].send_signal(signal.SIGKILL)
         )
@@ -146,23 +143,9 @@ async def test_a_disaggregated_decode_that_dies_is_prefilled_and_decoded_again(
     flags = ["--discovery", services.etcd_url, "--request-plane", "tcp"]
     endpoints = ["--endpoint", "migdg.backend.generate", "--prefill-endpoint", "migdg.prefill.generate"]
     await start_worker(*flags, *endpoints, "--mode", "prefill", script=HF_WORKER)
-    decodes = {}
-    for _ in range(2):
-        worker = await start_worker(
-            *flags, *endpoints, "--mode", "decode", "--lease-ttl", "2", script=HF_WORKER
-        )
-        decodes[f"{worker.instance_id:x}"] = worker
-    port = free_port()
-    await start_worker(*flags, "--http-port", str(port), script=FRONTEND)
-    body = {
-        "model": "tiny-llama",
-        "messages": PROMPT,
-        "max_tokens": TOKENS,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-        await wait_for_instances(http, 2)
+    decodes, url = await two_workers_and_a_frontend(start_worker, flags, [*endpoints, "--mode", "decode"])
+    body = BODY
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         first = await http.post("/v1/chat/completions", json=body)
         assert first.headers["x-dynamo-path"] == "fast"
         expected = first.json()["choices"][0]["message"]["content"]
