@@ -184,3 +184,32 @@ async def test_a_caller_whose_loop_blocked_does_not_cut_a_live_stream(
     time.sleep(4.0)  # noqa: ASYNC251 - blocks this loop past the 2.5 s heartbeat timeout, on purpose
     rest = await asyncio.wait_for(collect(stream), 30)
     assert [item["index"] for item in rest] == list(range(1, 40))
+
+
+async def test_a_stalled_nats_worker_given_up_on_is_told_to_stop(
+    make_runtime: RuntimeFactory, start_worker: Any, services: Any
+) -> None:
+    """A worker frozen past the heartbeat timeout (SIGSTOP): the caller gives up on its stream
+    (and may send the request elsewhere), and sends a STOP, so once the worker runs again it
+    does not generate the whole request for nobody."""
+    worker = await start_worker(
+        "--discovery", services.etcd_url, "--request-plane", "nats", "--nats-url", services.nats_url,
+        "--endpoint", "frozen.echo.generate",
+    )  # fmt: skip
+    rt = await make_runtime("etcd-nats", heartbeat_timeout=2.5)
+    client = await rt.endpoint("frozen.echo.generate").client()
+    await client.wait_for_instances(timeout=10)
+    stream = await client.round_robin({"text": "w " * 600, "delay_ms": 50})  # 30 s of items
+    assert (await stream.__anext__())["index"] == 0
+    worker.send_signal(signal.SIGSTOP)
+    with pytest.raises(InstanceDownError, match="no frames or heartbeats"):
+        await asyncio.wait_for(collect(stream), 20)
+    worker.send_signal(signal.SIGCONT)
+    report = await rt.endpoint("frozen.echo.stats").client()
+    await report.wait_for_instances(timeout=10)
+    for _ in range(100):
+        [counts] = await collect(report.round_robin({}))
+        if counts["inflight"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    assert counts["inflight"] == 0 and counts["cancelled"] == 1, counts

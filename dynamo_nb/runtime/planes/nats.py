@@ -276,9 +276,15 @@ class NatsPlane(RequestPlane):
         self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="dynamo_nb nats heartbeat")
 
     def _spawn(self, coro: Any) -> None:
+        """Run a best-effort send (a STOP, a reply) in the background; a failure is logged."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._spawned_done)
+
+    def _spawned_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.debug("a background NATS send failed: %r", task.exception())
 
     # -- serving
 
@@ -438,6 +444,8 @@ class NatsPlane(RequestPlane):
                 if stalled:  # this loop did not run: what came meanwhile is still unread
                     handle.channel.last_seen = max(handle.channel.last_seen, now - HEARTBEAT_INTERVAL)
                 elif now - handle.channel.last_seen > self.heartbeat_timeout:
+                    # a worker that is alive but stalled stops too: the request may go on elsewhere
+                    handle.stop()
                     self._open.pop(inbox, None)
                     handle.channel.fail(f"no frames or heartbeats for {self.heartbeat_timeout:g} s")
 
