@@ -1,4 +1,5 @@
-"""Models that need no download: the built-in tiny model.
+"""Models that need no download: the built-in tiny model (random weights, built on first use)
+and the readable model (trained on the standard library's docstrings, shipped).
 
 Example:
     >>> from dynamo_nb.models import tiny_model_path
@@ -9,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+from .readable_model import READABLE_MODEL_NAME, readable_model_path
 from .tiny import TINY_MODEL_NAME, tiny_model_path
 
-__all__ = ["TINY_MODEL_NAME", "tiny_model_path"]
+__all__ = ["READABLE_MODEL_NAME", "TINY_MODEL_NAME", "readable_model_path", "tiny_model_path"]
