@@ -258,8 +258,9 @@ def per_worker_chart(df: pd.DataFrame) -> Chart:
         ax.set_xticks(positions, names, rotation=20)
         ax.set_xlabel("worker")
         ax.grid(True, axis="y", alpha=0.3)
-        if len(labels) > 1:
-            ax.legend(fontsize="small")
+    if len(labels) > 1:  # one legend above both panels, never over the bars
+        handles, names = count_ax.get_legend_handles_labels()
+        figure.legend(handles, names, loc="outside upper center", ncols=min(len(labels), 4), fontsize="small")
     return figure
 
 
