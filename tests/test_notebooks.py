@@ -13,7 +13,14 @@ from typing import Any
 
 import nbformat
 import pytest
-from helpers import NEEDS_VLLM, ROOT, collect, vllm_notebook_skip_reason
+from helpers import (
+    EXPORT_FROM_ROOT_OPT_IN,
+    NEEDS_VLLM,
+    QUICK_EXPORTS,
+    ROOT,
+    collect,
+    vllm_notebook_skip_reason,
+)
 
 from dynamo_nb import DistributedRuntime, LocalServices
 from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
@@ -23,8 +30,11 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def exports() -> list[Any]:
-    """(notebook, where) pairs: every notebook from the repository root and from notebooks/; a vLLM
-    notebook (its engines start in about a minute) only from notebooks/, with a longer timeout."""
+    """(notebook, where) pairs: every notebook from notebooks/, and from the repository root the
+    quick ones (all of them with ``DYN_NB_EXPORT_FROM_ROOT=1``, as .ci/run's second step runs);
+    a vLLM notebook (its engines start in about a minute) only from notebooks/, with a longer
+    timeout."""
+    every_root = os.environ.get(EXPORT_FROM_ROOT_OPT_IN) == "1"
     pairs = []
     for notebook in NOTEBOOKS:
         if notebook.stem in NEEDS_VLLM:
@@ -33,11 +43,9 @@ def exports() -> list[Any]:
                     notebook, "notebooks", marks=pytest.mark.timeout(600), id=f"{notebook.stem}-notebooks"
                 )
             )
-        else:
-            pairs += [
-                pytest.param(notebook, where, id=f"{notebook.stem}-{where}")
-                for where in ("root", "notebooks")
-            ]
+            continue
+        places = ("root", "notebooks") if every_root or notebook.stem in QUICK_EXPORTS else ("notebooks",)
+        pairs += [pytest.param(notebook, where, id=f"{notebook.stem}-{where}") for where in places]
     return pairs
 
 
