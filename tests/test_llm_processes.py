@@ -277,7 +277,9 @@ async def test_http_workers_share_the_port_and_stop_together(services: Any, star
                     status="success",
                 )
             )
-    assert len(counts) == 2 and sum(counts) == 40, counts  # both served, every request counted once
+    # both served, every request counted once: two counts adding up to 40, or 20 each (then
+    # both processes show the same count; one process that served all 40 would show 40)
+    assert (len(counts) == 2 and None not in counts and sum(counts) == 40) or counts == {20.0}, counts
     await frontend.stop(timeout=10)  # SIGTERM: it stops its replica
     assert all([await pid_gone(pid, timeout=10) for pid in replicas])
 
