@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dynamo_nb.models.tiny import CHATML_TEMPLATE, CONTEXT_LENGTH, SPECIAL_TOKENS  # noqa: E402
+from dynamo_nb.models.tiny import chat_tokenizer, end_token_ids, llama_config, train_bpe_tokenizer  # noqa: E402
 
 VOCAB_SIZE = 2048
 WINDOW = 128
@@ -81,22 +81,6 @@ def corpus(docs: list[tuple[str, str]]) -> list[str]:
     return texts
 
 
-def train_tokenizer(texts: list[str]):  # type: ignore[no-untyped-def]
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    return tokenizer
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -106,32 +90,28 @@ def main() -> int:
     args = parser.parse_args()
 
     import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import GenerationConfig, LlamaForCausalLM
 
     started = time.time()
     torch.manual_seed(0)
     docs = docstrings()
     texts = corpus(docs)
-    raw = train_tokenizer(texts)
+    raw = train_bpe_tokenizer(texts, VOCAB_SIZE)
     ids = [i for text in texts for i in raw.encode(text).ids]
     data = torch.tensor(ids, dtype=torch.long)
     print(
         f"{len(docs)} docstrings, {sum(map(len, texts)) / 1e6:.1f} M characters, {len(ids) / 1e6:.2f} M tokens"
     )
 
-    eos_ids = [raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")]
-    config = LlamaConfig(
-        vocab_size=raw.get_vocab_size(),
+    eos_ids = end_token_ids(raw)
+    config = llama_config(
+        raw,
         hidden_size=160,
         intermediate_size=432,
         num_hidden_layers=4,
         num_attention_heads=5,
         num_key_value_heads=5,
-        max_position_embeddings=CONTEXT_LENGTH,
         tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=eos_ids,
-        pad_token_id=raw.token_to_id("<|endoftext|>"),
     )
     model = LlamaForCausalLM(config)
     params = sum(p.numel() for p in model.parameters())
@@ -162,13 +142,7 @@ def main() -> int:
             print(f"step {step:5d}  loss {value:.3f}  {time.time() - started:.0f} s", flush=True)
     model.eval()
 
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        model_max_length=CONTEXT_LENGTH,
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer = chat_tokenizer(raw)
     model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=config.pad_token_id)
     args.out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(args.out)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 __all__ = ["TINY_MODEL_NAME", "cache_dir", "tiny_model_path"]
@@ -72,28 +73,28 @@ def tiny_model_path() -> Path:
     return target
 
 
-def _train_tokenizer():  # type: ignore[no-untyped-def]
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):  # type: ignore[no-untyped-def]
+    """A byte-level BPE tokenizer (``tokenizers.Tokenizer``) of ``vocab_size`` tokens trained
+    on ``texts``, with the built-in models' special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = (Path(__file__).with_name("corpus.txt")).read_text(encoding="utf-8")
-    tokenizer.train_from_iterator(corpus.splitlines(), trainer=trainer)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
 
-def _build(folder: Path) -> None:
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+def chat_tokenizer(raw):  # type: ignore[no-untyped-def]
+    """``raw`` as a ``PreTrainedTokenizerFast`` with the ChatML template and end tokens."""
+    from transformers import PreTrainedTokenizerFast
 
-    raw = _train_tokenizer()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw,
         eos_token="<|im_end|>",
@@ -101,20 +102,50 @@ def _build(folder: Path) -> None:
         model_max_length=CONTEXT_LENGTH,
     )
     tokenizer.chat_template = CHATML_TEMPLATE
-    eos_ids = [raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")]
-    config = LlamaConfig(
+    return tokenizer
+
+
+def llama_config(raw, **shape):  # type: ignore[no-untyped-def]
+    """A ``LlamaConfig`` for ``raw``'s vocabulary, end and padding tokens and the built-in
+    context length; ``shape`` gives the sizes (``hidden_size``, ``num_hidden_layers``, ...)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
         vocab_size=raw.get_vocab_size(),
+        max_position_embeddings=CONTEXT_LENGTH,
+        bos_token_id=None,
+        eos_token_id=end_token_ids(raw),
+        pad_token_id=raw.token_to_id("<|endoftext|>"),
+        **shape,
+    )
+
+
+def end_token_ids(raw) -> list[int]:  # type: ignore[no-untyped-def]
+    """The ids that end a generation: ``<|im_end|>`` and ``<|endoftext|>``."""
+    return [raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")]
+
+
+def _train_tokenizer():  # type: ignore[no-untyped-def]
+    corpus = (Path(__file__).with_name("corpus.txt")).read_text(encoding="utf-8")
+    return train_bpe_tokenizer(corpus.splitlines(), VOCAB_SIZE)
+
+
+def _build(folder: Path) -> None:
+    import torch
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    raw = _train_tokenizer()
+    tokenizer = chat_tokenizer(raw)
+    eos_ids = end_token_ids(raw)
+    config = llama_config(
+        raw,
         hidden_size=128,
         intermediate_size=256,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=CONTEXT_LENGTH,
         initializer_range=0.3,
         tie_word_embeddings=False,
-        bos_token_id=None,
-        eos_token_id=eos_ids,
-        pad_token_id=raw.token_to_id("<|endoftext|>"),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
