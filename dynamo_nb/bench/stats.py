@@ -36,11 +36,22 @@ def group_keys(df: pd.DataFrame) -> list[str]:
     return ["label", level] if df["label"].nunique() > 1 else [level]
 
 
+def level_duration(group: pd.DataFrame) -> float:
+    """Seconds from a level's first send to its last answer (NaN for no requests)."""
+    if not len(group):
+        return math.nan
+    return float((group["sent_s"] + group["e2e_s"]).max() - group["sent_s"].min())
+
+
+def mean_gaps_s(df: pd.DataFrame) -> pd.Series:
+    """Each request's mean gap between tokens, in seconds (NaN for fewer than two tokens)."""
+    return df["itl_s"].map(lambda gaps: float(np.mean(gaps)) if isinstance(gaps, list) and gaps else math.nan)
+
+
 def level_summary(group: pd.DataFrame) -> dict[str, Any]:
     """The summary row of one level's requests."""
     ok = group[group["error"].isna()]
-    start = group["sent_s"].min()
-    duration = float((group["sent_s"] + group["e2e_s"]).max() - start) if len(group) else math.nan
+    duration = level_duration(group)
     gaps = [gap for gaps in ok["itl_s"] if isinstance(gaps, list) for gap in gaps]
     tokens = int(ok["output_tokens"].fillna(0).sum())
     row: dict[str, Any] = {"requests": len(group), "errors": int(group["error"].notna().sum())}
@@ -112,9 +123,7 @@ def save_csv(df: pd.DataFrame, path: str | Path) -> Path:
             "rate": df["rate"],
             "sent_ms": df["sent_s"] * 1000.0,
             "time_to_first_token_ms": df["ttft_s"] * 1000.0,
-            "inter_token_latency_ms": df["itl_s"].map(
-                lambda gaps: float(np.mean(gaps)) * 1000.0 if isinstance(gaps, list) and gaps else math.nan
-            ),
+            "inter_token_latency_ms": mean_gaps_s(df) * 1000.0,
             "request_latency_ms": df["e2e_s"] * 1000.0,
             "output_sequence_length": df["output_tokens"],
             "input_sequence_length": df["input_tokens"],

@@ -16,9 +16,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -28,6 +27,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+if TYPE_CHECKING:
+    from .admission import Admission
 
 __all__ = ["FrontendMetrics", "ModelMetrics"]
 
@@ -145,11 +147,11 @@ class FrontendMetrics:
             )
         return found
 
-    def watch_queue(self, model: str, waiting: Callable[[], int]) -> None:
-        """Report ``waiting()`` as ``model``'s queued requests (set once per model)."""
+    def watch_queue(self, model: str, admission: Admission) -> None:
+        """Report ``admission.waiting`` as ``model``'s queued requests (set up once per model)."""
         if model not in self._queues_watched:
             self._queues_watched.add(model)
-            self.queued.labels(model).set_function(waiting)
+            self.queued.labels(model).set_function(lambda: admission.waiting)
 
     def count_request(self, model: str, endpoint: str, request_type: str, status: str) -> None:
         """One finished HTTP request (``status``: success, error or cancelled)."""

@@ -195,7 +195,9 @@ class ModelManager:
                 logger.info("model %s: disaggregated serving, prefill at %s", card.name, card.endpoint)
             else:
                 await picker.stop()
-        instance_id = int(key.rsplit("/", 1)[-1], 16)
+        instance_id = _instance_of(key)
+        if instance_id is None:
+            raise ConfigError(f"the prefill card at {key!r} does not end with its instance id")
         router.add_worker(key, instance_id, card.runtime_config.disaggregated_endpoint)
         return router
 

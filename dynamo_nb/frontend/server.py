@@ -178,8 +178,7 @@ class Frontend:
         """
         served = self.models.get(model)
         if served is None:
-            known = ", ".join(sorted(m.name for m in self.models.live_models())) or "none yet"
-            raise ModelNotFoundError(f"model {model!r} not found; served models: {known}", param="model")
+            raise self._not_found(model)
         if not isinstance(router, Router):
             if not callable(router):
                 raise ConfigError(
@@ -284,11 +283,14 @@ class Frontend:
                 "the request body is nested too deeply; send a flat JSON object"
             ) from None
 
+    def _not_found(self, name: str) -> ModelNotFoundError:
+        known = ", ".join(sorted(m.name for m in self.models.live_models())) or "none yet"
+        return ModelNotFoundError(f"model {name!r} not found; served models: {known}", param="model")
+
     def _served(self, name: str, kind: str) -> ServedModel:
         model = self.models.get(name)
         if model is None:
-            known = ", ".join(sorted(m.name for m in self.models.live_models())) or "none yet"
-            raise ModelNotFoundError(f"model {name!r} not found; served models: {known}", param="model")
+            raise self._not_found(name)
         if not model.live:
             raise NoInstancesError(f"model {name!r} has no workers now; start one that registers it")
         if kind not in model.card.kinds:
@@ -359,7 +361,7 @@ class Frontend:
         outcome: _Outcome | None = None
         admitted = False
         try:
-            self.metrics.watch_queue(model.name, lambda: model.admission.waiting)
+            self.metrics.watch_queue(model.name, model.admission)
             await model.admission.enter(model.capacity())  # or OverloadedError: 503 at once
             admitted = True
             stream, first, plan = await self._open_planned(model, engine_request)

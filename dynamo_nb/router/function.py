@@ -54,9 +54,7 @@ class FunctionRouter(Router):
         self.picks: dict[int, int] = {}
 
     def pick(self, request: PreprocessedRequest) -> Route:
-        ids = self.client.instance_ids()
-        if not ids:
-            self.client.next_instance()  # raises NoInstancesError with the usual message
+        ids = self.client.available_ids()
         name = getattr(self.function, "__name__", repr(self.function))
         try:
             chosen = self.function(request, list(ids))

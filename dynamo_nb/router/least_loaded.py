@@ -62,9 +62,7 @@ class LeastLoadedRouter(Router):
         return limit is None or self.inflight[instance_id] < limit
 
     def pick(self, request: PreprocessedRequest) -> Route:
-        ids = self.client.instance_ids()
-        if not ids:
-            self.client.next_instance()  # raises NoInstancesError with the usual message
+        ids = self.client.available_ids()
         open_ids = [i for i in ids if self._has_room(i)] or ids
         candidates = self._random.sample(open_ids, min(2, len(open_ids)))
         chosen = min(candidates, key=lambda i: self.inflight[i])

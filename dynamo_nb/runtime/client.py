@@ -245,21 +245,28 @@ class Client:
             endpoint=str(self.endpoint.path),
         )
 
-    def next_instance(self) -> int:
-        """The id of the next instance in turn (round robin); `NoInstancesError` when there is none."""
+    def available_ids(self) -> list[int]:
+        """`instance_ids`, or `NoInstancesError` (saying how to wait for one) when there is none.
+
+        Example::
+
+            ids = client.available_ids()  # what a router picks from
+        """
         ids = self.instance_ids()
         if not ids:
             raise self._no_instances()
+        return ids
+
+    def next_instance(self) -> int:
+        """The id of the next instance in turn (round robin); `NoInstancesError` when there is none."""
+        ids = self.available_ids()
         instance_id = ids[self._next % len(ids)]
         self._next += 1
         return instance_id
 
     def random_instance(self) -> int:
         """The id of an instance drawn at random; `NoInstancesError` when there is none."""
-        ids = self.instance_ids()
-        if not ids:
-            raise self._no_instances()
-        return _random.choice(ids)
+        return _random.choice(self.available_ids())
 
     def round_robin(self, request: Any, *, context: Context | None = None) -> ResponseStream:
         """Send ``request`` to the next instance in turn."""
