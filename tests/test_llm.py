@@ -23,7 +23,7 @@ from dynamo_nb.llm import (
     register_llm,
     serve_llm,
 )
-from dynamo_nb.models import tiny
+from dynamo_nb.models import random_model
 
 
 def chat_ids(tok: ModelTokenizer, text: str) -> list[int]:
@@ -42,27 +42,36 @@ def tokens_of(items: list[Any]) -> list[int]:
     return [t for item in items for t in item["token_ids"]]
 
 
-# -- the built-in tiny model
+# -- the random model (the built-in tiny model is tested in test_tiny_model.py)
 
 
-def test_tiny_model_is_a_deterministic_hf_folder(tiny_path: Path, tmp_path: Path, monkeypatch: Any) -> None:
-    names = {p.name for p in tiny_path.iterdir()}
+@pytest.fixture(scope="module")
+def random_path() -> Path:
+    return random_model.random_model_path()
+
+
+def test_random_model_is_a_deterministic_hf_folder(
+    random_path: Path, tmp_path: Path, monkeypatch: Any
+) -> None:
+    names = {p.name for p in random_path.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= names
     monkeypatch.setenv("DYN_NB_CACHE_DIR", str(tmp_path))
-    rebuilt = tiny.tiny_model_path()
-    assert rebuilt.parent == tmp_path and rebuilt != tiny_path
+    rebuilt = random_model.random_model_path()
+    assert rebuilt.parent == tmp_path and rebuilt != random_path
     for name in ("model.safetensors", "tokenizer.json"):
-        digest = [hashlib.sha256((folder / name).read_bytes()).hexdigest() for folder in (tiny_path, rebuilt)]
+        digest = [
+            hashlib.sha256((folder / name).read_bytes()).hexdigest() for folder in (random_path, rebuilt)
+        ]
         assert digest[0] == digest[1], f"{name} differs between two builds"
-    assert tiny.tiny_model_path() == rebuilt  # cached: the second call builds nothing
+    assert random_model.random_model_path() == rebuilt  # cached: the second call builds nothing
 
 
-def test_tiny_model_loads_with_transformers_and_greedy_output_varies(tiny_path: Path) -> None:
+def test_random_model_loads_with_transformers_and_greedy_output_varies(random_path: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_path)
-    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    tokenizer = AutoTokenizer.from_pretrained(random_path)
+    model = AutoModelForCausalLM.from_pretrained(random_path)
     ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Tell me a story"}], add_generation_prompt=True, return_tensors="pt"
     )["input_ids"]

@@ -22,6 +22,7 @@ from dynamo_nb.bench import (
     run,
     save_csv,
     slo_attainment,
+    slo_chart,
     summary,
     ttft_itl_chart,
 )
@@ -49,9 +50,15 @@ async def test_a_rate_sweep_finds_the_highest_rate_within_the_slo_of_a_known_ser
     assert (table["goodput_req_per_s"] <= table["req_per_s"] + 1e-9).all()
     assert list(summary(df).index) == RATES  # the summary groups a rate sweep by rate
 
-    for chart in (pareto_chart(df), ttft_itl_chart(df)):
+    for chart in (pareto_chart(df), ttft_itl_chart(df), slo_chart(df, slo)):
         assert isinstance(chart, Chart) and chart.to_png().startswith(b"\x89PNG")
         assert all(ax.get_title() for ax in chart.axes)
+    # the SLO chart: TTFT p90 bars against the limit, then the share within it; misses in red
+    latency_ax, share_ax = slo_chart(df, slo).axes
+    red = (0.8392156862745098, 0.15294117647058825, 0.1568627450980392, 1.0)  # matplotlib's tab:red
+    missed = [patch.get_facecolor() == red for patch in share_ax.patches]
+    assert missed == [not ok for ok in table["within_slo"]]
+    assert [t.get_text() for t in latency_ax.get_xticklabels()] == ["10 req/s", "20 req/s", "400 req/s"]
     path = save_csv(df, tmp_path / "sweep.csv")
     back = pd.read_csv(path)
     assert len(back) == len(df) and {"time_to_first_token_ms", "inter_token_latency_ms", "rate"} <= set(

@@ -31,6 +31,7 @@ from .charts import (
     pareto_chart,
     path_chart,
     per_worker_chart,
+    slo_chart,
     throughput_chart,
     ttft_itl_chart,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "save_json",
     "shared_prefix_prompts",
     "slo_attainment",
+    "slo_chart",
     "summary",
     "throughput_chart",
     "ttft_itl_chart",

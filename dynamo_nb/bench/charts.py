@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..errors import ConfigError
+from .slo import SLO, slo_attainment
 from .stats import level_column, level_summary
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "pareto_chart",
     "path_chart",
     "per_worker_chart",
+    "slo_chart",
     "throughput_chart",
     "ttft_itl_chart",
 ]
@@ -192,6 +194,50 @@ def pareto_chart(df: pd.DataFrame) -> Chart:
 
 
 _CDF_METRICS = {"ttft": "ttft_s", "e2e": "e2e_s", "itl": "itl_s"}
+
+
+def slo_chart(df: pd.DataFrame, slo: SLO, attainment: float = 0.9) -> Chart:
+    """Each level (and label) of a sweep against ``slo``: the p90 of every limited latency
+    beside its limit, and the share of requests that met the SLO beside the ``attainment``
+    target; bars that miss are red.
+
+    Example::
+
+        bench.slo_chart(df, bench.SLO(ttft_ms=500))
+    """
+    table = slo_attainment(df, slo)
+    level = level_column(df)
+    unit = "" if level == "concurrency" else " req/s"
+    names = [
+        " · ".join(f"{v:g}{unit}" if isinstance(v, (int, float)) else str(v) for v in (k if isinstance(k, tuple) else (k,)))
+        for k in table.index
+    ]  # fmt: skip
+    limits = [(name, limit) for name, limit in (("ttft", slo.ttft_ms), ("itl", slo.itl_ms), ("e2e", slo.e2e_ms))
+              if limit is not None]  # fmt: skip
+    figure, axes = _chart(len(limits) + 1, width=4.2)
+    x = np.arange(len(names))
+    for ax, (name, limit) in zip(axes, limits, strict=False):
+        values = table[f"{name}_p90_ms"].astype(float).to_numpy()
+        ax.bar(x, values, color=["tab:red" if v > limit else "tab:green" for v in values])
+        ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"SLO {limit:g} ms")
+        ax.set_title(f"{name.upper()} p90 (ms)")
+        ax.set_ylabel("ms")
+        ax.legend(fontsize="small")
+    share = table["attainment"].astype(float).to_numpy() * 100.0
+    share_ax = axes[-1]
+    share_ax.bar(x, share, color=["tab:green" if v >= attainment * 100 else "tab:red" for v in share])
+    share_ax.axhline(
+        attainment * 100, color="black", linestyle="--", linewidth=1, label=f"target {attainment:.0%}"
+    )
+    share_ax.set_title("requests within the SLO (%)")
+    share_ax.set_ylabel("%")
+    share_ax.set_ylim(0, 105)
+    share_ax.legend(fontsize="small", loc="lower left")
+    for ax in axes:
+        ax.set_xticks(x, names, rotation=30 if len(names) > 4 else 0, fontsize="small")
+        ax.grid(True, axis="y", alpha=0.3)
+    figure.suptitle(f"SLO: {slo}", fontsize="medium")
+    return figure
 
 
 def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pandas as pd
-from tqdm.auto import tqdm
 
 from ..errors import ConfigError, NoInstancesError
 from .client import RECORD_COLUMNS, send_request
+from .progress import progress_bar
 from .prompts import Prompt, as_prompts
 
 if TYPE_CHECKING:
@@ -126,7 +126,7 @@ async def run(
         warmup: requests sent (and not recorded) before the first level.
         new_connection: open a new TCP connection for every request (connect time counts in
             TTFT, as for clients that do not keep connections alive); default keep-alive.
-        progress: a ``tqdm.auto`` progress bar.
+        progress: a progress bar (a widget in a notebook, tqdm on a terminal).
         live: a `LiveChart` (see `live`) redrawn while the run goes.
         seed: the seed of the arrival times of a rate sweep.
 
@@ -184,7 +184,7 @@ async def run(
 
         for i in range(warmup):
             await one(i, 1)
-        bar = tqdm(total=sum(counts), desc="bench", unit="req", disable=not progress, leave=True)
+        bar = progress_bar(total=sum(counts), desc="bench", enabled=progress)
         if live is not None:
             live.start(records)
         try:

@@ -198,6 +198,10 @@ class BootstrapServer:
             DisaggregationError,
         ) as exc:
             logger.debug("bootstrap connection dropped: %r", exc)
+        except asyncio.CancelledError:
+            # stop() closes the connections it holds; ending here (not re-raising) keeps asyncio's
+            # stream callback from logging the cancellation as an error at every shutdown
+            return
         finally:
             if task is not None:
                 self._connections.discard(task)

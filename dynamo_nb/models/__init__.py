@@ -1,16 +1,17 @@
-"""Models that need no download: the built-in tiny model (random weights, built on first use)
-and the readable model (trained on the standard library's docstrings, shipped).
+"""Models that need no download: the built-in tiny model (a small Llama trained by this project
+on the standard library's docstrings, shipped in the package) and a random-weight model that
+tests use (built on first use).
 
 Example:
     >>> from dynamo_nb.models import tiny_model_path
-    >>> path = tiny_model_path()        # built on first use (a second), then cached
+    >>> path = tiny_model_path()
     >>> (path / "config.json").is_file(), (path / "tokenizer.json").is_file()
     (True, True)
 """
 
 from __future__ import annotations
 
-from .readable_model import READABLE_MODEL_NAME, readable_model_path
-from .tiny import TINY_MODEL_NAME, tiny_model_path
+from .random_model import RANDOM_MODEL_NAME, random_model_path
+from .tiny_model import TINY_MODEL_NAME, tiny_model_path
 
-__all__ = ["READABLE_MODEL_NAME", "TINY_MODEL_NAME", "readable_model_path", "tiny_model_path"]
+__all__ = ["RANDOM_MODEL_NAME", "TINY_MODEL_NAME", "random_model_path", "tiny_model_path"]

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import InvalidHandlerError, error_details
+from ..errors import DynamoNBError, InvalidHandlerError, error_details
 from .context import Context
 from .instance import Instance
 from .planes.wire import ErrorCode
@@ -207,9 +207,12 @@ class EndpointServer:
             raise
         except Exception as exc:
             self.errors_total += 1
+            # one of ours (a peer gone, a bad request) says what happened in its message; anything
+            # else may be a bug in the handler: its traceback goes with it
             logger.warning(
-                "handler of %s raised %s: %s", self.endpoint.path, type(exc).__name__, exc, exc_info=True
-            )
+                "handler of %s raised %s: %s", self.endpoint.path, type(exc).__name__, exc,
+                exc_info=not isinstance(exc, DynamoNBError),
+            )  # fmt: skip
             sink.error(ErrorCode.HANDLER, type(exc).__name__, str(exc), error_details(exc))
         finally:
             if context.is_stopped():

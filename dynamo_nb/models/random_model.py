@@ -1,9 +1,11 @@
-"""The built-in tiny model: a random-weight Llama and a byte-level BPE tokenizer, built locally.
+"""The random model: a random-weight Llama and a byte-level BPE tokenizer, built locally; and
+the tokenizer and config recipe it shares with the built-in tiny model's training.
 
-It is built on first use (about a second, no network), deterministically, and cached in the
+Tests use it where a model whose build is checked byte for byte matters, or as the contrast
+to the trained tiny model (`dynamo_nb.models.tiny_model_path`). It is built on first use (about a second, no network), deterministically, and cached in the
 user cache folder (``$DYN_NB_CACHE_DIR``, else ``$XDG_CACHE_HOME/dynamo_nb``, else
 ``~/.cache/dynamo_nb``) as an ordinary Hugging Face model folder, so anything that takes a
-model folder takes it: ``AutoModelForCausalLM.from_pretrained(tiny_model_path())``.
+model folder takes it: ``AutoModelForCausalLM.from_pretrained(random_model_path())``.
 
 Its weights are random (``initializer_range=0.3`` so that greedy outputs vary instead of
 repeating one token): the text it writes is gibberish, but it is real model execution with a
@@ -18,9 +20,9 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["TINY_MODEL_NAME", "cache_dir", "tiny_model_path"]
+__all__ = ["RANDOM_MODEL_NAME", "cache_dir", "random_model_path"]
 
-TINY_MODEL_NAME = "tiny-llama"
+RANDOM_MODEL_NAME = "random-llama"
 _VERSION = "v1"  # bump when the recipe changes: a new folder is built next to the old one
 _DONE_MARKER = ".dynamo_nb_complete"
 
@@ -44,17 +46,17 @@ def cache_dir() -> Path:
     return Path(base) / "dynamo_nb"
 
 
-def tiny_model_path() -> Path:
-    """The folder of the built-in tiny model, built on the first call.
+def random_model_path() -> Path:
+    """The folder of the random model, built on the first call.
 
     Needs ``torch`` and ``transformers`` (``pip install -e ".[hf]"``) the first time.
 
     Example::
 
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
+        model = AutoModelForCausalLM.from_pretrained(random_model_path())
     """
-    target = cache_dir() / f"{TINY_MODEL_NAME}-{_VERSION}"
+    target = cache_dir() / f"{RANDOM_MODEL_NAME}-{_VERSION}"
     if (target / _DONE_MARKER).exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
-"""The readable model writes words: greedy completions of five fixed prompts (English, Python,
-chat) are mostly words and names found in the standard library's text, where the random tiny
+"""The built-in tiny model writes words: greedy completions of five fixed prompts (English,
+Python, chat) are mostly words and names found in the standard library's text, where the random
 model's are mostly not (the same check, so it can fail); it is a small Llama folder that the
 hf engine serves, and its chat answers end by themselves."""
 
@@ -16,7 +16,7 @@ from helpers import collect, req
 
 from dynamo_nb.engines import HFEngine
 from dynamo_nb.llm import ModelTokenizer
-from dynamo_nb.models import readable_model_path, tiny_model_path
+from dynamo_nb.models import random_model_path, tiny_model_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,15 +69,15 @@ def share_of_words(texts: list[str]) -> float:
     return sum(w in dictionary() for w in words) / max(len(words), 1)
 
 
-async def test_the_readable_model_writes_words_and_the_random_one_does_not() -> None:
-    readable = await completions(readable_model_path())
-    assert all(text.strip() for text in readable), readable
-    assert share_of_words(readable) >= 0.8, readable
-    assert share_of_words(await completions(tiny_model_path())) < 0.6  # the check tells noise apart
+async def test_the_tiny_model_writes_words_and_the_random_one_does_not() -> None:
+    tiny = await completions(tiny_model_path())
+    assert all(text.strip() for text in tiny), tiny
+    assert share_of_words(tiny) >= 0.8, tiny
+    assert share_of_words(await completions(random_model_path())) < 0.6  # the check tells noise apart
 
 
-def test_the_readable_model_is_a_small_llama_folder_with_its_training_record() -> None:
-    folder = readable_model_path()
+def test_the_tiny_model_is_a_small_llama_folder_with_its_training_record() -> None:
+    folder = tiny_model_path()
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["model_type"] == "llama"
     size = sum(path.stat().st_size for path in folder.iterdir())

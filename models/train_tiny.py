@@ -1,4 +1,4 @@
-"""Train the readable built-in model: a small Llama that writes plausible English and Python.
+"""Train the built-in tiny model: a small Llama that writes plausible English and Python.
 
 Data: the docstrings of this Python's standard library (PSF license), read with ``ast`` from
 the ``.py`` files of ``sysconfig.get_paths()["stdlib"]`` (not ``site-packages``, not the test
@@ -7,12 +7,12 @@ ChatML conversation whose user asks what the documented name does, so chat compl
 answer in the same register and end with ``<|im_end|>``.
 
 Model: the byte-level BPE tokenizer (2048 tokens, the same special tokens and chat template
-as the random tiny model) trained on that text, and a Llama (4 layers, hidden 160, tied
+as the random model) trained on that text, and a Llama (4 layers, hidden 160, tied
 embeddings, about 1.6 M parameters) trained from seed 0 with AdamW on 128-token windows.
 The folder it writes is an ordinary Hugging Face model folder (vLLM loads it too); the
-package ships the result in ``dynamo_nb/models/readable/``.
+package ships the result in ``dynamo_nb/models/tiny_llama/``.
 
-    python models/train_readable.py [--steps 3000] [--out dynamo_nb/models/readable]
+    python models/train_tiny.py [--steps 3000] [--out dynamo_nb/models/tiny_llama]
 
 It prints the loss every 100 steps and greedy samples at the end, and writes
 ``training.json`` (data, steps, losses, time) into the folder.
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dynamo_nb.models.tiny import chat_tokenizer, end_token_ids, llama_config, train_bpe_tokenizer  # noqa: E402
+from dynamo_nb.models.random_model import chat_tokenizer, end_token_ids, llama_config, train_bpe_tokenizer  # noqa: E402
 
 VOCAB_SIZE = 2048
 WINDOW = 128
@@ -86,7 +86,7 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--out", type=Path, default=ROOT / "dynamo_nb" / "models" / "readable")
+    parser.add_argument("--out", type=Path, default=ROOT / "dynamo_nb" / "models" / "tiny_llama")
     args = parser.parse_args()
 
     import torch

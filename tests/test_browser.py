@@ -1,0 +1,260 @@
+"""The notebooks in a real JupyterLab, driven by Playwright in Debian's Chromium.
+
+For each notebook: open it, clear its outputs, run all cells, then check what a reader sees —
+no error outputs, every widget rendered (no "Error displaying widget" / "Loading widget..."),
+every chart an image — and that shutting the kernel down from JupyterLab stops every process
+the notebook launched (the test leaves one running on purpose first). Screenshots go to
+``notebooks/build/browser/``.
+
+It runs where ``.ci/run`` runs it (``DYN_NB_BROWSER=1``, with ``jupyterlab``, ``playwright``
+and a ``chromium`` binary installed) and is skipped with the reason elsewhere. The notebooks
+run from a copy (so JupyterLab never writes to the repository's files), next to links to the
+repository's other folders, so their relative paths resolve as they do in ``notebooks/``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import NEEDS_VLLM, ROOT, free_port, pid_alive, vllm_notebook_skip_reason
+
+BROWSER_OPT_IN = "DYN_NB_BROWSER"
+CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+SCREENSHOTS = ROOT / "notebooks" / "build" / "browser"
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+BROKEN_WIDGET_TEXTS = ("Error displaying widget", "Loading widget...")
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium binary (Playwright's own browser download cannot work offline)."""
+    explicit = os.environ.get("DYN_NB_CHROMIUM")
+    candidates = (explicit,) if explicit else CHROMIUM_CANDIDATES
+    return next((path for path in candidates if path and os.access(path, os.X_OK)), None)
+
+
+def browser_skip_reason() -> str | None:
+    """Why the test cannot run here, or None. Asked for (``DYN_NB_BROWSER=1``) it fails instead
+    of skipping when something is missing, so CI cannot pass without it."""
+    if os.environ.get(BROWSER_OPT_IN) != "1":
+        return f"the browser test runs in .ci/run's second step ({BROWSER_OPT_IN}=1)"
+    missing = [
+        name for name in ("jupyterlab", "playwright", "psutil") if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        pytest.fail(f'{BROWSER_OPT_IN}=1 but {", ".join(missing)} missing: pip install -e ".[browser]"')
+    if chromium_path() is None:
+        pytest.fail(
+            f"{BROWSER_OPT_IN}=1 but no chromium binary: apt-get install -y chromium (or set DYN_NB_CHROMIUM)"
+        )
+    return None
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """JupyterLab on 127.0.0.1 serving a copy of the notebooks, autosave off, its app exposed
+    to the page (``window.jupyterapp``) so the test can run commands and read cell models."""
+    reason = browser_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("lab")
+    for entry in ROOT.iterdir():
+        if entry.name not in ("notebooks", ".git") and not entry.name.startswith("."):
+            (work / entry.name).symlink_to(entry)
+    (work / "notebooks").mkdir()
+    for notebook in NOTEBOOKS:
+        shutil.copy(notebook, work / "notebooks" / notebook.name)
+    settings = work.parent / f"{work.name}-settings"
+    autosave = settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings"
+    autosave.parent.mkdir(parents=True)
+    autosave.write_text('{"autosave": false}\n')
+    news = settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
+    windowing = settings / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
+    windowing.parent.mkdir(parents=True)
+    windowing.write_text('{"windowingMode": "none"}\n')  # every cell in the page, not only those in view
+    port, token = free_port(), "dynamo-nb-browser-test"
+    log = open(work.parent / f"{work.name}-lab.log", "wb")
+    server = subprocess.Popen(
+        [
+            sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={work}", "--ServerApp.allow_root=True", "--LabApp.expose_app_in_browser=True",
+            f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={settings}",
+        ],
+        stdout=log, stderr=subprocess.STDOUT, cwd=work,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2):
+                    break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("JupyterLab did not start:\n" + Path(log.name).read_text()[-3000:])
+                time.sleep(0.5)
+        yield {"base": base, "token": token, "work": work, "server": server}
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def browser(lab: dict[str, Any]) -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=chromium_path(), headless=True, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+# JavaScript run in the page: the open notebook's panel, and its cells as nbformat JSON.
+PANEL = "window.jupyterapp.shell.currentWidget"
+READY = f"""() => {{
+    const panel = window.jupyterapp && {PANEL};
+    const kernel = panel && panel.sessionContext && panel.sessionContext.session
+        && panel.sessionContext.session.kernel;
+    return !!(panel && panel.content && panel.context.isReady && kernel && kernel.status === 'idle');
+}}"""
+CELLS = f"""() => {{
+    const cells = {PANEL}.content.model.cells;
+    const out = [];
+    for (let i = 0; i < cells.length; i++) out.push(cells.get(i).toJSON());
+    return out;
+}}"""
+RUN_ALL = """() => {
+    window.__dynRunAll = null;
+    window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')
+        .then(() => window.jupyterapp.commands.execute('notebook:run-all-cells'))
+        .then(ok => { window.__dynRunAll = {ok: ok}; }, err => { window.__dynRunAll = {error: String(err)}; });
+}"""
+# Run code in the notebook's kernel without adding a cell; resolves with its stdout.
+EXECUTE = f"""async code => {{
+    const kernel = {PANEL}.sessionContext.session.kernel;
+    const future = kernel.requestExecute({{code: code}});
+    let text = '';
+    future.onIOPub = msg => {{ if (msg.header.msg_type === 'stream') text += msg.content.text; }};
+    await future.done;
+    return text;
+}}"""
+# A process launched the way the notebooks launch theirs, left running on purpose.
+LEAVE_ONE_RUNNING = """
+import os, sys
+from dynamo_nb import launch
+_left_running = await launch(sys.executable, "-c",
+    "import time; print('READY', flush=True); time.sleep(600)", name="left-running", show_logs=False)
+print(os.getpid(), _left_running.pid)
+"""
+
+
+def widget_views(page: Any) -> list[dict[str, Any]]:
+    """Every output area of the open notebook that the widget renderer drew (the others carry
+    their MIME type): whether it holds a widget view, and its text."""
+    return page.evaluate(
+        f"""() => Array.from({PANEL}.node.querySelectorAll('.jp-OutputArea-output'))
+            .filter(n => !n.dataset.mimeType)
+            .map(n => ({{view: !!n.querySelector('.jupyter-widgets'), text: n.innerText}}))"""
+    )
+
+
+def descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def browser_notebooks() -> list[Any]:
+    params = []
+    for notebook in NOTEBOOKS:
+        marks = []
+        if notebook.stem in NEEDS_VLLM:
+            reason = vllm_notebook_skip_reason()
+            if reason is not None:
+                marks.append(pytest.mark.skip(reason=reason))
+        params.append(pytest.param(notebook.name, marks=marks, id=notebook.stem))
+    return params
+
+
+@pytest.mark.parametrize("name", browser_notebooks())
+def test_notebook_runs_in_jupyterlab(name: str, lab: dict[str, Any], browser: Any) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    problems: list[str] = []
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    try:
+        # reset: a fresh workspace, with only this notebook open
+        page.goto(f"{lab['base']}/lab/tree/notebooks/{name}?reset&token={lab['token']}")
+        page.wait_for_function(READY, timeout=90_000)
+        page.evaluate(RUN_ALL)
+        page.wait_for_function("() => window.__dynRunAll !== null", timeout=840_000, polling=500)
+        finished = page.evaluate("() => window.__dynRunAll")
+        page.wait_for_timeout(1500)  # the last widget views and images render
+        page.screenshot(path=str(SCREENSHOTS / f"{Path(name).stem}.png"))
+        cells = page.evaluate(CELLS)
+
+        code = [cell for cell in cells if cell["cell_type"] == "code" and "".join(cell["source"]).strip()]
+        outputs = [output for cell in code for output in cell.get("outputs", [])]
+        errors = [f"{o.get('ename')}: {o.get('evalue')}" for o in outputs if o["output_type"] == "error"]
+        assert not errors, f"{name}: error outputs {errors}"
+        assert finished == {"ok": True}, f"{name}: run all cells ended with {finished}"
+        assert all(cell.get("execution_count") for cell in code), f"{name}: a code cell did not run"
+
+        widgets = [o for o in outputs if WIDGET_MIME in o.get("data", {})]
+        views = widget_views(page)
+        assert len(views) == len(widgets), f"{name}: {len(widgets)} widget outputs, {len(views)} drawn"
+        broken = [
+            v["text"] for v in views if not v["view"] or any(bad in v["text"] for bad in BROKEN_WIDGET_TEXTS)
+        ]
+        assert not broken, f"{name}: widgets did not render: {broken}"
+        text = page.evaluate(f"() => {PANEL}.node.innerText")
+        assert not [bad for bad in BROKEN_WIDGET_TEXTS if bad in text], f"{name}: a widget did not render"
+
+        charts = [
+            o
+            for o in outputs
+            if str(o.get("data", {}).get("text/plain", "")).startswith(("<Chart", "<Figure"))
+        ]
+        assert all("image/png" in o["data"] for o in charts), f"{name}: a chart came out as text"
+        images = sum("image/png" in o.get("data", {}) for o in outputs)
+        shown = page.evaluate(f"() => {PANEL}.node.querySelectorAll('.jp-RenderedImage img').length")
+        assert shown == images, f"{name}: {images} images in the outputs, {shown} shown"
+
+        kernel_pid, left_pid = map(int, page.evaluate(EXECUTE, LEAVE_ONE_RUNNING).split())
+        launched = descendants(kernel_pid)
+        assert left_pid in launched
+        page.evaluate(f"() => {PANEL}.sessionContext.shutdown()")
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and any(pid_alive(pid) for pid in [kernel_pid, *launched]):
+            time.sleep(0.2)
+        left = [pid for pid in [kernel_pid, *launched] if pid_alive(pid)]
+        assert not left, f"{name}: still running after the kernel shut down from JupyterLab: {left}"
+        assert not problems, problems
+    finally:
+        page.close()
