@@ -24,10 +24,11 @@ RuntimeFactory = Callable[[str], Awaitable[DistributedRuntime]]
 
 NEEDS_VLLM = {"06_serving_with_vllm"}  # notebooks that start vLLM engines
 
-# Each notebook's exported program runs from notebooks/ in the default run; from the repository
-# root too only for the quick ones there, and for all of them with this variable at 1 (.ci/run's
-# second step sets it): running every export twice would take the default run past its budget.
-EXPORT_FROM_ROOT_OPT_IN = "DYN_NB_EXPORT_FROM_ROOT"
+# The default run runs the exported programs of the quick notebooks, from notebooks/ and from the
+# repository root; with this variable at 1 (.ci/run's second step sets it) every notebook's, from
+# both. nbval runs every notebook in the default run either way: running each notebook's program
+# as well would take the default run past its budget on 2 cores.
+EXPORT_ALL_OPT_IN = "DYN_NB_EXPORT_ALL"
 QUICK_EXPORTS = {"01_runtime_basics", "02_serving_an_llm"}
 
 

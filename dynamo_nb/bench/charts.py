@@ -100,7 +100,7 @@ def ttft_itl_chart(df: pd.DataFrame) -> Chart:
                     color=color,
                     label=name,
                 )
-    for ax, title in ((ttft_ax, "time to first token"), (itl_ax, "inter-token latency")):
+    for ax, title in ((ttft_ax, "time to first token (ms)"), (itl_ax, "inter-token latency (ms)")):
         ax.set_title(title)
         ax.set_ylabel("ms")
         _concurrency_axis(ax, levels, level)
@@ -119,8 +119,8 @@ def throughput_chart(df: pd.DataFrame) -> Chart:
         req_ax.plot(table["level"], table["req_per_s"], marker="o", color=color, label=label or None)
         tok_ax.plot(table["level"], table["output_tok_per_s"], marker="o", color=color, label=label or None)
     for ax, title, unit in (
-        (req_ax, "requests per second", "req/s"),
-        (tok_ax, "output tokens per second", "tok/s"),
+        (req_ax, "requests per second (req/s)", "req/s"),
+        (tok_ax, "output tokens per second (tok/s)", "tok/s"),
     ):
         ax.set_title(title)
         ax.set_ylabel(unit)
@@ -180,10 +180,10 @@ def pareto_chart(df: pd.DataFrame) -> Chart:
                         xytext=(4, 4),
                         fontsize="x-small",
                     )
-    latency_ax.set_title("throughput against p90 time to first token")
+    latency_ax.set_title("output tok/s against TTFT p90 (ms)")
     latency_ax.set_xlabel("TTFT p90 (ms)")
     latency_ax.set_ylabel("output tokens/s")
-    user_ax.set_title("per-user speed against throughput")
+    user_ax.set_title("tok/s per user against output tok/s")
     user_ax.set_xlabel("output tokens/s")
     user_ax.set_ylabel("tokens/s per user")
     for ax in (latency_ax, user_ax):
@@ -265,7 +265,7 @@ def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:
         return figure
     ax.set_title(
         {"ttft": "time to first token", "e2e": "end-to-end latency", "itl": "inter-token latency"}[metric]
-        + " CDF"
+        + " CDF (ms)"
     )
     ax.set_xlabel("ms")
     ax.set_ylabel("fraction")
@@ -296,8 +296,8 @@ def per_worker_chart(df: pd.DataFrame) -> Chart:
         ttft_ax.bar(offset, ttft.to_numpy(), width, color=color, label=label or None)
     names = [w if len(w) <= 8 else "…" + w[-6:] for w in workers]  # ids often share a prefix
     for ax, title, unit in (
-        (count_ax, "requests per worker", "requests"),
-        (ttft_ax, "median TTFT per worker", "ms"),
+        (count_ax, "requests per worker (count)", "requests"),
+        (ttft_ax, "median TTFT per worker (ms)", "ms"),
     ):
         ax.set_title(title)
         ax.set_ylabel(unit)
@@ -331,7 +331,7 @@ def path_chart(df: pd.DataFrame) -> Chart:
         for x, (count, value) in enumerate(zip([len(v) for v in values], p50, strict=True)):
             ax.text(x, value / 2, f"{value:.1f} ms\nn={count}", ha="center", va="center", fontsize="small",
                     color="white")  # fmt: skip
-        ax.set_title(f"{title} by path (p50, whisker to p99)")
+        ax.set_title(f"{title} by path (ms; p50, whisker to p99)")
         ax.set_ylabel("ms")
         ax.grid(True, axis="y", alpha=0.3)
     return figure

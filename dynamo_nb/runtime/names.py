@@ -27,9 +27,9 @@ def validate_name(kind: str, name: object, *, path: str | None = None) -> str:
     if not name:
         raise InvalidNameError(f"{kind} name is empty{where}: use one or more of {ALLOWED_CHARACTERS}")
     if _NAME.fullmatch(name) is None:
-        bad = "".join(sorted({ch for ch in name if _NAME.fullmatch(ch) is None}))
+        bad = " and ".join(repr(ch) for ch in dict.fromkeys(ch for ch in name if _NAME.fullmatch(ch) is None))
         raise InvalidNameError(
-            f"invalid {kind} name {name!r}{where}: {bad!r} not allowed; use only {ALLOWED_CHARACTERS}"
+            f"invalid {kind} name {name!r}{where}: {bad} not allowed; use only {ALLOWED_CHARACTERS}"
         )
     return name
 
