@@ -10,9 +10,11 @@ and the last cell, an entry point, runs the script's ``main`` only outside a ker
 
 from __future__ import annotations
 
+import functools
 import sys
+from typing import Any
 
-__all__ = ["NOTEBOOK_ONLY_TAG", "in_notebook"]
+__all__ = ["NOTEBOOK_ONLY_TAG", "in_notebook", "widget_with_plain_text"]
 
 NOTEBOOK_ONLY_TAG = "notebook-only"
 
@@ -29,3 +31,32 @@ def in_notebook() -> bool:
         return False
     shell = ipython.get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def widget_with_plain_text(widget_class: type, plain_text: str, *args: Any, **kwargs: Any) -> Any:
+    """An instance of the ipywidgets class ``widget_class`` (built with ``args`` and ``kwargs``)
+    whose plain-text form is ``plain_text``: what a notebook shows before its widgets render
+    (a fresh, untrusted open) and what nbval compares, instead of the widget's field dump.
+
+    Example::
+
+        box = widget_with_plain_text(widgets.HBox, "bench: 64 requests", [label, bar])
+        display(box)
+    """
+    widget = _plain_text_subclass(widget_class)(*args, **kwargs)
+    widget.plain_text = plain_text
+    return widget
+
+
+@functools.cache
+def _plain_text_subclass(widget_class: type) -> type:
+    """One subclass per widget class, made on first use (ipywidgets is imported by the caller)."""
+
+    class PlainText(widget_class):  # type: ignore[misc, valid-type]
+        plain_text = ""
+
+        def __repr__(self) -> str:
+            return self.plain_text or super().__repr__()
+
+    PlainText.__name__ = PlainText.__qualname__ = f"{widget_class.__name__}WithPlainText"
+    return PlainText

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from ..notebook import in_notebook
+from ..notebook import in_notebook, widget_with_plain_text
 
 __all__ = ["ProgressBar", "progress_bar"]
 
@@ -40,17 +40,17 @@ class WidgetProgress:
         import ipywidgets as widgets
         from IPython.display import display
 
-        class ProgressBox(widgets.HBox):  # type: ignore[misc]
-            def __repr__(self) -> str:
-                return f"{desc}: {total} requests (a progress bar while the sweep runs)"
-
         self._total = total
         self._done = 0
         self._start = time.perf_counter()
         self._label = widgets.Label(desc)
         self._bar = widgets.IntProgress(value=0, min=0, max=max(total, 1))
         self._count = widgets.Label(f"0/{total}")
-        self._box = ProgressBox([self._label, self._bar, self._count])
+        self._box = widget_with_plain_text(
+            widgets.HBox,
+            f"{desc}: {total} requests (a progress bar while the sweep runs)",
+            [self._label, self._bar, self._count],
+        )
         display(self._box)
 
     def update(self, n: int = 1) -> None:

@@ -6,6 +6,8 @@ import asyncio
 from collections import deque
 from typing import Protocol
 
+from ..notebook import widget_with_plain_text
+
 __all__ = ["LogSink", "StdoutLog", "WidgetLog", "log_sink"]
 
 
@@ -47,9 +49,12 @@ class WidgetLog:
         self._interval = interval
         self._pending = False
         self._output = widgets.Output(layout=widgets.Layout(border="1px solid #ddd"))
-        self._box = _log_box_class()(children=[self._output], titles=(title,), selected_index=0)
-        self._box.plain_text = (
-            f"[{title}] live output in a widget while the notebook runs; whole log in a file"
+        self._box = widget_with_plain_text(
+            widgets.Accordion,
+            f"[{title}] live output in a widget while the notebook runs; whole log in a file",
+            children=[self._output],
+            titles=(title,),
+            selected_index=0,
         )
         self._draw()
         display(self._box)
@@ -68,20 +73,6 @@ class WidgetLog:
         self._pending = False
         text = "\n".join([self._header, *self._lines]) + "\n"
         self._output.outputs = ({"output_type": "stream", "name": "stdout", "text": text},)
-
-
-def _log_box_class() -> type:
-    """An Accordion whose plain-text form (what a notebook shows before its widgets render, and
-    what nbval compares) is one readable line instead of the widget's field dump."""
-    import ipywidgets as widgets
-
-    class LogBox(widgets.Accordion):  # type: ignore[misc]
-        plain_text = ""
-
-        def __repr__(self) -> str:
-            return self.plain_text or super().__repr__()
-
-    return LogBox
 
 
 def log_sink(show: bool, in_notebook: bool, name: str, title: str, log_path: str) -> LogSink | None:
