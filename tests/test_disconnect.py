@@ -51,11 +51,11 @@ async def test_a_client_leaving_mid_stream_stops_both_legs(
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
         async with http.stream("POST", "/v1/chat/completions", json=body) as response:
             assert response.headers["x-dynamo-path"] == "fast"
+            # hold the line iterator: a dropped one is closed at once, which closes the stream
+            lines = response.aiter_lines()
             events = 0
-            async for line in response.aiter_lines():
-                events += line.startswith("data: ")
-                if events == 5:
-                    break
+            while events < 5:
+                events += (await anext(lines)).startswith("data: ")
             before = await stats(decode_stats)
             assert before["active"] == 1
         left = time.perf_counter()  # the client closed its connection
