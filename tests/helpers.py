@@ -15,6 +15,7 @@ from dynamo_nb import DistributedRuntime
 ROOT = Path(__file__).resolve().parents[1]
 ECHO_WORKER = ROOT / "components" / "echo_worker.py"
 HF_WORKER = ROOT / "components" / "hf_worker.py"
+MOCKER_WORKER = ROOT / "components" / "mocker_worker.py"
 FRONTEND = ROOT / "components" / "frontend.py"
 
 # (discovery, request plane): every combination a user can pick.

@@ -1,4 +1,4 @@
-"""Admission control across real processes: a worker with ``--max-num-seqs 1`` behind a
+"""Admission control across real processes: a mocker worker with ``--max-num-seqs 1`` behind a
 frontend with ``--max-queue 1``: one request runs, one waits, the next gets a 503 at once
 with ``Retry-After`` and OpenAI's error body; the waiting one is served when the slot frees.
 And the least-loaded router skips an instance at its limit."""
@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import FRONTEND, HF_WORKER, RuntimeFactory, free_port, metric_value
+from helpers import FRONTEND, MOCKER_WORKER, RuntimeFactory, free_port, metric_value
 
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.llm import PreprocessedRequest, engine_handler
@@ -31,10 +31,14 @@ async def test_a_full_worker_and_a_full_queue_give_503_with_retry_after(
     services: Any, start_worker: Any
 ) -> None:
     flags = ["--discovery", services.etcd_url]
-    await start_worker(*flags, "--endpoint", "adm.backend.generate", "--max-num-seqs", "1", script=HF_WORKER)
+    # the mocker at real speed (~6 ms a token): the first request holds the slot for seconds,
+    # however fast this machine decodes (a real engine runs ahead of a client that stops reading)
+    await start_worker(
+        *flags, "--endpoint", "adm.backend.generate", "--max-num-seqs", "1", script=MOCKER_WORKER
+    )
     port = free_port()
     await start_worker(*flags, "--http-port", str(port), "--max-queue", "1", script=FRONTEND)
-    body = {"model": "tiny-llama", "messages": HI, "max_tokens": 800, "ignore_eos": True, "temperature": 0}
+    body = {"model": "tiny-llama", "messages": HI, "max_tokens": 1000, "ignore_eos": True, "temperature": 0}
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
         for _ in range(100):
             if (await http.get("/v1/models")).json()["data"]:

@@ -67,10 +67,10 @@ async def test_records_have_every_column_and_the_injected_delays(sweep: pd.DataF
     assert sweep["prompt"].iloc[:5].tolist() == [f"random-{i}" for i in range(5)]
     # a token cannot arrive before the server sends it: the injected delays are lower bounds
     assert (sweep["ttft_s"] >= TTFT).all()
-    assert sweep["ttft_s"].median() < TTFT + 0.03
+    assert sweep["ttft_s"].median() < TTFT * 3  # loose: a busy host delays, it does not triple
     gaps = [g for gaps in sweep["itl_s"] for g in gaps]
     assert all(len(g) == TOKENS - 1 for g in sweep["itl_s"])
-    assert abs(statistics.median(gaps) - ITL) < 0.004  # medians: a stalled machine moves a few, not half
+    assert ITL / 2 < statistics.median(gaps) < ITL * 3  # gaps between tokens, not sums or zeros
     assert (sweep["e2e_s"] >= sweep["ttft_s"] + sweep["itl_s"].map(sum) - 1e-6).all()
     assert (sweep["output_tokens"] == TOKENS).all() and (sweep["input_tokens"] == 8).all()
     assert set(sweep["worker"]) == {"5eed0000", "5eed0001"} and set(sweep["path"]) == {"aggregated"}
@@ -85,13 +85,19 @@ async def test_summary_percentiles_and_throughput(sweep: pd.DataFrame) -> None:
     for level, row in table.iterrows():
         assert row["ttft_p50_ms"] <= row["ttft_p90_ms"] <= row["ttft_p99_ms"]
         assert TTFT * 1000 <= row["ttft_p50_ms"] < TTFT * 1000 * 3
-        assert abs(row["itl_p50_ms"] - ITL * 1000) < 4
+        assert ITL * 1000 / 2 < row["itl_p50_ms"] < ITL * 1000 * 3
         group = sweep[sweep.concurrency == level]
         wall = (group.sent_s + group.e2e_s).max() - group.sent_s.min()
         assert row["req_per_s"] == pytest.approx(8 / wall)
         assert row["output_tok_per_s"] == pytest.approx(8 * TOKENS / wall)
-    # four clients at once finish the same work faster than one
-    assert table.loc[4, "req_per_s"] > 2 * table.loc[1, "req_per_s"]
+    # closed loop: at most `concurrency` requests in flight, and at 4 the first four overlap
+    assert {level: most_in_flight(sweep[sweep.concurrency == level]) for level in (1, 4)} == {1: 1, 4: 4}
+
+
+def most_in_flight(group: pd.DataFrame) -> int:
+    """The most requests in flight at any request's send time (each runs from sent_s to sent_s + e2e_s)."""
+    ends = group.sent_s + group.e2e_s
+    return max(int(((group.sent_s <= sent) & (ends > sent)).sum()) for sent in group.sent_s)
 
 
 async def test_labels_group_the_summary(sweep: pd.DataFrame) -> None:

@@ -471,7 +471,11 @@ async def test_the_gate_gives_up_with_a_clear_error() -> None:
 async def test_a_decode_waiting_on_a_prefill_that_dies_gets_an_error_not_a_hang() -> None:
     server = await BootstrapServer.start()
     waiting = asyncio.ensure_future(fetch_kv(BootstrapInfo(server.host, server.port, 77), timeout=30))
-    await asyncio.sleep(0.1)
+    for _ in range(200):  # bounded: until the decode's fetch waits in room 77
+        if server.rooms == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert server.rooms == 1
     await server.stop()  # what a SIGKILLed prefill worker looks like from the decode side
     with pytest.raises(DisaggregationError, match="closed the connection for room 77"):
         await asyncio.wait_for(waiting, 5)

@@ -63,9 +63,9 @@ async def test_stderr_is_captured_and_shown_on_stdout_in_a_script(
 
 async def test_a_program_that_is_never_ready_times_out_with_its_last_lines(tmp_path: Path) -> None:
     with pytest.raises(LaunchError) as caught:
-        await launch(CHATTY, "--lines", "30", "--grandchild", timeout=1.0, log_dir=tmp_path, show_logs=False)
+        await launch(CHATTY, "--lines", "30", "--grandchild", timeout=5.0, log_dir=tmp_path, show_logs=False)
     error = caught.value
-    assert "chatty was not ready within 1 s" in str(error) and "'^READY\\\\b'" in str(error)
+    assert "chatty was not ready within 5 s" in str(error) and "'^READY\\\\b'" in str(error)
     assert error.returncode is None
     assert error.log_tail.splitlines()[-1] == "line 29" and "line 29" in str(error)
     assert len(error.log_tail.splitlines()) == 20

@@ -131,12 +131,13 @@ async def test_the_mocker_streams_no_special_tokens_when_told_them(tiny_path: An
 
 
 @pytest.mark.parametrize("step_ms", [0.05, 5.0])
-async def test_simulated_time_matches_the_clock_over_a_thousand_steps(step_ms: float) -> None:
-    """Steps sleep until their deadline: 1000 steps of 0.05 ms (far below the event loop's ~1 ms
-    timer resolution) or 5 ms take their simulated time within 5 %, not a millisecond each more.
-    The best of three runs counts (a busy host can steal a run's CPU)."""
+async def test_steps_sleep_until_their_deadline_not_a_timer_tick_each(step_ms: float) -> None:
+    """1000 steps of 0.05 ms (far below the event loop's ~1 ms timer resolution) or of 5 ms: the
+    run never ends before its simulated time, and it does not lose a tick per step (that would
+    be a second more). Half a second is the bound, so a busy host does not fail it; the best of
+    three runs counts (a busy host can steal a run's CPU)."""
     loop = asyncio.get_running_loop()
-    errors = []
+    excess = []
     for _ in range(3):
         engine = MockerEngine(block_size=4, num_blocks=1 << 20, speedup_ratio=decode_ms(0.0) / step_ms)
         request = PreprocessedRequest(list(range(4)), StopConditions(max_tokens=1001))
@@ -145,10 +146,11 @@ async def test_simulated_time_matches_the_clock_over_a_thousand_steps(step_ms: f
         measured = loop.time() - started
         await engine.close()
         assert engine.steps == 1001
-        errors.append(abs(measured - engine.simulated_s) / engine.simulated_s)
-        if errors[-1] <= 0.05:
+        assert measured >= engine.simulated_s * 0.99, (measured, engine.simulated_s)  # sleeps, never early
+        excess.append(measured - engine.simulated_s)
+        if excess[-1] < 0.5:
             break
-    assert min(errors) <= 0.05, f"measured vs simulated time off by {[f'{e:.1%}' for e in errors]}"
+    assert min(excess) < 0.5, f"the run took {[f'{e:.2f}' for e in excess]} s more than its simulated time"
 
 
 async def test_engine_streams_exactly_max_tokens_and_reuses_the_cache() -> None:

@@ -279,7 +279,7 @@ async def test_graceful_stop_finishes_running_streams_and_leaves_discovery(
     rest = await collect(stream)
     await stopping
     assert [first, *rest] == [{"i": i} for i in range(5)]
-    for _ in range(50):
+    for _ in range(200):
         if not client.instance_ids():
             break
         await asyncio.sleep(0.05)
@@ -358,7 +358,7 @@ async def test_a_stopped_handler_runs_on_for_its_stop_grace_then_is_cancelled(
             if context.is_stopped():
                 seen.append("stopped")
                 return
-            await asyncio.sleep(0.2)  # longer than the default grace between checks
+            await asyncio.sleep(1.0)  # longer than the short grace between checks, shorter than the long
             yield i
 
     rt = await make_runtime("memory-inproc")

@@ -82,7 +82,7 @@ async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Asyn
 
     decode = ("--disaggregation-mode", "decode")
     processes = await asyncio.gather(
-        worker("prefill", "dynamo", "tiny-llama", *prefill("--fake-prefill-delay", "0.3")),
+        worker("prefill", "dynamo", "tiny-llama", *prefill("--fake-prefill-delay", "0.6")),
         worker("decode", "dynamo", "tiny-llama", *decode),
         worker("fb-prefill", "fb", "tiny-fallback", *prefill("--no-bootstrap-endpoint")),
         worker("fb-decode", "fb", "tiny-fallback", *decode),
@@ -182,14 +182,25 @@ async def test_cancelling_a_request_aborts_both_legs_in_sglang(graph: dict[str, 
     body = {"model": "tiny-llama", "prompt": list(range(300, 340)), "max_tokens": 400, "stream": True}
     async with httpx.AsyncClient(base_url=graph["url"], timeout=30) as http:
         request = asyncio.ensure_future(http.post("/v1/completions", json=body))
-        await asyncio.sleep(0.15)  # the prefill (0.3 s) is still running; the decode waits for its KV
-        request.cancel()  # the client goes away
+        decoding: list[dict[str, Any]] = []
+        for _ in range(500):  # bounded: until both legs have started (the prefill takes 0.6 s)
+            started = records(prefill_log)[before:]
+            decoding = [
+                c
+                for c in records(decode_log)
+                if started and c["bootstrap_room"] == started[0]["bootstrap_room"]
+            ]
+            if decoding:
+                break
+            await asyncio.sleep(0.01)
+        assert decoding, "the request did not reach both workers"
+        request.cancel()  # the client goes away while the prefill runs and the decode waits for its KV
         with contextlib.suppress(asyncio.CancelledError):
             await request
     (prefill,) = records(prefill_log)[before:]
+    (decode,) = decoding
     aborted: dict[str, bool] = {}
     for _ in range(100):
-        (decode,) = [c for c in records(decode_log) if c["bootstrap_room"] == prefill["bootstrap_room"]]
         aborted = {
             leg: sent["rid"] in {c["rid"] for c in records(log, "abort_request")}
             for leg, sent, log in (("prefill", prefill, prefill_log), ("decode", decode, decode_log))
