@@ -153,8 +153,16 @@ async def test_vllm_kv_events_reach_a_kv_router(graph: dict[str, Any]) -> None:
         await indexer.stop()
 
 
+async def test_a_stopped_vllm_worker_exits_cleanly(graph: dict[str, Any]) -> None:
+    """SIGTERM: the worker shuts vLLM down, exits 0, and its log ends without a traceback (vLLM's
+    own ``AsyncLLM.__del__`` used to print a TypeError at interpreter exit)."""
+    assert await graph["prefill"].stop(timeout=30) == 0
+    log = graph["prefill"].log_path.read_text()
+    assert "Traceback" not in log and "Exception ignored" not in log, log[-2000:]
+
+
 async def test_a_sigkilled_vllm_worker_fails_the_stream_not_hangs(graph: dict[str, Any]) -> None:
-    """Runs last: it kills the decode worker mid-stream."""
+    """Runs last: it kills the decode worker mid-stream (the prefill worker is stopped already)."""
     long = {
         **GREEDY,
         "stop_conditions": {"max_tokens": 900, "ignore_eos": True},

@@ -232,6 +232,10 @@ def _stat_logger_factory(stats: _EngineStats) -> Any:
     return _Recorder
 
 
+def _already_shut_down(timeout: float | None = None) -> None:
+    """What a closed engine's ``AsyncLLM.shutdown`` becomes: nothing left to do."""
+
+
 class VllmEngine(RelayedKvEvents):
     """vLLM's ``AsyncLLM`` as an `Engine` (and a `DisaggregatedEngine`: ``prefill`` / ``decode``
     hand the KV over with vLLM's KV connector).
@@ -346,7 +350,17 @@ class VllmEngine(RelayedKvEvents):
             return
         self._closed = True
         await self.stop_relay()
+        # vLLM stops its engine core first and cancels its output-handler task after; the task,
+        # running meanwhile, would log the stopped core as a dead engine's traceback
+        handler = getattr(self.llm, "output_handler", None)
+        if isinstance(handler, asyncio.Task) and not handler.done():
+            handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await handler
         await asyncio.to_thread(self.llm.shutdown)
+        # vLLM's AsyncLLM.__del__ shuts down again; at interpreter exit its module globals are
+        # gone by then and it prints a TypeError. It is shut down: make that second call a no-op.
+        self.llm.shutdown = _already_shut_down
 
     # -- disaggregated serving: vLLM's KV connector moves the prompt's blocks
 

@@ -3,8 +3,8 @@
 `launch` starts ``python components/hf_worker.py --flags…`` in its own process group, waits
 until it is ready (a ``READY`` line, or its instance in discovery), shows its output live (a
 widget in a notebook, ``[name]``-prefixed lines in a script; always a log file), and returns
-a `ManagedProcess`. ``await proc.stop()`` sends SIGTERM to the group, waits, then SIGKILLs
-it. Whatever is still running is stopped when the interpreter (or the kernel) exits; on
+a `ManagedProcess`. ``await proc.stop()`` sends SIGTERM to the program, waits, then SIGKILLs
+its group (what outlived it gets SIGTERM, then SIGKILL). Whatever is still running is stopped when the interpreter (or the kernel) exits; on
 Linux a launched program also gets SIGTERM if the launching process is killed.
 
 Example::
@@ -134,9 +134,10 @@ class ManagedProcess:
         return code
 
     async def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM the process group, wait up to ``timeout`` s, then SIGKILL it; its exit status.
+        """SIGTERM the program, wait up to ``timeout`` s, then SIGKILL its group; its exit status.
 
-        Anything left in the group afterwards is killed too. Stopping twice is harmless.
+        It stops its own children; anything left in the group afterwards gets SIGTERM, a second,
+        then SIGKILL. Stopping twice is harmless.
         """
         self._stopped = True
         code = await asyncio.to_thread(stop_group, self._process, timeout)

@@ -1,12 +1,15 @@
 """Child processes in their own process group: start, signal and stop the whole group.
 
 `LocalServices` (etcd, nats-server) and `dynamo_nb.launch` (components) share these, so a
-stop is the same everywhere: SIGTERM to the group, wait, SIGKILL to the group, and a last
-SIGKILL for anything of the group still left once the leader is gone (no orphans).
+stop is the same everywhere: SIGTERM to the leader, which stops its own children (vLLM's
+engine stops its engine-core process; a SIGTERM of its own would make the engine log a dead
+engine's traceback), wait, SIGKILL to the group if the leader is still there; then whatever
+of the group outlived its leader gets SIGTERM, a short grace, and SIGKILL (no orphans).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -41,13 +44,19 @@ def signal_group(pid: int, signum: int) -> bool:
     return True
 
 
-def stop_group(process: subprocess.Popen[bytes], timeout: float = 5.0) -> int | None:
-    """SIGTERM the group of ``process``, wait up to ``timeout`` s, then SIGKILL the group.
+LEFTOVER_GRACE_S = 1.0
+"""Seconds the group's processes that outlived their leader get between SIGTERM and SIGKILL."""
 
-    Blocks (run it with ``asyncio.to_thread`` from a coroutine). Returns the exit status.
+
+def stop_group(process: subprocess.Popen[bytes], timeout: float = 5.0) -> int | None:
+    """SIGTERM the leader ``process``, wait up to ``timeout`` s for it, SIGKILL the group if it
+    is still there; then what is left of the group: SIGTERM, `LEFTOVER_GRACE_S`, SIGKILL.
+
+    Blocks (run it with ``asyncio.to_thread`` from a coroutine). Returns the leader's exit status.
     """
     if process.poll() is None:
-        signal_group(process.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + timeout
         while process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -57,7 +66,11 @@ def stop_group(process: subprocess.Popen[bytes], timeout: float = 5.0) -> int | 
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-    # children that outlived their leader (or ignored SIGTERM) are still in the group
+    # children that outlived their leader (or ignored their leader's stop) are still in the group
+    if signal_group(process.pid, signal.SIGTERM):
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        while signal_group(process.pid, 0) and time.monotonic() < deadline:
+            time.sleep(0.02)
     signal_group(process.pid, signal.SIGKILL)
     return process.returncode
 
