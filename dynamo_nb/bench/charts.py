@@ -208,12 +208,12 @@ def slo_chart(df: pd.DataFrame, slo: SLO, attainment: float = 0.9) -> Chart:
     table = slo_attainment(df, slo)
     level = level_column(df)
     unit = "" if level == "concurrency" else " req/s"
-    names = [
-        " · ".join(f"{v:g}{unit}" if isinstance(v, (int, float)) else str(v) for v in (k if isinstance(k, tuple) else (k,)))
-        for k in table.index
-    ]  # fmt: skip
-    limits = [(name, limit) for name, limit in (("ttft", slo.ttft_ms), ("itl", slo.itl_ms), ("e2e", slo.e2e_ms))
-              if limit is not None]  # fmt: skip
+    names = [_row_name(key, unit) for key in table.index]
+    limits = [
+        (name, limit)
+        for name, limit in (("ttft", slo.ttft_ms), ("itl", slo.itl_ms), ("e2e", slo.e2e_ms))
+        if limit is not None
+    ]
     figure, axes = _chart(len(limits) + 1, width=4.2)
     x = np.arange(len(names))
     for ax, (name, limit) in zip(axes, limits, strict=False):
@@ -238,6 +238,12 @@ def slo_chart(df: pd.DataFrame, slo: SLO, attainment: float = 0.9) -> Chart:
         ax.grid(True, axis="y", alpha=0.3)
     figure.suptitle(f"SLO: {slo}", fontsize="medium")
     return figure
+
+
+def _row_name(key: object, unit: str) -> str:
+    """A summary row's name from its index key (a level, or a label and a level): "hf · 20 req/s"."""
+    parts = key if isinstance(key, tuple) else (key,)
+    return " · ".join(f"{part:g}{unit}" if isinstance(part, (int, float)) else str(part) for part in parts)
 
 
 def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:

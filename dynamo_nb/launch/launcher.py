@@ -4,8 +4,9 @@
 until it is ready (a ``READY`` line, or its instance in discovery), shows its output live (a
 widget in a notebook, ``[name]``-prefixed lines in a script; always a log file), and returns
 a `ManagedProcess`. ``await proc.stop()`` sends SIGTERM to the program, waits, then SIGKILLs
-its group (what outlived it gets SIGTERM, then SIGKILL). Whatever is still running is stopped when the interpreter (or the kernel) exits; on
-Linux a launched program also gets SIGTERM if the launching process is killed.
+its group (what outlived it gets SIGTERM, then SIGKILL). Whatever is still running is stopped
+when the interpreter (or the kernel) exits; on Linux a launched program also gets SIGTERM if
+the launching process is killed.
 
 Example::
 

@@ -2,10 +2,11 @@
 the tokenizer and config recipe it shares with the built-in tiny model's training.
 
 Tests use it where a model whose build is checked byte for byte matters, or as the contrast
-to the trained tiny model (`dynamo_nb.models.tiny_model_path`). It is built on first use (about a second, no network), deterministically, and cached in the
-user cache folder (``$DYN_NB_CACHE_DIR``, else ``$XDG_CACHE_HOME/dynamo_nb``, else
-``~/.cache/dynamo_nb``) as an ordinary Hugging Face model folder, so anything that takes a
-model folder takes it: ``AutoModelForCausalLM.from_pretrained(random_model_path())``.
+to the trained tiny model (`dynamo_nb.models.tiny_model_path`). It is built on first use
+(about a second, no network), deterministically, and cached in the user cache folder
+(``$DYN_NB_CACHE_DIR``, else ``$XDG_CACHE_HOME/dynamo_nb``, else ``~/.cache/dynamo_nb``) as an
+ordinary Hugging Face model folder, so anything that takes a model folder takes it:
+``AutoModelForCausalLM.from_pretrained(random_model_path())``.
 
 Its weights are random (``initializer_range=0.3`` so that greedy outputs vary instead of
 repeating one token): the text it writes is gibberish, but it is real model execution with a
