@@ -1,7 +1,11 @@
 """The OpenAI-compatible frontend: HTTP in, routed to the workers that registered a model.
 
-- ``server.py``: `Frontend`, the aiohttp app and its routes (chat, completions, models,
-  health, live, metrics), the SSE and unary writers;
+- ``server.py``: `Frontend`, the aiohttp app, its routes (chat, completions, models, health,
+  live, metrics) and the error envelope;
+- ``pipeline.py``: a generate request's steps (preprocess, admit, plan, open with retries,
+  relay, write); ``relay.py``: tokens to text, what a stream ended with; ``migration.py``:
+  a request carried on by another worker; ``writers.py``: SSE chunks or one JSON body;
+  ``admission.py``: the queue in front of full workers;
 - ``openai.py``: request bodies checked field by field (`parse_request`);
 - ``models.py``: the served models, from model cards in discovery (or given in static mode),
   each with its tokenizer, client and router;

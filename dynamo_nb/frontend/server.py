@@ -1,8 +1,10 @@
-"""The OpenAI-compatible HTTP frontend (aiohttp): preprocess, route, detokenize, stream.
+"""The OpenAI-compatible HTTP frontend (aiohttp): the app, its routes and the error envelope.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE with ``stream: true``,
 ending in ``data: [DONE]``; else one JSON body), ``GET /v1/models``, ``GET /health`` (the
-instances behind each model), ``GET /live`` and ``GET /metrics`` (Prometheus).
+instances behind each model), ``GET /live`` and ``GET /metrics`` (Prometheus). A generate
+request is parsed here and served by the request pipeline (`dynamo_nb.frontend.pipeline`:
+admit, plan, open, relay, write).
 
 Example::
 
@@ -14,43 +16,24 @@ Example::
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from ..errors import (
-    ConfigError,
-    DisaggregationError,
-    DynamoNBError,
-    EngineError,
-    InstanceDownError,
-    InstanceNotFoundError,
-    InvalidRequestError,
-    ModelNotFoundError,
-    NoInstancesError,
-    OverloadedError,
-    RemoteHandlerError,
-    RequestError,
-)
+from ..errors import ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
 from ..llm.card import ModelCard
-from ..llm.detokenize import StreamDetokenizer
-from ..llm.protocol import PreprocessedRequest
 from ..router.base import Router
 from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
-from ..router.prefill import PrefillPlan
-from ..runtime.client import ResponseStream
-from ..runtime.ids import new_request_id
 from .errors import error_body, http_error
 from .metrics import FrontendMetrics
+from .migration import DEFAULT_MIGRATION_LIMIT
 from .models import ModelManager, ServedModel
-from .openai import OpenAIRequest, parse_request
+from .openai import parse_request
+from .pipeline import RequestPipeline, model_not_found
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -60,26 +43,7 @@ __all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_MIGRATION_LIMIT", "Frontend"]
 logger = logging.getLogger("dynamo_nb.frontend")
 
 DEFAULT_HTTP_PORT = 8000
-DEFAULT_MIGRATION_LIMIT = 3  # as Dynamo's guidance
 MAX_BODY_BYTES = 32 * 1024 * 1024
-_ENDPOINT_LABELS = {"chat": "chat_completions", "completions": "completions"}
-_FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
-_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
-_DONE = b"data: [DONE]\n\n"
-
-
-@dataclass
-class _Outcome:
-    """What a relayed stream ended with."""
-
-    finish_reason: str = "stop"
-    completion_tokens: int = 0
-    error: str | None = None
-    nvext: dict[str, Any] | None = None  # sent with the last chunk when the request asked for it
-    headers: dict[str, str] = field(default_factory=dict)  # who served it, which disaggregated path
-    stream: ResponseStream | None = None  # the worker stream relayed now (another after a migration)
-    plans: list[PrefillPlan] = field(default_factory=list)  # prefills planned for migrations
-    migrations: int = 0
 
 
 class Frontend:
@@ -105,6 +69,7 @@ class Frontend:
         self.port = port
         self.metrics = metrics or FrontendMetrics()
         self.migration_limit = migration_limit
+        self.pipeline = RequestPipeline(manager, self.metrics, migration_limit)
         self._runner: web.AppRunner | None = None
 
     @classmethod
@@ -178,7 +143,7 @@ class Frontend:
         """
         served = self.models.get(model)
         if served is None:
-            raise self._not_found(model)
+            raise model_not_found(self.models, model)
         if not isinstance(router, Router):
             if not callable(router):
                 raise ConfigError(
@@ -283,23 +248,6 @@ class Frontend:
                 "the request body is nested too deeply; send a flat JSON object"
             ) from None
 
-    def _not_found(self, name: str) -> ModelNotFoundError:
-        known = ", ".join(sorted(m.name for m in self.models.live_models())) or "none yet"
-        return ModelNotFoundError(f"model {name!r} not found; served models: {known}", param="model")
-
-    def _served(self, name: str, kind: str) -> ServedModel:
-        model = self.models.get(name)
-        if model is None:
-            raise self._not_found(name)
-        if not model.live:
-            raise NoInstancesError(f"model {name!r} has no workers now; start one that registers it")
-        if kind not in model.card.kinds:
-            other = "/v1/completions" if kind == "chat" else "/v1/chat/completions"
-            raise InvalidRequestError(
-                f"model {name!r} does not take {kind} requests; use {other}", param="model"
-            )
-        return model
-
     # -- routes
 
     async def _live(self, request: web.Request) -> web.Response:
@@ -335,366 +283,7 @@ class Frontend:
         return web.json_response(body, status=200 if healthy else 503)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "chat")
+        return await self.pipeline.serve(request, parse_request(await self._json(request), "chat"))
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "completions")
-
-    async def _generate(self, request: web.Request, kind: str) -> web.StreamResponse:
-        started = time.perf_counter()
-        parsed = parse_request(await self._json(request), kind)
-        model = self._served(parsed.model, kind)
-        token_ids = model.tokenize(kind, parsed.messages, parsed.prompt)
-        _check_context(model, parsed, len(token_ids))
-        engine_request = PreprocessedRequest(
-            token_ids=token_ids,
-            stop_conditions=parsed.stop,
-            sampling_options=parsed.sampling,
-            eos_token_ids=model.card.eos_token_ids,
-            model=model.name,
-            routing=parsed.routing,
-        )
-        metrics = self.metrics.of(model.name)
-        status = "error"
-        metrics.inflight.inc()
-        plan: PrefillPlan | None = None
-        outcome: _Outcome | None = None
-        admitted = False
-        try:
-            self.metrics.watch_queue(model.name, model.admission)
-            await model.admission.enter(model.capacity())  # or OverloadedError: 503 at once
-            admitted = True
-            stream, first, plan = await self._open_planned(model, engine_request)
-            metrics.ttft.observe(time.perf_counter() - started)
-            metrics.input_tokens.observe(len(token_ids))
-            outcome = _Outcome(
-                nvext=_nvext(parsed, stream, plan), headers=_route_headers(stream, plan), stream=stream
-            )
-            try:
-                pieces = self._relay(model, engine_request, first, parsed.stop.stop, outcome, metrics.itl)
-                if parsed.stream:
-                    response = await self._send_stream(request, parsed, pieces, outcome, len(token_ids))
-                else:
-                    response = await _send_unary(parsed, pieces, outcome, len(token_ids))
-            except ConnectionResetError:
-                status = "cancelled"
-                raise
-            finally:
-                await outcome.stream.aclose()  # type: ignore[union-attr]
-            metrics.output_tokens.observe(outcome.completion_tokens)
-            status = "success" if outcome.error is None else "error"
-            return response
-        except asyncio.CancelledError:  # the client left (aiohttp cancels its handler)
-            status = "cancelled"
-            raise
-        finally:
-            for prefill in ([plan] if plan is not None else []) + (outcome.plans if outcome else []):
-                prefill.cancel()  # the prefill goes with its decode
-            if admitted:
-                model.admission.leave()
-            metrics.inflight.dec()
-            metrics.duration.observe(time.perf_counter() - started)
-            self.metrics.count_request(
-                model.name, _ENDPOINT_LABELS[kind], "stream" if parsed.stream else "unary", status
-            )
-
-    async def _open_planned(
-        self, model: ServedModel, engine_request: PreprocessedRequest
-    ) -> tuple[ResponseStream, Any, PrefillPlan | None]:
-        """Open the decode stream: aggregated, or after the model's prefill router planned it."""
-        router = self.models.prefill_router(model.name)
-        if router is None:
-            stream, first = await self._open(model, engine_request)
-            return stream, first, None
-        # disaggregation that is enforced fails with the prefill: DisaggregationError, a 503
-        plan = await router.plan(engine_request)
-        try:
-            stream, first = await self._open(model, plan.decode_request)
-        except RemoteHandlerError as exc:
-            if exc.code != DisaggregationError.code:
-                plan.cancel()
-                raise
-            router.handoff_failed(plan, exc.remote_message)  # the decode could not take the prefill's KV
-            if router.enforce:
-                raise DisaggregationError(
-                    f"the prefill → decode handoff failed: {exc.remote_message}; disaggregation is enforced"
-                ) from None
-            plan = router.aggregated(engine_request, f"the handoff failed: {exc.remote_message}", plan.events)
-            stream, first = await self._open(model, plan.decode_request)
-        except BaseException:  # e.g. the client left before the first token: the prefill goes too
-            plan.cancel()
-            raise
-        self.metrics.disagg_requests.labels(model.name, plan.path).inc()
-        return stream, first, plan
-
-    async def _open(
-        self, model: ServedModel, engine_request: PreprocessedRequest
-    ) -> tuple[ResponseStream, Any]:
-        """Send the request and wait for its first item; a worker that is down is skipped.
-
-        A worker's error (`RemoteHandlerError`) goes up with the status it carries.
-        """
-        last_error: Exception | None = None
-        for _ in range(3):
-            try:
-                stream = model.send(engine_request)
-            except InstanceNotFoundError:  # the request named an instance (nvext.backend_instance_id)
-                raise
-            except NoInstancesError:
-                break
-            try:
-                return stream, await stream.__anext__()
-            except StopAsyncIteration:
-                raise EngineError(f"a worker of {model.name!r} ended the stream without output") from None
-            except InstanceDownError as exc:  # marked down by the client: the next try goes elsewhere
-                last_error = exc
-        detail = f" (last error: {last_error})" if last_error else ""
-        raise NoInstancesError(f"no worker of model {model.name!r} is reachable now{detail}; retry later")
-
-    async def _relay(
-        self,
-        model: ServedModel,
-        request: PreprocessedRequest,
-        first: Any,
-        stop: list[str],
-        outcome: _Outcome,
-        itl: Any,
-    ) -> AsyncIterator[str]:
-        """Text pieces of ``outcome.stream``, as soon as they are final; ``outcome`` holds how it
-        ended. A worker that goes down mid-stream hands the rest to another (`_migrate`).
-
-        ``itl`` is the model's inter-token latency histogram.
-        """
-        detok = StreamDetokenizer(model.tokenizer, stop)
-        push = detok.push
-        stream = outcome.stream
-        assert stream is not None
-        generated: list[int] | None = [] if self.migration_limit else None  # kept for a migration
-        # items are `LLMEngineOutput` dicts, read as they are: no object per token on this hot path
-        item = first
-        last = time.perf_counter()
-        count = 0
-        earlier = 0  # tokens streamed by workers that went down (their usage is not in the last one's)
-        while True:
-            ids = item.get("token_ids") or ()
-            count += len(ids)
-            if generated is not None:
-                generated.extend(ids)
-            text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
-            if text:
-                yield text
-            if detok.stopped:
-                outcome.finish_reason = "stop"
-                break
-            finish = item.get("finish_reason")
-            if finish is not None:
-                outcome.finish_reason = _FINISH.get(finish, "stop")
-                usage = item.get("completion_usage")
-                if usage and isinstance(usage.get("completion_tokens"), int):
-                    count = earlier + usage["completion_tokens"]
-                break
-            try:
-                item = await stream.__anext__()
-            except StopAsyncIteration:
-                break
-            except InstanceDownError as exc:
-                moved = await self._migrate(model, request, generated, count, exc, outcome)
-                if moved is None:
-                    break
-                item, stream, earlier = moved, outcome.stream, count
-                continue
-            except RequestError as exc:
-                outcome.error = str(exc)
-                break
-            now = time.perf_counter()
-            itl.observe(now - last)
-            last = now
-        tail = detok.finish()
-        if tail:
-            yield tail
-        outcome.completion_tokens = count
-
-    async def _migrate(
-        self,
-        model: ServedModel,
-        request: PreprocessedRequest,
-        generated: list[int] | None,
-        count: int,
-        down: InstanceDownError,
-        outcome: _Outcome,
-    ) -> Any | None:
-        """Carry a request whose worker went down on with another worker: the prompt plus the
-        ``generated`` tokens (``count`` came), ``max_tokens`` less them
-        (`PreprocessedRequest.continued`; without one, the rest of the model's context), routed
-        (and, with prefill workers, prefilled) afresh. Its first item, with ``outcome.stream``
-        now the new stream; None when it cannot (``outcome`` then holds the error or the end).
-        A request pinned to an instance (``nvext.backend_instance_id``) is not moved.
-        """
-        asked = request.stop_conditions.max_tokens
-        if asked is not None and count >= asked:
-            outcome.finish_reason = "length"  # every token came; only the last item was lost
-            return None
-        if generated is None:
-            outcome.error = f"{down} (no migration: the frontend runs with --migration-limit 0)"
-            return None
-        if request.routing and "backend_instance_id" in request.routing:
-            outcome.error = f"{down} (the request named this instance, so it is not moved)"
-            return None
-        if outcome.migrations >= self.migration_limit:
-            outcome.error = (
-                f"{down} (after {outcome.migrations} migrations, the frontend's --migration-limit)"
-            )
-            return None
-        outcome.migrations += 1
-        logger.warning(
-            "a worker of %r went down after %d tokens of a request (%s): another carries it on (%d of at most %d)",
-            model.name,
-            len(generated),
-            down,
-            outcome.migrations,
-            self.migration_limit,
-        )
-        if asked is None and model.card.context_length:  # else every leg starts a full budget
-            request = request.with_max_tokens(model.card.context_length - len(request.token_ids))
-        try:
-            stream, first, plan = await self._open_planned(model, request.continued(generated))
-        except RequestError as exc:
-            outcome.error = f"{down}; no other worker could carry the request on: {exc}"
-            return None
-        self.metrics.migrations.labels(model.name).inc()
-        if plan is not None:
-            outcome.plans.append(plan)
-        outcome.stream = stream
-        # who serves it now: a unary answer's headers and the last chunk's nvext say so
-        outcome.headers = _route_headers(stream, plan)
-        if outcome.nvext is not None:
-            outcome.nvext = _worker_ids(stream, plan)
-        return first
-
-    async def _send_stream(
-        self,
-        request: web.Request,
-        parsed: OpenAIRequest,
-        pieces: AsyncIterator[str],
-        outcome: _Outcome,
-        prompt_tokens: int,
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(headers={**_SSE_HEADERS, **outcome.headers})
-        await response.prepare(request)
-        chat = parsed.kind == "chat"
-        request_id = ("chatcmpl-" if chat else "cmpl-") + new_request_id()
-        head = json.dumps(
-            {
-                "id": request_id,
-                "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()),
-                "model": parsed.model,
-            },
-            separators=(",", ":"),
-        )[:-1]
-        if chat:
-            prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'
-            suffix = '},"logprobs":null,"finish_reason":null}]}\n\n'
-            await response.write(
-                f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
-                f'"logprobs":null,"finish_reason":null}}]}}\n\n'.encode()
-            )
-        else:
-            prefix = f'data: {head},"choices":[{{"index":0,"text":'
-            suffix = ',"logprobs":null,"finish_reason":null}]}\n\n'
-        write = response.write
-        dumps = json.dumps
-        async for text in pieces:
-            await write(f"{prefix}{dumps(text)}{suffix}".encode())
-        if outcome.error is not None:
-            await write(f"data: {dumps(error_body(500, outcome.error))}\n\n".encode())
-            await write(_DONE)
-            return response
-        empty = '"delta":{}' if chat else '"text":""'
-        nvext = f',"nvext":{dumps(outcome.nvext)}' if outcome.nvext else ""
-        await write(
-            f'data: {head},"choices":[{{"index":0,{empty},"logprobs":null,'
-            f'"finish_reason":"{outcome.finish_reason}"}}]{nvext}}}\n\n'.encode()
-        )
-        if parsed.include_usage:
-            usage = _usage(prompt_tokens, outcome.completion_tokens)
-            await write(f'data: {head},"choices":[],"usage":{dumps(usage)}}}\n\n'.encode())
-        await write(_DONE)
-        return response
-
-
-async def _send_unary(
-    parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: _Outcome, prompt_tokens: int
-) -> web.Response:
-    text = "".join([piece async for piece in pieces])
-    if outcome.error is not None:
-        raise EngineError(f"the worker failed mid-stream: {outcome.error}")
-    chat = parsed.kind == "chat"
-    choice: dict[str, Any] = {"index": 0}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    choice.update(logprobs=None, finish_reason=outcome.finish_reason)
-    body = {
-        "id": ("chatcmpl-" if chat else "cmpl-") + new_request_id(),
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": parsed.model,
-        "choices": [choice],
-        "usage": _usage(prompt_tokens, outcome.completion_tokens),
-    }
-    if outcome.nvext:
-        body["nvext"] = outcome.nvext
-    return web.json_response(body, headers=outcome.headers)
-
-
-def _nvext(parsed: OpenAIRequest, stream: ResponseStream, plan: PrefillPlan | None) -> dict[str, Any] | None:
-    """Dynamo's ``nvext`` response fields the request asked for (``worker_id``: who served it)."""
-    if "worker_id" not in parsed.extra_fields:
-        return None
-    return _worker_ids(stream, plan)
-
-
-def _worker_ids(stream: ResponseStream, plan: PrefillPlan | None) -> dict[str, Any]:
-    prefill = plan.prefill_worker if plan is not None else None
-    return {"worker_id": {"prefill_worker_id": prefill, "decode_worker_id": stream.instance_id}}
-
-
-def _route_headers(stream: ResponseStream, plan: PrefillPlan | None) -> dict[str, str]:
-    """``x-dynamo-*`` response headers: the decode worker, and the disaggregated path when there is one."""
-    headers = {"x-dynamo-decode-worker": f"{stream.instance_id:x}"}
-    if plan is not None:
-        headers["x-dynamo-path"] = plan.path
-        if plan.prefill_worker is not None:
-            headers["x-dynamo-prefill-worker"] = f"{plan.prefill_worker:x}"
-        if plan.room is not None:
-            headers["x-dynamo-bootstrap-room"] = str(plan.room)
-    return headers
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _check_context(model: ServedModel, parsed: OpenAIRequest, prompt_tokens: int) -> None:
-    context = model.card.context_length
-    if not context:
-        return
-    param = "messages" if parsed.kind == "chat" else "prompt"
-    if prompt_tokens >= context:
-        raise InvalidRequestError(
-            f"the prompt is {prompt_tokens} tokens and {model.name!r} has a context of {context}: shorten it",
-            param=param,
-        )
-    asked = parsed.stop.max_tokens
-    if asked is not None and prompt_tokens + asked > context:
-        raise InvalidRequestError(
-            f"{model.name!r} has a context of {context} tokens, but the prompt ({prompt_tokens}) plus "
-            f"max_tokens ({asked}) is {prompt_tokens + asked}: lower max_tokens to at most {context - prompt_tokens}",
-            param="max_tokens",
-        )
+        return await self.pipeline.serve(request, parse_request(await self._json(request), "completions"))

@@ -161,13 +161,16 @@ class PrefillRouter:
             return plan
         except RequestError as exc:
             where = f" (prefill worker {instance:x})" if instance is not None else ""
-            reason = f"prefill failed{where}: {exc}"
-            self._count_error()
-            if self.enforce:
-                raise DisaggregationError(
-                    f"{reason}; disaggregation is enforced, so the request fails"
-                ) from None
-            return self.aggregated(request, reason, events)
+            return self.fall_back(request, f"prefill failed{where}: {exc}", events)
+
+    def fall_back(self, request: PreprocessedRequest, reason: str, events: list[str]) -> PrefillPlan:
+        """The one place where a failed prefill or handoff is decided: counted, then a
+        `DisaggregationError` (a 503) when disaggregation is enforced, else the plan that serves
+        ``request`` aggregated."""
+        self._count_error()
+        if self.enforce:
+            raise DisaggregationError(f"{reason}; disaggregation is enforced, so the request fails")
+        return self.aggregated(request, reason, events)
 
     def aggregated(
         self, request: PreprocessedRequest, reason: str, events: list[str] | None = None
@@ -182,14 +185,15 @@ class PrefillRouter:
         )
         return PrefillPlan("aggregated", whole, reason=reason, events=events or [])
 
-    def handoff_failed(self, plan: PrefillPlan, message: str) -> None:
-        """The decode could not take the KV of ``plan`` (e.g. its prefill worker died)."""
+    def handoff_failed(self, plan: PrefillPlan, request: PreprocessedRequest, message: str) -> PrefillPlan:
+        """The decode could not take the KV of ``plan`` (e.g. its prefill worker died): its
+        prefill stopped, then `fall_back` decides (aggregated, or enforced: `DisaggregationError`)."""
         plan.cancel()
         plan.events.append("decode refused the handoff")
-        self._count_error()
         logger.warning(
             "prefill → decode handoff failed (%s path, room %s): %s", plan.path, plan.room, message
         )
+        return self.fall_back(request, f"the prefill → decode handoff failed: {message}", plan.events)
 
     def _count_error(self) -> None:
         self.errors_total += 1

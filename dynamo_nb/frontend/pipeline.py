@@ -1,0 +1,218 @@
+"""The request pipeline behind the HTTP routes, as steps:
+
+1. **preprocess** — the served model (`served_model`), the prompt rendered and tokenized, the
+   context checked (`check_context`), a `PreprocessedRequest` built;
+2. **admit** — the model's admission control (`dynamo_nb.frontend.admission`): in at once, queued
+   while its workers are full, or a 503 with ``Retry-After``;
+3. **plan** — with prefill workers, the model's prefill router plans the disaggregated path
+   (fast, fallback or aggregated; `dynamo_nb.router.prefill`), and a handoff the decode refuses
+   falls back or fails there, in one place (`PrefillRouter.fall_back`);
+4. **open** — the decode stream sent and its first item awaited, a worker that is down skipped
+   (three tries);
+5. **relay** — tokens to text (`dynamo_nb.frontend.relay`), a worker lost mid-stream carried on
+   by another (`dynamo_nb.frontend.migration`);
+6. **write** — SSE chunks or one JSON body (`dynamo_nb.frontend.writers`).
+
+Metrics are counted on the way (`dynamo_nb.frontend.metrics`).
+
+Example::
+
+    pipeline = RequestPipeline(models, metrics, migration_limit=3)
+    response = await pipeline.serve(http_request, parse_request(body, "chat"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from aiohttp import web
+
+from ..errors import (
+    DisaggregationError,
+    EngineError,
+    InstanceDownError,
+    InstanceNotFoundError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    NoInstancesError,
+    RemoteHandlerError,
+)
+from ..llm.protocol import PreprocessedRequest
+from ..router.prefill import PrefillPlan
+from ..runtime.client import ResponseStream
+from .metrics import FrontendMetrics
+from .migration import Migration
+from .models import ModelManager, ServedModel
+from .openai import OpenAIRequest
+from .relay import Outcome, relay
+from .writers import write_stream, write_unary
+
+__all__ = ["OPEN_TRIES", "RequestPipeline", "check_context", "model_not_found", "served_model"]
+
+OPEN_TRIES = 3
+"""Workers a request is sent to before the frontend answers that none is reachable."""
+
+_ENDPOINT_LABELS = {"chat": "chat_completions", "completions": "completions"}
+
+
+def model_not_found(models: ModelManager, name: str) -> ModelNotFoundError:
+    """The 404 for a model nobody serves, listing the ones served."""
+    known = ", ".join(sorted(m.name for m in models.live_models())) or "none yet"
+    return ModelNotFoundError(f"model {name!r} not found; served models: {known}", param="model")
+
+
+def served_model(models: ModelManager, name: str, kind: str) -> ServedModel:
+    """The model a request names, live and taking ``kind`` (``chat`` or ``completions``)
+    requests; else the error that says what to change."""
+    model = models.get(name)
+    if model is None:
+        raise model_not_found(models, name)
+    if not model.live:
+        raise NoInstancesError(f"model {name!r} has no workers now; start one that registers it")
+    if kind not in model.card.kinds:
+        other = "/v1/completions" if kind == "chat" else "/v1/chat/completions"
+        raise InvalidRequestError(f"model {name!r} does not take {kind} requests; use {other}", param="model")
+    return model
+
+
+def check_context(model: ServedModel, parsed: OpenAIRequest, prompt_tokens: int) -> None:
+    """Refuse a prompt (or prompt + ``max_tokens``) longer than the model's context (a 400)."""
+    context = model.card.context_length
+    if not context:
+        return
+    param = "messages" if parsed.kind == "chat" else "prompt"
+    if prompt_tokens >= context:
+        raise InvalidRequestError(
+            f"the prompt is {prompt_tokens} tokens and {model.name!r} has a context of {context}: shorten it",
+            param=param,
+        )
+    asked = parsed.stop.max_tokens
+    if asked is not None and prompt_tokens + asked > context:
+        raise InvalidRequestError(
+            f"{model.name!r} has a context of {context} tokens, but the prompt ({prompt_tokens}) plus "
+            f"max_tokens ({asked}) is {prompt_tokens + asked}: lower max_tokens to at most {context - prompt_tokens}",
+            param="max_tokens",
+        )
+
+
+class RequestPipeline:
+    """Serves one parsed OpenAI request through the steps above.
+
+    Args:
+        models: the served models (their routers, prefill routers, admission).
+        metrics: the frontend's Prometheus metrics.
+        migration_limit: how often a request whose worker went down moves (0: never).
+    """
+
+    def __init__(self, models: ModelManager, metrics: FrontendMetrics, migration_limit: int) -> None:
+        self.models = models
+        self.metrics = metrics
+        self.migration = Migration(migration_limit, self.open_planned, metrics.migrations)
+
+    def preprocess(self, parsed: OpenAIRequest) -> tuple[ServedModel, PreprocessedRequest]:
+        """Step 1: the served model and the engine request (rendered, tokenized, checked)."""
+        model = served_model(self.models, parsed.model, parsed.kind)
+        token_ids = model.tokenize(parsed.kind, parsed.messages, parsed.prompt)
+        check_context(model, parsed, len(token_ids))
+        request = PreprocessedRequest(
+            token_ids=token_ids,
+            stop_conditions=parsed.stop,
+            sampling_options=parsed.sampling,
+            eos_token_ids=model.card.eos_token_ids,
+            model=model.name,
+            routing=parsed.routing,
+        )
+        return model, request
+
+    async def serve(self, http_request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
+        """Every step for ``parsed``, answered on ``http_request``; metrics counted whatever the end."""
+        started = time.perf_counter()
+        model, request = self.preprocess(parsed)
+        metrics = self.metrics.of(model.name)
+        status = "error"
+        metrics.inflight.inc()
+        outcome: Outcome | None = None
+        admitted = False
+        try:
+            self.metrics.watch_queue(model.name, model.admission)
+            await model.admission.enter(model.capacity())  # or OverloadedError: 503 at once
+            admitted = True
+            stream, first, plan = await self.open_planned(model, request)
+            metrics.ttft.observe(time.perf_counter() - started)
+            metrics.input_tokens.observe(len(request.token_ids))
+            outcome = Outcome(stream, plan, worker_ids="worker_id" in parsed.extra_fields)
+            try:
+                pieces = relay(model, request, first, outcome, itl=metrics.itl, migration=self.migration)
+                if parsed.stream:
+                    response = await write_stream(
+                        http_request, parsed, pieces, outcome, len(request.token_ids)
+                    )
+                else:
+                    response = await write_unary(parsed, pieces, outcome, len(request.token_ids))
+            except ConnectionResetError:
+                status = "cancelled"
+                raise
+            finally:
+                await outcome.stream.aclose()
+            metrics.output_tokens.observe(outcome.completion_tokens)
+            status = "success" if outcome.error is None else "error"
+            return response
+        except asyncio.CancelledError:  # the client left (aiohttp cancels its handler)
+            status = "cancelled"
+            raise
+        finally:
+            if outcome is not None:
+                outcome.cancel_prefills()  # the prefill goes with its decode
+            if admitted:
+                model.admission.leave()
+            metrics.inflight.dec()
+            metrics.duration.observe(time.perf_counter() - started)
+            self.metrics.count_request(
+                model.name, _ENDPOINT_LABELS[parsed.kind], "stream" if parsed.stream else "unary", status
+            )
+
+    async def open_planned(
+        self, model: ServedModel, request: PreprocessedRequest
+    ) -> tuple[ResponseStream, Any, PrefillPlan | None]:
+        """Steps 3 and 4: the decode stream and its first item, aggregated, or after the model's
+        prefill router planned it; a handoff the decode refuses falls back (or, enforced, fails)."""
+        router = self.models.prefill_router(model.name)
+        if router is None:
+            stream, first = await self.open(model, request)
+            return stream, first, None
+        plan = await router.plan(request)  # enforced disaggregation fails here: a 503
+        try:
+            stream, first = await self.open(model, plan.decode_request)
+        except RemoteHandlerError as exc:
+            if exc.code != DisaggregationError.code:
+                plan.cancel()
+                raise
+            plan = router.handoff_failed(plan, request, exc.remote_message)  # or DisaggregationError
+            stream, first = await self.open(model, plan.decode_request)
+        except BaseException:  # e.g. the client left before the first token: the prefill goes too
+            plan.cancel()
+            raise
+        self.metrics.disagg_requests.labels(model.name, plan.path).inc()
+        return stream, first, plan
+
+    async def open(self, model: ServedModel, request: PreprocessedRequest) -> tuple[ResponseStream, Any]:
+        """Step 4: send the request and wait for its first item; a worker that is down is skipped
+        (`OPEN_TRIES` tries). A worker's error (`RemoteHandlerError`) goes up with its status."""
+        last_error: Exception | None = None
+        for _ in range(OPEN_TRIES):
+            try:
+                stream = model.send(request)
+            except InstanceNotFoundError:  # the request named an instance (nvext.backend_instance_id)
+                raise
+            except NoInstancesError:
+                break
+            try:
+                return stream, await stream.__anext__()
+            except StopAsyncIteration:
+                raise EngineError(f"a worker of {model.name!r} ended the stream without output") from None
+            except InstanceDownError as exc:  # marked down by the client: the next try goes elsewhere
+                last_error = exc
+        detail = f" (last error: {last_error})" if last_error else ""
+        raise NoInstancesError(f"no worker of model {model.name!r} is reachable now{detail}; retry later")

@@ -1,0 +1,158 @@
+"""The relay step of the request pipeline: a worker's stream of `LLMEngineOutput` items turned
+into text pieces as soon as they are final (stop strings applied), counting tokens and
+inter-token latency; a worker that goes down mid-stream hands the rest to another
+(`dynamo_nb.frontend.migration`). What the stream ended with is kept in its `Outcome`.
+
+Example::
+
+    outcome = Outcome(stream, plan, worker_ids=False)
+    async for text in relay(model, request, first, outcome, itl=histogram, migration=migration):
+        ...
+    outcome.finish_reason, outcome.completion_tokens   # ('length', 16)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InstanceDownError, RequestError
+from ..llm.detokenize import StreamDetokenizer
+from ..llm.protocol import PreprocessedRequest
+from ..router.prefill import PrefillPlan
+from ..runtime.client import ResponseStream
+
+if TYPE_CHECKING:
+    from .migration import Migration
+    from .models import ServedModel
+
+__all__ = ["Outcome", "relay"]
+
+_FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
+"""An engine's finish reason → OpenAI's."""
+
+
+@dataclass
+class Outcome:
+    """One request's relayed stream: the worker stream read now (another after a migration),
+    who serves it, and what it ended with.
+
+    Attributes:
+        stream: the worker stream relayed now.
+        plan: its prefill plan (None: the model has no prefill workers).
+        worker_ids: whether the request asked for ``nvext.worker_id`` in its answer.
+        plans: every prefill planned for it (cancelled with the request).
+        finish_reason: OpenAI's, once it ended.
+        completion_tokens: tokens generated, across workers.
+        error: why it ended early, when it did.
+        migrations: how often another worker carried it on.
+    """
+
+    stream: ResponseStream
+    plan: PrefillPlan | None
+    worker_ids: bool = False
+    plans: list[PrefillPlan] = field(default_factory=list)
+    finish_reason: str = "stop"
+    completion_tokens: int = 0
+    error: str | None = None
+    migrations: int = 0
+
+    def __post_init__(self) -> None:
+        if self.plan is not None:
+            self.plans.append(self.plan)
+
+    def served_by(self, stream: ResponseStream, plan: PrefillPlan | None) -> None:
+        """Another worker carries the request on (a migration) with ``stream``."""
+        self.stream, self.plan = stream, plan
+        if plan is not None:
+            self.plans.append(plan)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """``x-dynamo-*`` response headers: the decode worker, and the disaggregated path when
+        there is one (``x-dynamo-path``, ``x-dynamo-prefill-worker``, ``x-dynamo-bootstrap-room``)."""
+        headers = {"x-dynamo-decode-worker": f"{self.stream.instance_id:x}"}
+        plan = self.plan
+        if plan is not None:
+            headers["x-dynamo-path"] = plan.path
+            if plan.prefill_worker is not None:
+                headers["x-dynamo-prefill-worker"] = f"{plan.prefill_worker:x}"
+            if plan.room is not None:
+                headers["x-dynamo-bootstrap-room"] = str(plan.room)
+        return headers
+
+    @property
+    def nvext(self) -> dict[str, Any] | None:
+        """Dynamo's ``nvext`` answer fields the request asked for (``worker_id``: who served it)."""
+        if not self.worker_ids:
+            return None
+        prefill = self.plan.prefill_worker if self.plan is not None else None
+        return {"worker_id": {"prefill_worker_id": prefill, "decode_worker_id": self.stream.instance_id}}
+
+    def cancel_prefills(self) -> None:
+        """Stop every prefill planned for the request (they go with their decode)."""
+        for plan in self.plans:
+            plan.cancel()
+
+
+async def relay(
+    model: ServedModel,
+    request: PreprocessedRequest,
+    first: Any,
+    outcome: Outcome,
+    *,
+    itl: Any,
+    migration: Migration,
+) -> AsyncIterator[str]:
+    """Text pieces of ``outcome.stream`` (its ``first`` item already read), as soon as they are
+    final; ``outcome`` holds how it ended. A worker that goes down mid-stream hands the rest to
+    another (``migration``). ``itl`` is the model's inter-token latency histogram."""
+    detok = StreamDetokenizer(model.tokenizer, request.stop_conditions.stop or [])
+    push = detok.push
+    stream = outcome.stream
+    generated: list[int] | None = [] if migration.enabled else None  # kept for a migration
+    # items are `LLMEngineOutput` dicts, read as they are: no object per token on this hot path
+    item = first
+    last = time.perf_counter()
+    count = 0
+    earlier = 0  # tokens streamed by workers that went down (their usage is not in the last one's)
+    while True:
+        ids = item.get("token_ids") or ()
+        count += len(ids)
+        if generated is not None:
+            generated.extend(ids)
+        text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
+        if text:
+            yield text
+        if detok.stopped:
+            outcome.finish_reason = "stop"
+            break
+        finish = item.get("finish_reason")
+        if finish is not None:
+            outcome.finish_reason = _FINISH.get(finish, "stop")
+            usage = item.get("completion_usage")
+            if usage and isinstance(usage.get("completion_tokens"), int):
+                count = earlier + usage["completion_tokens"]
+            break
+        try:
+            item = await stream.__anext__()
+        except StopAsyncIteration:
+            break
+        except InstanceDownError as exc:
+            moved = await migration.carry_on(model, request, generated, count, exc, outcome)
+            if moved is None:
+                break
+            item, stream, earlier = moved, outcome.stream, count
+            continue
+        except RequestError as exc:
+            outcome.error = str(exc)
+            break
+        now = time.perf_counter()
+        itl.observe(now - last)
+        last = now
+    tail = detok.finish()
+    if tail:
+        yield tail
+    outcome.completion_tokens = count

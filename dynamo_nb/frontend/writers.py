@@ -1,0 +1,125 @@
+"""The writers of the request pipeline: a relayed stream as OpenAI's server-sent events
+(``data: {...}`` chunks, ``data: [DONE]``) or as one JSON body.
+
+Example::
+
+    response = await write_stream(http_request, parsed, pieces, outcome, prompt_tokens=12)
+    response = await write_unary(parsed, pieces, outcome, prompt_tokens=12)
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from ..errors import EngineError
+from ..runtime.ids import new_request_id
+from .errors import error_body
+from .openai import OpenAIRequest
+from .relay import Outcome
+
+__all__ = ["usage", "write_stream", "write_unary"]
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+DONE = b"data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI's ``usage`` object.
+
+    Example:
+        >>> usage(3, 4)
+        {'prompt_tokens': 3, 'completion_tokens': 4, 'total_tokens': 7}
+    """
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def write_stream(
+    request: web.Request,
+    parsed: OpenAIRequest,
+    pieces: AsyncIterator[str],
+    outcome: Outcome,
+    prompt_tokens: int,
+) -> web.StreamResponse:
+    """Send ``pieces`` as SSE chunks as they come, then the finish reason (and ``nvext``), the
+    usage chunk when asked for (``stream_options.include_usage``) and ``[DONE]``; an error
+    mid-stream is an error event before ``[DONE]``."""
+    response = web.StreamResponse(headers={**SSE_HEADERS, **outcome.headers})
+    await response.prepare(request)
+    chat = parsed.kind == "chat"
+    request_id = ("chatcmpl-" if chat else "cmpl-") + new_request_id()
+    head = json.dumps(
+        {
+            "id": request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": parsed.model,
+        },
+        separators=(",", ":"),
+    )[:-1]
+    if chat:
+        prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'
+        suffix = '},"logprobs":null,"finish_reason":null}]}\n\n'
+        await response.write(
+            f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
+            f'"logprobs":null,"finish_reason":null}}]}}\n\n'.encode()
+        )
+    else:
+        prefix = f'data: {head},"choices":[{{"index":0,"text":'
+        suffix = ',"logprobs":null,"finish_reason":null}]}\n\n'
+    write = response.write
+    dumps = json.dumps
+    async for text in pieces:
+        await write(f"{prefix}{dumps(text)}{suffix}".encode())
+    if outcome.error is not None:
+        await write(f"data: {dumps(error_body(500, outcome.error))}\n\n".encode())
+        await write(DONE)
+        return response
+    empty = '"delta":{}' if chat else '"text":""'
+    nvext = outcome.nvext
+    extension = f',"nvext":{dumps(nvext)}' if nvext else ""
+    await write(
+        f'data: {head},"choices":[{{"index":0,{empty},"logprobs":null,'
+        f'"finish_reason":"{outcome.finish_reason}"}}]{extension}}}\n\n'.encode()
+    )
+    if parsed.include_usage:
+        counts = usage(prompt_tokens, outcome.completion_tokens)
+        await write(f'data: {head},"choices":[],"usage":{dumps(counts)}}}\n\n'.encode())
+    await write(DONE)
+    return response
+
+
+async def write_unary(
+    parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: Outcome, prompt_tokens: int
+) -> web.Response:
+    """The whole answer as one JSON body; an error mid-stream is an `EngineError` (a 500)."""
+    text = "".join([piece async for piece in pieces])
+    if outcome.error is not None:
+        raise EngineError(f"the worker failed mid-stream: {outcome.error}")
+    chat = parsed.kind == "chat"
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": text}
+    else:
+        choice["text"] = text
+    choice.update(logprobs=None, finish_reason=outcome.finish_reason)
+    body: dict[str, Any] = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + new_request_id(),
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": parsed.model,
+        "choices": [choice],
+        "usage": usage(prompt_tokens, outcome.completion_tokens),
+    }
+    nvext = outcome.nvext
+    if nvext:
+        body["nvext"] = nvext
+    return web.json_response(body, headers=outcome.headers)
