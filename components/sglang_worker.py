@@ -34,6 +34,7 @@ import sys
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.engines.sglang import SglangEngine
 from dynamo_nb.engines.worker import serve_engine
+from dynamo_nb.extras import require_extra
 from dynamo_nb.flags import sglang_worker_parser
 from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args, shutdown_on_signals
@@ -50,6 +51,8 @@ def build_parser():
 
 async def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not args.fake_engine:  # one line and exit 2 where SGLang is missing
+        require_extra("sglang", "the SGLang worker (without --fake-engine)")
     configure_logging(args.log_level)
     args.mode = {"null": "aggregated"}.get(args.disaggregation_mode, args.disaggregation_mode)
     args.model_name = args.model_name or args.served_model_name

@@ -34,6 +34,7 @@ import sys
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.engines.vllm import VllmEngine
 from dynamo_nb.engines.worker import serve_engine
+from dynamo_nb.extras import require_extra
 from dynamo_nb.flags import vllm_worker_parser
 from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args, shutdown_on_signals
@@ -50,6 +51,7 @@ def build_parser():
 
 async def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    require_extra("vllm", "the vLLM worker")  # one line and exit 2 where vLLM is missing
     configure_logging(args.log_level)
     if args.model is not None and args.model_path is None:  # vLLM's --model names the folder too
         args.model_path = args.model

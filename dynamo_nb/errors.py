@@ -7,7 +7,8 @@ OpenAI's error ``openai_type`` and ``code``), so the status never depends on a c
 
     DynamoNBError                                      500 server_error
     ├── ConfigError (ValueError)                       a setting, flag or URL that cannot work
-    │   └── InvalidNameError                           a namespace/component/endpoint name
+    │   ├── InvalidNameError                           a namespace/component/endpoint name
+    │   └── MissingExtraError                          an optional extra that is not installed
     ├── InvalidHandlerError (TypeError)                a handler that is not an async generator
     ├── ProtocolError (ValueError)                     a message that breaks the protocol
     │   └── FrameTooLargeError                         a wire frame over the size limit
@@ -25,6 +26,8 @@ OpenAI's error ``openai_type`` and ``code``), so the status never depends on a c
     │   │   └── ModelNotFoundError (LookupError)       404 not_found_error, code model_not_found
     │   ├── NoInstancesError (TimeoutError)            503 nobody serves it (within the timeout)
     │   │   └── InstanceNotFoundError                  `direct()` to an id that is not serving
+    │   ├── OverloadedError                            503 workers and queue full (Retry-After)
+    │   ├── RoutingError                               500 a router could not place the request
     │   ├── InstanceDownError (ConnectionError)        503 refused, cut mid-stream, or silent
     │   ├── NotReadyError                              503 a worker whose registration is not done
     │   ├── RemoteHandlerError                         the handler raised: the remote error's status
@@ -57,6 +60,7 @@ __all__ = [
     "InvalidNameError",
     "InvalidRequestError",
     "LaunchError",
+    "MissingExtraError",
     "ModelNotFoundError",
     "NoInstancesError",
     "NotReadyError",
@@ -98,6 +102,11 @@ class ConfigError(DynamoNBError, ValueError):
 
 class InvalidNameError(ConfigError):
     """A namespace, component or endpoint name with characters outside ``[a-z0-9_-]``."""
+
+
+class MissingExtraError(ConfigError):
+    """A part that needs an optional extra (vLLM, SGLang, torch) runs where it is not installed;
+    the message names the extra to install (`dynamo_nb.extras.require_extra`)."""
 
 
 class InvalidHandlerError(DynamoNBError, TypeError):

@@ -425,31 +425,73 @@ def mocker_worker_parser(
     return component_parser(prog, description, add_model_args, add_engine_args, add_mocker_args)
 
 
+VLLM_FLAGS: list[tuple[str, dict[str, object]]] = [
+    ("--model", {"default": None, "help": "model folder (as --model-path)"}),
+    ("--served-model-name", {"nargs": "+", "default": None, "help": "name the model is served as"}),
+    ("--max-model-len", {"type": int, "default": None, "help": "longest prompt + output"}),
+    ("--block-size", {"type": int, "default": None, "help": "tokens per KV block"}),
+    ("--max-num-seqs", {"type": int, "default": None, "help": "requests in a batch"}),
+    ("--max-num-batched-tokens", {"type": int, "default": None, "help": "tokens in a step"}),
+    ("--dtype", {"default": "auto", "help": "weights' data type"}),
+    ("--enforce-eager", {"action": "store_true", "help": "no CUDA graphs"}),
+    ("--kv-cache-memory-bytes", {"type": int, "default": None, "help": "KV cache size in bytes"}),
+    ("--gpu-memory-utilization", {"type": float, "default": 0.9, "help": "share of GPU memory used"}),
+    ("--tensor-parallel-size", {"type": int, "default": 1, "help": "tensor parallel size"}),
+    ("--kv-transfer-config", {"default": None, "help": "KV connector for disaggregated serving, as JSON"}),
+    ("--kv-events-config", {"default": None, "help": "KV event publisher, as JSON"}),
+    ("--seed", {"type": int, "default": None, "help": "random seed"}),
+    ("--log-level", {"default": "info", "help": "logging level"}),
+]
+"""The vLLM engine flags the vLLM worker and its graphs use, as vLLM 0.32 defines them: the worker's
+parser falls back to these where vLLM is not installed, so a graph is checked and its manifests
+written without vLLM (the contract test checks them against vLLM's own parser)."""
+
+
+def add_vllm_args(parser: argparse.ArgumentParser) -> None:
+    """Add **vLLM's own** engine arguments (``AsyncEngineArgs.add_cli_args``: ``--max-model-len``,
+    ``--block-size``, ``--dtype``, ``--kv-transfer-config``, … with vLLM's help; on a host without
+    CUDA the defaults its CPU backend needs, `dynamo_nb.engines.vllm.cpu_engine_defaults`), or, where
+    vLLM is not installed, the ones its worker and graphs use (`VLLM_FLAGS`)."""
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+    except ImportError:  # not installed: the flags the worker reads, enough to check a graph
+        group = parser.add_argument_group("vLLM (not installed here: only the flags its worker reads)")
+        for flag, options in VLLM_FLAGS:
+            group.add_argument(flag, **options)  # type: ignore[arg-type]
+        return
+    from .engines.vllm import cpu_engine_defaults
+
+    AsyncEngineArgs.add_cli_args(parser)  # its --log-level is ours too: one level for both
+    if current_platform.is_cpu():
+        parser.set_defaults(**cpu_engine_defaults())
+
+
 def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None) -> argparse.ArgumentParser:
     """Every flag of the vLLM worker (components/vllm_worker.py): ours (runtime, ``--model-path``,
     ``--model-name``, ``--endpoint``, ``--mode``) and **vLLM's own engine arguments**
-    (``AsyncEngineArgs.add_cli_args``: ``--max-model-len``, ``--block-size``, ``--dtype``,
-    ``--kv-transfer-config``, … with vLLM's help). On a host without CUDA it defaults to what
-    vLLM's CPU backend needs beside other programs (`dynamo_nb.engines.vllm.cpu_engine_defaults`).
-    Needs vLLM (``pip install -e ".[vllm]"``)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.platforms import current_platform
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    (`add_vllm_args`). Without vLLM it parses the flags its worker and graphs use (`VLLM_FLAGS`),
+    so graphs are checked and manifests written; running the worker needs ``pip install -e ".[vllm]"``.
 
-    from .engines.vllm import cpu_engine_defaults
-
-    parser = FlexibleArgumentParser(
+    Example:
+        >>> args = vllm_worker_parser().parse_args(["--mode", "prefill", "--max-model-len", "1024"])
+        >>> args.mode, args.max_model_len
+        ('prefill', 1024)
+    """
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser as parser_class
+    except ImportError:
+        parser_class = argparse.ArgumentParser
+    parser = parser_class(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_runtime_args(parser)
     add_model_args(parser)
     add_endpoint_arg(parser, DEFAULT_WORKER_ENDPOINT)
     add_disagg_args(parser, bootstrap=False)
-    AsyncEngineArgs.add_cli_args(parser)  # its --log-level is ours too: one level for both
+    add_vllm_args(parser)
     add_event_loop_arg(parser)
     parser.set_defaults(log_level=_env("LOG_LEVEL", "INFO"), model=None)  # --model: as --model-path
-    if current_platform.is_cpu():
-        parser.set_defaults(**cpu_engine_defaults())
     return parser
 
 

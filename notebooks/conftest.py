@@ -1,5 +1,7 @@
-"""nbval runs every notebook here as a test. The vLLM notebook skips, with the reason, without vLLM
-and unless ``DYN_NB_VLLM_LONG=1`` (why: ``tests/helpers.py``)."""
+"""Every notebook here is a test, run by nbval in a kernel of this environment with the outputs
+sanitized by ``sanitize.cfg``: collected here only, so nbval runs where notebooks are (``pytest``,
+``pytest notebooks/`` or one notebook's path), with no flag to pass. The vLLM notebook is
+marked ``vllm`` and ``long`` (four engine starts: an opt-in group, see the root conftest.py)."""
 
 from __future__ import annotations
 
@@ -7,15 +9,32 @@ import sys
 from pathlib import Path
 
 import pytest
+from nbval.plugin import IPyNbFile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers import NEEDS_VLLM, vllm_notebook_skip_reason
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+from helpers import NEEDS_VLLM  # noqa: E402  (tests/ is on the path from here on)
+
+CELL_TIMEOUT = 300.0
+NBVAL_DEFAULT_CELL_TIMEOUT = 2000.0
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> IPyNbFile | None:
+    option = parent.config.option
+    if file_path.suffix != ".ipynb" or option.nbval or option.nbval_lax:
+        return None  # not a notebook, or nbval collects it itself (--nbval given)
+    option.nbval_current_env = True
+    option.nbval_sanitize_with = option.nbval_sanitize_with or str(HERE / "sanitize.cfg")
+    if option.nbval_cell_timeout == NBVAL_DEFAULT_CELL_TIMEOUT:
+        option.nbval_cell_timeout = CELL_TIMEOUT
+    return IPyNbFile.from_parent(parent, path=file_path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    reason = vllm_notebook_skip_reason()
-    if reason is None:
-        return
     for item in items:
+        if item.path.suffix != ".ipynb":
+            continue
+        item.add_marker(pytest.mark.processes)  # a kernel, and the workers it launches
         if item.path.stem in NEEDS_VLLM:
-            item.add_marker(pytest.mark.skip(reason=reason))
+            item.add_marker(pytest.mark.vllm)
+            item.add_marker(pytest.mark.long)

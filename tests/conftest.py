@@ -20,16 +20,22 @@ async def services() -> AsyncIterator[LocalServices]:
 
 
 @pytest.fixture
-async def make_runtime(services: LocalServices, tmp_path: Path) -> AsyncIterator[RuntimeFactory]:
+async def make_runtime(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[RuntimeFactory]:
     """``await make_runtime("etcd-tcp")`` → a runtime in that mode, shut down after the test (the
-    runtimes of one test share their etcd, or their ``file://`` folder)."""
+    runtimes of one test share their etcd, or their ``file://`` folder). The local etcd and
+    nats-server start only for a mode that uses them (the root conftest.py marks such tests
+    ``processes`` by their ``mode`` parameter)."""
     made: list[DistributedRuntime] = []
     folder = f"file://{tmp_path / 'discovery'}"
 
     async def make(mode: str, **kwargs: object) -> DistributedRuntime:
         discovery, plane = mode.split("-")
-        spec = {"memory": "memory", "file": folder, "etcd": services.etcd_url, "static": "static"}[discovery]
-        runtime = await DistributedRuntime.create(spec, plane, services.nats_url, **kwargs)  # type: ignore[arg-type]
+        uses_services = discovery == "etcd" or plane == "nats"
+        services: LocalServices | None = request.getfixturevalue("services") if uses_services else None
+        etcd_url = services.etcd_url if services else None
+        spec = {"memory": "memory", "file": folder, "etcd": etcd_url, "static": "static"}[discovery]
+        nats_url = services.nats_url if services else None
+        runtime = await DistributedRuntime.create(spec, plane, nats_url, **kwargs)  # type: ignore[arg-type]
         made.append(runtime)
         return runtime
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -23,39 +21,13 @@ MODES = ["memory-inproc", "memory-tcp", "file-tcp", "file-nats", "etcd-tcp", "et
 
 RuntimeFactory = Callable[[str], Awaitable[DistributedRuntime]]
 
-NEEDS_VLLM = {"06_serving_with_vllm"}  # notebooks that start vLLM engines
+NEEDS_VLLM = {"06_serving_with_vllm"}  # notebooks that start vLLM engines (marked vllm and long)
 
-# The default run runs the exported programs of the quick notebooks, from notebooks/ and from the
-# repository root; with this variable at 1 (.ci/run's second step sets it) every notebook's, from
-# both. nbval runs every notebook in the default run either way: running each notebook's program
-# as well would take the default run past its budget on 2 cores.
-EXPORT_ALL_OPT_IN = "DYN_NB_EXPORT_ALL"
+# The default run runs the exported programs of the quick notebooks from the repository root; the
+# `exports` group (.ci/run's second step) runs every notebook's, from notebooks/ and from the root.
+# nbval runs every notebook in the default run either way: running each notebook's program as
+# well would take the default run past its budget on 2 cores.
 QUICK_EXPORTS = {"01_runtime_basics", "02_serving_an_llm"}
-
-
-VLLM_LONG_OPT_IN = (
-    "DYN_NB_VLLM_LONG",
-    "the long vLLM runs (notebook 06: four engine starts; the disaggregated vLLM graph): ~5 min on "
-    "2 cores, run by .ci/run as a step of their own",
-)
-
-
-def vllm_skip_reason(opt_in: tuple[str, str] | None = None) -> str | None:
-    """Why a vLLM test does not run here (None: it runs): vLLM is missing, or the test is opted
-    out of the default run unless ``opt_in``'s variable is 1.
-
-    The long vLLM runs (`VLLM_LONG_OPT_IN`: the vLLM notebook starts four engines, the
-    disaggregated graph two more) would take the default run past its time budget on 2 cores."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vLLM is not installed (pip install -e '.[vllm]')"
-    if opt_in is not None and os.environ.get(opt_in[0]) != "1":
-        return f"set {opt_in[0]}=1 to run {opt_in[1]}"
-    return None
-
-
-def vllm_notebook_skip_reason() -> str | None:
-    """Why the vLLM notebook does not run here (None: it runs)."""
-    return vllm_skip_reason(VLLM_LONG_OPT_IN)
 
 
 async def collect(stream: Any) -> list[Any]:

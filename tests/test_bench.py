@@ -271,6 +271,7 @@ async def test_our_frontend_reports_the_serving_worker_of_each_request(tiny_path
             await runtime.shutdown()
 
 
+@pytest.mark.processes
 async def test_cli_writes_json_and_png_against_a_launched_stub(tmp_path: Path) -> None:
     stub = await launch(
         "-m", "dynamo_nb.bench.stub_server", "--ttft", "0.01", show_logs=False, log_dir=tmp_path
@@ -294,6 +295,7 @@ async def test_cli_writes_json_and_png_against_a_launched_stub(tmp_path: Path) -
         await stub.stop()
 
 
+@pytest.mark.processes
 def test_in_a_kernel_the_live_view_updates_one_display_and_charts_show_once() -> None:
     import jupyter_client
 

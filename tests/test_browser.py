@@ -26,16 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import NEEDS_VLLM, ROOT, free_port, pid_alive, vllm_notebook_skip_reason
+from helpers import NEEDS_VLLM, ROOT, free_port, pid_alive
 
-BROWSER_OPT_IN = "DYN_NB_BROWSER"
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 SCREENSHOTS = ROOT / "notebooks" / "build" / "browser"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 BROKEN_WIDGET_TEXTS = ("Error displaying widget", "Loading widget...")
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.browser, pytest.mark.processes, pytest.mark.timeout(900)]
 
 
 def chromium_path() -> str | None:
@@ -45,30 +44,26 @@ def chromium_path() -> str | None:
     return next((path for path in candidates if path and os.access(path, os.X_OK)), None)
 
 
-def browser_skip_reason() -> str | None:
-    """Why the test cannot run here, or None. Asked for (``DYN_NB_BROWSER=1``) it fails instead
-    of skipping when something is missing, so CI cannot pass without it."""
-    if os.environ.get(BROWSER_OPT_IN) != "1":
-        return f"the browser test runs in .ci/run's second step ({BROWSER_OPT_IN}=1)"
+def require_browser() -> None:
+    """Fail, saying what to install, where a part is missing. The ``browser`` group is opt-in
+    (the root conftest.py skips it unless asked for), so a run that gets here asked for it and
+    cannot pass without it."""
     missing = [
         name for name in ("jupyterlab", "playwright", "psutil") if importlib.util.find_spec(name) is None
     ]
     if missing:
-        pytest.fail(f'{BROWSER_OPT_IN}=1 but {", ".join(missing)} missing: pip install -e ".[browser]"')
+        pytest.fail(f'the browser test needs {", ".join(missing)}: pip install -e ".[browser]"')
     if chromium_path() is None:
         pytest.fail(
-            f"{BROWSER_OPT_IN}=1 but no chromium binary: apt-get install -y chromium (or set DYN_NB_CHROMIUM)"
+            "the browser test needs a chromium binary: apt-get install -y chromium (or set DYN_NB_CHROMIUM)"
         )
-    return None
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """JupyterLab on 127.0.0.1 serving a copy of the notebooks, autosave off, its app exposed
     to the page (``window.jupyterapp``) so the test can run commands and read cell models."""
-    reason = browser_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    require_browser()
     work = tmp_path_factory.mktemp("lab")
     for entry in ROOT.iterdir():
         if entry.name not in ("notebooks", ".git") and not entry.name.startswith("."):
@@ -193,11 +188,7 @@ def descendants(pid: int) -> list[int]:
 def browser_notebooks() -> list[Any]:
     params = []
     for notebook in NOTEBOOKS:
-        marks = []
-        if notebook.stem in NEEDS_VLLM:
-            reason = vllm_notebook_skip_reason()
-            if reason is not None:
-                marks.append(pytest.mark.skip(reason=reason))
+        marks = [pytest.mark.vllm, pytest.mark.long] if notebook.stem in NEEDS_VLLM else []
         params.append(pytest.param(notebook.name, marks=marks, id=notebook.stem))
     return params
 

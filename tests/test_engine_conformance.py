@@ -21,7 +21,14 @@ from dynamo_nb.errors import InvalidRequestError
 from dynamo_nb.llm import engine_handler
 from dynamo_nb.runtime.context import Context
 
-ENGINES = ["echo", "hf", "mocker", "vllm", "sglang-fake", pytest.param("hf-cuda", marks=pytest.mark.gpu)]
+ENGINES = [
+    "echo",
+    "hf",
+    "mocker",
+    pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.processes]),  # its engine core is a process
+    "sglang-fake",
+    pytest.param("hf-cuda", marks=pytest.mark.gpu),
+]
 
 LIMITS: dict[str, dict[str, str]] = {
     "echo": {
@@ -68,10 +75,7 @@ async def engine(request: pytest.FixtureRequest, tiny_path: Path) -> AsyncIterat
 
         device = "cpu"
         if name == "hf-cuda":
-            torch = pytest.importorskip("torch")
-            if not torch.cuda.is_available():
-                pytest.skip("needs a CUDA device")
-            device = "cuda"
+            device = "cuda"  # marked gpu: skipped without CUDA
         made = await HFEngine.load(tiny_path, device=device, kv_events=sink)
     elif name == "mocker":
         from dynamo_nb.engines import MockerEngine
@@ -84,7 +88,6 @@ async def engine(request: pytest.FixtureRequest, tiny_path: Path) -> AsyncIterat
         args = sglang_worker_parser().parse_args(["--fake-engine", "--context-length", "1024"])
         made = await SglangEngine.from_args(args, tiny_path, kv_events=sink)
     else:
-        pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]')")
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         from dynamo_nb.engines.vllm import VllmEngine, cpu_engine_defaults

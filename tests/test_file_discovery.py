@@ -19,7 +19,7 @@ from dynamo_nb import DistributedRuntime, launch
 from dynamo_nb.errors import ConfigError
 from dynamo_nb.runtime.discovery import FileDiscovery, make_discovery
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 MOCKER = ROOT / "components" / "mocker_worker.py"
 

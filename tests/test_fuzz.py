@@ -17,6 +17,7 @@ from dynamo_nb.launch import launch
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.processes
 async def test_two_thousand_generated_requests_get_no_5xx_and_only_enveloped_errors(tmp_path: Any) -> None:
     server = await launch(
         "-m", "dynamo_nb", "run", "--in", "http", "--out", "echo", "--http-port", 0,

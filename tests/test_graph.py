@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ROOT, VLLM_LONG_OPT_IN, vllm_skip_reason
+from helpers import ROOT
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.graph import Graph, GraphError, apply_overrides, check_graph, serve
@@ -71,6 +71,7 @@ def test_overrides_win_over_the_file_and_name_bad_targets() -> None:
         apply_overrides(graph, ["router.x=1"])
 
 
+@pytest.mark.processes
 def test_dry_run_prints_each_replicas_command_line() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "dynamo_nb", "serve", str(GRAPHS / "disagg_hf.yaml"), "--dry-run"],
@@ -95,8 +96,6 @@ def test_dry_run_prints_each_replicas_command_line() -> None:
 @pytest.mark.parametrize("path", sorted(GRAPHS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_example_graph_checks_with_its_components_parsers(path: Path) -> None:
     graph = Graph.from_yaml(path)
-    if any("vllm_worker" in s.component for s in graph.services.values()):
-        pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]')")
     gpus = [str(i) for i in range(8)]  # the GPU graphs are checked as if on an 8-GPU host
     commands = check_graph(
         graph, urls={"etcd": "etcd://127.0.0.1:2379", "nats": "nats://127.0.0.1:4222"}, gpus=gpus
@@ -113,20 +112,15 @@ def gone(pid: int) -> bool:
     return False
 
 
-def needs_vllm(disaggregated: bool = False) -> pytest.MarkDecorator:
-    """Skip, saying why, without vLLM (and, for two vLLM engines, without ``DYN_NB_VLLM_LONG=1``)."""
-    reason = vllm_skip_reason(VLLM_LONG_OPT_IN if disaggregated else None)
-    return pytest.mark.skipif(reason is not None, reason=reason or "")
-
-
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "name",
     [
         "agg_hf",
         "disagg_hf",
         "kv_mocker",
-        pytest.param("agg_vllm", marks=[needs_vllm(), pytest.mark.timeout(300)]),
-        pytest.param("disagg_vllm", marks=[needs_vllm(disaggregated=True), pytest.mark.timeout(300)]),
+        pytest.param("agg_vllm", marks=[pytest.mark.vllm, pytest.mark.timeout(300)]),
+        pytest.param("disagg_vllm", marks=[pytest.mark.vllm, pytest.mark.long, pytest.mark.timeout(300)]),
     ],
 )
 async def test_an_example_graph_starts_from_its_yaml_serves_and_stops_without_orphans(name: str) -> None:
@@ -160,6 +154,7 @@ async def test_an_example_graph_starts_from_its_yaml_serves_and_stops_without_or
     assert all(gone(pid) for pid in pids), running.status()
 
 
+@pytest.mark.processes
 async def test_a_killed_replica_restarts_when_its_service_says_on_failure() -> None:
     graph = Graph.from_yaml("components: {echo: {component: components/echo_worker.py, restart: on-failure}}")
     running = await serve(graph, show_logs=False)
@@ -177,6 +172,7 @@ async def test_a_killed_replica_restarts_when_its_service_says_on_failure() -> N
     assert gone(running.status()[0]["pid"])
 
 
+@pytest.mark.processes
 async def test_a_running_graph_scales_a_service_up_and_down_live() -> None:
     graph = Graph.from_yaml(
         "services: {etcd: local}\ncomponents: {echo: {component: components/echo_worker.py}}"
@@ -245,6 +241,7 @@ def test_a_bad_deployment_declaration_is_a_clear_error(source: str, message: str
     assert defaults_from_source("x = 1", "w.py") == ComponentDefaults()  # declaring none is fine
 
 
+@pytest.mark.processes
 def test_serve_in_a_terminal_stops_every_replica_on_sigterm() -> None:
     command = [
         sys.executable,

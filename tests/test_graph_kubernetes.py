@@ -111,6 +111,7 @@ def test_a_name_kubernetes_cannot_take_is_a_clear_error() -> None:
         kubernetes_manifests(graph, cwd=ROOT)
 
 
+@pytest.mark.processes
 def test_emit_k8s_prints_the_manifests() -> None:
     result = subprocess.run(
         [
@@ -157,6 +158,7 @@ async def test_system_status_is_ready_once_an_endpoint_is_served() -> None:
             await http.get("/live")
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(("flags", "event_loop"), [([], "uvloop"), (["--no-uvloop"], "asyncio")])
 async def test_a_worker_process_answers_health_on_its_system_port(flags: list[str], event_loop: str) -> None:
     """...and runs on uvloop (installed with the serving extras) unless told not to."""

@@ -19,6 +19,8 @@ from dynamo_nb import ConfigError, DistributedRuntime, LaunchError, LocalService
 
 CHATTY = ROOT / "tests" / "programs" / "chatty.py"
 
+pytestmark = pytest.mark.processes  # launching programs is what this file tests
+
 
 async def group_gone(pgid: int, timeout: float = 5.0) -> bool:
     """Whether no process of group ``pgid`` is left (zombies are reaped by their parent quickly)."""

@@ -20,7 +20,7 @@ from helpers import FRONTEND, HF_WORKER, ROOT, RuntimeFactory, collect, free_por
 
 from dynamo_nb.llm import ModelTokenizer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
 
 HI = [{"role": "user", "content": "Hello! How are you today?"}]
 

@@ -13,14 +13,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from helpers import (
-    EXPORT_ALL_OPT_IN,
-    NEEDS_VLLM,
-    QUICK_EXPORTS,
-    ROOT,
-    collect,
-    vllm_notebook_skip_reason,
-)
+from helpers import NEEDS_VLLM, QUICK_EXPORTS, ROOT, collect
 
 from dynamo_nb import DistributedRuntime, LocalServices
 from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
@@ -31,25 +24,20 @@ pytestmark = pytest.mark.timeout(180)
 
 def exports() -> list[Any]:
     """(notebook, where) pairs: each notebook's program run from notebooks/ and from the
-    repository root. All but the quick ones from the root are skipped with the reason unless
-    ``DYN_NB_EXPORT_ALL=1`` (.ci/run's second step); a vLLM notebook (its engines start in
-    about a minute) also needs its own opt-in, and runs from notebooks/ only, with a longer
-    timeout."""
-    every = os.environ.get(EXPORT_ALL_OPT_IN) == "1"
-    later = pytest.mark.skip(
-        reason=f"this exported program runs in .ci/run's second step ({EXPORT_ALL_OPT_IN}=1)"
-    )
+    repository root. All but the quick ones from the root are in the opt-in ``exports`` group
+    (.ci/run's second step); a vLLM notebook (its engines start in about a minute) is also in
+    the ``vllm`` and ``long`` groups, and runs from notebooks/ only, with a longer timeout."""
     pairs = []
     for notebook in NOTEBOOKS:
         if notebook.stem in NEEDS_VLLM:
-            marks = [pytest.mark.timeout(600)] + ([] if every else [later])
+            marks = [pytest.mark.timeout(600), pytest.mark.vllm, pytest.mark.long, pytest.mark.exports]
             pairs.append(pytest.param(notebook, "notebooks", marks=marks, id=f"{notebook.stem}-notebooks"))
             continue
         for where in ("root", "notebooks"):
             # by default the quick ones from the root only: notebooks/ as the working folder is
-            # what nbval uses, and .ci/run's second step runs both
-            runs_now = every or (notebook.stem in QUICK_EXPORTS and where == "root")
-            marks = [] if runs_now else [later]
+            # what nbval uses, and the exports group runs both
+            quick = notebook.stem in QUICK_EXPORTS and where == "root"
+            marks = [] if quick else [pytest.mark.exports]
             pairs.append(pytest.param(notebook, where, marks=marks, id=f"{notebook.stem}-{where}"))
     return pairs
 
@@ -81,15 +69,12 @@ def export(notebook: Path, cwd: Path, output_dir: Path, to: str = "script", suff
     return output_dir / (notebook.stem + suffix)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(("notebook", "where"), exports())
 def test_plain_export_is_a_program_that_passes_its_smoke_check(
     notebook: Path, where: str, tmp_path: Path
 ) -> None:
     vllm_notebook = notebook.stem in NEEDS_VLLM
-    if vllm_notebook:
-        reason = vllm_notebook_skip_reason()
-        if reason is not None:
-            pytest.skip(reason)
     cwd = ROOT if where == "root" else ROOT / "notebooks"
     script = export(notebook, cwd, tmp_path)
     source = script.read_text()
@@ -111,6 +96,7 @@ def test_plain_export_is_a_program_that_passes_its_smoke_check(
     assert "smoke ok" in result.stdout
 
 
+@pytest.mark.processes
 def test_other_exports_keep_every_cell(tmp_path: Path) -> None:
     markdown = export(NOTEBOOKS[0], ROOT, tmp_path, to="markdown", suffix=".md")
     assert "await DistributedRuntime.create()" in markdown.read_text()

@@ -242,6 +242,7 @@ async def test_no_instances_is_an_immediate_clear_error(make_runtime: RuntimeFac
     assert issubclass(NoInstancesError, TimeoutError)
 
 
+@pytest.mark.usefixtures("services")  # static-nats: a nats-server
 async def test_static_wait_for_instances_times_out_without_a_worker(make_runtime: RuntimeFactory) -> None:
     rt = await make_runtime("static-nats")
     client = await rt.endpoint("test.static-nobody.generate").client()

@@ -11,7 +11,7 @@ from dynamo_nb import LocalServices
 from dynamo_nb.errors import BinaryNotFoundError, ServiceError
 from dynamo_nb.launch.services import INSTALL_HINTS, find_binary
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(60)]
 
 
 async def test_start_answer_and_stop() -> None:

@@ -235,6 +235,7 @@ async def test_model_cards_carry_the_bootstrap_endpoint_and_sglangs_page_size(gr
     assert all(card.kv_cache_block_size == 1 for card in cards if card.name.startswith("tiny-"))
 
 
+@pytest.mark.processes
 def test_help_lists_our_flags_and_sglangs_own() -> None:
     import subprocess
     import sys
@@ -255,6 +256,7 @@ def test_help_lists_our_flags_and_sglangs_own() -> None:
         assert flag in done.stdout, flag
 
 
+@pytest.mark.processes
 def test_an_unknown_disaggregation_mode_is_refused_with_the_choices() -> None:
     import subprocess
     import sys

@@ -14,9 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import FRONTEND, ROOT, collect, free_port, vllm_skip_reason
-
-pytest.importorskip("vllm", reason="vLLM is not installed (pip install -e '.[vllm]')")
+from helpers import FRONTEND, ROOT, collect, free_port
 
 from dynamo_nb import DistributedRuntime, launch
 from dynamo_nb.errors import RequestError
@@ -25,7 +23,7 @@ from dynamo_nb.router.kv.events import KvIndexer
 from dynamo_nb.router.kv.hashing import block_hashes
 from dynamo_nb.runtime.worker import parse_ready_line
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.vllm, pytest.mark.processes, pytest.mark.timeout(300)]  # vLLM starts processes
 
 VLLM_WORKER = ROOT / "components" / "vllm_worker.py"
 PROMPT = list(range(10, 110))  # 100 tokens: three full 32-token blocks
@@ -42,9 +40,6 @@ async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     The workers are launched into this session (their own process groups), so their nice values
     rank them against the engines' spinning processes; in sessions of their own a worker's event
     loop went unscheduled for 4-12 s on 2 cores (see docs/disaggregation.md, small CPU hosts)."""
-    reason = vllm_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
     logs = tmp_path_factory.mktemp("vllm")
     common = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
     eager = [*common, "--enforce-eager"]
@@ -197,3 +192,30 @@ def test_help_lists_our_flags_and_vllms_own() -> None:
 
     args = vllm_worker_parser().parse_args(["--mode", "decode", "--max-model-len", "512"])
     assert (args.mode, args.max_model_len, args.block_size) == ("decode", 512, 32)  # 32: vLLM's CPU attention
+
+
+def test_the_flags_declared_for_hosts_without_vllm_are_vllms_own() -> None:
+    """`VLLM_FLAGS` (what graphs are checked against where vLLM is missing) parse as vLLM's
+    own parser parses them: the same destination, and the same value for a typed flag."""
+    import argparse
+
+    from dynamo_nb.flags import VLLM_FLAGS, vllm_worker_parser
+
+    real = {option: action for action in vllm_worker_parser()._actions for option in action.option_strings}
+    declared = argparse.ArgumentParser()
+    for flag, options in VLLM_FLAGS:
+        declared.add_argument(flag, **options)  # type: ignore[arg-type]
+    samples = {int: "7", float: "0.5"}
+    for flag, options in VLLM_FLAGS:
+        assert flag in real, f"{flag} is not one of vLLM's flags"
+        dest = declared._option_string_actions[flag].dest
+        assert real[flag].dest == dest, flag
+        if options.get("action") == "store_true":
+            argv = [flag]
+        elif options.get("type") in samples:
+            argv = [flag, samples[options["type"]]]  # type: ignore[index]
+        else:
+            continue  # a string vLLM parses further (JSON into a config object)
+        ours = getattr(declared.parse_args(argv), dest)
+        theirs = getattr(vllm_worker_parser().parse_args(argv), dest)
+        assert ours == theirs, (flag, ours, theirs)

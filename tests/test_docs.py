@@ -1,0 +1,111 @@
+"""Docs that cannot drift: every path ``docs/architecture.md`` names exists, and the error tree
+drawn in ``dynamo_nb/errors.py`` and ``docs/api.md`` is the code's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from helpers import ROOT
+
+from dynamo_nb import errors
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+PATH_LIKE = re.compile(r"`([A-Za-z_][\w./-]*(?:/|\.py|\.md|\.ya?ml|\.toml))`")
+TREE_LINE = re.compile(r"^(?P<indent>[\s│├└─]*)(?P<name>[A-Z]\w+Error)\b")
+
+
+def named_paths(text: str) -> list[tuple[str, list[Path]]]:
+    """Each backquoted path of ``text`` with where it may live: from the repository root, from
+    the package, or (a bare file name such as ``names.py``) beside the path named before it on
+    the same line."""
+    found = []
+    for line in text.splitlines():
+        folder: Path | None = None
+        for name in PATH_LIKE.findall(line):
+            candidates = [ROOT / name, ROOT / "dynamo_nb" / name]
+            if folder is not None:
+                candidates.append(folder / name)
+            found.append((name, candidates))
+            existing = next((c for c in candidates if c.exists()), None)
+            if existing is not None and "/" in name:
+                folder = existing if existing.is_dir() else existing.parent
+    return found
+
+
+def test_every_path_the_architecture_map_names_exists() -> None:
+    named = named_paths(ARCHITECTURE.read_text())
+    assert len(named) > 40  # the map names the files, not only folders
+    missing = [name for name, candidates in named if not any(c.exists() for c in candidates)]
+    assert missing == []
+
+
+WHERE_IS = (
+    "the request pipeline",
+    "migration",
+    "admission control",
+    "the handoff, prefill side",
+    "where a decode fetches its KV",
+    "what a new engine must implement",
+    "a flag, from the command line",
+    "the tests, and which to run",
+)
+"""The questions a newcomer asks first: each has a row in the map's "Where is …?" table."""
+
+
+def test_where_is_answers_each_question_with_paths() -> None:
+    rows = {
+        line.split("|")[1].strip(): line.split("|")[2]
+        for line in ARCHITECTURE.read_text().splitlines()
+        if line.startswith("| ") and line.count("|") >= 3
+    }
+    for question in WHERE_IS:
+        answer = next((a for q, a in rows.items() if q.startswith(question)), None)
+        assert answer is not None, f"docs/architecture.md: no row for {question!r}"
+        assert PATH_LIKE.search(answer), f"the row for {question!r} names no path"
+
+
+def test_a_missing_path_is_found_missing() -> None:
+    assert named_paths("see `dynamo_nb/nowhere.py`")[0][1][0].exists() is False
+
+
+def drawn_tree(text: str) -> set[tuple[str, str]]:
+    """(error, parent) pairs of an error tree drawn with box characters, four columns a level."""
+    pairs: set[tuple[str, str]] = set()
+    stack: list[tuple[int, str]] = []
+    for line in text.splitlines():
+        match = TREE_LINE.match(line)
+        if match is None:
+            continue
+        depth = len(match["indent"])
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        if stack:
+            pairs.add((match["name"], stack[-1][1]))
+        stack.append((depth, match["name"]))
+    return pairs
+
+
+def code_tree() -> set[tuple[str, str]]:
+    pairs = set()
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if isinstance(cls, type) and issubclass(cls, errors.DynamoNBError):
+            for base in cls.__bases__:
+                if issubclass(base, errors.DynamoNBError):
+                    pairs.add((cls.__name__, base.__name__))
+    return pairs
+
+
+def test_the_error_tree_in_the_docstring_and_the_api_docs_is_the_codes() -> None:
+    code = code_tree()
+    assert ("OverloadedError", "RequestError") in code and len(code) > 25
+    docstring = errors.__doc__ or ""
+    assert drawn_tree(docstring) == code
+    api = (ROOT / "docs" / "api.md").read_text()
+    assert drawn_tree(api) == code
+
+
+def test_a_misplaced_error_is_found() -> None:
+    tree = "DynamoNBError\n├── ConfigError\n│   └── RoutingError\n"
+    assert drawn_tree(tree) == {("ConfigError", "DynamoNBError"), ("RoutingError", "ConfigError")}
