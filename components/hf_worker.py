@@ -32,6 +32,7 @@ import logging
 import sys
 
 from dynamo_nb import DistributedRuntime
+from dynamo_nb.disagg.modes import WorkerRole
 from dynamo_nb.engines.hf import HFEngine
 from dynamo_nb.engines.worker import serve_engine
 from dynamo_nb.flags import hf_worker_parser
@@ -58,7 +59,7 @@ async def main(argv: list[str] | None = None) -> int:
     # in its --mode role; the model card is published (not with --static: the frontend is told)
     worker = await serve_engine(
         runtime,
-        args,
+        WorkerRole.from_args(args),
         model_path,
         model_name,
         lambda kv_events: HFEngine.from_args(args, model_path, kv_events=kv_events),

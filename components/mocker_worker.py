@@ -26,10 +26,11 @@ import asyncio
 import sys
 
 from dynamo_nb import ConfigError
+from dynamo_nb.disagg.modes import WorkerRole
 from dynamo_nb.engines import MockerEngine
 from dynamo_nb.engines.worker import EngineWorker, serve_engine
 from dynamo_nb.flags import mocker_worker_parser
-from dynamo_nb.llm import ModelTokenizer, model_from_args
+from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import (
     DistributedRuntime,
     announce_ready,
@@ -49,16 +50,16 @@ def build_parser():
     return mocker_worker_parser(prog="mocker_worker", description=__doc__)
 
 
-async def start_engine(args, model_path, model_name, special_ids) -> tuple[DistributedRuntime, EngineWorker]:
+async def start_engine(args, model_path, model_name) -> tuple[DistributedRuntime, EngineWorker]:
     """One engine: its own runtime (its own instance), served in its --mode role with its KV events;
     it streams prompt ids but not the tokenizer's special ones (they decode to no text)."""
     runtime = await runtime_from_args(args)
     worker = await serve_engine(
         runtime,
-        args,
+        WorkerRole.from_args(args),
         model_path,
         model_name,
-        lambda kv_events: MockerEngine.from_args(args, kv_events=kv_events, skip_token_ids=special_ids),
+        lambda kv_events: MockerEngine.from_args(args, model_path, kv_events=kv_events),
     )
     return runtime, worker
 
@@ -71,8 +72,7 @@ async def main(argv: list[str] | None = None) -> int:
     model_path, model_name = model_from_args(
         args
     )  # its tokenizer: the built-in tiny model unless --model-path
-    special_ids = ModelTokenizer.load(model_path).special_token_ids()
-    started = [await start_engine(args, model_path, model_name, special_ids) for _ in range(args.num_workers)]
+    started = [await start_engine(args, model_path, model_name) for _ in range(args.num_workers)]
     ids = ",".join(f"{worker.server.instance_id:x}" for _, worker in started)
     announce_ready(str(started[0][1].endpoint.path), instance=ids, model=model_name)
 

@@ -32,6 +32,7 @@ import logging
 import sys
 
 from dynamo_nb import DistributedRuntime
+from dynamo_nb.disagg.modes import WorkerRole
 from dynamo_nb.engines.sglang import SglangEngine
 from dynamo_nb.engines.worker import serve_engine
 from dynamo_nb.extras import require_extra
@@ -63,7 +64,7 @@ async def main(argv: list[str] | None = None) -> int:
     # --disaggregation-mode role; the card carries SGLang's page size and context length
     worker = await serve_engine(
         runtime,
-        args,
+        WorkerRole.from_args(args),
         model_path,
         model_name,
         lambda kv_events: SglangEngine.from_args(args, model_path, kv_events=kv_events),

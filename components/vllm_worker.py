@@ -32,6 +32,7 @@ import logging
 import sys
 
 from dynamo_nb import DistributedRuntime
+from dynamo_nb.disagg.modes import WorkerRole
 from dynamo_nb.engines.vllm import VllmEngine
 from dynamo_nb.engines.worker import serve_engine
 from dynamo_nb.extras import require_extra
@@ -62,7 +63,7 @@ async def main(argv: list[str] | None = None) -> int:
     # in its --mode role; the model card carries vLLM's block size and max_model_len
     worker = await serve_engine(
         runtime,
-        args,
+        WorkerRole.from_args(args),
         model_path,
         model_name,
         lambda kv_events: VllmEngine.from_args(args, model_path, kv_events=kv_events),

@@ -22,7 +22,7 @@ import argparse
 import os
 from collections.abc import Callable
 
-from .disagg.modes import WORKER_MODES
+from .disagg.modes import WORKER_MODES, WorkerRole
 from .router import ROUTER_MODES
 from .runtime.discovery import DEFAULT_LEASE_TTL
 
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 DEFAULT_WORKER_ENDPOINT = "dynamo.backend.generate"
-DEFAULT_PREFILL_ENDPOINT = "dynamo.prefill.generate"
+DEFAULT_PREFILL_ENDPOINT = WorkerRole.prefill_endpoint
 DEFAULT_ECHO_ENDPOINT = "dynamo.echo.generate"
 
 AddFlags = Callable[[argparse.ArgumentParser], None]
@@ -316,6 +316,17 @@ def _add_no_bootstrap_endpoint_arg(group: argparse._ActionsContainer) -> None:
     )
 
 
+def _set_unused_bootstrap_defaults(parser: argparse.ArgumentParser) -> None:
+    """An engine whose KV moves by its own means (vLLM's connector, SGLang's bootstrap server)
+    has no flags for our bootstrap server: its `WorkerRole` gets the role's defaults (unused)."""
+    parser.set_defaults(
+        bootstrap_host=WorkerRole.bootstrap_host,
+        bootstrap_port=WorkerRole.bootstrap_port,
+        kv_ttl=WorkerRole.kv_ttl,
+        no_bootstrap_endpoint=False,
+    )
+
+
 def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) -> None:
     """Add ``--mode`` and the disaggregated-serving flags (an engine worker's role); with
     ``bootstrap`` False only ``--mode`` and ``--prefill-endpoint`` (an engine whose own KV
@@ -331,21 +342,25 @@ def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) 
     )
     _add_prefill_endpoint_arg(disagg)
     if not bootstrap:
+        _set_unused_bootstrap_defaults(parser)
         return
     disagg.add_argument(
         "--bootstrap-host",
-        default=_env("BOOTSTRAP_HOST", "127.0.0.1"),
+        default=_env("BOOTSTRAP_HOST", WorkerRole.bootstrap_host),
         help="prefill: address of the bootstrap server decode workers fetch KV caches from "
         "(default: %(default)s)",
     )
     disagg.add_argument(
-        "--bootstrap-port", type=int, default=0, help="prefill: its port (default: 0, a free one)"
+        "--bootstrap-port",
+        type=int,
+        default=WorkerRole.bootstrap_port,
+        help="prefill: its port (default: %(default)s, a free one)",
     )
     _add_no_bootstrap_endpoint_arg(disagg)
     disagg.add_argument(
         "--kv-ttl",
         type=float,
-        default=60.0,
+        default=WorkerRole.kv_ttl,
         help="prefill: seconds a parked KV cache waits for its decode before it is dropped (default: %(default)s)",
     )
     disagg.add_argument(
@@ -590,6 +605,7 @@ def sglang_worker_parser(
     )
     add_endpoint_arg(ours, DEFAULT_WORKER_ENDPOINT)
     _add_prefill_endpoint_arg(ours)
+    _set_unused_bootstrap_defaults(parser)
     _add_no_bootstrap_endpoint_arg(ours)
     add_sglang_args(parser)
     add_event_loop_arg(parser)

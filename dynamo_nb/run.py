@@ -107,6 +107,7 @@ async def run(argv: list[str] | None = None) -> int:
 
 async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, closers: list[Any]) -> str:
     """Start the engine worker (it prints its READY line); returns the model name."""
+    from .disagg.modes import WorkerRole
     from .engines import EchoEngine
     from .engines.worker import serve_engine
     from .llm.register import model_from_args
@@ -115,12 +116,12 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
 
     async def make_engine(kv_events: Any) -> Any:
         if args.output == "echo":
-            return EchoEngine()
+            return await EchoEngine.from_args(args, model_path)
         from .engines.hf import HFEngine
 
         return await HFEngine.from_args(args, model_path, kv_events=kv_events)
 
-    worker = await serve_engine(runtime, args, model_path, model_name, make_engine)
+    worker = await serve_engine(runtime, WorkerRole.from_args(args), model_path, model_name, make_engine)
     closers.append(worker.engine.close)
     worker.announce()
     return worker.card.name

@@ -3,7 +3,8 @@
 Each test runs against every engine in ``ENGINES``. What an engine cannot do by design is
 declared in ``LIMITS`` with the reason, and those tests skip for it with that reason (echo and
 the mocker stream the prompt back, so they have no eos, sampling or vocabulary). A new engine
-adds a fixture branch in ``engine`` and its line in ``LIMITS``.
+adds a fixture branch in ``engine`` and its line in ``LIMITS``. Engines with prefill and
+decode roles (`DisaggregatedEngine`) also hand a prefilled prompt's KV to a decode.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from typing import Any
 import pytest
 from helpers import collect, req
 
+from dynamo_nb.disagg.roles import DisaggregatedEngine
+from dynamo_nb.disagg.rooms import draw_room, draw_token
+from dynamo_nb.engines.base import Engine
 from dynamo_nb.errors import InvalidRequestError
 from dynamo_nb.llm import engine_handler
 from dynamo_nb.runtime.context import Context
@@ -44,8 +48,14 @@ LIMITS: dict[str, dict[str, str]] = {
     },
     "hf": {},
     "hf-cuda": {},
-    "vllm": {},
-    "sglang-fake": {},  # SGLang's stand-in (no GPU here): our engine code against SGLang's API shapes
+    "vllm": {
+        "handoff": "vLLM's KV connector is set when the engine starts: tests/test_vllm_worker.py runs "
+        "prefill → decode between two vLLM workers",
+    },
+    "sglang-fake": {  # SGLang's stand-in (no GPU here): our engine code against SGLang's API shapes
+        "handoff": "an SGLang engine's role is fixed when it starts (--disaggregation-mode): "
+        "tests/test_sglang_worker.py runs prefill → decode between two workers",
+    },
 }
 
 PROMPT = list(range(10, 50))  # 40 tokens: more than one KV block for every engine
@@ -255,7 +265,46 @@ async def test_kv_events_describe_full_prompt_blocks(engine: Any) -> None:
     ]
     from dynamo_nb.router.kv.hashing import block_hashes
 
-    block_size = engine.block_size if hasattr(engine, "block_size") else engine.prefix_cache.block_size
-    expected = block_hashes(PROMPT, block_size)
+    expected = block_hashes(PROMPT, engine.block_size)
     assert expected and set(expected) <= {block["tokens_hash"] for block in stored}
     assert engine.kv_snapshot(), "the snapshot rebuilds the blocks it holds"
+
+
+async def test_it_declares_what_the_serving_code_reads(engine: Any) -> None:
+    assert isinstance(engine, Engine)
+    for name in ("max_num_seqs", "block_size", "context_length"):
+        value = getattr(engine, name)
+        assert value is None or (isinstance(value, int) and value > 0), (name, value)
+    assert isinstance(engine.active, int) and engine.active == 0
+    if isinstance(engine, DisaggregatedEngine):
+        assert engine.kv_timeout > 0
+        endpoint = engine.handoff_endpoint
+        assert endpoint is None or {"bootstrap_host", "bootstrap_port"} <= set(endpoint)
+
+
+async def test_a_prefill_hands_its_kv_to_a_decode_on_both_paths(engine: Any) -> None:
+    """Every engine with prefill and decode roles: the decode of a prefilled prompt gives the
+    aggregated tokens, whether the room comes with the request (fast path) or from the prefill
+    (fallback path)."""
+    if not isinstance(engine, DisaggregatedEngine):
+        pytest.skip(f"{engine.name} has no prefill and decode roles")
+    needs(engine.name, "handoff")
+    greedy = {"stop_conditions": {"ignore_eos": True}}
+    aggregated = tokens_of(await collect(engine.generate(request(max_tokens=6, **greedy))))
+    await engine.start_bootstrap()
+    endpoint = engine.handoff_endpoint
+    assert endpoint is not None, "a started bootstrap server is published as the handoff endpoint"
+
+    info = {**endpoint, "bootstrap_room": draw_room(), "bootstrap_token": draw_token()}
+    decoding = asyncio.ensure_future(
+        collect(engine.decode(request(max_tokens=6, bootstrap_info=info, **greedy)))
+    )
+    prefill = await collect(engine.prefill(request(max_tokens=6, bootstrap_info=info, **greedy)))
+    assert prefill[0]["disaggregated_params"] == info and len(tokens_of(prefill)) == 1
+    assert tokens_of(await decoding) == aggregated
+
+    prefill = await collect(engine.prefill(request(max_tokens=6, **greedy)))
+    params = prefill[0]["disaggregated_params"]
+    fallback = {"prefill_result": {"disaggregated_params": params}}
+    assert tokens_of(await collect(engine.decode(request(max_tokens=6, **fallback, **greedy)))) == aggregated
+    await wait_idle(engine)

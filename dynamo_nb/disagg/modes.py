@@ -3,6 +3,10 @@
 Example:
     >>> WorkerRole("prefill", "dynamo.prefill.generate").kinds
     ['prefill']
+    >>> WorkerRole("both", "dynamo.backend.generate")
+    Traceback (most recent call last):
+    ...
+    dynamo_nb.errors.ConfigError: --mode 'both': use one of aggregated, prefill, decode
     >>> WorkerRole("decode", "dynamo.backend.generate").kinds
     ['chat', 'completions', 'decode']
 """
@@ -29,28 +33,53 @@ logger = logging.getLogger("dynamo_nb.disagg")
 WORKER_MODES = ("aggregated", "prefill", "decode")
 
 
-@dataclass
+@dataclass(frozen=True)
 class WorkerRole:
-    """What ``--mode`` makes of an engine: where it serves and what its model card says.
+    """What ``--mode`` makes of an engine: where it serves, what its model card says, and what
+    the role starts. Built once, in a worker's ``main``, from its flags (`from_args`).
 
-    - ``aggregated``: ``engine.generate`` at ``--endpoint``;
-    - ``prefill``: ``engine.prefill`` at ``--prefill-endpoint``, card kind ``prefill`` with its
-      bootstrap server as ``disaggregated_endpoint`` (unless ``--no-bootstrap-endpoint``); an
-      engine that moves the KV itself says where with ``handoff_endpoint`` (SGLang's bootstrap
-      server; None for vLLM's connector: the fallback path);
-    - ``decode``: a `DecodeHandler` at ``--endpoint`` (it asks a prefill worker itself for requests
-      without bootstrap info), card kinds chat, completions and decode.
+    - ``aggregated``: ``engine.generate`` at ``endpoint``;
+    - ``prefill``: ``engine.prefill`` at the prefill endpoint, card kind ``prefill``; the engine's
+      bootstrap server is started (``bootstrap_host``, ``bootstrap_port``, ``kv_ttl``: a no-op
+      for an engine whose KV moves by its own means) and its ``handoff_endpoint`` published as
+      the card's ``disaggregated_endpoint`` (unless ``publish_handoff`` is off, the
+      ``--no-bootstrap-endpoint`` flag: the fallback path);
+    - ``decode``: a `DecodeHandler` at ``endpoint`` (it asks a prefill worker at
+      ``prefill_endpoint`` itself for requests without bootstrap info), card kinds chat,
+      completions and decode.
+
+    Attributes:
+        mode: ``aggregated``, ``prefill`` or ``decode``.
+        endpoint: where the worker serves (a prefill worker: its prefill endpoint).
+        prefill_endpoint: where prefill workers serve (a decode worker's own prefill client).
     """
 
     mode: str
     endpoint: str
+    prefill_endpoint: str = "dynamo.prefill.generate"
+    bootstrap_host: str = "127.0.0.1"
+    bootstrap_port: int = 0
+    kv_ttl: float = 60.0
+    publish_handoff: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in WORKER_MODES:
+            raise ConfigError(f"--mode {self.mode!r}: use one of {', '.join(WORKER_MODES)}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> WorkerRole:
-        """The role the flags ``--mode``, ``--endpoint`` and ``--prefill-endpoint`` give."""
-        if args.mode not in WORKER_MODES:
-            raise ConfigError(f"--mode {args.mode!r}: use one of {', '.join(WORKER_MODES)}")
-        return cls(args.mode, args.prefill_endpoint if args.mode == "prefill" else args.endpoint)
+        """The role an engine worker's flags give (`dynamo_nb.flags.add_disagg_args`: ``--mode``,
+        ``--endpoint``, ``--prefill-endpoint``, ``--bootstrap-*``, ``--no-bootstrap-endpoint``,
+        ``--kv-ttl``)."""
+        return cls(
+            mode=args.mode,
+            endpoint=args.prefill_endpoint if args.mode == "prefill" else args.endpoint,
+            prefill_endpoint=args.prefill_endpoint,
+            bootstrap_host=args.bootstrap_host,
+            bootstrap_port=args.bootstrap_port,
+            kv_ttl=args.kv_ttl,
+            publish_handoff=not args.no_bootstrap_endpoint,
+        )
 
     @property
     def kinds(self) -> list[str] | None:
@@ -58,22 +87,17 @@ class WorkerRole:
         return {"prefill": ["prefill"], "decode": ["chat", "completions", "decode"]}.get(self.mode)
 
     async def method(
-        self, runtime: DistributedRuntime, engine: DisaggregatedEngine, args: argparse.Namespace
+        self, runtime: DistributedRuntime, engine: DisaggregatedEngine
     ) -> tuple[EngineMethod, dict[str, Any] | None]:
         """The engine method to serve and the card's runtime config; starts what the role needs
         (the prefill role's bootstrap server, the decode role's prefill client)."""
         if self.mode == "prefill":
-            if hasattr(engine, "handoff_endpoint"):  # the engine moves the KV itself (vLLM, SGLang)
-                published = None if getattr(args, "no_bootstrap_endpoint", False) else engine.handoff_endpoint
-                return engine.prefill, {"disaggregated_endpoint": published}
-            bootstrap = await engine.start_bootstrap(
-                args.bootstrap_host, args.bootstrap_port, ttl=args.kv_ttl
-            )
-            published = None if args.no_bootstrap_endpoint else bootstrap.endpoint
+            await engine.start_bootstrap(self.bootstrap_host, self.bootstrap_port, ttl=self.kv_ttl)
+            published = engine.handoff_endpoint if self.publish_handoff else None
             return engine.prefill, {"disaggregated_endpoint": published}
         if self.mode == "decode":
             try:  # to ask a prefill worker itself for requests that come without bootstrap info
-                prefill = await runtime.endpoint(args.prefill_endpoint).client()
+                prefill = await runtime.endpoint(self.prefill_endpoint).client()
             except ConfigError as exc:  # e.g. static TCP: no address for the prefill workers
                 logger.warning("no prefill client (%s): such requests run here", exc)
                 prefill = None

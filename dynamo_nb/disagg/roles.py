@@ -54,10 +54,23 @@ class DisaggregatedEngine(Protocol):
 
     ``prefill`` yields ``disaggregated_params`` (bootstrap host, port, room) first and parks the
     prompt's KV for its decode; ``decode`` fetches it and goes on from the prefill's first token.
-    ``start_bootstrap`` starts the server the prefill role parks KV caches in.
+    ``start_bootstrap`` starts the server the prefill role parks KV caches in (a no-op for an
+    engine whose KV moves by its own means, as vLLM's connector or SGLang's bootstrap server).
+
+    Attributes:
+        kv_timeout: how long the decode role waits for its prefill's KV, in seconds (given to
+            the constructor, ``--kv-timeout``).
+        handoff_endpoint: where decode workers fetch the KV this engine's prefills park, as
+            ``{bootstrap_host, bootstrap_port}``: the prefill worker publishes it in its card as
+            ``disaggregated_endpoint``, and the frontend takes the fast path (it draws the
+            room). None: the fallback path (the frontend waits for the prefill's params).
+            `BootstrapRole`'s is its bootstrap server's, once started.
     """
 
     kv_timeout: float
+
+    @property
+    def handoff_endpoint(self) -> dict[str, Any] | None: ...
 
     def generate(
         self, request: PreprocessedRequest, context: Context | None = None
@@ -114,6 +127,11 @@ class BootstrapRole:
         async with contextlib.aclosing(stream) as items:
             async for item in items:
                 yield item
+
+    @property
+    def handoff_endpoint(self) -> dict[str, Any] | None:
+        """The bootstrap server's ``{bootstrap_host, bootstrap_port}`` once `start_bootstrap` ran."""
+        return self.bootstrap.endpoint if self.bootstrap is not None else None
 
     async def start_bootstrap(
         self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0

@@ -1,18 +1,28 @@
-"""The Engine protocol: what every engine implements, and how an engine becomes an endpoint handler.
+"""The Engine contract: what every engine implements, and how an engine becomes an endpoint handler.
 
-An engine takes typed requests and streams typed outputs; it never sees the wire:
+An engine takes typed requests and streams typed outputs; it never sees the wire. This file is
+enough to write one (``EchoEngine`` in ``echo.py`` is the smallest; the conformance suite,
+``tests/test_engine_conformance.py``, runs against every engine):
 
 - ``generate(request: PreprocessedRequest, context) -> AsyncIterator[LLMEngineOutput]``: one
-  item per new token (or a few), the last with ``finish_reason`` and usage;
+  item per new token (or a few), the last with ``finish_reason`` and usage; it stops with
+  ``cancelled`` when ``context.is_stopped()``, and refuses (`InvalidRequestError`) what it cannot
+  serve, such as a prompt past ``context_length`` (`token_budget` does both sums);
 - ``stats() -> dict``: its counters (prefix hits, steps, …), served at ``{ns}.{comp}.stats``;
 - ``kv_snapshot() -> list[event]``: the KV events that rebuild its cache from empty (a KV
   router re-syncs from it after a lost event); ``[]`` when it has no cache;
-- ``close()``: stop its tasks and release what it holds.
+- ``close()``: stop its tasks and release what it holds;
+- what the serving code reads, declared (never probed with ``getattr``): ``max_num_seqs``,
+  ``block_size``, ``context_length`` (attributes or properties; None where it has none) and
+  ``active`` (see `Engine`);
+- ``from_args``: a classmethod coroutine, ``await MyEngine.from_args(args, model_path,
+  kv_events=sink)``, that builds it whole from its worker's parsed flags (nothing is set on it
+  afterwards); a worker program passes it to `dynamo_nb.engines.worker.serve_engine`.
 
-Its KV events go to a `KvEventSink` handed to its constructor (``kv_events=``), never set from
+Its KV events go to the `KvEventSink` handed to its constructor (``kv_events=``), never set from
 outside. An engine that serves disaggregated requests is also a
-`dynamo_nb.disagg.roles.DisaggregatedEngine`: it adds ``prefill``, ``decode`` and
-``start_bootstrap`` (usually by mixing in `dynamo_nb.disagg.roles.BootstrapRole`).
+`dynamo_nb.disagg.roles.DisaggregatedEngine`: it adds ``prefill``, ``decode``, ``start_bootstrap``,
+``handoff_endpoint`` and ``kv_timeout`` (usually by mixing in `dynamo_nb.disagg.roles.BootstrapRole`).
 
 `dynamo_nb.llm.engine_handler` turns ``engine.generate`` (or ``prefill`` / ``decode``) into an
 endpoint handler, and `dynamo_nb.llm.serve_llm` serves it with its model card.
@@ -23,6 +33,9 @@ Example:
     (True, True)
     >>> isinstance(EchoEngine(), DisaggregatedEngine)
     False
+    >>> engine = MockerEngine(max_num_seqs=8)
+    >>> engine.max_num_seqs, engine.block_size, engine.context_length, engine.active
+    (8, 16, None, 0)
 """
 
 from __future__ import annotations
@@ -51,7 +64,28 @@ KvEventSink = Callable[[KvEvent], Awaitable[Any]]
 
 @runtime_checkable
 class Engine(Protocol):
-    """What every engine implements (see the module docstring)."""
+    """What every engine implements (see the module docstring).
+
+    Attributes:
+        max_num_seqs: requests it runs at once; None: no limit of its own (it queues inside).
+            Its worker publishes it in the model card's runtime config, so the frontend's
+            admission control lets in at most the sum over the workers, and the least-loaded
+            router skips a worker at its limit.
+        block_size: tokens per KV block; its worker publishes it as the card's
+            ``kv_cache_block_size``, and KV routers hash prompts in blocks of this size. None:
+            it keeps no KV blocks (the card then has the worker's ``--kv-cache-block-size``).
+        context_length: the longest prompt + output it serves; None: unbounded or unknown (the
+            card then has the model folder's).
+        active: requests running or waiting in it now (its stats and ``repr`` say it; tests
+            read it to see a cancelled request leave).
+    """
+
+    max_num_seqs: int | None
+    block_size: int | None
+    context_length: int | None
+
+    @property
+    def active(self) -> int: ...
 
     def generate(
         self, request: PreprocessedRequest, context: Context | None = None

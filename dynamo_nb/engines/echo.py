@@ -12,23 +12,45 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
-from .base import KvEvent, token_budget
+from .base import KvEvent, KvEventSink, token_budget
 
 __all__ = ["EchoEngine"]
 
 
 class EchoEngine:
-    """Yields ``max_tokens`` tokens (default 16), cycling through the prompt, one per item."""
+    """Yields ``max_tokens`` tokens (default 16), cycling through the prompt, one per item.
+
+    Attributes:
+        context_length: the longest prompt + output it serves (None: any).
+        max_num_seqs: None: no limit. block_size: None: no KV cache.
+        active: streams open now.
+    """
+
+    max_num_seqs: int | None = None
+    block_size: int | None = None
 
     def __init__(self, context_length: int | None = None) -> None:
         self.context_length = context_length
         self.requests_total = 0
-        self.active = 0  # streams open now
+        self.active = 0
+
+    @classmethod
+    async def from_args(
+        cls,
+        args: argparse.Namespace,
+        model_path: str | Path | None = None,
+        *,
+        kv_events: KvEventSink | None = None,
+    ) -> EchoEngine:
+        """The echo engine (it reads no flag, holds no model and sends no KV event)."""
+        return cls()
 
     async def generate(
         self, request: PreprocessedRequest, context: Context | None = None

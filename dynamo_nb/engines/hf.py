@@ -80,9 +80,11 @@ class HFEngine(BootstrapRole):
         device: str,
         eos_token_ids: list[int],
         max_num_seqs: int = 64,
+        block_size: int = 16,
         prefix_cache: PrefixCache | None = None,
         kv_events: KvEventSink | None = None,
         batch_decode: bool = True,
+        kv_timeout: float = 30.0,
     ) -> None:
         """Use `HFEngine.load`."""
         self.model = model
@@ -91,7 +93,9 @@ class HFEngine(BootstrapRole):
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.context_length: int | None = getattr(model.config, "max_position_embeddings", None)
-        self.max_num_seqs = max_num_seqs
+        self.max_num_seqs: int | None = max_num_seqs
+        self.block_size: int | None = block_size
+        self.kv_timeout = kv_timeout
         self._admission = asyncio.Semaphore(max_num_seqs)
         self._active: dict[int, _Sequence] = {}
         self._ids = itertools.count(1)
@@ -115,6 +119,7 @@ class HFEngine(BootstrapRole):
         prefix_cache_blocks: int = 1024,
         block_size: int = 16,
         kv_events: KvEventSink | None = None,
+        kv_timeout: float = 30.0,
     ) -> HFEngine:
         """Load the model in ``model_path`` off the event loop.
 
@@ -125,6 +130,7 @@ class HFEngine(BootstrapRole):
             prefix_cache_blocks: full prompt blocks whose KV is kept for reuse (0: no prefix cache).
             block_size: tokens per block (the model card's ``kv_cache_block_size``).
             kv_events: where the prefix cache's KV events go (e.g. a `KvEventPublisher`'s ``publish``).
+            kv_timeout: seconds the decode role waits for its prefill's KV.
         """
         folder = check_model_dir(model_path)
         if max_num_seqs < 1:
@@ -144,8 +150,10 @@ class HFEngine(BootstrapRole):
             device=device_name,
             eos_token_ids=eos,
             max_num_seqs=max_num_seqs,
+            block_size=block_size,
             prefix_cache=prefix_cache,
             kv_events=kv_events,
+            kv_timeout=kv_timeout,
         )
 
     @classmethod
@@ -154,7 +162,7 @@ class HFEngine(BootstrapRole):
     ) -> HFEngine:
         """The engine the worker flags describe (``--device``, ``--dtype``, ``--max-num-seqs``, the prefix
         cache, ``--kv-timeout``)."""
-        engine = await cls.load(
+        return await cls.load(
             model_path,
             device=args.device,
             dtype=args.dtype,
@@ -162,9 +170,8 @@ class HFEngine(BootstrapRole):
             prefix_cache_blocks=0 if args.no_enable_prefix_caching else args.prefix_cache_blocks,
             block_size=args.kv_cache_block_size,
             kv_events=kv_events,
+            kv_timeout=args.kv_timeout,
         )
-        engine.kv_timeout = args.kv_timeout
-        return engine
 
     @property
     def active(self) -> int:

@@ -50,6 +50,7 @@ import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..disagg.roles import BootstrapRole, fetch_prompt_kv
@@ -124,6 +125,8 @@ class MockerEngine(BootstrapRole):
         decode_speedup_ratio: float = 1.0,
         kv_events: KvEventSink | None = None,
         skip_token_ids: frozenset[int] = frozenset(),
+        context_length: int | None = None,
+        kv_timeout: float = 30.0,
     ) -> None:
         if speedup_ratio <= 0 or decode_speedup_ratio <= 0:
             raise ConfigError(
@@ -138,7 +141,9 @@ class MockerEngine(BootstrapRole):
         self.kv = KvBlockManager(num_blocks, block_size)
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_num_seqs = max_num_seqs
+        self.max_num_seqs: int | None = max_num_seqs
+        self.context_length = context_length  # published in the card; the simulation refuses nothing
+        self.kv_timeout = kv_timeout
         self.speedup_ratio = speedup_ratio
         self.decode_speedup_ratio = decode_speedup_ratio
         self.skip_token_ids = skip_token_ids
@@ -167,26 +172,33 @@ class MockerEngine(BootstrapRole):
         }
 
     @classmethod
-    def from_args(
+    async def from_args(
         cls,
         args: argparse.Namespace,
+        model_path: str | Path | None = None,
         *,
         kv_events: KvEventSink | None = None,
-        skip_token_ids: frozenset[int] = frozenset(),
     ) -> MockerEngine:
-        """The engine the mocker worker's flags describe (its KV pool, scheduler limits, speed, ``--kv-timeout``)."""
-        engine = cls(
+        """The engine the mocker worker's flags describe (its KV pool, scheduler limits, speed,
+        ``--context-length``, ``--kv-timeout``); it streams the prompt's ids but not the special
+        ones of ``model_path``'s tokenizer (they decode to no text)."""
+        skip: frozenset[int] = frozenset()
+        if model_path is not None:
+            from ..llm.tokenizer import ModelTokenizer
+
+            skip = frozenset(ModelTokenizer.load(model_path).special_token_ids())
+        return cls(
             block_size=args.kv_cache_block_size,
             num_blocks=args.num_gpu_blocks,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             speedup_ratio=args.speedup_ratio,
-            decode_speedup_ratio=getattr(args, "decode_speedup_ratio", 1.0),
+            decode_speedup_ratio=args.decode_speedup_ratio,
             kv_events=kv_events,
-            skip_token_ids=skip_token_ids,
+            skip_token_ids=skip,
+            context_length=args.context_length,
+            kv_timeout=args.kv_timeout,
         )
-        engine.kv_timeout = args.kv_timeout
-        return engine
 
     def kv_snapshot(self) -> list[KvEvent]:
         """Events that rebuild the KV pool's index from empty (for a KV router's re-sync)."""

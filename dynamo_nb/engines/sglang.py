@@ -173,7 +173,8 @@ class SglangEngine(RelayedKvEvents):
         relay: the KV-event relay (None: no sink was given).
     """
 
-    kv_timeout: float = 30.0
+    max_num_seqs: int | None = None  # SGLang schedules and queues its requests itself
+    kv_timeout: float = 30.0  # SGLang's own transfer waits for the KV with its own timeouts
 
     def __init__(self, llm: Any, relay: ZmqKvRelay | None = None) -> None:
         """Use `SglangEngine.start`."""
@@ -226,7 +227,7 @@ class SglangEngine(RelayedKvEvents):
         """The engine the SGLang worker's flags describe (SGLang's ``ServerArgs``, ``--model-path``;
         ``--fake-engine`` for the recording stand-in)."""
         fake = None
-        if getattr(args, "fake_engine", False):
+        if args.fake_engine:
             fake = {
                 "record_path": args.fake_record,
                 "prefill_delay": args.fake_prefill_delay,

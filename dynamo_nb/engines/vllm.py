@@ -244,10 +244,14 @@ class VllmEngine(RelayedKvEvents):
         llm: the ``AsyncLLM``.
         block_size: tokens per KV block (vLLM's cache config; the model card publishes it).
         context_length: the longest prompt + output (vLLM's ``max_model_len``).
+        max_num_seqs: None: vLLM schedules and queues its requests itself.
+        handoff_endpoint: None: vLLM's KV connector moves the KV (the fallback path).
         relay: the KV-event relay (None: no sink was given).
     """
 
-    kv_timeout: float = 30.0
+    max_num_seqs: int | None = None
+    handoff_endpoint: dict[str, Any] | None = None
+    kv_timeout: float = 30.0  # vLLM's connector waits for the KV with its own timeouts
 
     def __init__(self, llm: Any, stats: _EngineStats, relay: ZmqKvRelay | None = None) -> None:
         """Use `VllmEngine.start`."""
@@ -298,9 +302,8 @@ class VllmEngine(RelayedKvEvents):
         engine_args = AsyncEngineArgs.from_cli_args(
             argparse.Namespace(**{**vars(args), "model": str(model_path)})
         )
-        mode = getattr(args, "mode", "aggregated")
-        if mode in ("prefill", "decode") and engine_args.kv_transfer_config is None:
-            engine_args.kv_transfer_config = nixl_transfer_config(mode)
+        if args.mode in ("prefill", "decode") and engine_args.kv_transfer_config is None:
+            engine_args.kv_transfer_config = nixl_transfer_config(args.mode)
         return await cls.start(engine_args, kv_events=kv_events)
 
     # -- the Engine protocol
@@ -334,10 +337,6 @@ class VllmEngine(RelayedKvEvents):
             "requests": self.requests_total,
             "aborted": self.aborted_total,
         }
-
-    handoff_endpoint: dict[str, Any] | None = None
-    """vLLM's prefill has no bootstrap server: its card publishes none, so routers take the
-    fallback path (they wait for its ``kv_transfer_params``)."""
 
     @property
     def active(self) -> int:

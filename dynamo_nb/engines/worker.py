@@ -3,19 +3,22 @@
 Every engine worker (``components/hf_worker.py``, ``components/mocker_worker.py``,
 ``python -m dynamo_nb run``) takes the same steps, in this order:
 
-1. its ``--mode`` role (`dynamo_nb.disagg.modes.WorkerRole`): which endpoint it serves and
-   what its card says;
+1. its ``--mode`` role (`dynamo_nb.disagg.modes.WorkerRole`, built from its flags in ``main``):
+   which endpoint it serves and what its card says;
 2. a `KvEventPublisher` on that endpoint's component (when the runtime has an event plane),
    handed to the engine as its KV-event sink; ``kv_sync`` then serves the engine's snapshot;
 3. the role's method served behind a readiness gate and the model card published
    (`dynamo_nb.llm.serve_llm`);
 4. ``{ns}.{comp}.stats`` serving the engine's counters.
 
+The card says what the engine declares (`dynamo_nb.engines.base.Engine`): its ``block_size``,
+``context_length`` and ``max_num_seqs``.
+
 Example::
 
     runtime = await runtime_from_args(args)
     worker = await serve_engine(
-        runtime, args, model_path, model_name,
+        runtime, WorkerRole.from_args(args), model_path, model_name,
         lambda kv_events: HFEngine.from_args(args, model_path, kv_events=kv_events),
     )
     worker.announce()       # READY dynamo.backend.generate instance=… address=… model=tiny-llama
@@ -23,7 +26,6 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -51,7 +53,7 @@ EngineFactory = Callable[[KvEventSink | None], "Engine | Awaitable[Engine]"]
 class EngineWorker:
     """A served engine: the engine, its endpoint, the server and the published model card."""
 
-    engine: Any
+    engine: Engine
     endpoint: Endpoint
     server: EndpointServer
     card: ModelCard
@@ -68,14 +70,13 @@ class EngineWorker:
 
 async def serve_engine(
     runtime: DistributedRuntime,
-    args: argparse.Namespace,
+    role: WorkerRole,
     model_path: Path,
     model_name: str,
     make_engine: EngineFactory,
 ) -> EngineWorker:
-    """Build the engine with ``make_engine(kv_events)`` and serve it as the flags say (see the
-    module docstring); ``args`` are an engine worker's (`dynamo_nb.flags.add_engine_args`)."""
-    role = WorkerRole.from_args(args)
+    """Build the engine with ``make_engine(kv_events)`` and serve it in ``role`` (see the module
+    docstring)."""
     endpoint = runtime.endpoint(role.endpoint)
     publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
     made = make_engine(publisher.publish if publisher is not None else None)
@@ -83,19 +84,20 @@ async def serve_engine(
     try:
         if publisher is not None:
             await publisher.serve_sync(engine.kv_snapshot)
-        method, runtime_config = await role.method(runtime, engine, args)
-        limit = getattr(engine, "max_num_seqs", None)
-        if limit:  # the frontend's admission control and least-loaded router read it
-            runtime_config = {**(runtime_config or {}), "max_num_seqs": limit}
+        method, runtime_config = await role.method(runtime, engine)
+        if engine.max_num_seqs:  # the frontend's admission control and least-loaded router read it
+            runtime_config = {**(runtime_config or {}), "max_num_seqs": engine.max_num_seqs}
+        card_options: dict[str, Any] = {"context_length": engine.context_length}
+        if engine.block_size is not None:  # else the card's default (the engine keeps no KV blocks)
+            card_options["kv_cache_block_size"] = engine.block_size
         server, card = await serve_llm(
             endpoint,
             method,
             model_path,
             model_name=model_name,
             kind=role.kinds,
-            kv_cache_block_size=getattr(engine, "block_size", None) or args.kv_cache_block_size,
             runtime_config=runtime_config,
-            context_length=getattr(engine, "context_length", None) or getattr(args, "context_length", None),
+            **card_options,
         )
         await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))  # prefix hits
     except BaseException:
