@@ -67,6 +67,24 @@ def test_malformed_disaggregated_params_name_what_is_wrong(params: Any, says: st
     assert says in str(caught.value)
 
 
+def test_the_handoff_travels_typed_and_comes_back_equal() -> None:
+    """Bootstrap info and a prefill result are typed on both sides of the wire: written as
+    dicts (msgpack), read back into the same objects."""
+    import msgpack
+
+    from dynamo_nb.llm import PrefillResult
+
+    info = BootstrapInfo("127.0.0.1", 7000, draw_room(), draw_token())
+    fast = PreprocessedRequest(token_ids=[1, 2], bootstrap_info=info)
+    fallback = PreprocessedRequest(token_ids=[1, 2], prefill_result=PrefillResult(bootstrap=info))
+    vllm = PreprocessedRequest(token_ids=[1], prefill_result=PrefillResult(kv_transfer_params={"ids": [3]}))
+    for request in (fast, fallback, vllm):
+        wire = msgpack.unpackb(msgpack.packb(request.to_dict()))
+        assert PreprocessedRequest.from_dict(wire) == request
+    assert fast.to_dict()["bootstrap_info"]["bootstrap_token"] == info.token
+    assert vllm.to_dict()["prefill_result"] == {"disaggregated_params": {"kv_transfer_params": {"ids": [3]}}}
+
+
 async def test_bootstrap_server_parks_waits_fails_and_expires() -> None:
     server = await BootstrapServer.start(ttl=60)
     try:
@@ -208,8 +226,15 @@ async def test_decode_refuses_what_it_cannot_use(hf_engine: Any) -> None:
         DisaggregationError, match="holds the KV of 40 prompt tokens, but this request has 37"
     ):
         await collect(hf_engine.decode(req(shorter)))
-    with pytest.raises(DisaggregationError, match="bootstrap_room must be an integer"):
-        await collect(hf_engine.prefill(req({**GREEDY, "bootstrap_info": {"bootstrap_room": "x"}})))
+    vllms = {"kv_transfer_params": {"remote_block_ids": [0]}}  # another engine's handoff
+    with pytest.raises(DisaggregationError, match="the prefill sent an engine's own kv_transfer_params"):
+        await collect(hf_engine.decode(req({**GREEDY, "prefill_result": {"disaggregated_params": vllms}})))
+    # the handoff is typed: a malformed one is refused where the request enters the process
+    bad_room = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": "x"}
+    with pytest.raises(DisaggregationError, match=r"bootstrap_info\.bootstrap_room must be an integer"):
+        req({**GREEDY, "bootstrap_info": bad_room})
+    with pytest.raises(DisaggregationError, match=r"bootstrap_info lacks bootstrap_host, bootstrap_port"):
+        req({**GREEDY, "bootstrap_info": {"bootstrap_room": 5}})
 
 
 async def test_prefill_and_decode_worker_processes_behind_a_frontend(

@@ -110,13 +110,17 @@ async def test_stop_strings_end_vllm_output_at_the_frontend(graph: dict[str, Any
 
 
 async def test_a_decode_request_with_bad_kv_transfer_params_is_a_clear_error(graph: dict[str, Any]) -> None:
-    bad = {**GREEDY, "prefill_result": {"disaggregated_params": {"bootstrap_room": 7}}}
+    ours = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 9, "bootstrap_room": 7}  # not vLLM's handoff
+    wrong = {**GREEDY, "prefill_result": {"disaggregated_params": ours}}
     with pytest.raises(
         RequestError,
         match=r"needs prefill_result.disaggregated_params.kv_transfer_params.*"
-        r"carries disaggregated_params with \['bootstrap_room'\]",
+        r"carries disaggregated_params with \['bootstrap_host', 'bootstrap_port', 'bootstrap_room'\]",
     ):
-        await collect(graph["client"].round_robin(bad))
+        await collect(graph["client"].round_robin(wrong))
+    malformed = {**GREEDY, "prefill_result": {"disaggregated_params": {"bootstrap_room": 7}}}
+    with pytest.raises(RequestError, match=r"disaggregated_params lacks bootstrap_host, bootstrap_port"):
+        await collect(graph["client"].round_robin(malformed))  # refused where the request is read
 
 
 async def test_model_cards_carry_vllms_block_size_and_no_bootstrap_endpoint(graph: dict[str, Any]) -> None:

@@ -1,14 +1,17 @@
 """Disaggregated prefill/decode: everything about the handoff from a prefill to its decode.
 
-- ``rooms.py``: bootstrap rooms and `BootstrapInfo` (host, port, room);
-- ``bootstrap.py``: the prefill's `BootstrapServer`, where KV caches wait for their decode;
+- ``roles.py``: the `DisaggregatedEngine` contract (an engine's prefill and decode roles);
+- ``prefill.py``: the prefill side, where a prefill parks its KV (`BootstrapRole`, `prefill_stream`);
+- ``decode.py``: the decode side, where a decode fetches its KV (`fetch_prompt_kv`) and
+  `DecodeHandler`, a decode worker that asks a prefill worker itself when needed;
+- ``rooms.py``: bootstrap rooms (`draw_room`, `draw_token`; the typed `BootstrapInfo` is
+  `dynamo_nb.llm.bootstrap_info`'s);
+- ``bootstrap.py``: the prefill's `BootstrapServer`, where KV caches wait for their decode, and
+  `fetch_kv`, its client;
 - ``kv_wire.py``: the KV payload (a JSON header and raw tensor bytes, checked on arrival);
-- ``roles.py``: the `DisaggregatedEngine` protocol, `BootstrapRole` (an engine's prefill role)
-  and `fetch_prompt_kv` (its decode role's fetch);
 - ``modes.py``: `WorkerRole`, what a worker's ``--mode`` makes of its engine;
 - ``handoff.py``: sending a prefill, awaiting its params, draining it — shared by the frontend's
-  prefill router and the decode handler;
-- ``decode.py``: `DecodeHandler`, a decode worker that asks a prefill worker itself when needed.
+  prefill router and the decode handler.
 
 Example:
     >>> from dynamo_nb.disagg import BootstrapInfo, draw_room
@@ -20,10 +23,11 @@ Example:
 from __future__ import annotations
 
 from .bootstrap import BootstrapServer, fetch_kv
-from .decode import DecodeHandler
+from .decode import DecodeHandler, fetch_prompt_kv
 from .kv_wire import KV_FORMAT, KVLayout, check_header, pack_kv, unpack_kv
 from .modes import WorkerRole
-from .roles import BootstrapRole, DisaggregatedEngine, fetch_prompt_kv
+from .prefill import BootstrapRole
+from .roles import DisaggregatedEngine
 from .rooms import MAX_ROOM, BootstrapInfo, draw_room, draw_token
 
 __all__ = [

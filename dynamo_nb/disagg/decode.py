@@ -1,4 +1,10 @@
-"""The decode worker's handler: decode from a prefill's KV, asking a prefill worker itself when needed.
+"""The decode side of disaggregated serving: where a decode fetches its KV, and the decode
+worker's handler.
+
+`fetch_prompt_kv` is the decode role's fetch: where the KV is (`bootstrap_of`: the request's
+``bootstrap_info``, else its ``prefill_result``), the KV itself from the prefill's bootstrap
+server (`dynamo_nb.disagg.bootstrap.fetch_kv`), checked against the prompt. The prefill side is
+`dynamo_nb.disagg.prefill`.
 
 A decode request normally arrives with ``bootstrap_info`` (the frontend's prefill router
 chose the prefill worker and the room) or ``prefill_result`` (the router waited for the
@@ -20,21 +26,54 @@ import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DisaggregationError, RequestError
+from ..llm.bootstrap_info import BootstrapInfo
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from . import handoff
+from .bootstrap import fetch_kv
 from .roles import DisaggregatedEngine
 
 if TYPE_CHECKING:
     from ..llm.register import EngineMethod
     from ..runtime.client import Client
 
-__all__ = ["DecodeHandler"]
+__all__ = ["DecodeHandler", "bootstrap_of", "fetch_prompt_kv"]
 
 logger = logging.getLogger("dynamo_nb.disagg")
+
+
+def bootstrap_of(request: PreprocessedRequest) -> BootstrapInfo:
+    """Where a decode request's KV is: ``bootstrap_info``, else ``prefill_result``'s bootstrap room."""
+    if request.bootstrap_info is not None:
+        return request.bootstrap_info
+    result = request.prefill_result
+    if result is not None and result.bootstrap is not None:
+        return result.bootstrap
+    if result is not None:
+        raise DisaggregationError(
+            "this engine fetches its KV from a bootstrap server, but the prefill sent an engine's own "
+            "kv_transfer_params: serve prefill and decode with the same engine"
+        )
+    raise DisaggregationError(
+        "a decode request needs bootstrap_info (fast path) or prefill_result.disaggregated_params "
+        "(fallback path); neither was sent"
+    )
+
+
+async def fetch_prompt_kv(request: PreprocessedRequest, timeout: float) -> tuple[dict[str, Any], bytes]:
+    """The decode role's KV header and payload, from the prefill's bootstrap server; refuses the
+    KV of another prompt."""
+    info = bootstrap_of(request)
+    header, payload = await fetch_kv(info, timeout=timeout)
+    if header.get("prompt_tokens") != len(request.token_ids):
+        raise DisaggregationError(
+            f"room {info.room} holds the KV of {header.get('prompt_tokens')} prompt tokens, "
+            f"but this request has {len(request.token_ids)}: prefill and decode got different prompts"
+        )
+    return header, payload
 
 
 class DecodeHandler:
@@ -105,9 +144,9 @@ class DecodeHandler:
         stream = self.prefill.round_robin(handoff.prefill_request(request).to_dict())  # NoInstancesError
         self.self_prefills += 1
         try:
-            params = await handoff.await_params(stream, self.prefill_timeout)
+            result = await handoff.await_params(stream, self.prefill_timeout)
         except BaseException:
             await stream.aclose()
             raise
         handoff.drain(stream, what="the prefill stream after its disaggregated_params")
-        return dataclasses.replace(request, prefill_result={"disaggregated_params": params})
+        return dataclasses.replace(request, prefill_result=result)

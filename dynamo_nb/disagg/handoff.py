@@ -33,13 +33,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DisaggregationError, RequestError
+from ..llm.bootstrap_info import BootstrapInfo, PrefillResult
 from ..llm.protocol import PreprocessedRequest
-from .rooms import BootstrapInfo
 
 if TYPE_CHECKING:
     from ..runtime.client import ResponseStream
 
-__all__ = ["await_params", "check_params", "drain", "prefill_request"]
+__all__ = ["await_params", "drain", "prefill_request"]
 
 logger = logging.getLogger("dynamo_nb.disagg")
 
@@ -50,30 +50,13 @@ def prefill_request(request: PreprocessedRequest, info: BootstrapInfo | None = N
     """The prefill of ``request``: one token, with ``bootstrap_info`` when the room is drawn already."""
     prefill = request.with_max_tokens(1)
     if info is not None:
-        prefill.bootstrap_info = info.to_dict()
+        prefill.bootstrap_info = info
     return prefill
 
 
-def check_params(params: Any, what: str = "the prefill worker's disaggregated_params") -> dict[str, Any]:
-    """A prefill's ``disaggregated_params``, checked: an engine's own KV connector handoff
-    (``{"kv_transfer_params": {...}}``, vLLM's) as it is, else bootstrap host, port and room.
-
-    Example:
-        >>> check_params({"kv_transfer_params": {"remote_block_ids": [3]}})
-        {'kv_transfer_params': {'remote_block_ids': [3]}}
-        >>> check_params({"bootstrap_host": "127.0.0.1", "bootstrap_port": 7000})
-        Traceback (most recent call last):
-        ...
-        dynamo_nb.errors.DisaggregationError: the prefill worker's disaggregated_params lacks bootstrap_room ...
-    """
-    if isinstance(params, dict) and isinstance(params.get("kv_transfer_params"), dict):
-        return params
-    return BootstrapInfo.parse(params, what).to_dict()
-
-
-async def await_params(stream: Any, timeout: float) -> dict[str, Any]:
-    """The ``disaggregated_params`` of the prefill ``stream``'s first item, checked by
-    `check_params` (the stream goes on).
+async def await_params(stream: Any, timeout: float) -> PrefillResult:
+    """The ``disaggregated_params`` of the prefill ``stream``'s first item, parsed and checked
+    (`PrefillResult.from_params`; the stream goes on).
 
     Raises:
         DisaggregationError: the prefill ended without output, failed, did not answer within
@@ -91,7 +74,7 @@ async def await_params(stream: Any, timeout: float) -> dict[str, Any]:
     except RequestError as exc:
         raise DisaggregationError(f"the prefill failed: {exc}") from None
     params = first.get("disaggregated_params") if isinstance(first, dict) else None
-    return check_params(params)
+    return PrefillResult.from_params(params)
 
 
 def drain(

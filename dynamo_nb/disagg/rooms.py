@@ -1,4 +1,5 @@
-"""Bootstrap rooms and the (host, port, room, token) that join a prefill to its decode.
+"""Bootstrap rooms and the (host, port, room, token) that join a prefill to its decode (the
+typed `BootstrapInfo` lives with the request it travels in, `dynamo_nb.llm.bootstrap_info`).
 
 A prefill worker's bootstrap server parks the KV cache of a prompt under a *room*; the
 decode worker fetches it from ``bootstrap_host:bootstrap_port`` by the same room. Rooms are
@@ -20,16 +21,10 @@ Example:
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
-from typing import Any
 
-from ..errors import DisaggregationError
+from ..llm.bootstrap_info import MAX_ROOM, BootstrapInfo, check_token
 
 __all__ = ["MAX_ROOM", "BootstrapInfo", "check_token", "draw_room", "draw_token"]
-
-MAX_ROOM = 2**63 - 1
-_KEYS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
-MAX_TOKEN_CHARS = 128
 
 
 def draw_room() -> int:
@@ -40,53 +35,3 @@ def draw_room() -> int:
 def draw_token() -> str:
     """A room's token: 128 random bits from the OS's CSPRNG, as 32 hex digits."""
     return secrets.token_hex(16)
-
-
-def check_token(token: Any, what: str = "bootstrap_info") -> str:
-    """``token`` if it can be a room's token (a string of 1..128 characters), else `DisaggregationError`."""
-    if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN_CHARS:
-        raise DisaggregationError(
-            f"{what}.bootstrap_token must be a string of 1..{MAX_TOKEN_CHARS} characters"
-        )
-    return token
-
-
-@dataclass(frozen=True)
-class BootstrapInfo:
-    """Where a decode fetches its KV cache: the prefill's bootstrap server, the room, and the
-    room's token (None only for engines whose own bootstrap has no tokens)."""
-
-    host: str
-    port: int
-    room: int
-    token: str | None = None
-
-    @classmethod
-    def parse(cls, data: Any, what: str = "disaggregated_params") -> BootstrapInfo:
-        """Check ``{bootstrap_host, bootstrap_port, bootstrap_room}``; `DisaggregationError` names what is wrong."""
-        if not isinstance(data, dict):
-            raise DisaggregationError(f"{what} must be an object with {', '.join(_KEYS)}, got {data!r}")
-        missing = [key for key in _KEYS if data.get(key) is None]
-        if missing:
-            raise DisaggregationError(f"{what} lacks {', '.join(missing)} (it has {sorted(data)})")
-        host, port, room = (data[key] for key in _KEYS)
-        if not isinstance(host, str) or not host:
-            raise DisaggregationError(f"{what}.bootstrap_host must be a host name, got {host!r}")
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-            raise DisaggregationError(f"{what}.bootstrap_port must be a port number, got {port!r}")
-        if not isinstance(room, int) or isinstance(room, bool) or not 0 <= room <= MAX_ROOM:
-            raise DisaggregationError(f"{what}.bootstrap_room must be an integer in 0..2**63-1, got {room!r}")
-        token = data.get("bootstrap_token")
-        return cls(host, port, room, None if token is None else check_token(token, what))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The wire form: ``{"bootstrap_host", "bootstrap_port", "bootstrap_room"}`` and
-        ``bootstrap_token`` when there is one."""
-        out: dict[str, Any] = {
-            "bootstrap_host": self.host,
-            "bootstrap_port": self.port,
-            "bootstrap_room": self.room,
-        }
-        if self.token is not None:
-            out["bootstrap_token"] = self.token
-        return out

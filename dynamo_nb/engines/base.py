@@ -22,7 +22,7 @@ enough to write one (``EchoEngine`` in ``echo.py`` is the smallest; the conforma
 Its KV events go to the `KvEventSink` handed to its constructor (``kv_events=``), never set from
 outside. An engine that serves disaggregated requests is also a
 `dynamo_nb.disagg.roles.DisaggregatedEngine`: it adds ``prefill``, ``decode``, ``start_bootstrap``,
-``handoff_endpoint`` and ``kv_timeout`` (usually by mixing in `dynamo_nb.disagg.roles.BootstrapRole`).
+``handoff_endpoint`` and ``kv_timeout`` (usually by mixing in `dynamo_nb.disagg.prefill.BootstrapRole`).
 
 `dynamo_nb.llm.engine_handler` turns ``engine.generate`` (or ``prefill`` / ``decode``) into an
 endpoint handler, and `dynamo_nb.llm.serve_llm` serves it with its model card.

@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from ..disagg import KVLayout, pack_kv, unpack_kv
-from ..disagg.roles import BootstrapRole, fetch_prompt_kv
+from ..disagg.decode import fetch_prompt_kv
+from ..disagg.prefill import BootstrapRole
 from ..errors import ConfigError, EngineError, InvalidRequestError
 from ..llm.card import check_model_dir
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions

@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..disagg.roles import BootstrapRole, fetch_prompt_kv
+from ..disagg.decode import fetch_prompt_kv
+from ..disagg.prefill import BootstrapRole
 from ..errors import ConfigError, DisaggregationError, InvalidRequestError
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context

@@ -46,7 +46,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from ..disagg.roles import bootstrap_of, requested_room
+from ..disagg.decode import bootstrap_of
+from ..disagg.rooms import draw_room
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
 from ..launch.services import free_port
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
@@ -302,11 +303,11 @@ class SglangEngine(RelayedKvEvents):
             raise DisaggregationError(
                 f"this SGLang engine runs with --disaggregation-mode {self.mode}, not prefill"
             )
-        asked = request.bootstrap_info or {}
+        asked = request.bootstrap_info  # the router's room (and SGLang's server it named), else ours
         handoff = {
-            "bootstrap_host": asked.get("bootstrap_host") or endpoint["bootstrap_host"],
-            "bootstrap_port": asked.get("bootstrap_port") or endpoint["bootstrap_port"],
-            "bootstrap_room": requested_room(request.bootstrap_info),
+            "bootstrap_host": asked.host if asked is not None else endpoint["bootstrap_host"],
+            "bootstrap_port": asked.port if asked is not None else endpoint["bootstrap_port"],
+            "bootstrap_room": asked.room if asked is not None else draw_room(),
         }
         yield LLMEngineOutput([], disaggregated_params=handoff)
         budget = token_budget(request, self.context_length)

@@ -549,26 +549,25 @@ def nixl_transfer_config(mode: str) -> Any:
 
 
 def kv_transfer_params_of(request: PreprocessedRequest) -> dict[str, Any]:
-    """The prefill's ``kv_transfer_params`` a decode request carries in
-    ``prefill_result.disaggregated_params``; a clear `DisaggregationError` when it has none.
+    """The prefill's ``kv_transfer_params`` a decode request carries in its ``prefill_result``;
+    a clear `DisaggregationError` when it has none.
 
     Example:
-        >>> kv_transfer_params_of(PreprocessedRequest([1], prefill_result={
-        ...     "disaggregated_params": {"kv_transfer_params": {"remote_block_ids": [0]}}}))
+        >>> from dynamo_nb.llm.bootstrap_info import PrefillResult
+        >>> kv_transfer_params_of(PreprocessedRequest([1], prefill_result=PrefillResult(
+        ...     kv_transfer_params={"remote_block_ids": [0]})))
         {'remote_block_ids': [0]}
     """
     result = request.prefill_result
-    params = result.get("disaggregated_params") if isinstance(result, dict) else None
-    transfer = params.get("kv_transfer_params") if isinstance(params, dict) else None
-    if not isinstance(transfer, dict):
-        if isinstance(params, dict):
-            where = f"disaggregated_params with {sorted(params)}"
-        elif request.bootstrap_info is not None:
-            where = "bootstrap_info (a vLLM prefill has no bootstrap server)"
-        else:
-            where = "no prefill_result"
-        raise DisaggregationError(
-            "a vLLM decode request needs prefill_result.disaggregated_params.kv_transfer_params from a "
-            f"vLLM prefill worker; it carries {where}"
-        )
-    return transfer
+    if result is not None and result.kv_transfer_params is not None:
+        return result.kv_transfer_params
+    if result is not None:
+        where = f"disaggregated_params with {sorted(result.params)}"
+    elif request.bootstrap_info is not None:
+        where = "bootstrap_info (a vLLM prefill has no bootstrap server)"
+    else:
+        where = "no prefill_result"
+    raise DisaggregationError(
+        "a vLLM decode request needs prefill_result.disaggregated_params.kv_transfer_params from a "
+        f"vLLM prefill worker; it carries {where}"
+    )

@@ -2,6 +2,8 @@
 
 - ``protocol.py``: `PreprocessedRequest` (tokens, stop conditions, sampling, routing,
   bootstrap info) and `LLMEngineOutput` (new tokens, finish reason, usage, disaggregated params);
+- ``bootstrap_info.py``: `BootstrapInfo` and `PrefillResult`, what joins a prefill to its
+  decode, typed and checked where a request enters a process;
 - ``card.py``: `ModelCard` and its runtime config, read from a model folder;
 - ``register.py``: `serve_llm` / `register_llm` (publish the card), `engine_handler`;
 - ``tokenizer.py`` and ``detokenize.py``: the frontend's chat template, tokenizer and
@@ -15,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+from .bootstrap_info import BootstrapInfo, PrefillResult
 from .card import CARD_PREFIX, MODEL_KINDS, ModelCard, ModelRuntimeConfig, card_from_folder, check_model_dir
 from .detokenize import StreamDetokenizer
 from .protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
@@ -32,11 +35,13 @@ from .tokenizer import ModelTokenizer
 __all__ = [
     "CARD_PREFIX",
     "MODEL_KINDS",
+    "BootstrapInfo",
     "EngineMethod",
     "LLMEngineOutput",
     "ModelCard",
     "ModelRuntimeConfig",
     "ModelTokenizer",
+    "PrefillResult",
     "PreprocessedRequest",
     "ReadinessGate",
     "SamplingOptions",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import InvalidRequestError
+from .bootstrap_info import BootstrapInfo, PrefillResult
 
 __all__ = [
     "FINISH_REASONS",
@@ -58,6 +59,10 @@ def _opt_float(data: dict[str, Any], key: str, low: float, high: float) -> float
     if not low <= value <= high:
         raise InvalidRequestError(f"{key} must be between {low:g} and {high:g}, got {value}", param=key)
     return float(value)
+
+
+def _optional(parse: Any, value: Any, what: str) -> Any:
+    return None if value is None else parse(value, what)
 
 
 @dataclass
@@ -131,7 +136,11 @@ class SamplingOptions:
 
 @dataclass
 class PreprocessedRequest:
-    """A tokenized request, as a frontend sends it to a worker endpoint."""
+    """A tokenized request, as a frontend sends it to a worker endpoint.
+
+    ``bootstrap_info`` (the fast path: where the decode fetches its KV, the room drawn by the
+    router) and ``prefill_result`` (the fallback path: what the prefill handed back) are typed,
+    parsed once by `from_dict` where the request enters a process."""
 
     token_ids: list[int]
     stop_conditions: StopConditions = field(default_factory=StopConditions)
@@ -139,13 +148,14 @@ class PreprocessedRequest:
     eos_token_ids: list[int] = field(default_factory=list)
     model: str = ""
     routing: dict[str, Any] | None = None
-    bootstrap_info: dict[str, Any] | None = None
-    prefill_result: dict[str, Any] | None = None
+    bootstrap_info: BootstrapInfo | None = None
+    prefill_result: PrefillResult | None = None
     extra_args: dict[str, Any] | None = None
 
     @classmethod
     def from_dict(cls, data: Any) -> PreprocessedRequest:
-        """Read and validate a request dict; raises `InvalidRequestError` naming the bad field."""
+        """Read and validate a request dict; raises `InvalidRequestError` naming the bad field
+        (`DisaggregationError` for a malformed ``bootstrap_info`` or ``prefill_result``)."""
         if not isinstance(data, dict):
             raise InvalidRequestError(f"a request must be an object, got {type(data).__name__}")
         token_ids = data.get("token_ids")
@@ -167,8 +177,8 @@ class PreprocessedRequest:
             eos_token_ids=eos,
             model=str(data.get("model") or ""),
             routing=data.get("routing"),
-            bootstrap_info=data.get("bootstrap_info"),
-            prefill_result=data.get("prefill_result"),
+            bootstrap_info=_optional(BootstrapInfo.parse, data.get("bootstrap_info"), "bootstrap_info"),
+            prefill_result=_optional(PrefillResult.parse, data.get("prefill_result"), "prefill_result"),
             extra_args=data.get("extra_args"),
         )
 
@@ -181,10 +191,14 @@ class PreprocessedRequest:
             "eos_token_ids": self.eos_token_ids,
             "model": self.model,
         }
-        for name in ("routing", "bootstrap_info", "prefill_result", "extra_args"):
-            value = getattr(self, name)
-            if value is not None:
-                out[name] = value
+        if self.routing is not None:
+            out["routing"] = self.routing
+        if self.bootstrap_info is not None:
+            out["bootstrap_info"] = self.bootstrap_info.to_dict()
+        if self.prefill_result is not None:
+            out["prefill_result"] = self.prefill_result.to_dict()
+        if self.extra_args is not None:
+            out["extra_args"] = self.extra_args
         return out
 
     def with_max_tokens(self, max_tokens: int) -> PreprocessedRequest:

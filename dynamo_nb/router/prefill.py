@@ -140,7 +140,7 @@ class PrefillRouter:
                     "disaggregated_endpoint",
                 )
                 stream = self.router.open(route, handoff.prefill_request(request, info))
-                decode = dataclasses.replace(request, bootstrap_info=info.to_dict())
+                decode = dataclasses.replace(request, bootstrap_info=info)
                 plan = PrefillPlan("fast", decode, instance, info.room, events=events)
                 plan.task = self._drain(stream, plan)  # sends the prefill once the task runs
                 events.append("decode handed back")
@@ -148,13 +148,13 @@ class PrefillRouter:
             stream = self.router.open(route, handoff.prefill_request(request))
             events.append("prefill sent")
             try:
-                params = await handoff.await_params(stream, self.prefill_timeout)
+                result = await handoff.await_params(stream, self.prefill_timeout)
             except BaseException:
                 await stream.aclose()
                 raise
             events.append("prefill first item")
-            decode = dataclasses.replace(request, prefill_result={"disaggregated_params": params})
-            room = params.get("bootstrap_room")  # None for a connector handoff (vLLM's kv_transfer_params)
+            decode = dataclasses.replace(request, prefill_result=result)
+            room = result.bootstrap.room if result.bootstrap is not None else None  # None: vLLM's connector
             plan = PrefillPlan("fallback", decode, instance, room, events=events)
             plan.task = self._drain(stream, plan)
             events.append("decode handed back")
