@@ -33,8 +33,8 @@ import sys
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.disagg.modes import WorkerRole
+from dynamo_nb.engines.engine_worker import serve_engine
 from dynamo_nb.engines.hf import HFEngine
-from dynamo_nb.engines.worker import serve_engine
 from dynamo_nb.flags import hf_worker_parser
 from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args, shutdown_on_signals

@@ -28,7 +28,7 @@ import sys
 from dynamo_nb import ConfigError
 from dynamo_nb.disagg.modes import WorkerRole
 from dynamo_nb.engines import MockerEngine
-from dynamo_nb.engines.worker import EngineWorker, serve_engine
+from dynamo_nb.engines.engine_worker import EngineWorker, serve_engine
 from dynamo_nb.flags import mocker_worker_parser
 from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import (

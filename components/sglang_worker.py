@@ -33,8 +33,8 @@ import sys
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.disagg.modes import WorkerRole
+from dynamo_nb.engines.engine_worker import serve_engine
 from dynamo_nb.engines.sglang import SglangEngine
-from dynamo_nb.engines.worker import serve_engine
 from dynamo_nb.extras import require_extra
 from dynamo_nb.flags import sglang_worker_parser
 from dynamo_nb.llm import model_from_args

@@ -46,8 +46,8 @@ from .runtime.context import Context
 from .runtime.distributed import Component, DistributedRuntime, Endpoint, Namespace
 from .runtime.instance import Instance
 from .runtime.names import EndpointPath
+from .runtime.program import dynamo_worker
 from .runtime.server import EndpointServer
-from .runtime.worker import dynamo_worker
 
 __version__ = "0.1.0"
 

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:
         from .run import run
-        from .runtime.worker import run_program
+        from .runtime.program import run_program
 
         return run_program(lambda: run(argv[1:]))
     if argv[:1] == ["serve"]:

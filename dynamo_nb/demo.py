@@ -20,7 +20,7 @@ from .flags import add_endpoint_arg, component_parser
 from .launch.services import LocalServices
 from .runtime.context import Context
 from .runtime.distributed import DistributedRuntime
-from .runtime.worker import configure_logging, runtime_from_args, shutdown_on_signals
+from .runtime.program import configure_logging, runtime_from_args, shutdown_on_signals
 
 __all__ = ["generate", "run_demo", "serve_worker"]
 

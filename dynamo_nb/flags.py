@@ -140,7 +140,7 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_event_loop_arg(parser: argparse.ArgumentParser) -> None:
-    """Add ``--no-uvloop`` (`dynamo_nb.runtime.worker.run_program` reads it before parsing)."""
+    """Add ``--no-uvloop`` (`dynamo_nb.runtime.program.run_program` reads it before parsing)."""
     parser.add_argument(
         "--no-uvloop",
         action="store_true",

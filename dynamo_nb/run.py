@@ -24,7 +24,7 @@ from . import flags
 from .errors import ConfigError
 from .runtime.distributed import DistributedRuntime
 from .runtime.names import EndpointPath
-from .runtime.worker import announce_ready, configure_logging, runtime_from_args, shutdown_on_signals
+from .runtime.program import announce_ready, configure_logging, runtime_from_args, shutdown_on_signals
 
 __all__ = ["run", "run_parser"]
 
@@ -109,7 +109,7 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
     """Start the engine worker (it prints its READY line); returns the model name."""
     from .disagg.modes import WorkerRole
     from .engines import EchoEngine
-    from .engines.worker import serve_engine
+    from .engines.engine_worker import serve_engine
     from .llm.register import model_from_args
 
     model_path, model_name = model_from_args(args)

@@ -20,7 +20,7 @@ from helpers import FRONTEND, ROOT, free_port
 
 from dynamo_nb import DistributedRuntime, LocalServices
 from dynamo_nb.launch import launch
-from dynamo_nb.router.kv.events import KvIndexer
+from dynamo_nb.router.kv.kv_events import KvIndexer
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -382,7 +382,7 @@ async def test_fast_path_sends_decode_before_its_prefill_finishes(hf_engine: Any
         frontend = await Frontend.start(runtime, port=0)
         await frontend.wait_for_model("ev")
         for _ in range(100):
-            if frontend.models.prefill_router("ev") is not None:
+            if frontend.models.prefill_planner("ev") is not None:
                 break
             await asyncio.sleep(0.02)
         request = {
@@ -427,7 +427,7 @@ async def test_malformed_disaggregated_params_from_a_prefill_worker(hf_engine: A
         for frontend in (lenient, strict):
             await frontend.wait_for_model("bad")
             for _ in range(100):
-                if frontend.models.prefill_router("bad") is not None:
+                if frontend.models.prefill_planner("bad") is not None:
                     break
                 await asyncio.sleep(0.02)
         body = {"model": "bad", "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
@@ -509,7 +509,7 @@ async def test_a_decode_waiting_on_a_prefill_that_dies_gets_an_error_not_a_hang(
 async def test_kv_mode_sends_a_repeated_prefix_to_the_same_prefill_worker(
     hf_engine: Any, tiny_path: Path
 ) -> None:
-    """With ``--router-mode kv`` the prefill router asks the KV router: a prompt that went to
+    """With ``--router-mode kv`` the prefill planner asks the KV router: a prompt that went to
     one prefill worker counts as cached there, so its repeats follow it; a new prompt goes to
     the other (emptier) worker. Its load is released when the prefill ends."""
     await hf_engine.start_bootstrap()
@@ -534,7 +534,7 @@ async def test_kv_mode_sends_a_repeated_prefix_to_the_same_prefill_worker(
         frontend = await Frontend.start(runtimes[0], port=0, router_mode="kv")
         await frontend.wait_for_model("kvp")
         for _ in range(100):
-            router = frontend.models.prefill_router("kvp")
+            router = frontend.models.prefill_planner("kvp")
             if router is not None and len(router.router.client.instance_ids()) == 2:
                 break
             await asyncio.sleep(0.02)
@@ -564,7 +564,7 @@ async def test_kv_mode_sends_a_repeated_prefix_to_the_same_prefill_worker(
 
 
 async def test_a_prefill_drain_cancelled_before_it_starts_still_closes_its_stream() -> None:
-    """The prefill router's load on a prefill worker is released when its stream closes: a plan
+    """The prefill planner's load on a prefill worker is released when its stream closes: a plan
     cancelled at once (its decode found no worker) must close the stream all the same."""
     from dynamo_nb.disagg import handoff
 

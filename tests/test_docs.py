@@ -109,3 +109,18 @@ def test_the_error_tree_in_the_docstring_and_the_api_docs_is_the_codes() -> None
 def test_a_misplaced_error_is_found() -> None:
     tree = "DynamoNBError\n├── ConfigError\n│   └── RoutingError\n"
     assert drawn_tree(tree) == {("ConfigError", "DynamoNBError"), ("RoutingError", "ConfigError")}
+
+
+REPEATABLE_NAMES = {"__init__.py", "__main__.py", "base.py"}
+"""File names that may repeat across packages: package markers, and ``base.py`` (each package's
+protocol: a request plane's, a discovery's, an engine's, a router's)."""
+
+
+def test_module_names_do_not_collide_across_packages() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "dynamo_nb").rglob("*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    repeated = {
+        name: paths for name, paths in seen.items() if len(paths) > 1 and name not in REPEATABLE_NAMES
+    }
+    assert repeated == {}

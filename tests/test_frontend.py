@@ -16,7 +16,7 @@ from helpers import collect, metric_value, req
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.frontend import Frontend
-from dynamo_nb.frontend.server import MAX_BODY_BYTES
+from dynamo_nb.frontend.app import MAX_BODY_BYTES
 from dynamo_nb.llm import ModelTokenizer, serve_llm
 
 MODEL = "tiny"

@@ -277,7 +277,7 @@ async def test_prefill_and_decode_roles_hand_off_and_give_the_aggregated_tokens(
 async def test_disaggregated_mocker_processes_behind_a_kv_routing_frontend(
     services: LocalServices, start_worker: Any
 ) -> None:
-    """Prefill and decode mocker processes over etcd + NATS: the frontend's prefill router asks
+    """Prefill and decode mocker processes over etcd + NATS: the frontend's prefill planner asks
     its KV router, so a repeated prefix goes back to the prefill engine that cached it."""
     bus = ["--discovery", services.etcd_url, "--nats-url", services.nats_url, "--kv-cache-block-size", "4",
            "--speedup-ratio", "20", "--endpoint", "mdg.backend.generate", "--prefill-endpoint", "mdg.prefill.generate"]  # fmt: skip

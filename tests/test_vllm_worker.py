@@ -19,9 +19,9 @@ from helpers import FRONTEND, ROOT, collect, free_port
 from dynamo_nb import DistributedRuntime, launch
 from dynamo_nb.errors import RequestError
 from dynamo_nb.llm.card import CARD_PREFIX, ModelCard
-from dynamo_nb.router.kv.events import KvIndexer
 from dynamo_nb.router.kv.hashing import block_hashes
-from dynamo_nb.runtime.worker import parse_ready_line
+from dynamo_nb.router.kv.kv_events import KvIndexer
+from dynamo_nb.runtime.program import parse_ready_line
 
 pytestmark = [pytest.mark.vllm, pytest.mark.processes, pytest.mark.timeout(300)]  # vLLM starts processes
 
@@ -85,7 +85,7 @@ async def test_disaggregated_greedy_output_equals_aggregated(graph: dict[str, An
     before = await decode_stats(graph)
     # the decode worker asks the prefill worker itself (no bootstrap info, no prefill result)
     asked = tokens(await collect(client.round_robin(GREEDY)))
-    # through the frontend: its prefill router waits for vLLM's kv_transfer_params (fallback path)
+    # through the frontend: its prefill planner waits for vLLM's kv_transfer_params (fallback path)
     async with httpx.AsyncClient(base_url=graph["url"], timeout=60) as http:
         body = {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": 16, "temperature": 0}
         response = await http.post("/v1/completions", json=body)

@@ -35,7 +35,7 @@ from .charts import (
     throughput_chart,
     ttft_itl_chart,
 )
-from .client import RECORD_COLUMNS
+from .http_client import RECORD_COLUMNS
 from .live import LiveChart, live
 from .prompts import (
     PROMPT_SETS,

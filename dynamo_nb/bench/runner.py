@@ -13,7 +13,7 @@ import aiohttp
 import pandas as pd
 
 from ..errors import ConfigError, NoInstancesError
-from .client import RECORD_COLUMNS, send_request
+from .http_client import RECORD_COLUMNS, send_request
 from .progress import progress_bar
 from .prompts import Prompt, as_prompts
 

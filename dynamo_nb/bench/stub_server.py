@@ -28,7 +28,7 @@ import signal
 import sys
 from typing import Any
 
-from ..runtime.worker import announce_ready
+from ..runtime.program import announce_ready
 
 __all__ = ["StubServer"]
 

@@ -11,7 +11,7 @@
 - ``kv_wire.py``: the KV payload (a JSON header and raw tensor bytes, checked on arrival);
 - ``modes.py``: `WorkerRole`, what a worker's ``--mode`` makes of its engine;
 - ``handoff.py``: sending a prefill, awaiting its params, draining it — shared by the frontend's
-  prefill router and the decode handler.
+  prefill planner and the decode handler.
 
 Example:
     >>> from dynamo_nb.disagg import BootstrapInfo, draw_room

@@ -6,7 +6,7 @@ worker's handler.
 server (`dynamo_nb.disagg.bootstrap.fetch_kv`), checked against the prompt. The prefill side is
 `dynamo_nb.disagg.prefill`.
 
-A decode request normally arrives with ``bootstrap_info`` (the frontend's prefill router
+A decode request normally arrives with ``bootstrap_info`` (the frontend's prefill planner
 chose the prefill worker and the room) or ``prefill_result`` (the router waited for the
 prefill's ``disaggregated_params``). When it has neither — a frontend without a prefill
 router, or a direct call — the decode handler asks a prefill worker itself (the same

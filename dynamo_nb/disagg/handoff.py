@@ -1,6 +1,6 @@
 """Sending a prefill and handing its KV to a decode: the one implementation its two callers share.
 
-The frontend's prefill router (`dynamo_nb.router.prefill`) and a decode worker that got a
+The frontend's prefill planner (`dynamo_nb.router.prefill_planner`) and a decode worker that got a
 request without bootstrap info (`dynamo_nb.disagg.decode`) both send a prefill the same way:
 
 - `prefill_request`: the request with ``max_tokens`` 1 (and the router's ``bootstrap_info``

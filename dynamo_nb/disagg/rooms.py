@@ -3,7 +3,7 @@ typed `BootstrapInfo` lives with the request it travels in, `dynamo_nb.llm.boots
 
 A prefill worker's bootstrap server parks the KV cache of a prompt under a *room*; the
 decode worker fetches it from ``bootstrap_host:bootstrap_port`` by the same room. Rooms are
-random 63-bit integers (as in Dynamo and SGLang), drawn by the frontend's prefill router on
+random 63-bit integers (as in Dynamo and SGLang), drawn by the frontend's prefill planner on
 the fast path or by the prefill worker itself. A *token* (128 random bits, drawn with the
 room) travels with it: the bootstrap server hands a KV cache only to a caller that presents
 both, so knowing (or guessing) a room is not enough to read another request's KV.

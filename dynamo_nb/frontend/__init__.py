@@ -1,15 +1,15 @@
 """The OpenAI-compatible frontend: HTTP in, routed to the workers that registered a model.
 
-- ``server.py``: `Frontend`, the aiohttp app, its routes (chat, completions, models, health,
+- ``app.py``: `Frontend`, the aiohttp app, its routes (chat, completions, models, health,
   live, metrics) and the error envelope;
 - ``pipeline.py``: a generate request's steps (preprocess, admit, plan, open with retries,
   relay, write); ``relay.py``: tokens to text, what a stream ended with; ``migration.py``:
   a request carried on by another worker; ``writers.py``: SSE chunks or one JSON body;
   ``admission.py``: the queue in front of full workers;
 - ``openai.py``: request bodies checked field by field (`parse_request`);
-- ``models.py``: the served models, from model cards in discovery (or given in static mode),
+- ``served_models.py``: the served models, from model cards in discovery (or given in static mode),
   each with its tokenizer, client and router;
-- ``metrics.py``: Prometheus metrics (``dynamo_frontend_*``); ``errors.py``: errors as OpenAI
+- ``metrics.py``: Prometheus metrics (``dynamo_frontend_*``); ``error_envelope.py``: errors as OpenAI
   error envelopes.
 
 Example::
@@ -20,11 +20,11 @@ Example::
 
 from __future__ import annotations
 
-from .errors import error_body, http_error
+from .app import DEFAULT_HTTP_PORT, Frontend
+from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
-from .models import ModelManager, ServedModel
 from .openai import OpenAIRequest, parse_request
-from .server import DEFAULT_HTTP_PORT, Frontend
+from .served_models import ModelManager, ServedModel
 
 __all__ = [
     "DEFAULT_HTTP_PORT",

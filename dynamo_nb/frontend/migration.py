@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InstanceDownError, RequestError
 from ..llm.protocol import PreprocessedRequest
-from ..router.prefill import PrefillPlan
+from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
 
 if TYPE_CHECKING:
-    from .models import ServedModel
     from .relay import Outcome
+    from .served_models import ServedModel
 
 __all__ = ["DEFAULT_MIGRATION_LIMIT", "Migration"]
 

@@ -22,7 +22,7 @@ from ..flags import DEFAULT_WORKER_ENDPOINT
 from ..llm.card import card_from_folder, check_model_dir
 from ..router.kv.router import KvRouterConfig
 from ..runtime.names import EndpointPath
-from .server import DEFAULT_MIGRATION_LIMIT, Frontend
+from .app import DEFAULT_MIGRATION_LIMIT, Frontend
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime

@@ -4,9 +4,9 @@
    context checked (`check_context`), a `PreprocessedRequest` built;
 2. **admit** — the model's admission control (`dynamo_nb.frontend.admission`): in at once, queued
    while its workers are full, or a 503 with ``Retry-After``;
-3. **plan** — with prefill workers, the model's prefill router plans the disaggregated path
-   (fast, fallback or aggregated; `dynamo_nb.router.prefill`), and a handoff the decode refuses
-   falls back or fails there, in one place (`PrefillRouter.fall_back`);
+3. **plan** — with prefill workers, the model's prefill planner plans the disaggregated path
+   (fast, fallback or aggregated; `dynamo_nb.router.prefill_planner`), and a handoff the decode refuses
+   falls back or fails there, in one place (`PrefillPlanner.fall_back`);
 4. **open** — the decode stream sent and its first item awaited, a worker that is down skipped
    (three tries);
 5. **relay** — tokens to text (`dynamo_nb.frontend.relay`), a worker lost mid-stream carried on
@@ -40,13 +40,13 @@ from ..errors import (
     RemoteHandlerError,
 )
 from ..llm.protocol import PreprocessedRequest
-from ..router.prefill import PrefillPlan
+from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
 from .metrics import FrontendMetrics
 from .migration import Migration
-from .models import ModelManager, ServedModel
 from .openai import OpenAIRequest
 from .relay import Outcome, relay
+from .served_models import ModelManager, ServedModel
 from .writers import write_stream, write_unary
 
 __all__ = ["OPEN_TRIES", "RequestPipeline", "check_context", "model_not_found", "served_model"]
@@ -101,7 +101,7 @@ class RequestPipeline:
     """Serves one parsed OpenAI request through the steps above.
 
     Args:
-        models: the served models (their routers, prefill routers, admission).
+        models: the served models (their routers, prefill planners, admission).
         metrics: the frontend's Prometheus metrics.
         migration_limit: how often a request whose worker went down moves (0: never).
     """
@@ -177,8 +177,8 @@ class RequestPipeline:
         self, model: ServedModel, request: PreprocessedRequest
     ) -> tuple[ResponseStream, Any, PrefillPlan | None]:
         """Steps 3 and 4: the decode stream and its first item, aggregated, or after the model's
-        prefill router planned it; a handoff the decode refuses falls back (or, enforced, fails)."""
-        router = self.models.prefill_router(model.name)
+        prefill planner planned it; a handoff the decode refuses falls back (or, enforced, fails)."""
+        router = self.models.prefill_planner(model.name)
         if router is None:
             stream, first = await self.open(model, request)
             return stream, first, None

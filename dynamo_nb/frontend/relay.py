@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InstanceDownError, RequestError
 from ..llm.detokenize import StreamDetokenizer
 from ..llm.protocol import PreprocessedRequest
-from ..router.prefill import PrefillPlan
+from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
 
 if TYPE_CHECKING:
     from .migration import Migration
-    from .models import ServedModel
+    from .served_models import ServedModel
 
 __all__ = ["Outcome", "relay"]
 

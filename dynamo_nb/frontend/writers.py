@@ -18,7 +18,7 @@ from aiohttp import web
 
 from ..errors import EngineError
 from ..runtime.ids import new_request_id
-from .errors import error_body
+from .error_envelope import error_body
 from .openai import OpenAIRequest
 from .relay import Outcome
 

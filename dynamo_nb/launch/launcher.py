@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, LaunchError, ProcessTimeoutError
 from ..notebook import in_notebook
-from ..runtime.worker import parse_ready_line
+from ..runtime.program import parse_ready_line
 from .logview import LogSink, log_sink
 from .process_group import OWN_PROCESS_GROUP, guarded_command, signal_group, stop_group
 

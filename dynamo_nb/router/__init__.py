@@ -8,7 +8,7 @@
   instances at their ``max_num_seqs``);
 - ``kv/``: the KV-aware router (Dynamo's block hashes, the radix-tree indexer fed by KV
   events, the cost function) — `KvRouter`;
-- ``prefill.py``: `PrefillRouter`, the prefill half of disaggregated serving (fast and
+- ``prefill_planner.py``: `PrefillPlanner`, the prefill half of disaggregated serving (fast and
   fallback paths).
 
 `make_router` builds the router a frontend's ``--router-mode`` names.
@@ -28,7 +28,7 @@ from .base import DirectRouter, RandomRouter, RoundRobinRouter, Route, RoutedStr
 from .function import FunctionRouter, PickFunction
 from .kv import KvRoute, KvRouter, KvRouterConfig
 from .least_loaded import LeastLoadedRouter
-from .prefill import DISAGG_PATHS, PrefillPlan, PrefillRouter
+from .prefill_planner import DISAGG_PATHS, PrefillPlan, PrefillPlanner
 
 if TYPE_CHECKING:
     from ..runtime.client import Client
@@ -45,7 +45,7 @@ __all__ = [
     "LeastLoadedRouter",
     "PickFunction",
     "PrefillPlan",
-    "PrefillRouter",
+    "PrefillPlanner",
     "RandomRouter",
     "RoundRobinRouter",
     "Route",

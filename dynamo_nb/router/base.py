@@ -12,7 +12,7 @@ Every router serves one endpoint through its `Client`:
 `RoundRobinRouter` and `RandomRouter` use the client's own turn and draw (Dynamo's
 ``client.round_robin`` / ``client.random``), `DirectRouter` the request's
 ``routing.backend_instance_id``; `dynamo_nb.router.kv.KvRouter` weighs KV overlap against load,
-and `dynamo_nb.router.prefill.PrefillRouter` routes the prefill half of disaggregated requests.
+and `dynamo_nb.router.prefill_planner.PrefillPlanner` routes the prefill half of disaggregated requests.
 
 Example:
     >>> import asyncio

@@ -8,7 +8,7 @@ Everything a worker or a frontend needs to find and call the others lives here:
   (``client.py``: `Client`, `ResponseStream`), with the per-request `Context` (``context.py``);
 - ``discovery/`` (memory, etcd, static: who serves what) and ``planes/`` (inproc, tcp, nats
   request planes; the msgpack wire format; the event plane);
-- ``worker.py``: running a component as a program (signals, logging, its READY line).
+- ``program.py``: running a component as a program (signals, logging, its READY line).
 
 Example:
     >>> import asyncio
@@ -27,8 +27,7 @@ from .context import Context
 from .distributed import Component, DistributedRuntime, Endpoint, Namespace
 from .instance import Instance
 from .names import EndpointPath
-from .server import EndpointServer, Handler
-from .worker import (
+from .program import (
     announce_ready,
     configure_logging,
     dynamo_worker,
@@ -38,6 +37,7 @@ from .worker import (
     runtime_from_args,
     shutdown_on_signals,
 )
+from .server import EndpointServer, Handler
 
 __all__ = [
     "Client",

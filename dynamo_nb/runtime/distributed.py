@@ -15,7 +15,7 @@ from .ids import new_instance_id
 from .instance import Instance
 from .names import EndpointPath, validate_name
 from .planes import RequestPlane, make_plane
-from .planes.events import EventPlane, event_subject, make_event_plane
+from .planes.event_plane import EventPlane, event_subject, make_event_plane
 from .planes.nats import static_subject
 from .planes.tcp import parse_tcp_address
 from .server import STOP_GRACE_SECONDS, EndpointServer, Handler

@@ -65,8 +65,8 @@ from ...runtime import Context as _Context
 from ...runtime import DistributedRuntime as _Runtime
 from ...runtime.client import Client as _Client
 from ...runtime.client import ResponseStream
+from ...runtime.program import shutdown_on_signals
 from ...runtime.server import adapt_handler
-from ...runtime.worker import shutdown_on_signals
 
 DYNAMO_STOP_GRACE = 5.0
 """Seconds a stopped Dynamo handler may run on (checking ``context.is_stopped()``) before it is

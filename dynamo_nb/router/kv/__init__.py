@@ -11,9 +11,9 @@ Example:
 
 from __future__ import annotations
 
-from .events import KV_EVENTS_TOPIC, KV_SYNC_ENDPOINT, KvEventPublisher, KvIndexer
 from .hashing import HASH_SEED, block_hashes, sequence_hashes
 from .indexer import OverlapScores, RadixTree
+from .kv_events import KV_EVENTS_TOPIC, KV_SYNC_ENDPOINT, KvEventPublisher, KvIndexer
 from .router import KvRoute, KvRouter, KvRouterConfig
 from .selector import ActiveLoad, costs, pick
 

@@ -29,9 +29,9 @@ from ...errors import ConfigError, NoInstancesError
 from ...llm.protocol import PreprocessedRequest
 from ...runtime.ids import new_request_id
 from ..base import Route, Router
-from .events import KvIndexer
 from .hashing import block_hashes, sequence_hashes
 from .indexer import RadixTree
+from .kv_events import KvIndexer
 from .selector import ActiveLoad, costs, pick
 
 if TYPE_CHECKING:

@@ -28,12 +28,12 @@ from ..llm.card import ModelCard
 from ..router.base import Router
 from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
-from .errors import error_body, http_error
+from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
-from .models import ModelManager, ServedModel
 from .openai import parse_request
 from .pipeline import RequestPipeline, model_not_found
+from .served_models import ModelManager, ServedModel
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime

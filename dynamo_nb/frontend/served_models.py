@@ -26,7 +26,7 @@ from ..llm.tokenizer import ModelTokenizer
 from ..router import (
     DirectRouter,
     KvRouterConfig,
-    PrefillRouter,
+    PrefillPlanner,
     RoundRobinRouter,
     Router,
     check_router_mode,
@@ -129,7 +129,7 @@ class ModelManager:
         self.router_mode = check_router_mode(router_mode)
         self.only_endpoint = str(EndpointPath.parse(only_endpoint)) if only_endpoint else None
         self.models: dict[str, ServedModel] = {}
-        self.prefill: dict[str, PrefillRouter] = {}  # model name → its prefill router
+        self.prefill: dict[str, PrefillPlanner] = {}  # model name → its prefill planner
         self.enforce_disagg = enforce_disagg
         self.kv_config = kv_config or KvRouterConfig()
         self._on_prefill_error = on_prefill_error
@@ -178,8 +178,8 @@ class ModelManager:
         self._notify()
         return model
 
-    async def add_prefill_card(self, card: ModelCard, key: str) -> PrefillRouter:
-        """A prefill worker's card: the model's prefill router learns it (and starts, if new)."""
+    async def add_prefill_card(self, card: ModelCard, key: str) -> PrefillPlanner:
+        """A prefill worker's card: the model's prefill planner learns it (and starts, if new)."""
         router = self.prefill.get(card.name)
         if router is None:
             client = await self.runtime.endpoint(card.endpoint).client()
@@ -190,7 +190,7 @@ class ModelManager:
             router = self.prefill.get(card.name)  # another card may have won while we waited
             if router is None:
                 on_error = (lambda: self._on_prefill_error(card.name)) if self._on_prefill_error else None
-                router = PrefillRouter(card.endpoint, picker, enforce=self.enforce_disagg, on_error=on_error)
+                router = PrefillPlanner(card.endpoint, picker, enforce=self.enforce_disagg, on_error=on_error)
                 self.prefill[card.name] = router
                 logger.info("model %s: disaggregated serving, prefill at %s", card.name, card.endpoint)
             else:
@@ -201,8 +201,8 @@ class ModelManager:
         router.add_worker(key, instance_id, card.runtime_config.disaggregated_endpoint)
         return router
 
-    def prefill_router(self, name: str) -> PrefillRouter | None:
-        """The prefill router of model ``name`` while a prefill worker has a card, else None."""
+    def prefill_planner(self, name: str) -> PrefillPlanner | None:
+        """The prefill planner of model ``name`` while a prefill worker has a card, else None."""
         router = self.prefill.get(name)
         return router if router is not None and router.active else None
 

@@ -1,4 +1,4 @@
-"""The frontend's prefill router: disaggregated prefill/decode, fast path and fallback path.
+"""The frontend's prefill planner: disaggregated prefill/decode, fast path and fallback path.
 
 It is active for a model once a prefill worker of that model has published its card (kind
 ``prefill``); until then the model is served aggregated. For each request it picks the
@@ -24,7 +24,7 @@ decode request keeps the request's own ``max_tokens``.
 
 Example::
 
-    plan = await prefill_router.plan(request)      # a PreprocessedRequest
+    plan = await prefill_planner.plan(request)      # a PreprocessedRequest
     plan.path, plan.prefill_worker, plan.room      # ('fast', 7421…, 4611686018427387904)
     stream = decode_router.send(plan.decode_request)
 """
@@ -44,7 +44,7 @@ from ..errors import DisaggregationError, RequestError
 from ..llm.protocol import PreprocessedRequest
 from .base import Router
 
-__all__ = ["DISAGG_PATHS", "PrefillPlan", "PrefillRouter"]
+__all__ = ["DISAGG_PATHS", "PrefillPlan", "PrefillPlanner"]
 
 logger = logging.getLogger("dynamo_nb.router")
 
@@ -81,7 +81,7 @@ class PrefillPlan:
             self.task.cancel()
 
 
-class PrefillRouter:
+class PrefillPlanner:
     """Routes the prefill half of a model's requests; see the module docstring.
 
     Attributes:

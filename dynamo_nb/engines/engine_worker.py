@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..disagg.modes import WorkerRole
 from ..llm.register import serve_llm
-from ..router.kv.events import KvEventPublisher
-from ..runtime.worker import announce_ready
+from ..router.kv.kv_events import KvEventPublisher
+from ..runtime.program import announce_ready
 from .base import Engine, KvEventSink, stats_handler
 
 if TYPE_CHECKING:
