@@ -46,7 +46,8 @@ async def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     validate_frontend_args(args)  # bad flag combinations fail here, naming the flag to change
 
-    runtime: DistributedRuntime = await runtime_from_args(args)  # static discovery with --static-endpoint
+    # static discovery with --static-endpoint: the one model the flags name, no etcd
+    runtime: DistributedRuntime = await runtime_from_args(args, static=args.static_endpoint is not None)
     # HTTP, router mode, KV router settings; with --static-endpoint the model is given here
     frontend = await start_frontend(runtime, args)
     shutdown_on_signals(runtime)

@@ -23,6 +23,8 @@ import os
 from collections.abc import Callable
 
 from .disagg.modes import WORKER_MODES, WorkerRole
+from .frontend.app import DEFAULT_HTTP_PORT
+from .frontend.migration import DEFAULT_MIGRATION_LIMIT
 from .router import ROUTER_MODES
 from .runtime.discovery import DEFAULT_LEASE_TTL
 
@@ -175,7 +177,7 @@ def add_http_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--http-port",
         type=int,
-        default=int(_env("HTTP_PORT", "8000") or 8000),
+        default=int(_env("HTTP_PORT", None) or DEFAULT_HTTP_PORT),
         help="frontend port, 0 = free (env DYN_NB_HTTP_PORT; default: %(default)s)",
     )
 
@@ -241,7 +243,7 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--migration-limit",
         type=int,
-        default=int(_env("MIGRATION_LIMIT", "3") or 3),
+        default=int(_env("MIGRATION_LIMIT", None) or DEFAULT_MIGRATION_LIMIT),
         help="times a request whose worker goes down mid-stream is carried on by another worker (the "
         "client sees one stream); 0: never, the stream ends with an error (env DYN_NB_MIGRATION_LIMIT; "
         "default: %(default)s)",

@@ -88,7 +88,7 @@ async def run(argv: list[str] | None = None) -> int:
             "--in http --out ENGINE runs in one process with memory discovery: drop --discovery"
         )
 
-    runtime = await runtime_from_args(args)
+    runtime = await runtime_from_args(args, static=args.static_endpoint is not None)
     closers: list[Any] = []
     try:
         model_name = None

@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import InvalidRequestError
-from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..llm.protocol import DEFAULT_MAX_TOKENS, LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 
 __all__ = [
@@ -110,7 +110,7 @@ def token_budget(request: PreprocessedRequest, context_length: int | None) -> in
     prompt = len(request.token_ids)
     asked = request.stop_conditions.max_tokens
     if context_length is None:
-        return asked if asked is not None else 16
+        return asked if asked is not None else DEFAULT_MAX_TOKENS
     room = context_length - prompt
     if room < 1:
         raise InvalidRequestError(

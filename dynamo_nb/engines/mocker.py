@@ -58,7 +58,7 @@ from ..disagg.prefill import BootstrapRole
 from ..errors import ConfigError, DisaggregationError, InvalidRequestError
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
-from .base import KvEvent, KvEventSink
+from .base import KvEvent, KvEventSink, token_budget
 from .kv_cache.blocks import Allocation, KvBlockManager, publish_kv_events
 
 __all__ = ["MOCK_KV_FORMAT", "MockerEngine", "decode_ms", "prefill_ms"]
@@ -209,7 +209,7 @@ class MockerEngine(BootstrapRole):
         self, request: PreprocessedRequest, context: Context | None = None
     ) -> AsyncIterator[LLMEngineOutput]:
         """Exactly ``max_tokens`` tokens (default 16), the last output with usage."""
-        job = _Request(request.token_ids, request.stop_conditions.max_tokens or 16)
+        job = _Request(request.token_ids, token_budget(request, None))
         async with contextlib.aclosing(self._stream(job, context)) as items:
             async for item in items:
                 yield item
@@ -242,9 +242,7 @@ class MockerEngine(BootstrapRole):
                 f"the prefill sent a {header.get('format')!r} handoff; a mocker decode needs a mocker "
                 f"prefill ({MOCK_KV_FORMAT})"
             )
-        job = _Request(
-            request.token_ids, request.stop_conditions.max_tokens or 16, emitted=1, transferred=True
-        )
+        job = _Request(request.token_ids, token_budget(request, None), emitted=1, transferred=True)
         if job.max_tokens <= 1:
             yield LLMEngineOutput.final(
                 [header["first_token"]], "length", prompt_tokens=len(job.prompt), completion_tokens=1

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
-from ..llm.protocol import SamplingOptions, StopConditions
+from ..llm.protocol import DEFAULT_MAX_TOKENS, SamplingOptions, StopConditions
 
 __all__ = ["OpenAIRequest", "parse_request"]
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI and vLLM
+COMPLETIONS_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS  # as OpenAI and vLLM
 MAX_STOP_SEQUENCES = 4  # as OpenAI
 SEED_RANGE = (-(2**63), 2**64 - 1)  # as vLLM
 

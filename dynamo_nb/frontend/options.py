@@ -22,7 +22,7 @@ from ..flags import DEFAULT_WORKER_ENDPOINT
 from ..llm.card import card_from_folder, check_model_dir
 from ..router.kv.router import KvRouterConfig
 from ..runtime.names import EndpointPath
-from .app import DEFAULT_MIGRATION_LIMIT, Frontend
+from .app import Frontend
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -32,11 +32,11 @@ __all__ = ["start_frontend", "validate_frontend_args"]
 
 def validate_frontend_args(args: argparse.Namespace) -> None:
     """Reject flag combinations that cannot work, naming the flag and the fix (before anything starts)."""
-    if getattr(args, "http_workers", 1) < 1:
+    if args.http_workers < 1:
         raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
-    if getattr(args, "max_queue", None) is not None and args.max_queue < 0:
+    if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError(f"--max-queue must be 0 or more (or left out: no bound), got {args.max_queue}")
-    if getattr(args, "migration_limit", 0) < 0:
+    if args.migration_limit < 0:
         raise ConfigError(f"--migration-limit must be 0 (off) or more, got {args.migration_limit}")
     if (
         args.router_mode == "kv"
@@ -113,9 +113,9 @@ async def start_frontend(
         only_endpoint=only_endpoint,
         enforce_disagg=args.enforce_disagg,
         kv_config=KvRouterConfig.from_args(args),
-        reuse_port=getattr(args, "http_workers", 1) > 1 or getattr(args, "http_reuse_port", False),
-        migration_limit=getattr(args, "migration_limit", DEFAULT_MIGRATION_LIMIT),
-        max_queue=getattr(args, "max_queue", None),
+        reuse_port=args.http_workers > 1 or args.http_reuse_port,
+        migration_limit=args.migration_limit,
+        max_queue=args.max_queue,
     )
     if args.static_endpoint:  # static mode: the card is built here; no etcd, no registration
         card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)

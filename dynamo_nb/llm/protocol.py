@@ -21,6 +21,7 @@ from ..errors import InvalidRequestError
 from .bootstrap_info import BootstrapInfo, PrefillResult
 
 __all__ = [
+    "DEFAULT_MAX_TOKENS",
     "FINISH_REASONS",
     "LLMEngineOutput",
     "PreprocessedRequest",
@@ -29,6 +30,10 @@ __all__ = [
 ]
 
 FINISH_REASONS = ("stop", "length", "error", "cancelled")
+
+DEFAULT_MAX_TOKENS = 16
+"""Tokens generated for a request that names no ``max_tokens`` where nothing else bounds it (no
+context length): OpenAI's and vLLM's default for completions."""
 
 
 def _mapping(value: Any, name: str) -> dict[str, Any]:

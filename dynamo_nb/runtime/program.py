@@ -183,19 +183,19 @@ def run_program(main: Callable[[], Awaitable[int]]) -> int:
         return 130
 
 
-async def runtime_from_args(args: argparse.Namespace) -> DistributedRuntime:
-    """Create the runtime the runtime flags describe (``--static`` or ``--static-endpoint``: no discovery),
-    with its system status server (``/live``, ``/health``) when ``--system-port`` is 0 or more."""
-    static = args.static or getattr(args, "static_endpoint", None) is not None
+async def runtime_from_args(args: argparse.Namespace, *, static: bool = False) -> DistributedRuntime:
+    """Create the runtime the runtime flags (`dynamo_nb.flags.add_runtime_args`) describe
+    (``--static``, or ``static`` from the component: no discovery), with its system status server
+    (``/live``, ``/health``) when ``--system-port`` is 0 or more."""
     runtime = await DistributedRuntime.create(
-        "static" if static else args.discovery,
+        "static" if static or args.static else args.discovery,
         args.request_plane,
         args.nats_url,
         lease_ttl=args.lease_ttl,
         tcp_host=args.tcp_host,
         tcp_port=args.tcp_port,
     )
-    if getattr(args, "system_port", -1) >= 0:
+    if args.system_port >= 0:
         try:
             await start_system_status(runtime, args.system_host, args.system_port)
         except BaseException:
