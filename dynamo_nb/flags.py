@@ -23,10 +23,11 @@ import os
 from collections.abc import Callable
 
 from .disagg.modes import WORKER_MODES, WorkerRole
-from .frontend.app import DEFAULT_HTTP_PORT
-from .frontend.migration import DEFAULT_MIGRATION_LIMIT
+from .frontend.settings import FrontendConfig
 from .router import ROUTER_MODES
+from .router.kv.router import KvRouterConfig
 from .runtime.discovery import DEFAULT_LEASE_TTL
+from .runtime.program import RuntimeConfig
 
 __all__ = [
     "DEFAULT_PREFILL_ENDPOINT",
@@ -69,7 +70,7 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("runtime")
     group.add_argument(
         "--discovery",
-        default=_env("DISCOVERY", "memory"),
+        default=_env("DISCOVERY", RuntimeConfig.discovery),
         help="discovery backend: memory | file://DIR (processes of one host, no etcd) | etcd://HOST:PORT | static "
         "(env DYN_NB_DISCOVERY; default: %(default)s)",
     )
@@ -99,24 +100,24 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--tcp-host",
-        default=_env("TCP_HOST", "127.0.0.1"),
+        default=_env("TCP_HOST", RuntimeConfig.tcp_host),
         help="TCP plane listen host (default: %(default)s)",
     )
     group.add_argument(
         "--tcp-port",
         type=int,
-        default=int(_env("TCP_PORT", "0") or 0),
+        default=int(_env("TCP_PORT", None) or RuntimeConfig.tcp_port),
         help="TCP plane port, 0 = free (default: %(default)s)",
     )
     group.add_argument(
         "--system-host",
-        default=_env("SYSTEM_HOST", "127.0.0.1"),
+        default=_env("SYSTEM_HOST", RuntimeConfig.system_host),
         help="host of the system status server (/live, /health) (default: %(default)s)",
     )
     group.add_argument(
         "--system-port",
         type=int,
-        default=int(_env("SYSTEM_PORT", "-1") or -1),
+        default=int(_env("SYSTEM_PORT", None) or RuntimeConfig.system_port),
         help="serve /live and /health for probes at this port, 0 = free, -1 = off "
         "(env DYN_NB_SYSTEM_PORT; default: %(default)s)",
     )
@@ -171,13 +172,13 @@ def add_http_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("http")
     group.add_argument(
         "--http-host",
-        default=_env("HTTP_HOST", "127.0.0.1"),
+        default=_env("HTTP_HOST", FrontendConfig.host),
         help="frontend listen host (default: %(default)s)",
     )
     group.add_argument(
         "--http-port",
         type=int,
-        default=int(_env("HTTP_PORT", None) or DEFAULT_HTTP_PORT),
+        default=int(_env("HTTP_PORT", None) or FrontendConfig.port),
         help="frontend port, 0 = free (env DYN_NB_HTTP_PORT; default: %(default)s)",
     )
 
@@ -189,7 +190,7 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--http-workers",
         type=int,
-        default=int(_env("HTTP_WORKERS", "1") or 1),
+        default=int(_env("HTTP_WORKERS", None) or FrontendConfig.http_workers),
         help="frontend processes sharing --http-port (SO_REUSEPORT), each with its own routers, all fed "
         "by the same discovery and KV events: a frontend that uses more than one core (env "
         "DYN_NB_HTTP_WORKERS; default: %(default)s)",
@@ -198,21 +199,21 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--router-mode",
         choices=ROUTER_MODES,
-        default=_env("ROUTER_MODE", "round-robin"),
+        default=_env("ROUTER_MODE", FrontendConfig.router_mode),
         help="how requests pick a worker instance; least-loaded: the less busy of two at random (skipping "
         "workers at their --max-num-seqs); kv: by KV cache overlap and load (default: %(default)s)",
     )
     group.add_argument(
         "--kv-overlap-score-weight",
         type=float,
-        default=1.0,
+        default=KvRouterConfig.overlap_weight,
         help="kv router: weight of the prefill blocks against the decode blocks in a worker's cost "
         "(default: %(default)s)",
     )
     group.add_argument(
         "--router-temperature",
         type=float,
-        default=0.0,
+        default=KvRouterConfig.temperature,
         help="kv router: 0 picks the cheapest worker, more samples by a softmax of the costs (default: %(default)s)",
     )
     group.add_argument(
@@ -243,7 +244,7 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--migration-limit",
         type=int,
-        default=int(_env("MIGRATION_LIMIT", None) or DEFAULT_MIGRATION_LIMIT),
+        default=int(_env("MIGRATION_LIMIT", None) or FrontendConfig.migration_limit),
         help="times a request whose worker goes down mid-stream is carried on by another worker (the "
         "client sees one stream); 0: never, the stream ends with an error (env DYN_NB_MIGRATION_LIMIT; "
         "default: %(default)s)",

@@ -134,20 +134,32 @@ async def test_model_cards_carry_vllms_block_size_and_no_bootstrap_endpoint(grap
 
 
 async def test_vllm_kv_events_reach_a_kv_router(graph: dict[str, Any]) -> None:
+    """A prompt of new blocks: vLLM's stored events (vLLM → ZMQ → our relay → NATS) put its three
+    full blocks under the decode worker in a KV router's tree. A fresh prompt is tried again
+    (at most three, 15 s each) when none came, so a subscription still settling on a busy host
+    does not decide it; each miss is reported."""
     component = graph["runtime"].namespace("dynamo").component("backend")
     indexer = await KvIndexer.start(component)
+    decode_id = int(parse_ready_line(graph["decode"].ready_line)[1]["instance"], 16)
+    misses: list[str] = []
     try:
-        prompt = list(range(200, 300))  # new blocks, so stored events follow
-        await collect(
-            graph["client"].round_robin({**GREEDY, "token_ids": prompt, "extra_args": {"aggregated": True}})
-        )
-        wanted = block_hashes(prompt, 32)
-        decode_id = int(parse_ready_line(graph["decode"].ready_line)[1]["instance"], 16)
-        for _ in range(100):
-            if indexer.tree.find_matches(wanted).scores.get(decode_id, 0) >= 3:
+        for attempt in range(3):
+            prompt = list(range(200 + 100 * attempt, 300 + 100 * attempt))  # new blocks: stored events follow
+            await collect(
+                graph["client"].round_robin(
+                    {**GREEDY, "token_ids": prompt, "extra_args": {"aggregated": True}}
+                )
+            )
+            wanted = block_hashes(prompt, 32)
+            for _ in range(150):
+                if indexer.tree.find_matches(wanted).scores.get(decode_id, 0) >= 3:
+                    break
+                await asyncio.sleep(0.1)
+            matched = indexer.tree.find_matches(wanted).scores.get(decode_id)
+            if matched == 3:
                 break
-            await asyncio.sleep(0.1)
-        assert indexer.tree.find_matches(wanted).scores.get(decode_id) == 3
+            misses.append(f"attempt {attempt + 1}: {matched} blocks, events applied {dict(indexer._last)}")
+        assert matched == 3, misses
     finally:
         await indexer.stop()
 

@@ -9,6 +9,7 @@
 - ``openai.py``: request bodies checked field by field (`parse_request`);
 - ``served_models.py``: the served models, from model cards in discovery (or given in static mode),
   each with its tokenizer, client and router;
+- ``settings.py``: `FrontendConfig`, the frontend's flags typed, and started;
 - ``metrics.py``: Prometheus metrics (``dynamo_frontend_*``); ``error_envelope.py``: errors as OpenAI
   error envelopes.
 
@@ -25,10 +26,12 @@ from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
 from .openai import OpenAIRequest, parse_request
 from .served_models import ModelManager, ServedModel
+from .settings import FrontendConfig
 
 __all__ = [
     "DEFAULT_HTTP_PORT",
     "Frontend",
+    "FrontendConfig",
     "FrontendMetrics",
     "ModelManager",
     "OpenAIRequest",

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..flags import DEFAULT_WORKER_ENDPOINT
-from ..llm.card import card_from_folder, check_model_dir
-from ..router.kv.router import KvRouterConfig
+from ..llm.card import check_model_dir
 from ..runtime.names import EndpointPath
 from .app import Frontend
+from .settings import FrontendConfig
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -100,24 +100,10 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
 async def start_frontend(
     runtime: DistributedRuntime, args: argparse.Namespace, *, only_endpoint: str | None = None
 ) -> Frontend:
-    """Start the frontend the flags describe: HTTP address, router mode, KV router settings,
-    ``--enforce-disagg``; with ``--static-endpoint`` it serves the one model the flags name.
+    """Start the frontend the flags describe (`FrontendConfig.from_args`, then `FrontendConfig.start`):
+    HTTP address, router mode, KV router settings, ``--enforce-disagg``; with ``--static-endpoint``
+    it serves the one model the flags name.
 
     ``only_endpoint``: serve only the models registered at this endpoint (``ns.comp.ep``).
     """
-    frontend = await Frontend.start(
-        runtime,
-        host=args.http_host,
-        port=args.http_port,
-        router_mode=args.router_mode,
-        only_endpoint=only_endpoint,
-        enforce_disagg=args.enforce_disagg,
-        kv_config=KvRouterConfig.from_args(args),
-        reuse_port=args.http_workers > 1 or args.http_reuse_port,
-        migration_limit=args.migration_limit,
-        max_queue=args.max_queue,
-    )
-    if args.static_endpoint:  # static mode: the card is built here; no etcd, no registration
-        card = card_from_folder(args.model_path, name=args.model_name, endpoint=args.static_endpoint)
-        await frontend.add_model(card, address=args.static_address)
-    return frontend
+    return await FrontendConfig.from_args(args).start(runtime, only_endpoint=only_endpoint)

@@ -28,6 +28,7 @@ from .distributed import Component, DistributedRuntime, Endpoint, Namespace
 from .instance import Instance
 from .names import EndpointPath
 from .program import (
+    RuntimeConfig,
     announce_ready,
     configure_logging,
     dynamo_worker,
@@ -51,6 +52,7 @@ __all__ = [
     "Instance",
     "Namespace",
     "ResponseStream",
+    "RuntimeConfig",
     "announce_ready",
     "configure_logging",
     "dynamo_worker",

@@ -1,7 +1,8 @@
 """Running a component as a program: its runtime from flags, signals, logging, its READY line.
 
 - `dynamo_worker`: the decorator that gives a script's ``main`` coroutine its runtime;
-- `runtime_from_args`: the runtime the runtime flags (`dynamo_nb.flags.add_runtime_args`) describe;
+- `RuntimeConfig` / `runtime_from_args`: the runtime the runtime flags
+  (`dynamo_nb.flags.add_runtime_args`) describe, typed, built once in a component's ``main``;
 - `shutdown_on_signals`, `run_program`: SIGINT/SIGTERM end it, a `ConfigError` is one line, uvloop
   when installed (`uses_uvloop`);
 - `configure_logging`: the one logging setup every component uses;
@@ -27,15 +28,18 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..notebook import in_notebook
+from .discovery import DEFAULT_LEASE_TTL
 from .distributed import DistributedRuntime
 from .system_status import start_system_status
 
 __all__ = [
     "READY",
+    "RuntimeConfig",
     "announce_ready",
     "configure_logging",
     "dynamo_worker",
@@ -183,25 +187,68 @@ def run_program(main: Callable[[], Awaitable[int]]) -> int:
         return 130
 
 
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """The runtime a component runs on, typed: built once in its ``main`` from the runtime flags
+    (`from_args`; the flags' defaults are these), then started (`start`).
+
+    Example:
+        >>> from dynamo_nb.flags import echo_worker_parser
+        >>> config = RuntimeConfig.from_args(echo_worker_parser().parse_args(["--discovery", "etcd://h:2379"]))
+        >>> config.discovery, config.request_plane, config.system_port
+        ('etcd://h:2379', None, -1)
+    """
+
+    discovery: str = "memory"
+    request_plane: str | None = None
+    nats_url: str | None = None
+    lease_ttl: float = DEFAULT_LEASE_TTL
+    tcp_host: str = "127.0.0.1"
+    tcp_port: int = 0
+    system_host: str = "127.0.0.1"
+    system_port: int = -1  # -1: no system status server
+    static: bool = False  # no discovery service (--static, or a frontend's --static-endpoint)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, *, static: bool = False) -> RuntimeConfig:
+        """The config the runtime flags (`dynamo_nb.flags.add_runtime_args`) give; ``static``:
+        the component runs without discovery whatever ``--static`` says."""
+        return cls(
+            discovery=args.discovery,
+            request_plane=args.request_plane,
+            nats_url=args.nats_url,
+            lease_ttl=args.lease_ttl,
+            tcp_host=args.tcp_host,
+            tcp_port=args.tcp_port,
+            system_host=args.system_host,
+            system_port=args.system_port,
+            static=static or args.static,
+        )
+
+    async def start(self) -> DistributedRuntime:
+        """Create the runtime, with its system status server (``/live``, ``/health``) when
+        ``system_port`` is 0 or more."""
+        runtime = await DistributedRuntime.create(
+            "static" if self.static else self.discovery,
+            self.request_plane,
+            self.nats_url,
+            lease_ttl=self.lease_ttl,
+            tcp_host=self.tcp_host,
+            tcp_port=self.tcp_port,
+        )
+        if self.system_port >= 0:
+            try:
+                await start_system_status(runtime, self.system_host, self.system_port)
+            except BaseException:
+                await runtime.shutdown(grace=0)
+                raise
+        return runtime
+
+
 async def runtime_from_args(args: argparse.Namespace, *, static: bool = False) -> DistributedRuntime:
-    """Create the runtime the runtime flags (`dynamo_nb.flags.add_runtime_args`) describe
-    (``--static``, or ``static`` from the component: no discovery), with its system status server
-    (``/live``, ``/health``) when ``--system-port`` is 0 or more."""
-    runtime = await DistributedRuntime.create(
-        "static" if static or args.static else args.discovery,
-        args.request_plane,
-        args.nats_url,
-        lease_ttl=args.lease_ttl,
-        tcp_host=args.tcp_host,
-        tcp_port=args.tcp_port,
-    )
-    if args.system_port >= 0:
-        try:
-            await start_system_status(runtime, args.system_host, args.system_port)
-        except BaseException:
-            await runtime.shutdown(grace=0)
-            raise
-    return runtime
+    """The runtime the runtime flags describe: `RuntimeConfig.from_args` (``static``: no discovery
+    whatever ``--static`` says, as a frontend's ``--static-endpoint``), started."""
+    return await RuntimeConfig.from_args(args, static=static).start()
 
 
 def configure_logging(level: str = "INFO") -> None:

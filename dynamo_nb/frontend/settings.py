@@ -1,0 +1,93 @@
+"""The frontend's settings, typed: built once in a frontend's ``main`` from its flags
+(`FrontendConfig.from_args`; the flags' defaults are these), then started (`FrontendConfig.start`).
+
+Example:
+    >>> from dynamo_nb.flags import frontend_parser
+    >>> config = FrontendConfig.from_args(frontend_parser().parse_args(["--router-mode", "kv"]))
+    >>> config.port, config.router_mode, config.kv.overlap_weight, config.migration_limit
+    (8000, 'kv', 1.0, 3)
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..llm.card import card_from_folder
+from ..router.kv.router import KvRouterConfig
+from .app import DEFAULT_HTTP_PORT, Frontend
+from .migration import DEFAULT_MIGRATION_LIMIT
+
+if TYPE_CHECKING:
+    from ..runtime.distributed import DistributedRuntime
+
+__all__ = ["FrontendConfig"]
+
+
+@dataclass(frozen=True)
+class FrontendConfig:
+    """What a frontend serves and how: its HTTP address, router, admission, migration, and in
+    static mode the one model it serves (see `dynamo_nb.frontend.Frontend.start` for each).
+
+    Attributes:
+        http_workers: frontend processes sharing the port (this one and ``http_workers - 1``
+            replicas, `dynamo_nb.frontend.replicas`).
+        static_endpoint: static mode: the worker endpoint of the one model (with
+            ``model_name``, ``model_path`` and, on TCP, ``static_address``); None: models
+            come from discovery.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_HTTP_PORT
+    router_mode: str = "round-robin"
+    kv: KvRouterConfig = field(default_factory=KvRouterConfig)
+    enforce_disagg: bool = False
+    http_workers: int = 1
+    reuse_port: bool = False
+    migration_limit: int = DEFAULT_MIGRATION_LIMIT
+    max_queue: int | None = None
+    static_endpoint: str | None = None
+    static_address: str | None = None
+    model_name: str | None = None
+    model_path: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> FrontendConfig:
+        """The config the frontend flags (`dynamo_nb.flags.add_frontend_args`, ``--model-*``) give."""
+        return cls(
+            host=args.http_host,
+            port=args.http_port,
+            router_mode=args.router_mode,
+            kv=KvRouterConfig.from_args(args),
+            enforce_disagg=args.enforce_disagg,
+            http_workers=args.http_workers,
+            reuse_port=args.http_workers > 1 or args.http_reuse_port,
+            migration_limit=args.migration_limit,
+            max_queue=args.max_queue,
+            static_endpoint=args.static_endpoint,
+            static_address=args.static_address,
+            model_name=args.model_name,
+            model_path=None if args.model_path is None else str(args.model_path),
+        )
+
+    async def start(self, runtime: DistributedRuntime, *, only_endpoint: str | None = None) -> Frontend:
+        """Start the frontend on ``runtime``; in static mode its one model's card is built here
+        (no etcd, no registration). ``only_endpoint``: serve only the models registered there."""
+        frontend = await Frontend.start(
+            runtime,
+            host=self.host,
+            port=self.port,
+            router_mode=self.router_mode,
+            only_endpoint=only_endpoint,
+            enforce_disagg=self.enforce_disagg,
+            kv_config=self.kv,
+            reuse_port=self.reuse_port,
+            migration_limit=self.migration_limit,
+            max_queue=self.max_queue,
+        )
+        if self.static_endpoint is not None:
+            assert self.model_path is not None  # validate_frontend_args says so first
+            card = card_from_folder(self.model_path, name=self.model_name, endpoint=self.static_endpoint)
+            await frontend.add_model(card, address=self.static_address)
+        return frontend
