@@ -25,7 +25,7 @@ __all__ = ["EchoEngine"]
 
 
 class EchoEngine:
-    """Yields ``max_tokens`` tokens (default 16), cycling through the prompt, one per item.
+    """Yields ``max_tokens`` tokens (default `DEFAULT_MAX_TOKENS`, 16), cycling through the prompt, one per item.
 
     Attributes:
         context_length: the longest prompt + output it serves (None: any).

@@ -208,7 +208,7 @@ class MockerEngine(BootstrapRole):
     async def generate(
         self, request: PreprocessedRequest, context: Context | None = None
     ) -> AsyncIterator[LLMEngineOutput]:
-        """Exactly ``max_tokens`` tokens (default 16), the last output with usage."""
+        """Exactly ``max_tokens`` tokens (default `DEFAULT_MAX_TOKENS`, 16), the last output with usage."""
         job = _Request(request.token_ids, token_budget(request, None))
         async with contextlib.aclosing(self._stream(job, context)) as items:
             async for item in items:
