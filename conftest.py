@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -21,6 +20,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+
+from dynamo_nb.extras import extra_installed
 
 PROCESS_FIXTURES = {"services", "start_worker", "private_services", "lab"}
 """Fixtures that start etcd, nats-server or child processes: a test using one is a process test."""
@@ -34,7 +35,7 @@ SERVICE_MODES = ("etcd", "nats")
 
 
 def _cuda() -> bool:
-    if importlib.util.find_spec("torch") is None:
+    if not extra_installed("torch"):
         return False
     import torch
 
@@ -42,12 +43,9 @@ def _cuda() -> bool:
 
 
 NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
-    "vllm": (
-        lambda: importlib.util.find_spec("vllm") is not None,
-        "vLLM is not installed (pip install -e '.[vllm]')",
-    ),
+    "vllm": (lambda: extra_installed("vllm"), "vLLM is not installed (pip install -e '.[vllm]')"),
     "sglang": (
-        lambda: importlib.util.find_spec("sglang") is not None,
+        lambda: extra_installed("sglang"),
         "SGLang is not installed (pip install --no-deps sglang==0.5.23 reads its API; "
         "pip install -e '.[sglang]' on a GPU host)",
     ),

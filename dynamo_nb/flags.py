@@ -465,6 +465,15 @@ parser falls back to these where vLLM is not installed, so a graph is checked an
 written without vLLM (the contract test checks them against vLLM's own parser)."""
 
 
+def _add_declared_flags(
+    parser: argparse.ArgumentParser, engine: str, declared: list[tuple[str, dict[str, object]]]
+) -> None:
+    """Where ``engine`` is not installed: the flags of it that its worker reads (``declared``)."""
+    group = parser.add_argument_group(f"{engine} (not installed here: only the flags its worker reads)")
+    for flag, options in declared:
+        group.add_argument(flag, **options)  # type: ignore[arg-type]
+
+
 def add_vllm_args(parser: argparse.ArgumentParser) -> None:
     """Add **vLLM's own** engine arguments (``AsyncEngineArgs.add_cli_args``: ``--max-model-len``,
     ``--block-size``, ``--dtype``, ``--kv-transfer-config``, … with vLLM's help; on a host without
@@ -474,9 +483,7 @@ def add_vllm_args(parser: argparse.ArgumentParser) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
     except ImportError:  # not installed: the flags the worker reads, enough to check a graph
-        group = parser.add_argument_group("vLLM (not installed here: only the flags its worker reads)")
-        for flag, options in VLLM_FLAGS:
-            group.add_argument(flag, **options)  # type: ignore[arg-type]
+        _add_declared_flags(parser, "vLLM", VLLM_FLAGS)
         return
     from .engines.vllm import cpu_engine_defaults
 
@@ -552,9 +559,7 @@ def add_sglang_args(parser: argparse.ArgumentParser) -> None:
     try:
         from sglang.srt.server_args import ServerArgs
     except Exception:  # not installed (or not importable here): the flags the worker reads
-        group = parser.add_argument_group("SGLang (not installed here: only the flags this worker reads)")
-        for flag, options in SGLANG_FLAGS:
-            group.add_argument(flag, **options)  # type: ignore[arg-type]
+        _add_declared_flags(parser, "SGLang", SGLANG_FLAGS)
     else:
         ServerArgs.add_cli_args(parser)
         for action in parser._actions:  # SGLang requires it; the worker defaults to the tiny model

@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -85,6 +86,15 @@ def prefill_ms(uncached_tokens: int) -> float:
 def decode_ms(kv_load: float) -> float:
     """Dynamo's polynomial decode step time at ``kv_load`` = active KV tokens / total (floor 1 ms)."""
     return max(-25.74 * kv_load * kv_load + 54.01 * kv_load + 5.74, 1.0)
+
+
+@functools.lru_cache(maxsize=8)
+def _special_token_ids(model_path: str) -> frozenset[int]:
+    """The special token ids of ``model_path``'s tokenizer, read once per folder (a worker with
+    ``--num-workers N`` builds N engines from one model)."""
+    from ..llm.tokenizer import ModelTokenizer
+
+    return frozenset(ModelTokenizer.load(model_path).special_token_ids())
 
 
 @dataclass
@@ -183,11 +193,7 @@ class MockerEngine(BootstrapRole):
         """The engine the mocker worker's flags describe (its KV pool, scheduler limits, speed,
         ``--context-length``, ``--kv-timeout``); it streams the prompt's ids but not the special
         ones of ``model_path``'s tokenizer (they decode to no text)."""
-        skip: frozenset[int] = frozenset()
-        if model_path is not None:
-            from ..llm.tokenizer import ModelTokenizer
-
-            skip = frozenset(ModelTokenizer.load(model_path).special_token_ids())
+        skip = _special_token_ids(str(model_path)) if model_path is not None else frozenset()
         return cls(
             block_size=args.kv_cache_block_size,
             num_blocks=args.num_gpu_blocks,
