@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 from . import errors
+from .component_program import EngineProgram, HandlerProgram, RoutingPolicy
 from .errors import (
     ConfigError,
     DisaggregationError,
@@ -63,6 +64,8 @@ __all__ = [
     "EndpointPath",
     "EndpointServer",
     "EngineError",
+    "EngineProgram",
+    "HandlerProgram",
     "Instance",
     "InstanceDownError",
     "InstanceNotFoundError",
@@ -80,6 +83,7 @@ __all__ = [
     "RequestError",
     "ResponseStream",
     "RoutingError",
+    "RoutingPolicy",
     "RuntimeClosedError",
     "ServiceError",
     "dynamo_worker",

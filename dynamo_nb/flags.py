@@ -204,6 +204,14 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "workers at their --max-num-seqs); kv: by KV cache overlap and load (default: %(default)s)",
     )
     group.add_argument(
+        "--router-policy",
+        default=None,
+        metavar="FILE[:NAME]",
+        help="route with a RoutingPolicy of your own: FILE is a .py file or a notebook (its export), NAME "
+        "the policy's variable (default: the file's one RoutingPolicy); replaces --router-mode "
+        "(default: off)",
+    )
+    group.add_argument(
         "--kv-overlap-score-weight",
         type=float,
         default=KvRouterConfig.overlap_weight,

@@ -1,4 +1,5 @@
-"""nbconvert preprocessor that drops notebook-only cells when a notebook becomes a script.
+"""nbconvert preprocessor that drops notebook-only cells (and the prose that introduces only them)
+when a notebook becomes a script.
 
 Installing dynamo_nb puts ``jupyter-config/jupyter_nbconvert_config.json`` into the
 environment's ``etc/jupyter``; it adds this preprocessor to the Python exporter only, so a
@@ -18,14 +19,44 @@ from nbconvert.preprocessors import Preprocessor
 
 from .notebook import NOTEBOOK_ONLY_TAG
 
-__all__ = ["RemoveNotebookOnlyCells"]
+__all__ = ["RemoveNotebookOnlyCells", "kept_cells"]
 
 
 class RemoveNotebookOnlyCells(Preprocessor):
-    """Remove every cell tagged ``notebook-only``."""
+    """Remove every cell tagged ``notebook-only``, and the prose that only introduces such cells: a
+    markdown cell stays when a code cell that stays follows it before the next markdown cell (or
+    it is the notebook's first cell, its title)."""
 
     def preprocess(self, nb: Any, resources: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        nb.cells = [
-            cell for cell in nb.cells if NOTEBOOK_ONLY_TAG not in cell.get("metadata", {}).get("tags", [])
-        ]
+        nb.cells = kept_cells(nb.cells)
         return nb, resources
+
+
+def _interactive(cell: Any) -> bool:
+    return NOTEBOOK_ONLY_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def kept_cells(cells: list[Any]) -> list[Any]:
+    """The cells a script export keeps (see `RemoveNotebookOnlyCells`).
+
+    Example:
+        >>> md, code = {"cell_type": "markdown"}, {"cell_type": "code"}
+        >>> demo = {"cell_type": "code", "metadata": {"tags": ["notebook-only"]}}
+        >>> cells = [md, code, {**md, "id": "demo prose"}, demo, {**md, "id": "end"}, code]
+        >>> [c.get("id", c["cell_type"]) for c in kept_cells(cells)]
+        ['markdown', 'code', 'end', 'code']
+    """
+    kept = []
+    for index, cell in enumerate(cells):
+        if _interactive(cell):
+            continue
+        if cell.get("cell_type") == "markdown" and index > 0:
+            following = []
+            for later in cells[index + 1 :]:
+                if later.get("cell_type") == "markdown":
+                    break
+                following.append(later)
+            if not any(c.get("cell_type") == "code" and not _interactive(c) for c in following):
+                continue  # it only introduces notebook-only cells
+        kept.append(cell)
+    return kept

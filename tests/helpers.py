@@ -27,7 +27,7 @@ NEEDS_VLLM = {"06_serving_with_vllm"}  # notebooks that start vLLM engines (mark
 # `exports` group (.ci/run's second step) runs every notebook's, from notebooks/ and from the root.
 # nbval runs every notebook in the default run either way: running each notebook's program as
 # well would take the default run past its budget on 2 cores.
-QUICK_EXPORTS = {"01_runtime_basics", "02_serving_an_llm"}
+QUICK_EXPORTS = {"01_runtime_basics", "02_serving_an_llm", "10_your_own_engine"}
 
 
 async def collect(stream: Any) -> list[Any]:

@@ -10,6 +10,7 @@
   vLLM's KV connector;
 - ``sglang.py``: `SglangEngine`, ``sglang.Engine`` (the ``sglang`` extra, on a GPU) with SGLang's
   bootstrap-room disaggregation; ``sglang_fake.py``: its recording stand-in (no GPU needed);
+- ``conformance.py``: `check_engine`, the contract's checks, run on any engine from a cell;
 - ``kv_cache/``: the block manager (prefix reuse, LRU eviction, KV events), the ``hf``
   engine's prefix cache of KV tensors, and the relay of vLLM's and SGLang's ZMQ KV events.
 
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..disagg.roles import DisaggregatedEngine
 from .base import Engine, KvEvent, KvEventSink, stats_handler, token_budget
+from .conformance import ConformanceReport, check_engine
 from .echo import EchoEngine
 from .mocker import MockerEngine
 
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from .vllm import VllmEngine
 
 __all__ = [
+    "ConformanceReport",
     "DisaggregatedEngine",
     "EchoEngine",
     "Engine",
@@ -46,6 +49,7 @@ __all__ = [
     "MockerEngine",
     "SglangEngine",
     "VllmEngine",
+    "check_engine",
     "stats_handler",
     "token_budget",
 ]

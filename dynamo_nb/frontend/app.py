@@ -80,6 +80,7 @@ class Frontend:
         host: str = "127.0.0.1",
         port: int = DEFAULT_HTTP_PORT,
         router_mode: str = "round-robin",
+        router_policy: PickFunction | None = None,
         only_endpoint: str | None = None,
         enforce_disagg: bool = False,
         kv_config: KvRouterConfig | None = None,
@@ -93,6 +94,9 @@ class Frontend:
             runtime: where workers are found; its discovery's model cards are followed
                 (memory, etcd), or models are added with `add_model` (static).
             router_mode: ``round-robin``, ``random`` or ``kv`` (KV-aware, see `dynamo_nb.router.kv.router`).
+            router_policy: a function ``pick(request, instance_ids) -> instance_id`` (such as a
+                `dynamo_nb.RoutingPolicy`) that routes every model's requests instead of
+                ``router_mode`` (a `FunctionRouter`; prefill workers are still picked round robin).
             only_endpoint: serve only the models registered at this endpoint (``ns.comp.ep``).
             enforce_disagg: a model with prefill workers never falls back to aggregated
                 serving: a failed prefill is a 503 naming the reason.
@@ -112,6 +116,7 @@ class Frontend:
         manager = ModelManager(
             runtime,
             router_mode,
+            router_policy=router_policy,
             only_endpoint=only_endpoint,
             enforce_disagg=enforce_disagg,
             on_prefill_error=lambda model: metrics.prefill_errors.labels(model).inc(),

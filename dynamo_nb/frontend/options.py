@@ -38,6 +38,11 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--max-queue must be 0 or more (or left out: no bound), got {args.max_queue}")
     if args.migration_limit < 0:
         raise ConfigError(f"--migration-limit must be 0 (off) or more, got {args.migration_limit}")
+    if args.router_policy and args.router_mode != "round-robin":
+        raise ConfigError(
+            f"--router-policy routes with your policy instead of --router-mode {args.router_mode}: "
+            "give one of the two"
+        )
     if (
         args.router_mode == "kv"
         and not args.no_kv_events

@@ -25,7 +25,9 @@ from ..llm.protocol import PreprocessedRequest
 from ..llm.tokenizer import ModelTokenizer
 from ..router import (
     DirectRouter,
+    FunctionRouter,
     KvRouterConfig,
+    PickFunction,
     PrefillPlanner,
     RoundRobinRouter,
     Router,
@@ -118,6 +120,7 @@ class ModelManager:
         runtime: DistributedRuntime,
         router_mode: str = "round-robin",
         *,
+        router_policy: PickFunction | None = None,
         only_endpoint: str | None = None,
         enforce_disagg: bool = False,
         on_prefill_error: Callable[[str], None] | None = None,
@@ -127,6 +130,7 @@ class ModelManager:
         self.runtime = runtime
         self.max_queue = max_queue
         self.router_mode = check_router_mode(router_mode)
+        self.router_policy = router_policy
         self.only_endpoint = str(EndpointPath.parse(only_endpoint)) if only_endpoint else None
         self.models: dict[str, ServedModel] = {}
         self.prefill: dict[str, PrefillPlanner] = {}  # model name → its prefill planner
@@ -153,7 +157,10 @@ class ModelManager:
             endpoint = self.runtime.endpoint(card.endpoint)
             client = await endpoint.client(address=address)
             limits: dict[int, int] = {}
-            router = await self._router(client, card, limits.get)
+            if self.router_policy is not None:  # --router-policy: the user's function picks
+                router: Router = FunctionRouter(client, self.router_policy)
+            else:
+                router = await self._router(client, card, limits.get)
             model = self.models.get(card.name)  # another card may have won while we loaded
             if model is None:
                 model = self.models[card.name] = ServedModel(

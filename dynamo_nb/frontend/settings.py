@@ -41,6 +41,7 @@ class FrontendConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_HTTP_PORT
     router_mode: str = "round-robin"
+    router_policy: str | None = None  # FILE[:NAME] of a RoutingPolicy (it replaces router_mode)
     kv: KvRouterConfig = field(default_factory=KvRouterConfig)
     enforce_disagg: bool = False
     http_workers: int = 1
@@ -59,6 +60,7 @@ class FrontendConfig:
             host=args.http_host,
             port=args.http_port,
             router_mode=args.router_mode,
+            router_policy=args.router_policy,
             kv=KvRouterConfig.from_args(args),
             enforce_disagg=args.enforce_disagg,
             http_workers=args.http_workers,
@@ -74,11 +76,17 @@ class FrontendConfig:
     async def start(self, runtime: DistributedRuntime, *, only_endpoint: str | None = None) -> Frontend:
         """Start the frontend on ``runtime``; in static mode its one model's card is built here
         (no etcd, no registration). ``only_endpoint``: serve only the models registered there."""
+        policy = None
+        if self.router_policy is not None:  # a RoutingPolicy from a .py file or a notebook's export
+            from ..notebook_programs import load_component
+
+            policy = load_component(self.router_policy, runnable=False)
         frontend = await Frontend.start(
             runtime,
             host=self.host,
             port=self.port,
             router_mode=self.router_mode,
+            router_policy=policy,
             only_endpoint=only_endpoint,
             enforce_disagg=self.enforce_disagg,
             kv_config=self.kv,

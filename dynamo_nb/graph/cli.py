@@ -93,7 +93,12 @@ def serve_main(argv: list[str]) -> int:
             return 0
         if args.dry_run:
             urls = {k: (v if v != "local" else f"{k}://<local {k}>") for k, v in graph.shared.items()}
+            exported: set[str] = set()
             for command in check_graph(graph, urls=urls):
+                step = command.export_step()
+                if step is not None and step not in exported:  # a notebook service: its export first
+                    exported.add(step)
+                    print(f"{command.service} (export): {step}")
                 print(f"{command.name}: {command.shell()}")
             return 0
         return asyncio.run(_serve_until_signal(graph, args.quiet))

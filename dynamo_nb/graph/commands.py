@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib.util
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..component_program import find_component
+from ..errors import ConfigError
 from ..launch.launcher import resolve_program
+from ..notebook_programs import export_command, import_program, program_file
 from .defaults import component_defaults
 from .model import Graph, GraphError, Resources, Service
 
@@ -31,6 +33,7 @@ __all__ = [
     "check_graph",
     "component_options",
     "flag_argv",
+    "notebook_of",
     "service_argv",
 ]
 
@@ -46,6 +49,7 @@ class ReplicaCommand:
     program: Path
     argv: list[str]
     env: dict[str, str]
+    notebook: Path | None = None  # the notebook ``program`` is the export of
 
     @property
     def name(self) -> str:
@@ -59,6 +63,14 @@ class ReplicaCommand:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
         line = shlex.join(["python3", os.path.relpath(self.program), *self.argv])
         return f"{env} {line}" if env else line
+
+    def export_step(self) -> str | None:
+        """The nbconvert command that makes ``program`` from its notebook (None: not a notebook)."""
+        import shlex
+
+        if self.notebook is None:
+            return None
+        return shlex.join(export_command(Path(os.path.relpath(self.notebook)), self.program.parent))
 
 
 def flag_argv(flags: dict[str, Any]) -> list[str]:
@@ -100,16 +112,20 @@ def apply_overrides(graph: Graph, overrides: list[str]) -> None:
 
 
 def component_parser(program: Path) -> argparse.ArgumentParser:
-    """The component's own parser: its file's ``build_parser()``, loaded without running ``main``."""
+    """The component's own parser, from its file loaded without running ``main``: its
+    ``build_parser()``, else the parser of the one component it declares
+    (`dynamo_nb.component_program`, e.g. a notebook's export)."""
     if program not in _PARSERS:
-        spec = importlib.util.spec_from_file_location(f"_dynamo_nb_component_{program.stem}", program)
-        if spec is None or spec.loader is None:
-            raise GraphError(f"{program} cannot be loaded as a Python file")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        if not hasattr(module, "build_parser"):
-            raise GraphError(f"{program} has no build_parser(): a graph component must define one")
-        _PARSERS[program] = module.build_parser()
+        try:
+            module = import_program(program, str(program))
+            if hasattr(module, "build_parser"):
+                _PARSERS[program] = module.build_parser()
+            else:
+                _PARSERS[program] = find_component(vars(module), str(program), runnable=True).build_parser()
+        except GraphError:
+            raise
+        except ConfigError as exc:
+            raise GraphError(str(exc)) from None
     return _PARSERS[program]
 
 
@@ -179,7 +195,11 @@ def check_graph(
             if per_replica[name]:
                 taken, free = free[: per_replica[name]], free[per_replica[name] :]
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
-            commands.append(ReplicaCommand(name, index if service.replicas > 1 else -1, program, argv, env))
+            commands.append(
+                ReplicaCommand(
+                    name, index if service.replicas > 1 else -1, program, argv, env, notebook_of(service, cwd)
+                )
+            )
     return commands
 
 
@@ -199,9 +219,9 @@ def service_argv(
     (``{"--tcp-host": "0.0.0.0"}``) are added, each only where the component has the flag and the
     service does not set it.
     """
-    try:
-        program = resolve_program(service.component, cwd)
-    except Exception as exc:
+    try:  # a notebook runs as its export, checked for its one worker declaration
+        program = program_file(resolve_program(service.component, cwd), where=service.component)
+    except ConfigError as exc:
         raise GraphError(f"components.{service.name}.component: {exc}") from None
     argv = flag_argv(service.flags)
     options = component_options(program)
@@ -214,6 +234,11 @@ def service_argv(
             argv += [flag, value]
     _check(service, program, argv)
     return program, argv
+
+
+def notebook_of(service: Service, cwd: Path) -> Path | None:
+    """The notebook a service names (its program is the notebook's export), else None."""
+    return resolve_program(service.component, cwd) if service.component.endswith(".ipynb") else None
 
 
 def component_options(program: Path) -> set[str]:

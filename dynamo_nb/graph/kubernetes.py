@@ -3,7 +3,9 @@
 `kubernetes_manifests` renders, for each component, a Deployment (``replicas``, the command line
 `check_graph` checks, ``resources`` as requests/limits with ``gpu`` as ``nvidia.com/gpu``) and a
 Service (the frontend's HTTP port; a worker's system status port), with readiness and liveness
-probes on ``/health`` and ``/live``. A shared service written ``local`` becomes a StatefulSet
+probes on ``/health`` and ``/live``. A service whose program is a notebook gets an init container
+that exports it (the plain ``jupyter nbconvert --to script``) into a volume its container runs
+the export from. A shared service written ``local`` becomes a StatefulSet
 and a Service (etcd, NATS); one written as a URL is used as it is. No cluster is contacted.
 
 In a pod, a component listens on the pod's address: ``--tcp-host`` and ``--bootstrap-host`` are
@@ -22,7 +24,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .commands import component_parser, resources_of, service_argv
+from ..notebook_programs import export_command
+from .commands import component_parser, notebook_of, resources_of, service_argv
 from .defaults import component_defaults
 from .model import Graph, GraphError, Resources, Service
 
@@ -33,6 +36,7 @@ SYSTEM_PORT = 9090
 ETCD_IMAGE = "gcr.io/etcd-development/etcd:v3.5.21"
 NATS_IMAGE = "nats:2.10-alpine"
 POD_IP = "$(POD_IP)"
+EXPORT_DIR = "/exported"  # where a notebook service's init container writes its export
 
 
 def kubernetes_manifests(
@@ -183,6 +187,12 @@ def _component(
     resources = _resources(resources_of(service, program))
     if resources:
         container["resources"] = resources
+    pod: dict[str, Any] = {"containers": [container]}
+    notebook = notebook_of(service, cwd)
+    if notebook is not None:  # an init container exports the notebook; the container runs the export
+        pod |= _exported_notebook(
+            container, _program_in_image(service.component, notebook, cwd), image, workdir
+        )
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -193,7 +203,7 @@ def _component(
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "containers": [container],
+                    **pod,
                     "restartPolicy": "Always",
                     "terminationGracePeriodSeconds": 30,
                 },
@@ -201,6 +211,22 @@ def _component(
         },
     }
     return [deployment, _service(name, labels, namespace, port_name, port)]
+
+
+def _exported_notebook(container: dict[str, Any], notebook: str, image: str, workdir: str) -> dict[str, Any]:
+    """The pod parts that run a notebook's export: an init container running the plain
+    ``jupyter nbconvert --to script`` into a shared ``emptyDir``, whose program ``container`` runs."""
+    mount = {"name": "exported", "mountPath": EXPORT_DIR}
+    container["command"] = ["python3", f"{EXPORT_DIR}/{Path(notebook).stem}.py"]
+    container["volumeMounts"] = [mount]
+    export = {
+        "name": "export",
+        "image": image,
+        "workingDir": workdir,
+        "command": ["python3", "-m", *export_command(Path(notebook), Path(EXPORT_DIR))],
+        "volumeMounts": [mount],
+    }
+    return {"initContainers": [export], "volumes": [{"name": "exported", "emptyDir": {}}]}
 
 
 def _resources(resources: Resources) -> dict[str, dict[str, Any]]:

@@ -285,13 +285,16 @@ def resolve_program(program: str, cwd: Path) -> Path:
 
 
 def _command(program: str, args: list[str], cwd: Path) -> tuple[str, list[str]]:
-    """(name, argv): ``-m module`` and ``*.py`` run on this Python (unbuffered), else an executable."""
+    """(name, argv): ``-m module``, ``*.py`` and a notebook's export run on this Python (unbuffered),
+    else an executable."""
     if program == "-m":
         if not args:
             raise ConfigError("launch('-m', …) needs a module name after '-m'")
         return args[0].rsplit(".", 1)[-1], [sys.executable, "-u", "-m", *args]
-    if program.endswith(".py"):
-        script = resolve_program(program, cwd)
+    if program.endswith((".py", ".ipynb")):  # a notebook runs as its export (dynamo_nb.notebook_programs)
+        from ..notebook_programs import program_file
+
+        script = program_file(resolve_program(program, cwd), where=program)
         return script.stem, [sys.executable, "-u", str(script), *args]
     executable = shutil.which(program) or (str(resolve_program(program, cwd)) if "/" in program else None)
     if executable is None:
@@ -346,8 +349,9 @@ async def launch(
 
     Args:
         program: a ``.py`` file (run on this Python; relative paths are also looked up in
-            the parents of the working folder, see `resolve_program`), ``"-m"`` followed by
-            a module in ``args``, or an executable.
+            the parents of the working folder, see `resolve_program`), a notebook that declares
+            a worker (its plain nbconvert export runs, see `dynamo_nb.notebook_programs`),
+            ``"-m"`` followed by a module in ``args``, or an executable.
         args: its flags; numbers and paths are turned into strings.
         name: a short name for logs (default: the script's stem).
         ready: a regular expression; ready once a line matches it (default ``^READY``).
