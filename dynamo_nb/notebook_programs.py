@@ -171,11 +171,9 @@ def check_program_source(source: str, where: str, *, runnable: bool = True) -> l
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
-    return (
-        isinstance(node, ast.If)
-        and "__name__" in ast.unparse(node.test)
-        and "__main__" in ast.unparse(node.test)
-    )
+    """``if __name__ == "__main__" …:`` at module level."""
+    test = ast.unparse(node.test) if isinstance(node, ast.If) else ""
+    return "__name__" in test and "__main__" in test
 
 
 def program_file(path: Path, *, where: str | None = None) -> Path:
