@@ -31,7 +31,8 @@ from dynamo_nb.disagg.decode import DecodeHandler
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.llm import LLMEngineOutput, ModelTokenizer, PreprocessedRequest, ReadinessGate, serve_llm
-from dynamo_nb.router import KvRouter
+from dynamo_nb.router import KvRouter, RoundRobinRouter
+from dynamo_nb.router.prefill_planner import PrefillPlanner
 
 PROMPT = list(range(5, 45))
 GREEDY = {"token_ids": PROMPT, "stop_conditions": {"max_tokens": 12}, "sampling_options": {"temperature": 0}}
@@ -339,6 +340,40 @@ async def test_a_cancelled_decode_frees_its_sequence(hf_engine: Any) -> None:
     assert hf_engine.active == 1
     await stream.aclose()
     assert hf_engine.active == 0
+
+
+async def test_a_prefill_card_that_comes_before_its_instance_is_waited_for(
+    hf_engine: Any, tiny_path: Path
+) -> None:
+    """Discovery may deliver a prefill worker's card before its instance: the request waits for
+    the instance and is disaggregated, where it used to be served aggregated; an instance that
+    never comes is given up on (aggregated, with the reason)."""
+    await hf_engine.start_bootstrap()
+    runtime = await DistributedRuntime.create()
+    try:
+        client = await runtime.endpoint("early.prefill.generate").client()
+        never = PrefillPlanner("early.prefill.generate", RoundRobinRouter(client), prefill_timeout=0.3)
+        never.add_worker("early/prefill/card-a", 1, None)
+        given_up = await asyncio.wait_for(never.plan(req(GREEDY)), 5)
+        assert given_up.path == "aggregated" and "prefill failed" in given_up.reason
+
+        planner = PrefillPlanner("early.prefill.generate", RoundRobinRouter(client))
+        planner.add_worker("early/prefill/card-b", 2, None)  # its card, before any instance
+        planning = asyncio.create_task(planner.plan(req(GREEDY)))
+        await asyncio.sleep(0.3)
+        assert not planning.done()  # waiting for the instance
+        await serve_llm(
+            runtime.endpoint("early.prefill.generate"),
+            hf_engine.prefill,
+            tiny_path,
+            model_name="early",
+            kind="prefill",
+        )
+        plan = await asyncio.wait_for(planning, 10)
+        assert plan.path == "fallback" and plan.prefill_worker in client.instance_ids()
+        plan.cancel()
+    finally:
+        await runtime.shutdown()
 
 
 async def test_fast_path_sends_decode_before_its_prefill_finishes(hf_engine: Any, tiny_path: Path) -> None:

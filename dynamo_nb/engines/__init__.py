@@ -11,6 +11,8 @@
 - ``sglang.py``: `SglangEngine`, ``sglang.Engine`` (the ``sglang`` extra, on a GPU) with SGLang's
   bootstrap-room disaggregation; ``sglang_fake.py``: its recording stand-in (no GPU needed);
 - ``conformance.py``: `check_engine`, the contract's checks, run on any engine from a cell;
+- ``model_calls.py``: `forward_with_cache`, a transformers forward pass with a KV cache that
+  runs without deprecation warnings on every transformers release we support;
 - ``kv_cache/``: the block manager (prefix reuse, LRU eviction, KV events), the ``hf``
   engine's prefix cache of KV tensors, and the relay of vLLM's and SGLang's ZMQ KV events.
 
@@ -32,6 +34,7 @@ from .base import Engine, KvEvent, KvEventSink, stats_handler, token_budget
 from .conformance import ConformanceReport, check_engine
 from .echo import EchoEngine
 from .mocker import MockerEngine
+from .model_calls import forward_with_cache, new_kv_cache
 
 if TYPE_CHECKING:
     from .hf import HFEngine
@@ -50,6 +53,8 @@ __all__ = [
     "SglangEngine",
     "VllmEngine",
     "check_engine",
+    "forward_with_cache",
+    "new_kv_cache",
     "stats_handler",
     "token_budget",
 ]

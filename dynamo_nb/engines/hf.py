@@ -41,6 +41,7 @@ from .base import KvEvent, KvEventSink, token_budget
 from .hf_batch import DecodeBatch, can_batch
 from .kv_cache.blocks import publish_kv_events
 from .kv_cache.prefix import PrefixCache
+from .model_calls import forward_with_cache, new_kv_cache
 
 __all__ = ["HFEngine"]
 
@@ -404,7 +405,7 @@ class HFEngine(BootstrapRole):
             logits = self._prefill(seq, torch)
         else:
             input_ids = torch.tensor([[seq.last_token]], device=self.device)
-            logits = self.model(input_ids=input_ids, past_key_values=seq.cache, use_cache=True).logits[0, -1]
+            logits = forward_with_cache(self.model, seq.cache, input_ids=input_ids).logits[0, -1]
         return self._take(seq, logits, torch)
 
     def _take(self, seq: _Sequence, logits: Any, torch: Any) -> int:
@@ -417,13 +418,11 @@ class HFEngine(BootstrapRole):
 
     def _prefill(self, seq: _Sequence, torch: Any) -> Any:
         """Run the prompt (after its cached prefix, with a prefix cache); the last position's logits."""
-        from transformers import DynamicCache
-
         hit = self.prefix_cache.begin(seq.prompt) if self.prefix_cache is not None else None
-        past = hit.past if hit is not None else DynamicCache(config=self.model.config)
+        past = hit.past if hit is not None else new_kv_cache(self.model)
         input_ids = torch.tensor([seq.prompt[hit.reused if hit is not None else 0 :]], device=self.device)
         try:
-            logits = self.model(input_ids=input_ids, past_key_values=past, use_cache=True).logits[0, -1]
+            logits = forward_with_cache(self.model, past, input_ids=input_ids).logits[0, -1]
         except BaseException:
             if hit is not None:
                 self.prefix_cache.abandon(hit)  # type: ignore[union-attr]

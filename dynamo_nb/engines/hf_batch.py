@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .model_calls import forward_with_cache
+
 __all__ = ["DecodeBatch", "can_batch"]
 
 
@@ -77,12 +79,12 @@ class DecodeBatch:
 
         ones = self._mask.new_ones((len(self.ids), 1))
         self._mask = torch.cat([self._mask, ones], dim=1)
-        logits = self.model(
+        logits = forward_with_cache(
+            self.model,
+            self._cache,
             input_ids=torch.tensor([[token] for token in last_tokens], device=self._mask.device),
             attention_mask=self._mask,
             position_ids=self._lengths,
-            past_key_values=self._cache,
-            use_cache=True,
         ).logits[:, -1]
         self._lengths = self._lengths + 1
         return logits

@@ -3,7 +3,8 @@
 It is active for a model once a prefill worker of that model has published its card (kind
 ``prefill``); until then the model is served aggregated. For each request it picks the
 prefill worker first with its ``router`` (round robin; with ``--router-mode kv`` the KV
-router's choice, by prefix overlap and the load it routed there) and then:
+router's choice, by prefix overlap and the load it routed there; a worker whose card came
+before discovery showed its instance is waited for, up to ``INSTANCE_WAIT`` seconds) and then:
 
 - **fast path**, when that worker published ``disaggregated_endpoint`` in its runtime config:
   draw a ``bootstrap_room``, send the prefill (``max_tokens`` 1, with ``bootstrap_info``)
@@ -40,15 +41,16 @@ from typing import Any
 
 from ..disagg import handoff
 from ..disagg.rooms import BootstrapInfo, draw_room, draw_token
-from ..errors import DisaggregationError, RequestError
+from ..errors import DisaggregationError, NoInstancesError, RequestError
 from ..llm.protocol import PreprocessedRequest
-from .base import Router
+from .base import Route, Router
 
-__all__ = ["DISAGG_PATHS", "PrefillPlan", "PrefillPlanner"]
+__all__ = ["DISAGG_PATHS", "INSTANCE_WAIT", "PrefillPlan", "PrefillPlanner"]
 
 logger = logging.getLogger("dynamo_nb.router")
 
 DISAGG_PATHS = ("fast", "fallback", "aggregated")
+INSTANCE_WAIT = 5.0  # seconds a request waits for a prefill worker whose card came before its instance
 
 
 @dataclass
@@ -131,7 +133,7 @@ class PrefillPlanner:
         events: list[str] = []
         instance: int | None = None
         try:
-            route = self.router.pick(request)
+            route = await self._pick(request)
             instance = route.instance_id
             endpoint = self._endpoints.get(instance)
             if endpoint is not None:
@@ -162,6 +164,17 @@ class PrefillPlanner:
         except RequestError as exc:
             where = f" (prefill worker {instance:x})" if instance is not None else ""
             return self.fall_back(request, f"prefill failed{where}: {exc}", events)
+
+    async def _pick(self, request: PreprocessedRequest) -> Route:
+        """The prefill worker for ``request``. A worker publishes its card and its instance under
+        two keys, which a watch may deliver apart: with a card but no instance yet, wait for one."""
+        try:
+            return self.router.pick(request)
+        except NoInstancesError:
+            if not self._keys:
+                raise
+        await self.router.client.wait_for_instances(timeout=min(INSTANCE_WAIT, self.prefill_timeout))
+        return self.router.pick(request)
 
     def fall_back(self, request: PreprocessedRequest, reason: str, events: list[str]) -> PrefillPlan:
         """The one place where a failed prefill or handoff is decided: counted, then a

@@ -14,7 +14,7 @@ Example::
 
     cache = PrefixCache(num_blocks=1024, block_size=16, model_config=model.config)
     hit = cache.begin(prompt)               # hit.reused tokens come from the cache
-    model(input_ids=prompt[hit.reused:], past_key_values=hit.past)
+    forward_with_cache(model, hit.past, input_ids=prompt[hit.reused:])
     cache.finish(hit, hit.past)
 """
 
