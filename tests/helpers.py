@@ -75,3 +75,13 @@ async def pid_gone(pid: int, timeout: float = 5.0) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+def exported_code(notebook: Path) -> str:
+    """The code a plain script export of ``notebook`` keeps (its exported cells, joined)."""
+    import nbformat
+
+    from dynamo_nb.nbexport import kept_cells
+
+    cells = nbformat.read(notebook, 4).cells
+    return "\n".join(cell.source for cell in kept_cells(cells) if cell.cell_type == "code")

@@ -1,5 +1,5 @@
-"""A component declared in notebook cells is a program: its export runs as a worker over etcd and
-over file discovery behind components/frontend.py, a graph names the notebook as a service
+"""A component declared in notebook cells is a program (each notebook's export runs as a process in
+test_notebook_workers.py): its parser, its static check, a graph that names the notebook as a service
 (dry run, Kubernetes manifests, a real start), a frontend routes with a policy loaded from a
 notebook, and a wrong declaration is a clear error at export or check time."""
 
@@ -30,7 +30,6 @@ pytestmark = pytest.mark.timeout(180)
 
 NOTEBOOK = ROOT / "notebooks" / "10_your_own_engine.ipynb"
 GRAPH = ROOT / "graphs" / "notebook_engine.yaml"
-CHAT = {"messages": [{"role": "user", "content": "Tell me about the frontend and the workers."}]}
 
 
 async def words(request: Any, context: Any = None) -> Any:
@@ -148,65 +147,6 @@ def test_the_export_is_cached_by_code_not_outputs(tmp_path: Path) -> None:
     nbformat.write(notebook, path)
     changed = export_notebook(path)
     assert changed != first and "x = 2" in changed.read_text()
-
-
-@pytest.mark.processes
-@pytest.mark.parametrize("discovery", ["etcd", "file"])
-async def test_the_notebooks_export_is_a_worker_behind_the_frontend(discovery: str, tmp_path: Path) -> None:
-    """Plain nbconvert export of notebook 10 → a process; components/frontend.py finds it; the openai
-    client gets the same greedy answer the notebook stored (the taboo words never come)."""
-    from openai import AsyncOpenAI
-
-    if discovery == "etcd":
-        services: LocalServices = await LocalServices.start(nats=False)
-        url = str(services.etcd_url)
-    else:
-        url = f"file://{tmp_path / 'discovery'}"
-    script = tmp_path / "10_your_own_engine.py"
-    export = [
-        sys.executable,
-        "-m",
-        "jupyter",
-        "nbconvert",
-        "--to",
-        "script",
-        str(NOTEBOOK),
-        "--output-dir",
-        str(tmp_path),
-    ]
-    await asyncio.to_thread(subprocess.run, export, check=True, capture_output=True, timeout=120)
-    started = []
-    try:
-        started.append(
-            await launch(script, "--discovery", url, "--taboo", "the,of", log_dir=tmp_path, show_logs=False)
-        )
-        assert (
-            started[0].ready_line.startswith("READY dynamo.backend.generate")
-            and "model=taboo" in started[0].ready_line
-        )
-        frontend = await launch(ROOT / "components/frontend.py", "--discovery", url, "--http-port", 0,
-                                log_dir=tmp_path, show_logs=False)  # fmt: skip
-        started.append(frontend)
-        await bench.wait_for_model(frontend.url, "taboo", instances=1, timeout=60)
-        client = AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="none")
-        answer = await client.chat.completions.create(model="taboo", max_tokens=40, temperature=0, **CHAT)
-        text = answer.choices[0].message.content
-        assert text == stored_taboo_answer()
-        assert not {"the", "of"} & {word.strip(".,").lower() for word in text.split()}
-    finally:
-        for process in reversed(started):
-            assert await process.stop() == 0, process.tail()
-        if discovery == "etcd":
-            await services.stop()
-
-
-def stored_taboo_answer() -> str:
-    """What notebook 10 printed as the taboo engine's greedy answer (cell outputs, as stored)."""
-    for cell in nbformat.read(NOTEBOOK, 4).cells:
-        for output in cell.get("outputs", []):
-            for line in output.get("text", "").split("\ntaboo: ")[1:]:
-                return line.rstrip("\n")
-    raise AssertionError("notebook 10 stores no 'taboo:' answer")
 
 
 # ----------------------------------------------------------------------------- graphs

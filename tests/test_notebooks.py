@@ -13,7 +13,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from helpers import NEEDS_VLLM, QUICK_EXPORTS, ROOT, collect
+from helpers import NEEDS_VLLM, QUICK_EXPORTS, ROOT, collect, exported_code
 
 from dynamo_nb import DistributedRuntime, LocalServices
 from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
@@ -96,34 +96,26 @@ def test_plain_export_is_a_program_that_passes_its_smoke_check(
     assert "smoke ok" in result.stdout
 
 
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_an_export_imports_only_what_it_uses(notebook: Path) -> None:
+    """Client libraries and helpers that only the walk-through uses stay in notebook-only cells."""
+    tree = ast.parse(exported_code(notebook))
+    imported = {
+        alias.asname or alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    assert not imported - used, (
+        f"imported by exported cells, used only by notebook-only ones: {imported - used}"
+    )
+
+
 @pytest.mark.processes
 def test_other_exports_keep_every_cell(tmp_path: Path) -> None:
     markdown = export(NOTEBOOKS[0], ROOT, tmp_path, to="markdown", suffix=".md")
     assert "await DistributedRuntime.create()" in markdown.read_text()
-
-
-async def test_the_exported_script_serves_the_endpoint_across_processes(
-    services: LocalServices, tmp_path: Path
-) -> None:
-    script = export(NOTEBOOKS[0], ROOT, tmp_path)
-    log = tmp_path / "worker.log"
-    with open(log, "wb") as out:  # noqa: ASYNC230
-        worker = await asyncio.create_subprocess_exec(
-            sys.executable, str(script), "--discovery", str(services.etcd_url), "--request-plane", "tcp",
-            "--endpoint", "nbexport.words.generate", stdout=out, stderr=out,
-        )  # fmt: skip
-    try:
-        async with await DistributedRuntime.create(str(services.etcd_url), "tcp") as rt:
-            client = await rt.endpoint("nbexport.words.generate").client()
-            await client.wait_for_instances(timeout=60)
-            assert await collect(client.round_robin({"text": "from a script"})) == [
-                {"index": 0, "word": "from"},
-                {"index": 1, "word": "a"},
-                {"index": 2, "word": "script"},
-            ]
-    finally:
-        worker.terminate()
-        assert await asyncio.wait_for(worker.wait(), 15) == 0, log.read_text()
 
 
 def test_a_worker_started_in_a_cell_keeps_serving_while_no_cell_runs(services: LocalServices) -> None:

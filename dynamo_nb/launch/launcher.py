@@ -302,6 +302,13 @@ def _command(program: str, args: list[str], cwd: Path) -> tuple[str, list[str]]:
     return Path(executable).name, [executable, *args]
 
 
+def _export(notebook: str, cwd: str | os.PathLike[str] | None) -> None:
+    """Export ``notebook`` (resolved as `launch` resolves it) into the export cache."""
+    from ..notebook_programs import export_notebook
+
+    export_notebook(resolve_program(notebook, Path(os.path.abspath(cwd if cwd is not None else os.curdir))))
+
+
 def _start(
     program: str | os.PathLike[str],
     args: tuple[str | int | float | os.PathLike[str], ...],
@@ -380,6 +387,8 @@ async def launch(
         raise ConfigError("instance= needs runtime= (the runtime whose discovery to watch)")
     if instance is not None and runtime is not None and runtime.is_static:
         raise ConfigError("instance= needs a runtime with discovery (memory or etcd), not a static one")
+    if os.fspath(program).endswith(".ipynb"):  # export it off the event loop; _start finds it cached
+        await asyncio.to_thread(_export, os.fspath(program), cwd)
     managed = _start(program, args, name=name, env=env, cwd=cwd, log_dir=log_dir)
     managed._ready_pattern = re.compile(ready) if ready is not None else None
     title = f"{managed.name} · pid {managed.pid}"
