@@ -85,3 +85,16 @@ def exported_code(notebook: Path) -> str:
 
     cells = nbformat.read(notebook, 4).cells
     return "\n".join(cell.source for cell in kept_cells(cells) if cell.cell_type == "code")
+
+
+def example_graphs() -> list[Any]:
+    """Every graph in graphs/ as a pytest param; one that names a notebook is marked
+    ``processes`` (checking it exports the notebook with nbconvert)."""
+    import pytest
+
+    return [
+        pytest.param(
+            path, id=path.stem, marks=[pytest.mark.processes] if ".ipynb" in path.read_text() else []
+        )
+        for path in sorted((ROOT / "graphs").glob("*.yaml"))
+    ]

@@ -30,11 +30,14 @@ async def echo(request: object, context: object) -> AsyncIterator[object]:
 
 async def wait_for(condition: Callable[[], bool], timeout: float) -> None:
     """Poll ``condition()`` until it holds; a TimeoutError after ``timeout`` seconds."""
-    async with asyncio.timeout(timeout):
+
+    async def holds() -> None:
         while True:
             if condition():
                 return
             await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(holds(), timeout)
 
 
 async def test_instances_are_files_and_leave_with_their_runtime(tmp_path: Path) -> None:

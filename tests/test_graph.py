@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ROOT
+from helpers import ROOT, example_graphs
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.graph import Graph, GraphError, apply_overrides, check_graph, serve
@@ -93,7 +93,7 @@ def test_dry_run_prints_each_replicas_command_line() -> None:
     )
 
 
-@pytest.mark.parametrize("path", sorted(GRAPHS.glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", example_graphs())
 def test_every_example_graph_checks_with_its_components_parsers(path: Path) -> None:
     graph = Graph.from_yaml(path)
     gpus = [str(i) for i in range(8)]  # the GPU graphs are checked as if on an 8-GPU host

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from helpers import ROOT, free_port
+from helpers import ROOT, example_graphs, free_port
 
 from dynamo_nb import DistributedRuntime, launch
 from dynamo_nb.graph import Graph, GraphError, check_graph, kubernetes_manifests, manifests_yaml
@@ -24,7 +24,6 @@ kubernetes_validate = pytest.importorskip(
 
 pytestmark = pytest.mark.timeout(120)
 
-GRAPHS = sorted((ROOT / "graphs").glob("*.yaml"))
 KUBERNETES = "1.33"
 
 
@@ -32,7 +31,7 @@ def by_kind(manifests: list[dict[str, Any]], kind: str) -> dict[str, dict[str, A
     return {m["metadata"]["name"]: m for m in manifests if m["kind"] == kind}
 
 
-@pytest.mark.parametrize("path", GRAPHS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", example_graphs())
 def test_every_example_graphs_manifests_validate_against_the_kubernetes_schema(path: Path) -> None:
     manifests = yaml.safe_load_all(manifests_yaml(kubernetes_manifests(Graph.from_yaml(path), cwd=ROOT)))
     kinds = []

@@ -83,3 +83,29 @@ async def test_slo_limits_and_goodput_per_concurrency_level() -> None:
         SLO(ttft_ms=-1)
     with pytest.raises(ConfigError, match="rate must be a positive number"):
         await run("http://127.0.0.1:9", "stub", rate=[0], progress=False)
+
+
+def one_server_queue(rate: float, requests: int, service_s: float) -> pd.DataFrame:
+    """Records of a server that answers one request at a time in ``service_s``, sent requests at
+    an even ``rate``: it keeps up below 1 / service_s and its queue grows above."""
+    rows, free = [], 0.0
+    for index in range(requests):
+        sent = index / rate
+        free = max(sent, free) + service_s
+        rows.append({"label": "", "rate": rate, "index": index, "prompt": "p", "sent_s": sent,
+                     "ttft_s": free - sent, "e2e_s": free - sent, "itl_s": [], "output_tokens": 1,
+                     "input_tokens": 1, "status": 200})  # fmt: skip
+    return pd.DataFrame(rows).reindex(columns=RECORD_COLUMNS)
+
+
+def test_a_saturated_rate_is_flagged_and_never_the_answer() -> None:
+    """Capacity 50 req/s: at 200 req/s the queue grows, so even an SLO loose enough to call most of
+    its requests good does not make it the answer; the table shows achieved against offered."""
+    df = pd.concat([one_server_queue(rate, 400, 0.02) for rate in (20.0, 40.0, 200.0)], ignore_index=True)
+    best, table = max_rate_within_slo(df, SLO(ttft_ms=10_000), attainment=0.9)
+    assert table["attainment"].eq(1.0).all()  # every request within 10 s, even the saturated ones
+    assert table["keeps_up"].tolist() == [True, True, False]
+    assert table.loc[200.0, "offered_req_per_s"] == pytest.approx(200, rel=0.02)
+    assert table.loc[200.0, "achieved_req_per_s"] == pytest.approx(50, rel=0.05)
+    assert table.loc[40.0, "achieved_req_per_s"] == pytest.approx(40, rel=0.05)
+    assert best == 40.0 and not table.loc[200.0, "within_slo"]

@@ -8,6 +8,13 @@ or request rates), `slo_attainment` gives the share of requests that met it and 
 answers "how much load can I serve with at least 90 % of requests within the SLO?" as a
 number and the table it was read from.
 
+In a rate sweep a level can also be *saturated*: requests arrive faster than the server answers,
+the queue grows for as long as the level runs, and its attainment says more about the run's
+length than about the server. `slo_attainment` gives each rate level its requests per second as
+they arrived and as they were answered (``offered_req_per_s``, ``achieved_req_per_s``:
+`dynamo_nb.bench.stats.offered_and_achieved`) and ``keeps_up`` (answered at ``KEEPS_UP`` of
+the arrival rate or faster); `max_rate_within_slo` never answers with a saturated level.
+
 Example::
 
     df = await bench.run(url, "tiny-llama", rate=[2, 4, 8, 16], requests=64)
@@ -23,9 +30,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..errors import ConfigError
-from .stats import group_keys, level_column, level_duration, level_summary, mean_gaps_s
+from .stats import group_keys, level_column, level_duration, level_summary, mean_gaps_s, offered_and_achieved
 
-__all__ = ["SLO", "max_rate_within_slo", "slo_attainment"]
+__all__ = ["KEEPS_UP", "SLO", "max_rate_within_slo", "slo_attainment"]
+
+KEEPS_UP = 0.9  # a rate level keeps up when it is answered at this share of its arrival rate or more
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,8 @@ class SLO:
 def slo_attainment(df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
     """Per level (and label): requests, how many met ``slo``, the share (``attainment``),
     ``goodput_req_per_s`` (requests that met it per second of the level) beside ``req_per_s``
-    and ``output_tok_per_s``, and the p90 latencies.
+    and ``output_tok_per_s``, and the p90 latencies; for a rate sweep also
+    ``offered_req_per_s``, ``achieved_req_per_s`` and ``keeps_up`` (see the module docstring).
 
     Example::
 
@@ -97,6 +107,11 @@ def slo_attainment(df: pd.DataFrame, slo: SLO) -> pd.DataFrame:
                 "e2e_p90_ms": row["e2e_p90_ms"],
             }
         )
+        if keys[-1] == "rate":
+            offered, achieved = offered_and_achieved(group)
+            rows[-1]["offered_req_per_s"] = offered
+            rows[-1]["achieved_req_per_s"] = achieved
+            rows[-1]["keeps_up"] = bool(achieved >= KEEPS_UP * offered)
     return pd.DataFrame(rows).set_index(keys)
 
 
@@ -105,7 +120,9 @@ def max_rate_within_slo(
 ) -> tuple[float | None, pd.DataFrame]:
     """The highest level (request rate, or concurrency) of the sweep at which at least
     ``attainment`` of the requests met ``slo`` — and every lower level did too — with the
-    `slo_attainment` table and a ``within_slo`` column. None when even the lowest level misses.
+    `slo_attainment` table and a ``within_slo`` column. In a rate sweep a level must also keep
+    up with its offered rate (``keeps_up``): a saturated level's queue grows for as long as it
+    runs, so it is never the answer. None when even the lowest level misses.
 
     Example::
 
@@ -117,6 +134,8 @@ def max_rate_within_slo(
         raise ConfigError("the frame holds several labels: pass one run (df[df.label == ...])")
     table = slo_attainment(df, slo)
     table["within_slo"] = table["attainment"] >= attainment
+    if "keeps_up" in table:
+        table["within_slo"] &= table["keeps_up"]
     best: float | None = None
     for level, row in table.iterrows():
         if not row["within_slo"]:

@@ -43,6 +43,26 @@ def level_duration(group: pd.DataFrame) -> float:
     return float((group["sent_s"] + group["e2e_s"]).max() - group["sent_s"].min())
 
 
+def offered_and_achieved(group: pd.DataFrame) -> tuple[float, float]:
+    """A level's requests per second as they arrived (over the span of their sends) and as they
+    were answered (successful answers over the span of their ends); NaN for under two.
+
+    In a steady state every answer ends about one latency after its request arrived, so both
+    spans match and so do the rates; when requests arrive faster than the server answers, the
+    answers come at the server's capacity and its queue grows for as long as the level runs.
+    Run levels several latencies long (`bench.run` sends 4 s of arrivals per rate by default):
+    on a short level the latency's spread alone moves the answers' span.
+    """
+    ok = group[group["error"].isna()]
+    if len(group) < 2 or len(ok) < 2:
+        return math.nan, math.nan
+    sent, ended = group["sent_s"], ok["sent_s"] + ok["e2e_s"]
+    sent_span, ended_span = float(sent.max() - sent.min()), float(ended.max() - ended.min())
+    offered = (len(group) - 1) / sent_span if sent_span > 0 else math.inf
+    achieved = (len(ok) - 1) / ended_span if ended_span > 0 else math.inf
+    return offered, achieved
+
+
 def mean_gaps_s(df: pd.DataFrame) -> pd.Series:
     """Each request's mean gap between tokens, in seconds (NaN for fewer than two tokens)."""
     return df["itl_s"].map(lambda gaps: float(np.mean(gaps)) if isinstance(gaps, list) and gaps else math.nan)
