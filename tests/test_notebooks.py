@@ -118,6 +118,24 @@ def test_other_exports_keep_every_cell(tmp_path: Path) -> None:
     assert "await DistributedRuntime.create()" in markdown.read_text()
 
 
+@pytest.mark.processes
+def test_a_notebook_runs_in_a_kernel_where_nest_asyncio_was_applied() -> None:
+    """SGLang's docs notebooks call ``nest_asyncio.apply()``; a kernel where that ran still runs
+    ours top to bottom (the kit itself never patches the loop)."""
+    pytest.importorskip("nest_asyncio", reason="nest_asyncio is not installed (the dev extra has it)")
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(NOTEBOOKS[0], 4)
+    patch = "import asyncio\n\nimport nest_asyncio\n\nnest_asyncio.apply()\nassert asyncio.run.__module__ == 'nest_asyncio'"
+    notebook.cells.insert(0, nbformat.v4.new_code_cell(patch))
+    client = NotebookClient(notebook, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT / "notebooks")}})  # fmt: skip
+    client.execute()  # raises CellExecutionError, naming the cell, when one fails
+    assert all(
+        output.get("output_type") != "error" for cell in notebook.cells for output in cell.get("outputs", [])
+    )
+
+
 def test_a_worker_started_in_a_cell_keeps_serving_while_no_cell_runs(services: LocalServices) -> None:
     """A real kernel serves over etcd + TCP; this process calls it while the kernel is idle."""
     import jupyter_client
