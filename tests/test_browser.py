@@ -1,8 +1,8 @@
 """The notebooks in a real JupyterLab, driven by Playwright in Debian's Chromium.
 
 For each notebook: open it, clear its outputs, run all cells, then check what a reader sees —
-no error outputs, every widget rendered (no "Error displaying widget" / "Loading widget..."),
-every chart an image — and that shutting the kernel down from JupyterLab stops every process
+no error outputs, no traceback or unretrieved task error in any output or launch log box, every
+widget rendered (no "Error displaying widget" / "Loading widget..."), every chart an image — and that shutting the kernel down from JupyterLab stops every process
 the notebook launched (the test leaves one running on purpose first). Screenshots go to
 ``notebooks/build/browser/``.
 
@@ -226,6 +226,9 @@ def test_notebook_runs_in_jupyterlab(name: str, lab: dict[str, Any], browser: An
         assert not broken, f"{name}: widgets did not render: {broken}"
         text = page.evaluate(f"() => {PANEL}.node.innerText")
         assert not [bad for bad in BROKEN_WIDGET_TEXTS if bad in text], f"{name}: a widget did not render"
+        for bad in ("Traceback (most recent call last)", "was never retrieved"):  # outputs and log boxes
+            at = text.find(bad)
+            assert at < 0, f"{name}: {bad!r} shown: {text[max(0, at - 300) : at + 600]}"
 
         charts = [
             o

@@ -431,7 +431,11 @@ async def test_fast_path_sends_decode_before_its_prefill_finishes(hf_engine: Any
         async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
             body = {"model": "ev", "prompt": PROMPT, "max_tokens": 8, "temperature": 0}
             response = await http.post("/v1/completions", json=body)
+            health = (await http.get("/health")).json()
         assert response.status_code == 200 and response.headers["x-dynamo-path"] == "fast"
+        assert [(i["model"], i["endpoint"]) for i in health["prefill_instances"]] == [
+            ("ev", "ev.prefill.generate")
+        ]
         assert response.json()["choices"][0]["text"] == expected
         assert events.index("decode received") < events.index("prefill finished")
         await frontend.stop()

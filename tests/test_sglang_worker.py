@@ -113,10 +113,14 @@ async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     runtime = await DistributedRuntime.create(services.etcd_url, "tcp", services.nats_url)
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     wanted = {"tiny-llama", "tiny-fallback", "tiny-broken", "tiny-agg"}
+    disaggregated = {"tiny-llama", "tiny-fallback", "tiny-broken"}
     async with httpx.AsyncClient(timeout=5) as http:
         for url in urls:
-            for _ in range(200):
-                if wanted <= {m["id"] for m in (await http.get(f"{url}/v1/models")).json()["data"]}:
+            for _ in range(200):  # every model listed, and the prefill workers of each known
+                health = (await http.get(f"{url}/health")).json()
+                if wanted <= set(health["models"]) and disaggregated <= {
+                    i["model"] for i in health["prefill_instances"]
+                }:
                     break
                 await asyncio.sleep(0.1)
     yield {"logs": logs, "url": urls[0], "enforced_url": urls[1], "runtime": runtime}

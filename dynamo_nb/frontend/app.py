@@ -279,11 +279,17 @@ class Frontend:
             for m in self.models.live_models()
             for i in m.client.instances()
         ]
+        prefill = [
+            {"model": name, "endpoint": planner.endpoint, "instance_id": f"{instance_id:x}"}
+            for name, planner in sorted(self.models.prefill.items())
+            for instance_id in planner.instance_ids
+        ]
         healthy = bool(instances)
         body = {
             "status": "healthy" if healthy else "unhealthy",
             "models": sorted(m.name for m in self.models.live_models()),
             "instances": instances,
+            "prefill_instances": prefill,
         }
         return web.json_response(body, status=200 if healthy else 503)
 

@@ -124,6 +124,11 @@ class PrefillPlanner:
         return True
 
     @property
+    def instance_ids(self) -> list[int]:
+        """The prefill workers whose cards it holds."""
+        return sorted(set(self._keys.values()))
+
+    @property
     def active(self) -> bool:
         """Whether any prefill worker of the model has a card now."""
         return bool(self._keys)

@@ -8,6 +8,7 @@ multiplexes its streams on it by stream id.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -399,13 +400,20 @@ class TcpPlane(RequestPlane):
         if pending is None:
             pending = asyncio.get_running_loop().create_task(self._connect(address))
             self._connecting[address] = pending
-            pending.add_done_callback(lambda _t: self._connecting.pop(address, None))
+            pending.add_done_callback(functools.partial(self._connect_done, address))
         try:
             return await asyncio.shield(pending)
         except (OSError, asyncio.TimeoutError, ConfigError) as exc:
             raise instance_down(
                 instance, f"cannot connect to tcp://{address} ({type(exc).__name__}: {exc})"
             ) from None
+
+    def _connect_done(self, address: str, task: asyncio.Task[_ClientConnection]) -> None:
+        """A connect attempt ended. Its failure is read here too: every caller awaiting it may
+        have given up (cancelled), and a failure nobody reads is logged as an error by asyncio."""
+        self._connecting.pop(address, None)
+        if not task.cancelled():
+            task.exception()
 
     async def _connect(self, address: str) -> _ClientConnection:
         host, port = parse_tcp_address(address)
