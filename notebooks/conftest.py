@@ -16,6 +16,9 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from helpers import NEEDS_VLLM  # noqa: E402  (tests/ is on the path from here on)
 
 CELL_TIMEOUT = 300.0
+# nbval waits 5 s for each output message of a finished cell; on a busy 2-core machine a live
+# chart's last redraw can take longer than that (the cell itself has CELL_TIMEOUT)
+OUTPUT_TIMEOUT = 60
 NBVAL_DEFAULT_CELL_TIMEOUT = 2000.0
 
 
@@ -35,6 +38,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.suffix != ".ipynb":
             continue
         item.add_marker(pytest.mark.processes)  # a kernel, and the workers it launches
+        if hasattr(item, "output_timeout"):
+            item.output_timeout = OUTPUT_TIMEOUT
         if item.path.stem in NEEDS_VLLM:
             item.add_marker(pytest.mark.vllm)
             item.add_marker(pytest.mark.long)
