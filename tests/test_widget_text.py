@@ -37,6 +37,20 @@ def test_a_progress_bar_says_what_it_counts_and_counts(capsys: pytest.CaptureFix
     assert bar._count.value.startswith("64/64") and bar._bar.bar_style == "success"
 
 
+def test_a_progress_bar_redraws_a_few_times_a_second_not_per_request() -> None:
+    """Each redraw is two messages to the front end; thousands of them overflowed a kernel's
+    output channel. The count is still exact at the end."""
+    bar = WidgetProgress(total=3000, desc="bench")
+    redraws: list[int] = []
+    bar._bar.observe(lambda change: redraws.append(change["new"]), names="value")
+    for _ in range(2999):
+        bar.update()
+    assert len(redraws) <= 4  # well under a second of updates: the first after MIN_INTERVAL at most
+    bar.update()  # the last request is always drawn
+    bar.close()
+    assert redraws[-1] == 3000 and bar._count.value.startswith("3000/3000")
+
+
 def test_outside_a_notebook_the_bar_is_tqdm_or_nothing() -> None:
     assert isinstance(progress_bar(10, "bench", enabled=False), NoProgress)
     bar = progress_bar(10, "bench", enabled=True)

@@ -36,13 +36,18 @@ class WidgetProgress:
     measures, not the 0 % of the moment it was displayed.
     """
 
+    MIN_INTERVAL = 0.25
+    """Seconds between redraws: each is two messages to the front end, and a kernel's output
+    channel drops messages past its high-water mark (a sweep of thousands of requests would
+    lose the kernel's own "idle" message; nbval then times out)."""
+
     def __init__(self, total: int, desc: str) -> None:
         import ipywidgets as widgets
         from IPython.display import display
 
         self._total = total
         self._done = 0
-        self._start = time.perf_counter()
+        self._start = self._drawn = time.perf_counter()
         self._label = widgets.Label(desc)
         self._bar = widgets.IntProgress(value=0, min=0, max=max(total, 1))
         self._count = widgets.Label(f"0/{total}")
@@ -55,8 +60,15 @@ class WidgetProgress:
 
     def update(self, n: int = 1) -> None:
         self._done += n
+        now = time.perf_counter()
+        if self._done < self._total and now - self._drawn < self.MIN_INTERVAL:
+            return  # drawn at the next update after MIN_INTERVAL, at the last one, or at close
+        self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        self._drawn = now
         self._bar.value = min(self._done, self._total)
-        elapsed = time.perf_counter() - self._start
+        elapsed = now - self._start
         rate = f" · {self._done / elapsed:.1f} req/s" if elapsed > 0 else ""
         self._count.value = f"{self._done}/{self._total}{rate}"
 
@@ -64,6 +76,7 @@ class WidgetProgress:
         self._label.value = desc
 
     def close(self) -> None:
+        self._draw(time.perf_counter())
         self._bar.bar_style = "success" if self._done >= self._total else "warning"
 
 
