@@ -285,16 +285,13 @@ def resolve_program(program: str, cwd: Path) -> Path:
 
 
 def _command(program: str, args: list[str], cwd: Path) -> tuple[str, list[str]]:
-    """(name, argv): ``-m module``, ``*.py`` and a notebook's export run on this Python (unbuffered),
-    else an executable."""
+    """(name, argv): ``-m module`` and ``*.py`` run on this Python (unbuffered), else an executable."""
     if program == "-m":
         if not args:
             raise ConfigError("launch('-m', …) needs a module name after '-m'")
         return args[0].rsplit(".", 1)[-1], [sys.executable, "-u", "-m", *args]
-    if program.endswith((".py", ".ipynb")):  # a notebook runs as its export (dynamo_nb.notebook_programs)
-        from ..notebook_programs import program_file
-
-        script = program_file(resolve_program(program, cwd), where=program)
+    if program.endswith(".py"):
+        script = resolve_program(program, cwd)
         return script.stem, [sys.executable, "-u", str(script), *args]
     executable = shutil.which(program) or (str(resolve_program(program, cwd)) if "/" in program else None)
     if executable is None:
@@ -302,11 +299,17 @@ def _command(program: str, args: list[str], cwd: Path) -> tuple[str, list[str]]:
     return Path(executable).name, [executable, *args]
 
 
-def _export(notebook: str, cwd: str | os.PathLike[str] | None) -> None:
-    """Export ``notebook`` (resolved as `launch` resolves it) into the export cache."""
-    from ..notebook_programs import export_notebook
+def _workdir(cwd: str | os.PathLike[str] | None) -> Path:
+    """The folder a launched program runs in (and its relative paths resolve from)."""
+    return Path(os.path.abspath(cwd if cwd is not None else os.curdir))
 
-    export_notebook(resolve_program(notebook, Path(os.path.abspath(cwd if cwd is not None else os.curdir))))
+
+def _exported(notebook: str, cwd: str | os.PathLike[str] | None) -> Path:
+    """The checked export of ``notebook`` (resolved as `launch` resolves programs), exported into
+    the cache unless its code was exported before (`dynamo_nb.notebook_programs.program_file`)."""
+    from ..notebook_programs import program_file
+
+    return program_file(resolve_program(notebook, _workdir(cwd)), where=notebook)
 
 
 def _start(
@@ -319,7 +322,7 @@ def _start(
     log_dir: str | os.PathLike[str] | None,
 ) -> ManagedProcess:
     """Fork/exec the program in a process group of its own (in this session); output to a pipe."""
-    workdir = Path(os.path.abspath(cwd if cwd is not None else os.curdir))
+    workdir = _workdir(cwd)
     argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
     default_name, command = _command(os.fspath(program), argv, workdir)
     folder = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir()) / "dynamo_nb-logs"
@@ -387,8 +390,8 @@ async def launch(
         raise ConfigError("instance= needs runtime= (the runtime whose discovery to watch)")
     if instance is not None and runtime is not None and runtime.is_static:
         raise ConfigError("instance= needs a runtime with discovery (memory or etcd), not a static one")
-    if os.fspath(program).endswith(".ipynb"):  # export it off the event loop; _start finds it cached
-        await asyncio.to_thread(_export, os.fspath(program), cwd)
+    if os.fspath(program).endswith(".ipynb"):  # a notebook runs as its export, made off the event loop
+        program = await asyncio.to_thread(_exported, os.fspath(program), cwd)
     managed = _start(program, args, name=name, env=env, cwd=cwd, log_dir=log_dir)
     managed._ready_pattern = re.compile(ready) if ready is not None else None
     title = f"{managed.name} · pid {managed.pid}"
