@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Callable
+from functools import partial
 
 from .disagg.modes import WORKER_MODES, WorkerRole
 from .frontend.settings import FrontendConfig
@@ -151,19 +152,20 @@ def add_event_loop_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_model_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--model-path`` (default: the built-in tiny model) and ``--model-name``."""
+def add_model_args(parser: argparse.ArgumentParser, from_env: bool = True) -> None:
+    """Add ``--model-path`` (default: the built-in tiny model) and ``--model-name``; their defaults
+    come from ``DYN_NB_MODEL_PATH``/``DYN_NB_MODEL_NAME`` unless ``from_env`` is false."""
     group = parser.add_argument_group("model")
+    path_env, name_env = ("env DYN_NB_MODEL_PATH; ", "env DYN_NB_MODEL_NAME; ") if from_env else ("", "")
     group.add_argument(
         "--model-path",
-        default=_env("MODEL_PATH", None),
-        help="local Hugging Face model folder (env DYN_NB_MODEL_PATH; default: the built-in tiny model)",
+        default=_env("MODEL_PATH", None) if from_env else None,
+        help=f"local Hugging Face model folder ({path_env}default: the built-in tiny model)",
     )
     group.add_argument(
         "--model-name",
-        default=_env("MODEL_NAME", None),
-        help="name the model is served as (env DYN_NB_MODEL_NAME; default: the folder's name, "
-        "tiny-llama for the built-in model)",
+        default=_env("MODEL_NAME", None) if from_env else None,
+        help=f"name the model is served as ({name_env}default: the folder's name, tiny-llama for the built-in model)",
     )
 
 
@@ -631,4 +633,6 @@ def sglang_worker_parser(
 
 def frontend_parser(prog: str = "frontend", description: str | None = None) -> argparse.ArgumentParser:
     """Every flag of the OpenAI frontend (components/frontend.py)."""
-    return component_parser(prog, description, add_frontend_args, add_model_args)
+    # static mode's model flags never come from the environment: a notebook exports
+    # DYN_NB_MODEL_PATH for its workers, and a frontend with discovery must not take it up
+    return component_parser(prog, description, add_frontend_args, partial(add_model_args, from_env=False))

@@ -3,11 +3,14 @@
 For each notebook: open it, clear its outputs, run all cells, then check what a reader sees —
 no error outputs, no traceback or unretrieved task error in any output or launch log box, every
 widget rendered (no "Error displaying widget" / "Loading widget..."), every chart an image — and that shutting the kernel down from JupyterLab stops every process
-the notebook launched (the test leaves one running on purpose first). Screenshots go to
-``notebooks/build/browser/``.
+the notebook launched (the test leaves one running on purpose first). A screenshot of every
+viewport, top to bottom, goes to ``notebooks/build/browser/`` (``01_runtime_basics-00.png``…).
 
 It runs where ``.ci/run`` runs it (``DYN_NB_BROWSER=1``, with ``jupyterlab``, ``playwright``
-and a ``chromium`` binary installed) and is skipped with the reason elsewhere. The notebooks
+and a ``chromium`` binary installed) and is skipped with the reason elsewhere. With
+``DYN_NB_LAB_PYTHON=/path/to/venv/bin/python`` JupyterLab and its kernels run in that venv
+(CI makes one with only ``pip install -e ".[notebook]"`` for the quick notebooks, as a reader
+installs them), while Playwright drives it from the test's own. The notebooks
 run from a copy (so JupyterLab never writes to the repository's files), next to links to the
 repository's other folders, so their relative paths resolve as they do in ``notebooks/``.
 """
@@ -44,15 +47,25 @@ def chromium_path() -> str | None:
     return next((path for path in candidates if path and os.access(path, os.X_OK)), None)
 
 
+def lab_python() -> str:
+    """The Python that runs JupyterLab and its kernels: ``DYN_NB_LAB_PYTHON`` (a venv with only
+    the ``notebook`` extra, as a reader installs it), else the test's own."""
+    return os.environ.get("DYN_NB_LAB_PYTHON") or sys.executable
+
+
 def require_browser() -> None:
     """Fail, saying what to install, where a part is missing. The ``browser`` group is opt-in
     (the root conftest.py skips it unless asked for), so a run that gets here asked for it and
     cannot pass without it."""
-    missing = [
-        name for name in ("jupyterlab", "playwright", "psutil") if importlib.util.find_spec(name) is None
-    ]
+    missing = [name for name in ("playwright", "psutil") if importlib.util.find_spec(name) is None]
     if missing:
         pytest.fail(f'the browser test needs {", ".join(missing)}: pip install -e ".[browser]"')
+    probe = subprocess.run(
+        [lab_python(), "-c", "import jupyterlab, ipykernel, dynamo_nb"], capture_output=True
+    )
+    if probe.returncode != 0:
+        pytest.fail(f'{lab_python()} cannot run the notebooks in JupyterLab: pip install -e ".[notebook]" there\n'
+                    + probe.stderr.decode()[-500:])  # fmt: skip
     if chromium_path() is None:
         pytest.fail(
             "the browser test needs a chromium binary: apt-get install -y chromium (or set DYN_NB_CHROMIUM)"
@@ -85,7 +98,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     log = open(work.parent / f"{work.name}-lab.log", "wb")
     server = subprocess.Popen(
         [
-            sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            lab_python(), "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
             f"--ServerApp.root_dir={work}", "--ServerApp.allow_root=True", "--LabApp.expose_app_in_browser=True",
             f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={settings}",
@@ -156,13 +169,14 @@ EXECUTE = f"""async code => {{
     await future.done;
     return text;
 }}"""
-# A process launched the way the notebooks launch theirs, left running on purpose.
+# A process launched the way the notebooks launch theirs, left running on purpose; and the
+# kernel's Python (the notebooks ran in the venv JupyterLab was started from).
 LEAVE_ONE_RUNNING = """
 import os, sys
 from dynamo_nb import launch
 _left_running = await launch(sys.executable, "-c",
     "import time; print('READY', flush=True); time.sleep(600)", name="left-running", show_logs=False)
-print(os.getpid(), _left_running.pid)
+print(os.getpid(), _left_running.pid, sys.prefix)
 """
 
 
@@ -174,6 +188,29 @@ def widget_views(page: Any) -> list[dict[str, Any]]:
             .filter(n => !n.dataset.mimeType)
             .map(n => ({{view: !!n.querySelector('.jupyter-widgets'), text: n.innerText}}))"""
     )
+
+
+SCROLLER = f"""() => {{
+    const node = {PANEL}.content.node;
+    return node.querySelector('.jp-WindowedPanel-outer') || node;
+}}"""
+
+
+def screenshot_every_viewport(page: Any, stem: str) -> list[Path]:
+    """Scroll the open notebook from top to bottom, one screenshot per viewport (a tenth of
+    each overlaps the one before), so a reviewer sees every output, chart and widget."""
+    for old in SCREENSHOTS.glob(f"{stem}*.png"):
+        old.unlink()
+    height, view = page.evaluate(
+        f"() => {{ const s = ({SCROLLER})(); return [s.scrollHeight, s.clientHeight]; }}"
+    )
+    paths = []
+    for index, top in enumerate(range(0, max(int(height), 1), max(int(view * 0.9), 100))):
+        page.evaluate(f"top => {{ ({SCROLLER})().scrollTop = top; }}", top)
+        page.wait_for_timeout(150)
+        paths.append(SCREENSHOTS / f"{stem}-{index:02d}.png")
+        page.screenshot(path=str(paths[-1]))
+    return paths
 
 
 def descendants(pid: int) -> list[int]:
@@ -207,7 +244,8 @@ def test_notebook_runs_in_jupyterlab(name: str, lab: dict[str, Any], browser: An
         page.wait_for_function("() => window.__dynRunAll !== null", timeout=840_000, polling=500)
         finished = page.evaluate("() => window.__dynRunAll")
         page.wait_for_timeout(1500)  # the last widget views and images render
-        page.screenshot(path=str(SCREENSHOTS / f"{Path(name).stem}.png"))
+        shots = screenshot_every_viewport(page, Path(name).stem)
+        assert len(shots) > 1, f"{name}: the notebook fits one viewport? ({len(shots)} screenshots)"
         cells = page.evaluate(CELLS)
 
         code = [cell for cell in cells if cell["cell_type"] == "code" and "".join(cell["source"]).strip()]
@@ -240,7 +278,12 @@ def test_notebook_runs_in_jupyterlab(name: str, lab: dict[str, Any], browser: An
         shown = page.evaluate(f"() => {PANEL}.node.querySelectorAll('.jp-RenderedImage img').length")
         assert shown == images, f"{name}: {images} images in the outputs, {shown} shown"
 
-        kernel_pid, left_pid = map(int, page.evaluate(EXECUTE, LEAVE_ONE_RUNNING).split())
+        kernel, left, prefix = page.evaluate(EXECUTE, LEAVE_ONE_RUNNING).split()
+        kernel_pid, left_pid = int(kernel), int(left)
+        expected = subprocess.run(
+            [lab_python(), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True
+        )
+        assert prefix == expected.stdout.strip(), f"{name}: the kernel ran in {prefix}, not in {lab_python()}"
         launched = descendants(kernel_pid)
         assert left_pid in launched
         page.evaluate(f"() => {PANEL}.sessionContext.shutdown()")

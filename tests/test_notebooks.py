@@ -136,6 +136,33 @@ def test_a_notebook_runs_in_a_kernel_where_nest_asyncio_was_applied() -> None:
     )
 
 
+@pytest.mark.processes
+def test_one_parameter_points_an_llm_notebook_at_another_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Notebook 02 with ``DYN_NB_MODEL_PATH`` set to another local Hugging Face folder (the
+    random model) and ``DYN_NB_DEVICE=cpu``: every cell passes, and the frontend serves that
+    model under its folder's name, on the device asked for."""
+    from dynamo_nb.models import random_model_path
+
+    folder = random_model_path()
+    monkeypatch.setenv("DYN_NB_MODEL_PATH", str(folder))
+    monkeypatch.setenv("DYN_NB_DEVICE", "cpu")
+    monkeypatch.delenv("DYN_NB_MODEL_NAME", raising=False)
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(ROOT / "notebooks" / "02_serving_an_llm.ipynb", 4)
+    client = NotebookClient(notebook, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(ROOT / "notebooks")}})  # fmt: skip
+    client.execute()  # raises CellExecutionError, naming the cell, when one fails
+    printed = [
+        "".join(output.get("text", ""))
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream"
+    ]
+    assert f"{folder.name}\n" in printed, printed[:12]  # what /v1/models answered
+    assert any(text.startswith("<HFEngine") and " on cpu," in text for text in printed), printed[:12]
+
+
 def test_a_worker_started_in_a_cell_keeps_serving_while_no_cell_runs(services: LocalServices) -> None:
     """A real kernel serves over etcd + TCP; this process calls it while the kernel is idle."""
     import jupyter_client

@@ -85,3 +85,32 @@ def test_the_tiny_model_is_a_small_llama_folder_with_its_training_record() -> No
     record = json.loads((folder / "training.json").read_text())
     assert record["parameters"] <= 5_000_000 and record["steps"] > 0
     assert record["losses"][-1]["loss"] < record["losses"][0]["loss"] / 2  # it learned
+
+
+def test_use_model_is_the_one_parameter_every_launched_worker_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`use_model` picks the folder and device (argument, else environment, else the tiny model on
+    auto) and exports them, so the workers' flags default to them; a frontend's never do."""
+    import os
+
+    from dynamo_nb import ConfigError
+    from dynamo_nb.flags import frontend_parser, hf_worker_parser
+    from dynamo_nb.models import use_model
+
+    for name in ("DYN_NB_MODEL_PATH", "DYN_NB_MODEL_NAME", "DYN_NB_DEVICE"):
+        monkeypatch.delenv(name, raising=False)
+    tiny = use_model()
+    assert (tiny.path, tiny.name, tiny.device) == (tiny_model_path(), "tiny-llama", "auto")
+    monkeypatch.setenv("DYN_NB_MODEL_PATH", str(random_model_path()))
+    monkeypatch.delenv("DYN_NB_MODEL_NAME")
+    chosen = use_model(device="cpu")
+    assert (chosen.path, chosen.name) == (random_model_path(), random_model_path().name)
+    assert os.environ["DYN_NB_DEVICE"] == "cpu" and os.environ["DYN_NB_MODEL_NAME"] == chosen.name
+    worker = hf_worker_parser().parse_args([])
+    assert (worker.model_path, worker.model_name, worker.device) == (str(chosen.path), chosen.name, "cpu")
+    frontend = frontend_parser().parse_args(["--discovery", "etcd://127.0.0.1:2379"])
+    assert frontend.model_path is None and frontend.model_name is None  # static mode's flags only
+    assert use_model(tiny_model_path()).name == "tiny-llama"  # a name exported for another folder is not kept
+    with pytest.raises(ConfigError, match="MODEL_PATH '/no/such' is not a directory"):
+        use_model("/no/such")
+    with pytest.raises(ConfigError, match="use auto, cpu, cuda or cuda:N"):
+        use_model(device="tpu")

@@ -28,6 +28,7 @@ __all__ = [
     "CHARTS",
     "Chart",
     "latency_cdf",
+    "layout_problems",
     "pareto_chart",
     "path_chart",
     "per_worker_chart",
@@ -199,7 +200,7 @@ _CDF_METRICS = {"ttft": "ttft_s", "e2e": "e2e_s", "itl": "itl_s"}
 def slo_chart(df: pd.DataFrame, slo: SLO, attainment: float = 0.9) -> Chart:
     """Each level (and label) of a sweep against ``slo``: the p90 of every limited latency
     beside its limit, and the share of requests that met the SLO beside the ``attainment``
-    target; bars that miss are red.
+    target; bars that miss are red. The limits' legend sits under the panels, off the bars.
 
     Example::
 
@@ -208,7 +209,13 @@ def slo_chart(df: pd.DataFrame, slo: SLO, attainment: float = 0.9) -> Chart:
     table = slo_attainment(df, slo)
     level = level_column(df)
     unit = "" if level == "concurrency" else " req/s"
-    names = [_row_name(key, unit) for key in table.index]
+    keys = list(table.index)
+    shared = ""
+    if keys and isinstance(keys[0], tuple) and len({key[-1] for key in keys}) == 1:
+        # every label ran at one level: name bars by label, say the level once in the title
+        shared = f" at {'concurrency ' if level == 'concurrency' else ''}{_row_name(keys[0][-1], unit)}"
+        keys = [key[:-1] if len(key) > 2 else key[0] for key in keys]
+    names = [_row_name(key, unit) for key in keys]
     limits = [
         (name, limit)
         for name, limit in (("ttft", slo.ttft_ms), ("itl", slo.itl_ms), ("e2e", slo.e2e_ms))
@@ -219,24 +226,32 @@ def slo_chart(df: pd.DataFrame, slo: SLO, attainment: float = 0.9) -> Chart:
     for ax, (name, limit) in zip(axes, limits, strict=False):
         values = table[f"{name}_p90_ms"].astype(float).to_numpy()
         ax.bar(x, values, color=["tab:red" if v > limit else "tab:green" for v in values])
-        ax.axhline(limit, color="black", linestyle="--", linewidth=1, label=f"SLO {limit:g} ms")
+        ax.axhline(
+            limit, color="black", linestyle="--", linewidth=1, label=f"{name.upper()} limit {limit:g} ms"
+        )
         ax.set_title(f"{name.upper()} p90 (ms)")
         ax.set_ylabel("ms")
-        ax.legend(fontsize="small")
     share = table["attainment"].astype(float).to_numpy() * 100.0
     share_ax = axes[-1]
     share_ax.bar(x, share, color=["tab:green" if v >= attainment * 100 else "tab:red" for v in share])
     share_ax.axhline(
-        attainment * 100, color="black", linestyle="--", linewidth=1, label=f"target {attainment:.0%}"
+        attainment * 100,
+        color="grey",
+        linestyle=":",
+        linewidth=1.5,
+        label=f"target: {attainment:.0%} of requests",
     )
     share_ax.set_title("requests within the SLO (%)")
     share_ax.set_ylabel("%")
     share_ax.set_ylim(0, 105)
-    share_ax.legend(fontsize="small", loc="lower left")
     for ax in axes:
-        ax.set_xticks(x, names, rotation=30 if len(names) > 4 else 0, fontsize="small")
+        ax.set_xticks(x, names, fontsize="small")
         ax.grid(True, axis="y", alpha=0.3)
-    figure.suptitle(f"SLO: {slo}", fontsize="medium")
+    handles = [line for ax in axes for line in ax.lines]
+    figure.legend(handles, [h.get_label() for h in handles], loc="outside lower center", ncols=len(handles),
+                  fontsize="small")  # fmt: skip
+    figure.suptitle(f"SLO: {slo}{shared}", fontsize="medium")
+    _readable_ticks(figure)
     return figure
 
 
@@ -282,37 +297,52 @@ def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:
 
 
 def per_worker_chart(df: pd.DataFrame) -> Chart:
-    """Requests and median TTFT per serving worker (from ``nvext.worker_id``), per label."""
-    figure, (count_ax, ttft_ax) = _chart(2)
+    """Requests and median TTFT per serving worker (from ``nvext.worker_id``), per label.
+
+    Labels that share workers (router modes over one fleet) get side-by-side bars per worker;
+    labels with workers of their own (one fleet each) get one bar per worker, grouped by label.
+    """
     served = df[df["worker"].notna()]
+    labels = list(dict.fromkeys(served["label"].tolist()))
+    owners = served.groupby("worker")["label"].nunique() if len(served) else pd.Series(dtype=int)
+    own_fleets = len(labels) > 1 and bool((owners == 1).all())
+    workers = (
+        [w for label in labels for w in sorted(served.loc[served["label"] == label, "worker"].unique())]
+        if own_fleets
+        else sorted(served["worker"].unique().tolist())
+    )
+    figure, (count_ax, ttft_ax) = _chart(2, width=max(5.0, 0.45 * len(workers) + 1.5))
     if served.empty:
         _empty(count_ax, "no worker ids in these results:\nthe server did not report them")
         ttft_ax.set_axis_off()
         return figure
-    workers = sorted(served["worker"].unique().tolist())
-    labels = list(dict.fromkeys(served["label"].tolist()))
-    width = 0.8 / len(labels)
     positions = np.arange(len(workers))
+    width = 0.8 if own_fleets else 0.8 / len(labels)
     for i, (color, label) in enumerate(zip(_colors(), labels, strict=False)):
         group = served[served["label"] == label]
-        counts = group.groupby("worker").size().reindex(workers, fill_value=0)
-        ttft = group[group["error"].isna()].groupby("worker")["ttft_s"].median().reindex(workers) * 1000.0
-        offset = positions + (i - (len(labels) - 1) / 2) * width
+        mine = [w for w in workers if w in set(group["worker"])] if own_fleets else workers
+        counts = group.groupby("worker").size().reindex(mine, fill_value=0)
+        ttft = group[group["error"].isna()].groupby("worker")["ttft_s"].median().reindex(mine) * 1000.0
+        if own_fleets:
+            offset = np.array([workers.index(w) for w in mine], dtype=float)
+        else:
+            offset = positions + (i - (len(labels) - 1) / 2) * width
         count_ax.bar(offset, counts.to_numpy(), width, color=color, label=label or None)
         ttft_ax.bar(offset, ttft.to_numpy(), width, color=color, label=label or None)
-    names = [w if len(w) <= 8 else "…" + w[-6:] for w in workers]  # ids often share a prefix
+    names = [w if len(w) <= 6 else "…" + w[-4:] for w in workers]  # ids often share a prefix
     for ax, title, unit in (
         (count_ax, "requests per worker (count)", "requests"),
         (ttft_ax, "median TTFT per worker (ms)", "ms"),
     ):
         ax.set_title(title)
         ax.set_ylabel(unit)
-        ax.set_xticks(positions, names, rotation=20)
-        ax.set_xlabel("worker")
+        ax.set_xticks(positions, names, fontsize="small")
+        ax.set_xlabel("worker (last characters of its instance id)")
         ax.grid(True, axis="y", alpha=0.3)
     if len(labels) > 1:  # one legend above both panels, never over the bars
         handles, names = count_ax.get_legend_handles_labels()
         figure.legend(handles, names, loc="outside upper center", ncols=min(len(labels), 4), fontsize="small")
+    _readable_ticks(figure)
     return figure
 
 
@@ -341,6 +371,63 @@ def path_chart(df: pd.DataFrame) -> Chart:
         ax.set_ylabel("ms")
         ax.grid(True, axis="y", alpha=0.3)
     return figure
+
+
+def _overlapping_ticks(ax, renderer) -> list[tuple[str, str]]:
+    labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    return [
+        (labels[i].get_text(), labels[i + 1].get_text())
+        for i in range(len(boxes) - 1)
+        if boxes[i].overlaps(boxes[i + 1])
+    ]
+
+
+def _readable_ticks(figure: Figure) -> None:
+    """Turn the x tick labels of each panel that overlap: 30 degrees, then upright if need be."""
+    renderer = figure.canvas.get_renderer()
+    for angle in (30, 90):
+        figure.canvas.draw()
+        crowded = [ax for ax in figure.axes if ax.axison and _overlapping_ticks(ax, renderer)]
+        if not crowded:
+            return
+        for ax in crowded:
+            for text in ax.get_xticklabels():
+                text.set(rotation=angle, ha="right" if angle < 90 else "center", rotation_mode="anchor")
+
+
+def layout_problems(figure: Figure) -> list[str]:
+    """What makes a chart hard to read, as sentences: x tick labels that overlap, a legend drawn
+    over a panel's bars or lines, a figure legend over a panel. Empty when none.
+
+    Example::
+
+        assert bench.layout_problems(bench.per_worker_chart(df)) == []
+    """
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    problems = []
+    for index, ax in enumerate(figure.axes):
+        if not ax.axison:
+            continue
+        name = ax.get_title() or f"panel {index}"
+        problems += [f"{name}: x labels {a!r} and {b!r} overlap" for a, b in _overlapping_ticks(ax, renderer)]
+        legend = ax.get_legend()
+        if legend is not None:
+            box = legend.get_window_extent(renderer)
+            bars = [p for p in ax.patches if p.get_window_extent(renderer).overlaps(box)]
+            lines = [
+                line for line in ax.lines
+                if line.get_transform().transform_path(line.get_path()).intersects_bbox(box, filled=False)
+            ]  # fmt: skip
+            if bars or lines:
+                problems.append(f"{name}: the legend covers {len(bars)} bars and {len(lines)} lines")
+    for legend in figure.legends:
+        box = legend.get_window_extent(renderer)
+        covered = [ax.get_title() for ax in figure.axes if ax.get_window_extent(renderer).overlaps(box)]
+        if covered:
+            problems.append(f"the figure legend covers the panels {covered}")
+    return problems
 
 
 def _colors() -> Iterator[str]:

@@ -184,17 +184,18 @@ async def run(
 
         for i in range(warmup):
             await one(i, 1)
-        bar = progress_bar(total=sum(counts), desc="bench", enabled=progress)
+        prefix = f"{label} · " if label else ""  # several bars in one cell: each says which run it is
+        bar = progress_bar(total=sum(counts), desc=f"{prefix}bench", enabled=progress)
         if live is not None:
             live.start(records)
         try:
             arrivals = random.Random(seed)
             for level, count in zip(levels, counts, strict=True):
                 if rates is None:
-                    bar.set_description(f"concurrency {level}")
+                    bar.set_description(f"{prefix}concurrency {level}")
                     await _level(one, int(level), count, records, bar.update)
                 else:
-                    bar.set_description(f"{level:g} req/s")
+                    bar.set_description(f"{prefix}{level:g} req/s")
                     await _open_loop(one, level, count, records, bar.update, arrivals)
         finally:
             bar.close()

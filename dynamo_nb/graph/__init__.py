@@ -3,7 +3,7 @@ object built in Python or loaded from YAML, checked with each component's own pa
 started in dependency order (``python -m dynamo_nb serve graph.yaml``, or ``await serve(graph)``).
 
 - ``model.py``: `Graph`, `Service`, `Resources`, `GraphError` (YAML in and out);
-- ``commands.py``: the command lines, checked before anything starts (`check_graph`);
+- ``commands.py``: the command lines, checked before anything starts (`check_graph`, `dry_run`);
 - ``serve.py``: `serve` and `RunningGraph` (status, restarts on failure, stop);
 - ``kubernetes.py``: `kubernetes_manifests` (Deployments, Services, etcd/NATS; ``--emit k8s``).
 
@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from .commands import ReplicaCommand, apply_overrides, check_graph, flag_argv
+from .commands import ReplicaCommand, apply_overrides, check_graph, dry_run, flag_argv
 from .kubernetes import kubernetes_manifests, manifests_yaml
 from .model import Graph, GraphError, Resources, Service
 from .serve import RunningGraph, serve
@@ -29,6 +29,7 @@ __all__ = [
     "Service",
     "apply_overrides",
     "check_graph",
+    "dry_run",
     "flag_argv",
     "kubernetes_manifests",
     "manifests_yaml",

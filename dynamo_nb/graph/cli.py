@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from .commands import apply_overrides, check_graph
+from .commands import apply_overrides, dry_run
 from .kubernetes import DEFAULT_IMAGE, kubernetes_manifests, manifests_yaml
 from .model import Graph
 from .serve import serve
@@ -92,14 +92,7 @@ def serve_main(argv: list[str]) -> int:
             )
             return 0
         if args.dry_run:
-            urls = {k: (v if v != "local" else f"{k}://<local {k}>") for k, v in graph.shared.items()}
-            exported: set[str] = set()
-            for command in check_graph(graph, urls=urls):
-                step = command.export_step()
-                if step is not None and step not in exported:  # a notebook service: its export first
-                    exported.add(step)
-                    print(f"{command.service} (export): {step}")
-                print(f"{command.name}: {command.shell()}")
+            print(dry_run(graph))
             return 0
         return asyncio.run(_serve_until_signal(graph, args.quiet))
     except ConfigError as exc:  # a GraphError, or a graph file that is not there

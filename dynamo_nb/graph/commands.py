@@ -32,6 +32,7 @@ __all__ = [
     "apply_overrides",
     "check_graph",
     "component_options",
+    "dry_run",
     "flag_argv",
     "notebook_of",
     "service_argv",
@@ -201,6 +202,31 @@ def check_graph(
                 )
             )
     return commands
+
+
+def dry_run(graph: Graph, *, gpus: list[str] | None = None, cwd: Path | None = None) -> str:
+    """What ``python -m dynamo_nb serve graph.yaml --dry-run`` prints: every replica's checked
+    command line (``name: command``), a notebook service's export step before its first replica;
+    the shared services stand as ``<local etcd>``/``<local nats>``. Raises `GraphError` (what to
+    change) where a flag, a component or the GPUs (``gpus``, default: the visible ones) do not fit.
+
+    Example::
+
+        graph = Graph.from_yaml("graphs/disagg_vllm_gpu.yaml")
+        apply_overrides(graph, ["prefill.model-path=/models/Qwen3-0.6B", "decode.model-path=/models/Qwen3-0.6B"])
+        print(dry_run(graph, gpus=["0", "1"]))
+    """
+    urls = {
+        name: (url if url != "local" else f"{name}://<local {name}>") for name, url in graph.shared.items()
+    }
+    lines, exported = [], set()
+    for command in check_graph(graph, urls=urls, gpus=gpus, cwd=cwd):
+        step = command.export_step()
+        if step is not None and step not in exported:  # a notebook service: its export first
+            exported.add(step)
+            lines.append(f"{command.service} (export): {step}")
+        lines.append(f"{command.name}: {command.shell()}")
+    return "\n".join(lines)
 
 
 def resources_of(service: Service, program: Path) -> Resources:

@@ -1,6 +1,7 @@
 """Models that need no download: the built-in tiny model (a small Llama trained by this project
 on the standard library's docstrings, shipped in the package) and a random-weight model that
-tests use (built on first use).
+tests use (built on first use); and `use_model`, the one parameter that points the LLM notebooks
+at a local Hugging Face folder and a device.
 
 Example:
     >>> from dynamo_nb.models import tiny_model_path
@@ -11,7 +12,15 @@ Example:
 
 from __future__ import annotations
 
+from .choice import ModelChoice, use_model
 from .random_model import RANDOM_MODEL_NAME, random_model_path
 from .tiny_model import TINY_MODEL_NAME, tiny_model_path
 
-__all__ = ["RANDOM_MODEL_NAME", "TINY_MODEL_NAME", "random_model_path", "tiny_model_path"]
+__all__ = [
+    "RANDOM_MODEL_NAME",
+    "TINY_MODEL_NAME",
+    "ModelChoice",
+    "random_model_path",
+    "tiny_model_path",
+    "use_model",
+]
