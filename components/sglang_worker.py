@@ -21,7 +21,7 @@ prefill worker itself for a request that comes without bootstrap info.
 
 Without a GPU, ``--fake-engine`` serves the same code against a stand-in with SGLang's method
 signatures that records every call (``--fake-record calls.jsonl``): that is how the tests and
-notebook 07 run here.
+notebook 08 run here.
 
 It prints ``READY <endpoint> instance=<id> address=<address> model=<name>`` once it serves.
 """

@@ -194,7 +194,7 @@ def load_component(
 
     Example::
 
-        policy = load_component("notebooks/05_kv_aware_routing.ipynb:prefix_policy", runnable=False)
+        policy = load_component("notebooks/06_kv_aware_routing.ipynb:prefix_policy", runnable=False)
     """
     from .component_program import find_component
     from .launch.launcher import resolve_program

@@ -54,7 +54,7 @@ def test_slo_chart_of_a_rate_sweep() -> None:
 @pytest.mark.parametrize("labels, shared", [(("round-robin", "kv", "kv-weight-4"), False),
                                             (("round-robin", "least-loaded"), True)])  # fmt: skip
 def test_per_worker_chart_puts_each_bar_on_its_tick(labels: tuple[str, ...], shared: bool) -> None:
-    # notebook 05: three fleets of four engines each; notebook 03: two router modes over one fleet
+    # notebook 06: three fleets of four engines each; notebook 04: two router modes over one fleet
     frames = [records(label, fleet("c" if shared else str(i), 4), 96, 0.03) for i, label in enumerate(labels)]
     chart = per_worker_chart(pd.concat(frames, ignore_index=True))
     assert layout_problems(chart) == []

@@ -295,6 +295,7 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
         assert seen["fallback"]["x-dynamo-prefill-worker"] == f"{fallback_id:x}"
         assert all(h["x-dynamo-decode-worker"] == f"{decode.instance_id:x}" for h in seen.values())
         assert all(0 <= int(h["x-dynamo-bootstrap-room"]) <= MAX_ROOM for h in seen.values())
+        assert all(float(h["x-dynamo-handoff-ms"]) >= 0 for h in seen.values())  # the planning wait
         streamed = await http.post("/v1/completions", json={**body, "stream": True})
         assert (
             "".join(

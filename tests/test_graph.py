@@ -15,6 +15,7 @@ import pytest
 from helpers import ROOT, example_graphs
 
 from dynamo_nb import DistributedRuntime
+from dynamo_nb.errors import ProcessStartError
 from dynamo_nb.graph import Graph, GraphError, apply_overrides, check_graph, serve
 from dynamo_nb.graph.defaults import ComponentDefaults, component_defaults, defaults_from_source
 
@@ -161,12 +162,15 @@ async def test_a_killed_replica_restarts_when_its_service_says_on_failure() -> N
     try:
         first = running.process("echo").pid
         running.process("echo").send_signal(signal.SIGKILL)
-        for _ in range(200):
-            row = running.status()[0]
-            if row["restarts"] == 1 and row["state"] == "running" and row["pid"] != first:
-                break
-            await asyncio.sleep(0.1)
+        await running.process("echo").wait()
+        await running.wait_running(timeout=20)  # restarted after a second
+        row = running.status()[0]
         assert row["restarts"] == 1 and row["state"] == "running" and row["pid"] != first, row
+        running.graph.services["echo"].restart = "no"  # killed again, it stays down: the wait says so
+        running.process("echo").send_signal(signal.SIGKILL)
+        await running.process("echo").wait()
+        with pytest.raises(ProcessStartError, match=r"echo not running after 0.5 s"):
+            await running.wait_running(timeout=0.5)
     finally:
         await running.stop()
     assert gone(running.status()[0]["pid"])

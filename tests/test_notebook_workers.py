@@ -1,7 +1,7 @@
 """Every notebook that declares a component exports, with a plain ``jupyter nbconvert --to script``,
 to a program that runs as a process of its own over etcd and over file discovery: 01's handler
 answers a client, 02's and 10's LLM workers answer the ``openai`` client through
-components/frontend.py, and 05's routing policy, loaded by components/frontend.py from the
+components/frontend.py, and 06's routing policy, loaded by components/frontend.py from the
 notebook, decides where each request goes (checked in the load generator's records)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ NOTEBOOKS = ROOT / "notebooks"
 COMPONENTS = {
     "01_runtime_basics": "HandlerProgram",
     "02_serving_an_llm": "EngineProgram",
-    "05_kv_aware_routing": "RoutingPolicy",
+    "06_kv_aware_routing": "RoutingPolicy",
     "10_your_own_engine": "EngineProgram",
 }
 TALKS = {"role": "user", "content": "Tell me about the frontend and the workers."}
@@ -145,7 +145,7 @@ async def test_an_llm_notebook_exports_a_worker_behind_the_frontend(
 
 
 async def test_notebook_05s_routing_policy_steers_a_frontend_process(discovery: str, tmp_path: Path) -> None:
-    """components/frontend.py --router-policy notebooks/05_kv_aware_routing.ipynb over 4 mocker
+    """components/frontend.py --router-policy notebooks/06_kv_aware_routing.ipynb over 4 mocker
     engines: each system prompt stays on one engine, two system prompts per engine."""
     started: list[ManagedProcess] = []
     groups = [
@@ -156,7 +156,7 @@ async def test_notebook_05s_routing_policy_steers_a_frontend_process(discovery: 
         await start(started, MOCKER_WORKER, "--discovery", discovery, "--num-workers", 4, "--speedup-ratio", 100,
                     log_dir=tmp_path)  # fmt: skip
         frontend = await start(started, FRONTEND, "--discovery", discovery, "--http-port", 0, "--router-policy",
-                               NOTEBOOKS / "05_kv_aware_routing.ipynb", log_dir=tmp_path)  # fmt: skip
+                               NOTEBOOKS / "06_kv_aware_routing.ipynb", log_dir=tmp_path)  # fmt: skip
         await bench.wait_for_model(frontend.url, "tiny-llama", instances=4, timeout=60)
         df = await bench.run(frontend.url, "tiny-llama", prompts=prompts, concurrency=4, requests=len(prompts),
                              max_tokens=2, progress=False)  # fmt: skip

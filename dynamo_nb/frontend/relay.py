@@ -72,7 +72,8 @@ class Outcome:
     @property
     def headers(self) -> dict[str, str]:
         """``x-dynamo-*`` response headers: the decode worker, and the disaggregated path when
-        there is one (``x-dynamo-path``, ``x-dynamo-prefill-worker``, ``x-dynamo-bootstrap-room``)."""
+        there is one (``x-dynamo-path``, ``x-dynamo-prefill-worker``, ``x-dynamo-bootstrap-room``,
+        and ``x-dynamo-handoff-ms``: how long the decode request waited for its prefill plan)."""
         headers = {"x-dynamo-decode-worker": f"{self.stream.instance_id:x}"}
         plan = self.plan
         if plan is not None:
@@ -81,6 +82,8 @@ class Outcome:
                 headers["x-dynamo-prefill-worker"] = f"{plan.prefill_worker:x}"
             if plan.room is not None:
                 headers["x-dynamo-bootstrap-room"] = str(plan.room)
+            if plan.handoff_s is not None:
+                headers["x-dynamo-handoff-ms"] = f"{plan.handoff_s * 1000:.3f}"
         return headers
 
     @property

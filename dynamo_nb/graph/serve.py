@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import ProcessStartError
 from ..launch import LocalServices, launch
 from ..launch.launcher import ManagedProcess
 from .commands import ReplicaCommand, check_graph, resources_of, service_argv, visible_gpus
@@ -90,6 +91,28 @@ class RunningGraph:
                 }
             )
         return rows
+
+    async def wait_running(self, timeout: float = 60.0) -> None:
+        """Wait until every replica runs (a crashed one that its ``restart`` policy brings back
+        counts once it is ready again); `ProcessStartError` names those still down at ``timeout``.
+
+        Example::
+
+            running.process("worker").send_signal(signal.SIGKILL)
+            await running.wait_running(timeout=60)  # restarted: restart: on-failure
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            down = [row["replica"] for row in self.status() if row["state"] != "running"]
+            if not down:
+                return
+            if loop.time() >= deadline:
+                raise ProcessStartError(
+                    f"{', '.join(down)} not running after {timeout:g} s (a service restarts only with "
+                    "restart: on-failure, at most 5 times; see its log)"
+                )
+            await asyncio.sleep(0.1)
 
     async def scale(self, service: str, replicas: int) -> None:
         """Run ``replicas`` copies of ``service`` now: start the missing ones (ready when this

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,10 @@ class PrefillPlan:
         prefill_worker: the prefill instance id (None when aggregated).
         room: the bootstrap room (None when aggregated).
         reason: why it is aggregated, when it is.
+        handoff_s: seconds from the start of planning until the decode request was handed back
+            (disaggregated paths): routing alone on the fast path; routing and a round trip to the
+            prefill worker (its first item) on the fallback path. The frontend's
+            ``x-dynamo-handoff-ms`` header.
         events: what happened, in order (fallback path: ``prefill sent``, ``prefill first item``,
             ``decode handed back``; fast path: ``decode handed back`` at once; then ``prefill done``
             or ``prefill failed``).
@@ -74,6 +79,7 @@ class PrefillPlan:
     prefill_worker: int | None = None
     room: int | None = None
     reason: str = ""
+    handoff_s: float | None = None
     events: list[str] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
 
@@ -137,6 +143,7 @@ class PrefillPlanner:
         """Start the prefill of ``request`` and say how its decode goes (see the module docstring)."""
         events: list[str] = []
         instance: int | None = None
+        started = time.perf_counter()
         try:
             route = await self._pick(request)
             instance = route.instance_id
@@ -151,6 +158,7 @@ class PrefillPlanner:
                 plan = PrefillPlan("fast", decode, instance, info.room, events=events)
                 plan.task = self._drain(stream, plan)  # sends the prefill once the task runs
                 events.append("decode handed back")
+                plan.handoff_s = time.perf_counter() - started
                 return plan
             stream = self.router.open(route, handoff.prefill_request(request))
             events.append("prefill sent")
@@ -165,6 +173,7 @@ class PrefillPlanner:
             plan = PrefillPlan("fallback", decode, instance, room, events=events)
             plan.task = self._drain(stream, plan)
             events.append("decode handed back")
+            plan.handoff_s = time.perf_counter() - started
             return plan
         except RequestError as exc:
             where = f" (prefill worker {instance:x})" if instance is not None else ""
