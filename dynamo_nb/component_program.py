@@ -231,8 +231,8 @@ class EngineProgram(ComponentProgram):
 
     Args:
         engine_class: the engine (with a ``from_args`` classmethod coroutine).
-        model_name: the served name when neither ``--model-name`` nor ``DYN_NB_MODEL_NAME`` gives
-            one (default: the model folder's, ``tiny-llama`` for the built-in model).
+        model_name: the served name when ``--model-name`` is not given (default:
+            ``DYN_NB_MODEL_NAME``, else the model folder's, ``tiny-llama`` for the built-in model).
     """
 
     kind = "engine"
@@ -255,8 +255,8 @@ class EngineProgram(ComponentProgram):
     def _add_kind_flags(self, parser: argparse.ArgumentParser) -> None:
         add_model_args(parser)
         add_engine_args(parser)
-        if self.model_name is not None and not os.environ.get("DYN_NB_MODEL_NAME"):
-            parser.set_defaults(model_name=self.model_name)  # the environment's name (use_model) wins
+        if self.model_name is not None:
+            parser.set_defaults(model_name=self.model_name)
 
     async def serve(self, runtime: DistributedRuntime, *argv: str | int | float) -> EngineWorker:
         """Build the engine from ``argv`` (this program's flags) and serve it on ``runtime``, with

@@ -97,7 +97,8 @@ def test_use_model_is_the_one_parameter_every_launched_worker_reads(monkeypatch:
     from dynamo_nb.models import use_model
 
     for name in ("DYN_NB_MODEL_PATH", "DYN_NB_MODEL_NAME", "DYN_NB_DEVICE"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so that what use_model exports is undone after the test
+        monkeypatch.delenv(name)
     tiny = use_model()
     assert (tiny.path, tiny.name, tiny.device) == (tiny_model_path(), "tiny-llama", "auto")
     monkeypatch.setenv("DYN_NB_MODEL_PATH", str(random_model_path()))
