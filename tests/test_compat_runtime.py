@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,16 @@ def environments(services: Any, tmp_path: Path) -> dict[str, dict[str, str]]:
     }
 
 
+def use_environment(
+    monkeypatch: pytest.MonkeyPatch, services: Any, tmp_path: Path, mode: str, **extra: str
+) -> dict[str, str]:
+    """The environment of ``mode`` (plus ``extra``), set in this process too (the watcher's runtime reads it)."""
+    env = {**environments(services, tmp_path)[mode], **extra}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
 async def run_program(program: Path, *args: str, env: dict[str, str], timeout: float = 60) -> list[str]:
     """Run a client program to its end; its stdout lines (its exit status must be 0)."""
     process = await asyncio.create_subprocess_exec(
@@ -112,9 +123,7 @@ async def serve_program(program: Path, instance: str, env: dict[str, str], log_d
 async def test_the_hello_world_worker_serves_the_hello_world_client(
     services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    env = {**environments(services, tmp_path)[mode], "DYN_TEST_HELLO_WORLD_WORD_DELAY_SEC": "0.01"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    env = use_environment(monkeypatch, services, tmp_path, mode, DYN_TEST_HELLO_WORLD_WORD_DELAY_SEC="0.01")
     worker = await serve_program(SHAPED / "hello_world.py", "hello_world.backend.generate", env, tmp_path)
     try:
         printed = await run_program(SHAPED / "hello_world_client.py", env=env)
@@ -122,6 +131,91 @@ async def test_the_hello_world_worker_serves_the_hello_world_client(
         assert any(
             "[backend] __main__: Received request: world,sun,moon,star" in line for line in worker.logs()
         )
+    finally:
+        await worker.stop(timeout=10)
+
+
+@pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_a_signal_ends_a_looping_dynamo_client(
+    services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, signum: int
+) -> None:
+    """As on Dynamo 1.6.1, whose runtime installs no signal handler: Ctrl-C (KeyboardInterrupt)
+    and SIGTERM end a client whose loop never returns by itself, within seconds."""
+    env = use_environment(monkeypatch, services, tmp_path, mode, DYN_TEST_HELLO_WORLD_WORD_DELAY_SEC="0.01")
+    worker = await serve_program(SHAPED / "hello_world.py", "hello_world.backend.generate", env, tmp_path)
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, str(SHAPED / "looping_client.py"), cwd=ROOT, env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        assert (await asyncio.wait_for(client.stdout.readline(), 60)).decode().strip() == "Hello world!"
+        client.send_signal(signum)
+        returncode = await asyncio.wait_for(client.wait(), 5)  # Dynamo 1.6.1: 0.3 s
+        assert returncode in (-signum, 1, 128 + signum), returncode  # ended by the signal, not by itself
+    finally:
+        if client.returncode is None:
+            client.kill()
+            await client.wait()
+        await worker.stop(timeout=10)
+
+
+@pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
+async def test_sigterm_ends_a_dynamo_worker_after_it_left_discovery(
+    services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """SIGTERM ends a worker with no handler of its own by SIGTERM, as on Dynamo, and its instance
+    is gone from discovery by then (not after its lease expires): no caller routes to it."""
+    env = use_environment(monkeypatch, services, tmp_path, mode)
+    worker = await serve_program(SHAPED / "hello_world.py", "hello_world.backend.generate", env, tmp_path)
+    watcher = DistributedRuntime(asyncio.get_running_loop(), "etcd", False)
+    try:
+        client = await watcher.endpoint("hello_world.backend.generate").client()
+        assert worker.instance_id in await client.wait_for_instances(timeout=10)
+        worker.send_signal(signal.SIGTERM)
+        assert await worker.wait(timeout=5) == -signal.SIGTERM
+        for _ in range(40):
+            if worker.instance_id not in client.instance_ids():
+                break
+            await asyncio.sleep(0.05)
+        assert worker.instance_id not in client.instance_ids()  # within 2 s; a lease takes 10
+    finally:
+        await watcher.shutdown_async()
+
+
+@pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
+async def test_a_dynamo_program_keeps_the_signal_handler_it_installed(
+    services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A program that installs its own SIGTERM handler right after creating the runtime (as
+    Dynamo's frontend does) keeps it: its drain runs and it exits 0."""
+    env = use_environment(monkeypatch, services, tmp_path, mode)
+    server = await serve_program(
+        SHAPED / "server_with_own_handler.py", "hello_world.backend.generate", env, tmp_path
+    )
+    server.send_signal(signal.SIGTERM)
+    assert await server.wait(timeout=10) == 0, server.logs()
+    assert "drained" in server.logs(), server.logs()
+
+
+@pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
+async def test_unary_clients_get_one_answer_per_call(
+    services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """``serve_unary_endpoint`` and ``UnaryClient``, ``LLMUnaryClient`` over a token engine, and
+    the errors Dynamo 1.6.1 gives: no answer is a RuntimeError, n=2 a ValueError, a handler's
+    RuntimeError("boom") a ValueError("Internal: RuntimeError: boom") after the items before it."""
+    env = use_environment(monkeypatch, services, tmp_path, mode)
+    worker = await serve_program(SHAPED / "unary_worker.py", "calc.tokens.generate", env, tmp_path)
+    try:
+        printed = await run_program(SHAPED / "unary_client.py", env=env)
+        assert printed == [
+            "sum 5 req-7",
+            "silent: unary endpoint returned no response",
+            "boom: ['first'] Internal: RuntimeError: boom",
+            "tokens [8, 7, 6] length",
+            "n=2: LLMUnaryClient requires n=1",
+        ]
     finally:
         await worker.stop(timeout=10)
 
@@ -134,9 +228,7 @@ def cancelled(lines: list[str]) -> bool:
 async def test_stopping_a_dynamo_request_reaches_the_server(
     services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, through: str
 ) -> None:
-    env = environments(services, tmp_path)["etcd-tcp"]
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
+    env = use_environment(monkeypatch, services, tmp_path, "etcd-tcp")
     server = await serve_program(SHAPED / "cancellation_server.py", "demo.server.generate", env, tmp_path)
     middle = None
     try:

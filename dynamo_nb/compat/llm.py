@@ -1,6 +1,9 @@
 """Dynamo's ``dynamo.llm`` registration names on dynamo_nb: ``register_llm`` (and its newer
 name ``register_model``), ``ModelInput``, ``ModelType``, ``WorkerType``.
 
+``LLMUnaryClient``, ``UnaryChatModel`` and ``with_engine_data`` (Dynamo's unary helpers) are
+here too (`dynamo_nb.compat.llm_unary`).
+
 A Dynamo LLM worker registers its model before it serves::
 
     from dynamo_nb.compat.llm import ModelInput, ModelType, register_llm
@@ -12,7 +15,9 @@ The card is built (and the model folder checked) at once and published when the 
 serves, with the instance's lease; frontends then serve the model. Differences from Dynamo:
 ``ModelInput.Text`` (the frontend sends raw text) is refused with a clear error, as dynamo_nb's
 frontend always tokenizes; ``router_mode``, ``migration_limit``, ``user_data`` and LoRA
-arguments are accepted and ignored.
+arguments are accepted and ignored; `LLMUnaryClient` takes an item without ``index`` as choice 0
+(dynamo_nb's engines do not send it); `UnaryChatModel` ignores ``chat_template`` (the model
+folder's template is used).
 """
 
 from __future__ import annotations
@@ -26,7 +31,17 @@ from ..llm.card import ModelCard, ModelRuntimeConfig
 from ..llm.register import llm_card, publish_card
 from .runtime import Endpoint
 
-__all__ = ["ModelInput", "ModelRuntimeConfig", "ModelType", "WorkerType", "register_llm", "register_model"]
+__all__ = [
+    "LLMUnaryClient",
+    "ModelInput",
+    "ModelRuntimeConfig",
+    "ModelType",
+    "UnaryChatModel",
+    "WorkerType",
+    "register_llm",
+    "register_model",
+    "with_engine_data",
+]
 
 
 class ModelInput(enum.Enum):
@@ -119,3 +134,6 @@ async def register_model(
     if worker_type is WorkerType.Prefill:
         model_type = ModelType.Prefill
     return await register_llm(model_input, model_type, endpoint, model_path, model_name, **options)
+
+
+from .llm_unary import LLMUnaryClient, UnaryChatModel, with_engine_data  # noqa: E402  (it uses this module's names)

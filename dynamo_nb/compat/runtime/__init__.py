@@ -20,6 +20,9 @@ Where the services are: ``DistributedRuntime(loop, "etcd", ...)`` reads ``ETCD_E
 ``DYN_NB_DISCOVERY`` (``memory``, ``file://DIR``, ``etcd://HOST:PORT``) overrides all of them,
 so an unchanged Dynamo program runs in a notebook with no etcd at all.
 
+As on Dynamo, Ctrl-C raises ``KeyboardInterrupt``, SIGTERM ends the process, and a handler the
+program installs itself stays in place (`dynamo_nb.compat.runtime.signals`).
+
 Differences from Dynamo 1.6 (on purpose):
 
 - the runtime connects on its first ``await`` (``create_service``, ``client``,
@@ -34,12 +37,14 @@ Differences from Dynamo 1.6 (on purpose):
   remote handler sees a stop, not an abort;
 - the request plane is TCP unless ``DYN_REQUEST_PLANE=nats`` (Dynamo 1.6 defaults to TCP too);
 - there is no Rust core: ``dynamo._core`` names map to this module as well;
-- SIGTERM and Ctrl-C shut the runtime down (deregistering its endpoints) in a script, not in a
-  notebook kernel;
 - ``Context.metadata`` stays in the caller's process (the request id crosses to the server,
   the metadata does not); ``Context.detached()`` and the tracing spans are not provided;
-- a stream that fails raises in the caller instead of yielding an item whose ``is_error()``
-  is True;
+- a stream that fails raises `StreamError` (a ``ValueError``, with Dynamo's message for a
+  handler that raised or a worker that went away) in the caller instead of yielding an item
+  whose ``is_error()`` is True;
+- SIGTERM to a program with no handler of its own first takes the runtime out of discovery (for
+  at most a second), then ends the process by SIGTERM: Dynamo's registrations stay until their
+  lease expires, and callers meanwhile route to a worker that is gone;
 - ``client.wait_for_instances()`` gives up after ``timeout`` seconds (300 by default) instead
   of waiting forever;
 - ``enable_nats`` is accepted and ignored (NATS carries requests when ``DYN_REQUEST_PLANE=nats``);
@@ -53,20 +58,22 @@ Differences from Dynamo 1.6 (on purpose):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, InstanceDownError, RemoteHandlerError, RequestError
 from ...llm.register import publish_card
 from ...runtime import Context as _Context
 from ...runtime import DistributedRuntime as _Runtime
 from ...runtime.client import Client as _Client
 from ...runtime.client import ResponseStream
-from ...runtime.program import shutdown_on_signals
 from ...runtime.server import adapt_handler
+from .signals import end_on_sigterm
+from .unary import UnaryClient, serve_unary_endpoint
 
 DYNAMO_STOP_GRACE = 5.0
 """Seconds a stopped Dynamo handler may run on (checking ``context.is_stopped()``) before it is
@@ -81,8 +88,11 @@ __all__ = [
     "DistributedRuntime",
     "Endpoint",
     "Namespace",
+    "StreamError",
+    "UnaryClient",
     "dynamo_endpoint",
     "dynamo_worker",
+    "serve_unary_endpoint",
 ]
 
 
@@ -166,6 +176,29 @@ class Annotated:
         return f"Annotated({self._data!r})"
 
 
+class StreamError(RequestError, ValueError):
+    """A stream that failed, raised as Dynamo raises it: a ``ValueError`` whose message starts
+    with Dynamo's category (``Internal: RuntimeError: boom`` for a handler that raised,
+    ``Unavailable: Stream ended before generation completed`` for a worker that went away);
+    the dynamo_nb error is its ``__cause__``.
+
+    Example:
+        >>> issubclass(StreamError, ValueError)
+        True
+    """
+
+
+@contextlib.contextmanager
+def _as_dynamo_errors() -> Iterator[None]:
+    """A failed request raised as Dynamo raises it (`StreamError`, a ``ValueError``)."""
+    try:
+        yield
+    except RemoteHandlerError as error:  # as Dynamo: ValueError("Internal: RuntimeError: boom")
+        raise StreamError(f"Internal: {error.error_type}: {error.remote_message}") from error
+    except InstanceDownError as error:  # the worker went away mid-stream
+        raise StreamError(f"Unavailable: Stream ended before generation completed ({error})") from error
+
+
 class _Stream:
     """A response stream whose items are `Annotated` (or the bare values, ``annotated=False``)."""
 
@@ -177,7 +210,8 @@ class _Stream:
         return self
 
     async def __anext__(self) -> Any:
-        data = await self._stream.__anext__()
+        with _as_dynamo_errors():
+            data = await self._stream.__anext__()
         return Annotated(data) if self._annotated else data
 
     async def aclose(self) -> None:
@@ -250,7 +284,7 @@ class DistributedRuntime:
             async with self._connecting:
                 if self._inner is None:
                     self._inner = await _Runtime.create(self._spec, self._plane, self._nats_url)
-                    shutdown_on_signals(self._inner)  # as Dynamo's runtime: SIGTERM/Ctrl-C shut it down
+                    end_on_sigterm(self._inner)  # Ctrl-C untouched; a program's own handler stays
         return self._inner
 
     def namespace(self, name: str) -> Namespace:
@@ -344,15 +378,20 @@ class Client:
     async def round_robin(
         self, request: Any, annotated: bool = True, context: Context | None = None
     ) -> _Stream:
-        return _Stream(await self._client.round_robin(request, context=_inner_of(context)), annotated)
+        with _as_dynamo_errors():
+            return _Stream(await self._client.round_robin(request, context=_inner_of(context)), annotated)
 
     async def random(self, request: Any, annotated: bool = True, context: Context | None = None) -> _Stream:
-        return _Stream(await self._client.random(request, context=_inner_of(context)), annotated)
+        with _as_dynamo_errors():
+            return _Stream(await self._client.random(request, context=_inner_of(context)), annotated)
 
     async def direct(
         self, request: Any, instance_id: int, annotated: bool = True, context: Context | None = None
     ) -> _Stream:
-        return _Stream(await self._client.direct(request, instance_id, context=_inner_of(context)), annotated)
+        with _as_dynamo_errors():
+            return _Stream(
+                await self._client.direct(request, instance_id, context=_inner_of(context)), annotated
+            )
 
 
 def _inner_of(context: Context | _Context | None) -> _Context | None:
