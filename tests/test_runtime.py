@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections import Counter
 from typing import Any
 
@@ -127,6 +128,27 @@ async def test_handler_error_type_and_message_reach_the_caller(
     assert info.value.error_type == "KeyError"
     assert "missing 'prompt'" in info.value.remote_message
     assert info.value.endpoint == f"test.fail-{mode}.generate"
+
+
+@pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="Python 3.10 cannot tell a handler's CancelledError from a cancel"
+)
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_handler_that_raises_cancelled_error_is_an_error_not_a_stopping_instance(
+    make_runtime: RuntimeFactory, mode: str
+) -> None:
+    async def gives_up(request: Any) -> Any:
+        yield {"before": 1}
+        raise asyncio.CancelledError()
+
+    servers, client = await serve_and_connect(make_runtime, mode, gives_up, f"giveup-{mode}")
+    for _ in range(2):  # the instance stays in use: the second request goes to it too
+        with pytest.raises(RemoteHandlerError) as info:
+            async for _item in client.round_robin({}):
+                pass
+        assert info.value.error_type == "CancelledError"
+    assert client.instance_ids() == [servers[0].instance_id]
+    assert servers[0].errors_total == 2
 
 
 @pytest.mark.parametrize("mode", ["memory-inproc", "memory-tcp", "etcd-nats"])

@@ -91,6 +91,14 @@ def _name(handler: Any) -> str:
     return getattr(handler, "__qualname__", None) or type(handler).__name__
 
 
+def _raised_by_the_handler() -> bool:
+    """Whether the `CancelledError` being handled came from the handler, not from a cancel of
+    this task (Python 3.11+ counts cancel requests; on 3.10 every one counts as a cancel)."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is not None and cancelling() == 0
+
+
 class ServerStream:
     """One running request: its context, the task that drives the handler, and its sink."""
 
@@ -199,9 +207,15 @@ class EndpointServer:
                 if sink.congested():
                     await sink.drain()
             sink.end()
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if context.is_stopped():  # cancelled by us after the stop grace: a normal end
                 sink.end()
+                return
+            if not self._closing and _raised_by_the_handler():
+                # the handler raised CancelledError itself: its error, not this server's end, so the
+                # caller does not take a live instance for a stopping one
+                self.errors_total += 1
+                sink.error(ErrorCode.HANDLER, "CancelledError", str(exc))
                 return
             sink.error(ErrorCode.SHUTDOWN, "Cancelled", "the server stopped before the handler finished")
             raise

@@ -19,14 +19,15 @@ async def worker(runtime: DistributedRuntime):
         await UnaryClient(silent).complete({})
     except RuntimeError as error:
         print("silent:", error, flush=True)
-    boom = await runtime.endpoint("calc.math.boom").client()
-    await boom.wait_for_instances()
-    received = []
-    try:
-        async for item in await boom.generate("x"):
-            received.append(item.data())
-    except ValueError as error:  # what Dynamo programs catch around a stream
-        print("boom:", received, error, flush=True)
+    for name in ("boom", "short", "giveup"):
+        client = await runtime.endpoint(f"calc.math.{name}").client()
+        await client.wait_for_instances()
+        received = []
+        try:
+            async for item in await client.generate("x"):
+                received.append(item.data())
+        except ValueError as error:  # what Dynamo programs catch around a stream
+            print(f"{name}:", received, repr(str(error)), len(client.instance_ids()), flush=True)
     llm = await LLMUnaryClient.connect(runtime, "calc.tokens.generate")
     request = {"token_ids": [5, 6, 7, 8], "stop_conditions": {"max_tokens": 3}, "sampling_options": {}}
     done = await llm.complete(request)

@@ -1,5 +1,6 @@
 """A worker that uses Dynamo's unary helpers (our own code): ``calc.math.add`` is a unary handler
-served with ``serve_unary_endpoint``; ``calc.math.silent`` streams nothing; ``calc.math.boom`` raises after one item; ``calc.tokens.generate``
+served with ``serve_unary_endpoint``; ``calc.math.silent`` streams nothing; ``calc.math.boom`` raises after one item;
+``calc.math.short`` stops its own request after one item; ``calc.math.giveup`` raises CancelledError; ``calc.tokens.generate``
 is a token engine (the prompt's ids, reversed) for ``LLMUnaryClient``."""
 
 import asyncio
@@ -21,6 +22,16 @@ async def boom(request, context):
     raise RuntimeError("boom")
 
 
+async def cuts_itself_short(request, context):
+    yield "one"
+    context.stop_generating()
+
+
+async def gives_up(request, context):
+    yield "one"
+    raise asyncio.CancelledError()
+
+
 async def reversed_tokens(request, context):
     tokens = request["token_ids"][::-1][: request["stop_conditions"]["max_tokens"]]
     for i, token in enumerate(tokens):
@@ -33,6 +44,8 @@ async def worker(runtime: DistributedRuntime):
         serve_unary_endpoint(runtime.endpoint("calc.math.add"), add),
         runtime.endpoint("calc.math.silent").serve_endpoint(silent),
         runtime.endpoint("calc.math.boom").serve_endpoint(boom),
+        runtime.endpoint("calc.math.short").serve_endpoint(cuts_itself_short),
+        runtime.endpoint("calc.math.giveup").serve_endpoint(gives_up),
         runtime.endpoint("calc.tokens.generate").serve_endpoint(reversed_tokens),
     )
 

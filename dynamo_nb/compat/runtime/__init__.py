@@ -112,6 +112,7 @@ class Context:
         self._inner = _inner if _inner is not None else _Context(id)
         self.metadata: dict[str, Any] = dict(metadata or {})
         self._killed = False
+        self._stopped_here = False  # stopped through this object (a handler that cut its own output)
 
     def id(self) -> str:
         """The request id."""
@@ -119,6 +120,7 @@ class Context:
 
     def stop_generating(self) -> None:
         """Ask the request to stop gracefully (the handler sees ``is_stopped()``)."""
+        self._stopped_here = self._stopped_here or not self._inner.is_stopped()
         self._inner.stop_generating()
 
     def is_stopped(self) -> bool:
@@ -127,7 +129,7 @@ class Context:
     def kill(self) -> None:
         """Stop the request at once (here: stop it and mark it killed)."""
         self._killed = True
-        self._inner.stop_generating()
+        self.stop_generating()
 
     def is_killed(self) -> bool:
         return self._killed
@@ -179,7 +181,9 @@ class Annotated:
 class StreamError(RequestError, ValueError):
     """A stream that failed, raised as Dynamo raises it: a ``ValueError`` whose message starts
     with Dynamo's category (``Internal: RuntimeError: boom`` for a handler that raised,
-    ``Unavailable: Stream ended before generation completed`` for a worker that went away);
+    ``Cancelled: CancelledError:`` for one that raised ``CancelledError`` while not stopped,
+    ``Unavailable: Stream ended before generation completed`` for a worker that went away or a
+    handler that stopped its own request and returned);
     the dynamo_nb error is its ``__cause__``.
 
     Example:
@@ -188,13 +192,20 @@ class StreamError(RequestError, ValueError):
     """
 
 
+class _EndedEarly(RequestError):
+    """Raised for a handler that stopped its own request and returned (its name crosses the wire)."""
+
+
 @contextlib.contextmanager
 def _as_dynamo_errors() -> Iterator[None]:
     """A failed request raised as Dynamo raises it (`StreamError`, a ``ValueError``)."""
     try:
         yield
     except RemoteHandlerError as error:  # as Dynamo: ValueError("Internal: RuntimeError: boom")
-        raise StreamError(f"Internal: {error.error_type}: {error.remote_message}") from error
+        if error.error_type == _EndedEarly.__name__:
+            raise StreamError("Unavailable: Stream ended before generation completed") from error
+        category = "Cancelled" if error.error_type == "CancelledError" else "Internal"
+        raise StreamError(f"{category}: {error.error_type}: {error.remote_message}") from error
     except InstanceDownError as error:  # the worker went away mid-stream
         raise StreamError(f"Unavailable: Stream ended before generation completed ({error})") from error
 
@@ -405,13 +416,16 @@ def _with_dynamo_context(
     call = _dynamo_call(handler)
 
     async def serve(request: Any, context: _Context) -> AsyncIterator[Any]:
+        dynamo_context = Context(_inner=context)
         try:
-            async for item in call(request, Context(_inner=context)):
+            async for item in call(request, dynamo_context):
                 yield item
         except asyncio.CancelledError:
             if not context.is_stopped():
                 raise
-            # the handler gave up because its caller stopped: the stream ends here
+            return  # the handler gave up because its caller stopped: the stream ends here
+        if dynamo_context._stopped_here:  # it cut its own output: the caller must be able to tell
+            raise _EndedEarly("the handler stopped its request before the end")
 
     return serve
 
