@@ -212,6 +212,7 @@ async def test_unary_clients_get_one_answer_per_call(
         printed = await run_program(SHAPED / "unary_client.py", env=env)
         expected = [
             "sum 5 req-7",
+            "metadata {'user': 'a'}",
             "silent: unary endpoint returned no response",
             "boom: ['first'] 'Internal: RuntimeError: boom' 1",
             "short: ['one'] 'Unavailable: Stream ended before generation completed' 1",

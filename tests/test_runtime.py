@@ -130,6 +130,17 @@ async def test_handler_error_type_and_message_reach_the_caller(
     assert info.value.endpoint == f"test.fail-{mode}.generate"
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_context_metadata_reaches_the_handler(make_runtime: RuntimeFactory, mode: str) -> None:
+    async def echo_metadata(request: Any, context: Context) -> Any:
+        yield dict(context.metadata)
+
+    _servers, client = await serve_and_connect(make_runtime, mode, echo_metadata, f"meta-{mode}")
+    sent = Context(metadata={"user": "a", "tenant": 7})
+    assert [item async for item in client.round_robin({}, context=sent)] == [{"user": "a", "tenant": 7}]
+    assert [item async for item in client.round_robin({})] == [{}]  # none: the frame carries none
+
+
 @pytest.mark.skipif(
     sys.version_info < (3, 11), reason="Python 3.10 cannot tell a handler's CancelledError from a cancel"
 )

@@ -69,6 +69,7 @@ async def test_garbage_on_a_tcp_request_plane_port_closes_that_connection_only(
         "not msgpack": PREFIX.pack(4) + b"\xc1\xc1\xc1\xc1",
         "an unhashable target": frame([REQUEST, 1, ["not", "a", "target"], "rid", {}]),
         "an unhashable stream id": frame([REQUEST + 1, {"sid": 1}]),
+        "a request with seven fields": frame([REQUEST, 1, "test.hostile.generate", "rid", {}, {}, "extra"]),
     }
     for what, data in hostile.items():
         assert await closed_by_peer(host, int(port), data), what

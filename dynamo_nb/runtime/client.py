@@ -87,7 +87,7 @@ class ResponseStream:
             return
         try:
             self._handle = await self._client._plane.open_stream(
-                self.instance, self.context.id, self._body, self._channel
+                self.instance, self.context.id, self._body, self._channel, self.context.metadata or None
             )
         except InstanceDownError:
             self._client.report_instance_down(self.instance.instance_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from .ids import new_request_id
 
@@ -15,7 +16,8 @@ class Context:
 
     A handler receives it as its optional second argument; a caller can pass one to
     ``client.round_robin(request, context=ctx)`` to link the remote request to it: stopping
-    the parent stops every linked child, across processes.
+    the parent stops every linked child, across processes. Its ``metadata`` (a dict of
+    JSON-able values) reaches the handler's context too.
 
     Example:
         >>> ctx = Context()
@@ -25,10 +27,16 @@ class Context:
         True
     """
 
-    __slots__ = ("_callbacks", "_event", "_id", "_parent_unlink", "_stopped")
+    __slots__ = ("_callbacks", "_event", "_id", "_parent_unlink", "_stopped", "metadata")
 
-    def __init__(self, id: str | None = None, *, parent: Context | None = None) -> None:
+    def __init__(
+        self, id: str | None = None, *, parent: Context | None = None, metadata: dict[str, Any] | None = None
+    ) -> None:
         self._id = id if id is not None else (parent.id if parent is not None else new_request_id())
+        #: JSON-able values that travel with the request to the handler (a child starts with its parent's)
+        self.metadata: dict[str, Any] = dict(
+            metadata if metadata is not None else parent.metadata if parent else {}
+        )
         self._stopped = False
         self._event: asyncio.Event | None = None
         self._callbacks: list[Callable[[], object]] = []

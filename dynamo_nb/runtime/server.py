@@ -170,12 +170,15 @@ class EndpointServer:
     def is_serving(self) -> bool:
         return not self._closing
 
-    def start_stream(self, request_id: str, body: Any, sink: ResponseSink) -> ServerStream | None:
-        """Run the handler for one request; frames go to ``sink``. Called by request planes."""
+    def start_stream(
+        self, request_id: str, body: Any, sink: ResponseSink, metadata: dict[str, Any] | None = None
+    ) -> ServerStream | None:
+        """Run the handler for one request (its context carries the caller's ``metadata``);
+        frames go to ``sink``. Called by request planes."""
         if self._closing:
             sink.error(ErrorCode.NO_INSTANCE, "InstanceStopped", "the instance is shutting down")
             return None
-        stream = ServerStream(Context(request_id), sink, self.stop_grace)
+        stream = ServerStream(Context(request_id, metadata=metadata), sink, self.stop_grace)
         self._streams.add(stream)
         self.requests_total += 1
         stream.task = asyncio.get_running_loop().create_task(self._drive(stream, body))

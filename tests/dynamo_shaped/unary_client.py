@@ -13,6 +13,11 @@ async def worker(runtime: DistributedRuntime):
     await adder.wait_for_instances()
     answer = await UnaryClient(adder).complete({"a": 2, "b": 3}, context=Context("req-7"))
     print("sum", answer["sum"], answer["request_id"], flush=True)
+    echo = await runtime.endpoint("calc.math.metadata").client()
+    await echo.wait_for_instances()
+    print(
+        "metadata", await UnaryClient(echo).complete({}, context=Context(metadata={"user": "a"})), flush=True
+    )
     silent = await runtime.endpoint("calc.math.silent").client()
     await silent.wait_for_instances()
     try:

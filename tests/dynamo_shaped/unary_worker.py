@@ -8,6 +8,10 @@ import asyncio
 from dynamo_nb.compat.runtime import DistributedRuntime, dynamo_worker, serve_unary_endpoint
 
 
+async def metadata(request, *, context):
+    return dict(context.metadata)
+
+
 async def add(request, *, context):
     return {"sum": request["a"] + request["b"], "request_id": context.id()}
 
@@ -42,6 +46,7 @@ async def reversed_tokens(request, context):
 async def worker(runtime: DistributedRuntime):
     await asyncio.gather(
         serve_unary_endpoint(runtime.endpoint("calc.math.add"), add),
+        serve_unary_endpoint(runtime.endpoint("calc.math.metadata"), metadata),
         runtime.endpoint("calc.math.silent").serve_endpoint(silent),
         runtime.endpoint("calc.math.boom").serve_endpoint(boom),
         runtime.endpoint("calc.math.short").serve_endpoint(cuts_itself_short),

@@ -37,8 +37,8 @@ Differences from Dynamo 1.6 (on purpose):
   remote handler sees a stop, not an abort;
 - the request plane is TCP unless ``DYN_REQUEST_PLANE=nats`` (Dynamo 1.6 defaults to TCP too);
 - there is no Rust core: ``dynamo._core`` names map to this module as well;
-- ``Context.metadata`` stays in the caller's process (the request id crosses to the server,
-  the metadata does not); ``Context.detached()`` and the tracing spans are not provided;
+- ``Context.metadata`` is a plain dict of JSON-able values (Dynamo's ``ContextMetadata`` is
+  dict-like); ``Context.detached()`` and the tracing spans are not provided;
 - a stream that fails raises `StreamError` (a ``ValueError``, with Dynamo's message for a
   handler that raised or a worker that went away) in the caller instead of yielding an item
   whose ``is_error()`` is True;
@@ -109,10 +109,14 @@ class Context:
     def __init__(
         self, id: str | None = None, metadata: dict[str, Any] | None = None, *, _inner: _Context | None = None
     ) -> None:
-        self._inner = _inner if _inner is not None else _Context(id)
-        self.metadata: dict[str, Any] = dict(metadata or {})
+        self._inner = _inner if _inner is not None else _Context(id, metadata=metadata)
         self._killed = False
         self._stopped_here = False  # stopped through this object (a handler that cut its own output)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """JSON-able values that travel with the request: the handler's context has them too."""
+        return self._inner.metadata
 
     def id(self) -> str:
         """The request id."""

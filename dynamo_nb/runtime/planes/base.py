@@ -89,9 +89,15 @@ class RequestPlane(ABC):
 
     @abstractmethod
     async def open_stream(
-        self, instance: Instance, request_id: str, body: Any, channel: StreamChannel
+        self,
+        instance: Instance,
+        request_id: str,
+        body: Any,
+        channel: StreamChannel,
+        metadata: dict[str, Any] | None = None,
     ) -> StreamHandle:
-        """Send a request to ``instance``; its frames arrive on ``channel``.
+        """Send a request to ``instance`` (with the caller's context ``metadata``, when it has
+        some); its frames arrive on ``channel``.
 
         Raises `InstanceDownError` when the instance cannot be reached.
         """

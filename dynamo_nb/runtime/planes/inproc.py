@@ -71,12 +71,17 @@ class InprocPlane(RequestPlane):
         _TARGETS.pop(target, None)
 
     async def open_stream(
-        self, instance: Instance, request_id: str, body: Any, channel: StreamChannel
+        self,
+        instance: Instance,
+        request_id: str,
+        body: Any,
+        channel: StreamChannel,
+        metadata: dict[str, Any] | None = None,
     ) -> StreamHandle:
         server = _TARGETS.get(instance.target)
         if server is None:
             raise instance_down(instance, "no in-process server for it (is it served by another process?)")
-        return _InprocHandle(server.start_stream(request_id, body, _InprocSink(channel)))
+        return _InprocHandle(server.start_stream(request_id, body, _InprocSink(channel), metadata))
 
     async def ping(self, instance: Instance, timeout: float) -> bool:
         return instance.target in _TARGETS

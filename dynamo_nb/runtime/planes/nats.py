@@ -327,16 +327,17 @@ class NatsPlane(RequestPlane):
             )
             await self.nc.publish(reply, encode(answer))
             return
-        if kind != REQUEST or len(frame) != 5:
+        if kind != REQUEST or len(frame) not in (5, 6):
             return
-        _kind, _sid, target, request_id, body = frame
+        target, request_id, body = frame[2:5]
+        metadata = frame[5] if len(frame) == 6 and isinstance(frame[5], dict) else None
         sink = _NatsSink(self, reply)
         entry = self._targets.get(target)
         if entry is None:
             sink.error(ErrorCode.NO_INSTANCE, "InstanceNotFound", f"{target} is not served here")
             return
         self._streams[reply] = (None, sink)
-        stream = entry[0].start_stream(str(request_id), body, sink)
+        stream = entry[0].start_stream(str(request_id), body, sink, metadata)
         if reply in self._streams:
             self._streams[reply] = (stream, sink)
         sink.kick()
@@ -354,12 +355,19 @@ class NatsPlane(RequestPlane):
     # -- calling
 
     async def open_stream(
-        self, instance: Instance, request_id: str, body: Any, channel: StreamChannel
+        self,
+        instance: Instance,
+        request_id: str,
+        body: Any,
+        channel: StreamChannel,
+        metadata: dict[str, Any] | None = None,
     ) -> StreamHandle:
         self._next += 1
         inbox = f"{self._inbox_prefix}.{self._next}"
         try:
-            payload = encode((REQUEST, 0, instance.target, request_id, body))
+            payload = encode(
+                (REQUEST, 0, instance.target, request_id, body) + ((metadata,) if metadata else ())
+            )
         except (TypeError, ValueError, OverflowError) as exc:
             raise encode_request_error(exc) from None
         handle = _NatsHandle(self, inbox, channel)

@@ -138,15 +138,16 @@ class _ServerConnection(asyncio.Protocol):
             raise ProtocolError(f"a frame must be a list [kind, stream id, ...], got {frame!r:.80}")
         kind, sid = frame[0], frame[1]
         if kind == REQUEST:
-            if len(frame) != 5:
-                raise ProtocolError(f"a request frame has 5 fields, got {len(frame)}")
-            _kind, _sid, target, request_id, body = frame
+            if len(frame) not in (5, 6):
+                raise ProtocolError(f"a request frame has 5 or 6 fields, got {len(frame)}")
+            target, request_id, body = frame[2:5]
+            metadata = frame[5] if len(frame) == 6 and isinstance(frame[5], dict) else None
             sink = _TcpSink(self, sid)
             server = self.plane.targets.get(target)
             if server is None:
                 sink.error(ErrorCode.NO_INSTANCE, "InstanceNotFound", f"{target} is not served here")
                 return
-            stream = server.start_stream(str(request_id), body, sink)
+            stream = server.start_stream(str(request_id), body, sink, metadata)
             if stream is not None:
                 self.streams[sid] = stream
         elif kind == STOP:
@@ -430,11 +431,17 @@ class TcpPlane(RequestPlane):
             del self._conns[conn.address]
 
     async def open_stream(
-        self, instance: Instance, request_id: str, body: Any, channel: StreamChannel
+        self,
+        instance: Instance,
+        request_id: str,
+        body: Any,
+        channel: StreamChannel,
+        metadata: dict[str, Any] | None = None,
     ) -> StreamHandle:
         conn = await self._connection(instance)
+        tail = (instance.target, request_id, body) + ((metadata,) if metadata else ())
         try:
-            return conn.open(channel, (instance.target, request_id, body))
+            return conn.open(channel, tail)
         except (TypeError, ValueError, OverflowError) as exc:
             raise encode_request_error(exc) from None
 

@@ -2,7 +2,9 @@
 
 A frame is a msgpack array whose first element is its kind:
 
-    client → server   [REQUEST, sid, target, request_id, body]   start a stream
+    client → server   [REQUEST, sid, target, request_id, body, metadata?]
+                                                                   start a stream (metadata: the
+                                                                   context's, only when it has some)
                       [STOP, sid]                                  stop it (cancellation)
                       [PING, sid, target]                          is ``target`` served here?
     server → client   [ITEM, sid, data]                            one stream item
