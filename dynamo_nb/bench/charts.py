@@ -317,15 +317,17 @@ def per_worker_chart(df: pd.DataFrame) -> Chart:
         ttft_ax.set_axis_off()
         return figure
     positions = np.arange(len(workers))
+    tick = {worker: position for position, worker in enumerate(workers)}
     width = 0.8 if own_fleets else 0.8 / len(labels)
     for i, (color, label) in enumerate(zip(_colors(), labels, strict=False)):
         group = served[served["label"] == label]
-        mine = [w for w in workers if w in set(group["worker"])] if own_fleets else workers
+        served_here = set(group["worker"])
+        mine = [w for w in workers if w in served_here] if own_fleets else workers
         counts = group.groupby("worker").size().reindex(mine, fill_value=0)
         ttft = group[group["error"].isna()].groupby("worker")["ttft_s"].median().reindex(mine) * 1000.0
-        if own_fleets:
-            offset = np.array([workers.index(w) for w in mine], dtype=float)
-        else:
+        if own_fleets:  # one bar on each of its own workers' ticks
+            offset = np.array([tick[w] for w in mine], dtype=float)
+        else:  # side by side around each shared worker's tick
             offset = positions + (i - (len(labels) - 1) / 2) * width
         count_ax.bar(offset, counts.to_numpy(), width, color=color, label=label or None)
         ttft_ax.bar(offset, ttft.to_numpy(), width, color=color, label=label or None)

@@ -45,6 +45,8 @@ from .wire import (
     decode,
     encode,
     error_frame,
+    request_fields,
+    request_tail,
 )
 
 if TYPE_CHECKING:
@@ -327,10 +329,10 @@ class NatsPlane(RequestPlane):
             )
             await self.nc.publish(reply, encode(answer))
             return
-        if kind != REQUEST or len(frame) not in (5, 6):
+        fields = request_fields(frame) if kind == REQUEST else None
+        if fields is None:
             return
-        target, request_id, body = frame[2:5]
-        metadata = frame[5] if len(frame) == 6 and isinstance(frame[5], dict) else None
+        target, request_id, body, metadata = fields
         sink = _NatsSink(self, reply)
         entry = self._targets.get(target)
         if entry is None:
@@ -365,9 +367,7 @@ class NatsPlane(RequestPlane):
         self._next += 1
         inbox = f"{self._inbox_prefix}.{self._next}"
         try:
-            payload = encode(
-                (REQUEST, 0, instance.target, request_id, body) + ((metadata,) if metadata else ())
-            )
+            payload = encode((REQUEST, 0, *request_tail(instance.target, request_id, body, metadata)))
         except (TypeError, ValueError, OverflowError) as exc:
             raise encode_request_error(exc) from None
         handle = _NatsHandle(self, inbox, channel)

@@ -37,6 +37,8 @@ from .wire import (
     FrameDecoder,
     encode_prefixed,
     error_frame,
+    request_fields,
+    request_tail,
 )
 
 if TYPE_CHECKING:
@@ -138,10 +140,10 @@ class _ServerConnection(asyncio.Protocol):
             raise ProtocolError(f"a frame must be a list [kind, stream id, ...], got {frame!r:.80}")
         kind, sid = frame[0], frame[1]
         if kind == REQUEST:
-            if len(frame) not in (5, 6):
+            fields = request_fields(frame)
+            if fields is None:
                 raise ProtocolError(f"a request frame has 5 or 6 fields, got {len(frame)}")
-            target, request_id, body = frame[2:5]
-            metadata = frame[5] if len(frame) == 6 and isinstance(frame[5], dict) else None
+            target, request_id, body, metadata = fields
             sink = _TcpSink(self, sid)
             server = self.plane.targets.get(target)
             if server is None:
@@ -439,9 +441,8 @@ class TcpPlane(RequestPlane):
         metadata: dict[str, Any] | None = None,
     ) -> StreamHandle:
         conn = await self._connection(instance)
-        tail = (instance.target, request_id, body) + ((metadata,) if metadata else ())
         try:
-            return conn.open(channel, tail)
+            return conn.open(channel, request_tail(instance.target, request_id, body, metadata))
         except (TypeError, ValueError, OverflowError) as exc:
             raise encode_request_error(exc) from None
 

@@ -46,6 +46,8 @@ __all__ = [
     "encode",
     "encode_prefixed",
     "error_frame",
+    "request_fields",
+    "request_tail",
 ]
 
 REQUEST, STOP, PING = 0, 1, 2
@@ -76,6 +78,30 @@ def error_frame(
     if details is None:
         return (ERROR, sid, code, error_type, message)
     return (ERROR, sid, code, error_type, message, details)
+
+
+def request_tail(target: str, request_id: str, body: Any, metadata: dict[str, Any] | None) -> tuple[Any, ...]:
+    """A REQUEST frame's fields after its stream id; the context's metadata only when it has some.
+
+    Example:
+        >>> request_tail("ns.comp.ep/1", "r1", {"x": 1}, None)
+        ('ns.comp.ep/1', 'r1', {'x': 1})
+    """
+    return (target, request_id, body, metadata) if metadata else (target, request_id, body)
+
+
+def request_fields(frame: list[Any]) -> tuple[Any, Any, Any, dict[str, Any] | None] | None:
+    """``(target, request_id, body, metadata)`` of a REQUEST frame, None when it has neither 5 nor
+    6 fields (metadata that is not a dict is dropped).
+
+    Example:
+        >>> request_fields([REQUEST, 3, "t", "r1", {}, {"user": "a"}])
+        ('t', 'r1', {}, {'user': 'a'})
+    """
+    if len(frame) not in (5, 6):
+        return None
+    metadata = frame[5] if len(frame) == 6 and isinstance(frame[5], dict) else None
+    return frame[2], frame[3], frame[4], metadata
 
 
 def encode(frame: Any) -> bytes:
