@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -43,6 +44,48 @@ async def test_a_dynamo_worker_and_client_in_one_process(monkeypatch: pytest.Mon
         [instance] = client.instance_ids()
         direct = await client.direct("moon", instance)
         assert [response.data() async for response in direct] == ["Hello moon!"]
+    finally:
+        await runtime.shutdown_async()
+        await asyncio.wait_for(serving, 10)
+
+
+async def test_a_stopped_dynamo_request_ends_for_the_caller_and_the_handler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As on Dynamo 1.6.1: after ``stop_generating()`` the caller's stream yields nothing more,
+    and a handler that ignores the stop is closed at the second item it yields after it
+    (GeneratorExit at that yield), so a check at the top of its loop still runs once."""
+    monkeypatch.setenv("DYN_NB_DISCOVERY", "memory")
+    seen: list[str] = []
+
+    async def ignores_the_stop(request, context):
+        try:
+            for i in range(50):
+                yield i
+                await asyncio.sleep(0.05)
+            seen.append("ran to the end")
+        except GeneratorExit:
+            seen.append(f"closed, stopped={context.is_stopped()}")
+            raise
+
+    runtime = DistributedRuntime(asyncio.get_running_loop(), "mem", "tcp", False)
+    endpoint = runtime.endpoint("demo.ignores.generate")
+    serving = asyncio.get_running_loop().create_task(endpoint.serve_endpoint(ignores_the_stop))
+    try:
+        client = await endpoint.client()
+        await client.wait_for_instances()
+        context = Context()
+        received = []
+        async for response in await client.generate("x", context=context):
+            received.append(response.data())
+            if len(received) == 2:
+                context.stop_generating()
+        assert received == [0, 1]
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == ["closed, stopped=True"]
     finally:
         await runtime.shutdown_async()
         await asyncio.wait_for(serving, 10)
@@ -228,32 +271,72 @@ async def test_unary_clients_get_one_answer_per_call(
         await worker.stop(timeout=10)
 
 
-def cancelled(lines: list[str]) -> bool:
-    return any("Server: Cancelled at iteration" in line for line in lines)
+def cancellations(server: Any) -> int:
+    """How many requests the cancellation server saw stopped so far."""
+    return sum("Server: Cancelled at iteration" in line for line in server.logs())
 
 
-@pytest.mark.parametrize("through", ["server", "middle"])
-async def test_stopping_a_dynamo_request_reaches_the_server(
-    services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, through: str
+# Seconds from the moment a caller lets a request go until the server sees it stopped. On Dynamo
+# 1.6.1 and here the stop arrives within one server iteration (0.1 s); a stop that is lost is
+# seen only when the server's 1000 iterations end (100 s).
+STOP_SEEN_WITHIN = 2.5
+
+HOW_A_CALLER_LETS_GO = {
+    "etcd-tcp": [("server", "stop"), ("server", "break"), ("server", "exit"), ("server", "die"),
+                 ("server", "pre-stopped"), ("middle", "stop"), ("middle", "die")],
+    "etcd-nats": [("server", "stop"), ("server", "break"), ("server", "exit"), ("server", "die"),
+                  ("server", "pre-stopped"), ("middle", "stop"), ("middle", "die")],
+    "file-tcp": [("server", "stop"), ("middle", "stop")],
+}  # fmt: skip
+
+
+async def let_go_of_a_request(server: Any, env: dict[str, str], through: str, how: str) -> None:
+    """Run the cancellation client; the server must see the request stopped within the bound."""
+    seen_before = cancellations(server)
+    args = ["--how", how] + (["--middle"] if through == "middle" else [])
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, str(SHAPED / "cancellation_client.py"), *args, cwd=ROOT, env={**os.environ, **env},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    printed: list[str] = []
+    try:
+        last_line = "Client: Received 2" if how == "die" else "Client: Done"
+        while not printed or printed[-1] != last_line:
+            line = await asyncio.wait_for(client.stdout.readline(), 60)
+            assert line, f"{how} via {through}: the client ended early: {printed}"
+            printed.append(line.decode().rstrip())
+        let_go = asyncio.get_running_loop().time()
+        received = [line for line in printed if line.startswith("Client: Received")]
+        if how == "pre-stopped":
+            assert received == [], printed
+        else:
+            assert received == ["Client: Received 0", "Client: Received 1", "Client: Received 2"], printed
+        while cancellations(server) == seen_before:
+            waited = asyncio.get_running_loop().time() - let_go
+            assert waited < STOP_SEEN_WITHIN, f"{how} via {through}: no stop after {waited:.1f} s"
+            await asyncio.sleep(0.02)
+        if how in ("stop", "exit", "pre-stopped"):
+            assert await asyncio.wait_for(client.wait(), 30) == 0, printed
+    finally:
+        if client.returncode is None:
+            client.kill()
+            await client.wait()
+
+
+@pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
+async def test_a_request_its_caller_lets_go_of_stops_on_the_server(
+    services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:
-    env = use_environment(monkeypatch, services, tmp_path, "etcd-tcp")
+    """However a caller lets go of a request (stops it, breaks out, exits, dies, or stopped it
+    before sending), directly or through a middle server, the server's handler sees it stopped
+    within a bound on every plane: nothing relies on a task the caller may never run."""
+    env = use_environment(monkeypatch, services, tmp_path, mode)
     server = await serve_program(SHAPED / "cancellation_server.py", "demo.server.generate", env, tmp_path)
     middle = None
     try:
-        if through == "middle":
-            middle = await serve_program(
-                SHAPED / "cancellation_middle.py", "demo.middle.generate", env, tmp_path
-            )
-        args = ["--middle"] if through == "middle" else []
-        printed = await run_program(SHAPED / "cancellation_client.py", *args, env=env)
-        received = [line for line in printed if line.startswith("Client: Received")]
-        assert received == ["Client: Received 0", "Client: Received 1", "Client: Received 2"]
-        assert printed[-1] == "Client: Done"
-        for _ in range(100):  # the stop crossed the wire (twice, through the middle server)
-            if cancelled(server.logs()):
-                break
-            await asyncio.sleep(0.05)
-        assert cancelled(server.logs()), server.logs()
+        middle = await serve_program(SHAPED / "cancellation_middle.py", "demo.middle.generate", env, tmp_path)
+        for through, how in HOW_A_CALLER_LETS_GO[mode]:
+            await let_go_of_a_request(server, env, through, how)
     finally:
         for process in (middle, server):
             if process is not None:
@@ -374,7 +457,7 @@ async def test_a_model_registered_after_its_endpoint_serves_is_published(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Dynamo's examples may ``gather(serve_endpoint(...), register_model(...))``: either order works."""
-    from dynamo_nb.compat.llm import ModelInput, ModelType, WorkerType, register_model
+    from dynamo_nb.compat.llm import ModelInput, ModelType, WorkerType, register_model, unregister_llm
     from dynamo_nb.frontend import Frontend
     from dynamo_nb.models import tiny_model_path
 
@@ -399,7 +482,85 @@ async def test_a_model_registered_after_its_endpoint_serves_is_published(
         )
         assert card.kinds == ["chat"]
         await frontend.wait_for_model("late", timeout=10)
+        await unregister_llm(endpoint)  # the model goes, the endpoint stays
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=10) as http:
+            for _ in range(100):
+                if not (await http.get("/v1/models")).json()["data"]:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await http.get("/v1/models")).json()["data"] == []
+        assert (await endpoint.client()).instance_ids()
+        await register_model(ModelInput.Tokens, ModelType.Chat, endpoint, tiny_model_path(), "late")
+        await frontend.wait_for_model("late", timeout=10)
     finally:
         await frontend.stop()
         await runtime.shutdown_async()
         await asyncio.wait_for(serving, 10)
+
+
+# Dynamo 1.6.1's public names (ai-dynamo 1.6.1 from PyPI: ``dir()`` of each module and class, less
+# what the modules import from the standard library, typing and pydantic).
+DYNAMO_1_6_1 = {
+    "dynamo.runtime": {
+        "Client", "Context", "DistributedRuntime", "Endpoint", "PyAsyncRequestStream", "UnaryClient",
+        "dynamo_endpoint", "dynamo_worker", "serve_unary_endpoint",
+    },
+    "dynamo.runtime.DistributedRuntime": {
+        "detached", "endpoint", "event_loop", "register_engine_route", "set_health_status", "shutdown",
+        "system_status_server_url", "to_capsule",
+    },
+    "dynamo.runtime.Endpoint": {
+        "client", "connection_id", "first_token_source", "metrics", "register_endpoint_instance",
+        "serve_bidirectional_endpoint", "serve_endpoint", "unregister_endpoint_instance",
+    },
+    "dynamo.runtime.Client": {
+        "device_aware_weighted", "direct", "generate", "instance_ids", "instances", "random", "round_robin",
+        "wait_for_instance_by_runtime_data", "wait_for_instances", "wait_for_instances_by_runtime_data",
+    },
+    "dynamo.runtime.Context": {
+        "async_killed_or_stopped", "current_span", "detached", "id", "is_killed", "is_stopped", "metadata",
+        "notify_first_token", "parent_span_id", "span_id", "start_span", "stop_generating", "trace_headers",
+        "trace_id",
+    },
+    "dynamo.llm": {
+        "AisPerfConfig", "EngineType", "EntrypointArgs", "FpmDirectPublisher", "FpmEventRelay",
+        "FpmEventSubscriber", "FrontendExtensionContext", "FrontendResponse", "FrontendRoute",
+        "HttpAsyncEngine", "HttpError", "HttpService", "KserveGrpcService", "KvDcRelay", "KvEventPublisher",
+        "KvRouter", "KvRouterConfig", "KvStateAgentHost", "KvStateAttachmentOwner", "LLMUnaryClient",
+        "LoRADownloader", "LoadThresholdConfig", "MediaDecoder", "MediaFetcher", "ModelCardInstanceId",
+        "ModelInput", "ModelRuntimeConfig", "ModelType", "MultimodalEmbeddingCachePublisher",
+        "OverlapScores", "PythonAsyncEngine", "RadixTree", "RoutedEngine", "RouterConfig", "RouterMode",
+        "RouterQueueLimitExceeded", "RoutingConstraints", "SelectionService", "UnaryChatModel",
+        "WorkerMetricsPublisher", "WorkerType", "compute_block_hash_for_seq", "exceptions", "fetch_llm",
+        "fetch_model", "lora_name_to_id", "make_engine", "register_llm", "register_model", "run_input",
+        "run_kv_indexer", "run_select_service", "run_slot_tracker", "unregister_llm", "unregister_model",
+        "update_model_taints", "with_engine_data",
+    },
+}  # fmt: skip
+
+
+def documented_names(docstring: str, heading: str) -> set[str]:
+    """The ``names`` in the paragraph(s) of ``docstring`` that start with ``heading``, up to the next heading."""
+    section = docstring.split(heading, 1)[1]
+    section = re.split(r"\n(?:Added here|Not provided|Differences)", section, maxsplit=1)[0]
+    return set(re.findall(r"``([A-Za-z_][A-Za-z_.]*)``", section))
+
+
+@pytest.mark.parametrize("module_name", ["runtime", "llm"])
+def test_the_documented_differences_are_exactly_the_names_dynamo_has_and_we_lack(module_name: str) -> None:
+    """Each compat module's docstring lists, under "Not provided", exactly the Dynamo 1.6.1 names
+    (module names, and members of its classes) it lacks, and under "Added here" the names it has
+    that Dynamo has not: a name added or dropped on either side fails until the docstring says so."""
+    import importlib
+
+    module = importlib.import_module(f"dynamo_nb.compat.{module_name}")
+    ours = set(module.__all__)
+    dynamo = DYNAMO_1_6_1[f"dynamo.{module_name}"]
+    lacking = dynamo - ours
+    for qualified, members in DYNAMO_1_6_1.items():
+        owner, _, cls = qualified.removeprefix(f"dynamo.{module_name}").partition(".")
+        if cls and not owner and cls in ours:
+            have = {name for name in dir(getattr(module, cls)) if not name.startswith("_")}
+            lacking |= {f"{cls}.{name}" for name in members - have}
+    assert documented_names(module.__doc__, "Not provided") == lacking
+    assert documented_names(module.__doc__, "Added here") == ours - dynamo

@@ -141,6 +141,39 @@ async def test_context_metadata_reaches_the_handler(make_runtime: RuntimeFactory
     assert [item async for item in client.round_robin({})] == [{}]  # none: the frame carries none
 
 
+@pytest.mark.parametrize("mode", ["memory-tcp", "file-nats", "static-nats"])
+async def test_a_caller_that_goes_away_without_a_stop_stops_the_handler(
+    make_runtime: RuntimeFactory, mode: str
+) -> None:
+    """The caller's runtime shuts down mid-stream and sends no STOP (a program that exits at
+    once): the worker still learns the caller left, from the closed connection (TCP) or from
+    NATS answering its next frame with "no responders"."""
+    recorder = Recorder()
+    server_rt, client_rt = await make_runtime(mode), await make_runtime(mode)
+    await server_rt.endpoint(f"test.gone{mode[:4]}.generate").serve(recorder)
+    client = await client_rt.endpoint(f"test.gone{mode[:4]}.generate").client()
+    await client.wait_for_instances(timeout=10)
+    stream = client.round_robin({})
+    assert await anext(stream) == {"i": 0}
+    await client_rt.shutdown(grace=0.1)
+    await asyncio.wait_for(recorder.stopped_seen.wait(), 2.5)  # within one heartbeat, not never
+    await asyncio.wait_for(recorder.finished.wait(), 2.5)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_request_stopped_before_it_is_sent_still_reaches_the_handler(
+    make_runtime: RuntimeFactory, mode: str
+) -> None:
+    """As on Dynamo: the handler runs (its bookkeeping too) and sees the stop; the caller gets nothing."""
+    recorder = Recorder()
+    _servers, client = await serve_and_connect(make_runtime, mode, recorder, f"prestop-{mode}")
+    context = Context()
+    context.stop_generating()
+    assert [item async for item in client.round_robin({}, context=context)] == []
+    await asyncio.wait_for(recorder.stopped_seen.wait(), 5)
+    assert recorder.request_ids == [context.id]
+
+
 @pytest.mark.skipif(
     sys.version_info < (3, 11), reason="Python 3.10 cannot tell a handler's CancelledError from a cancel"
 )

@@ -1,5 +1,6 @@
 """Dynamo's ``dynamo.llm`` registration names on dynamo_nb: ``register_llm`` (and its newer
-name ``register_model``), ``ModelInput``, ``ModelType``, ``WorkerType``.
+name ``register_model``), ``unregister_llm`` / ``unregister_model``, ``ModelInput``,
+``ModelType``, ``WorkerType``, ``ModelRuntimeConfig``.
 
 ``LLMUnaryClient``, ``UnaryChatModel`` and ``with_engine_data`` (Dynamo's unary helpers) are
 here too (`dynamo_nb.compat.llm_unary`).
@@ -15,9 +16,32 @@ The card is built (and the model folder checked) at once and published when the 
 serves, with the instance's lease; frontends then serve the model. Differences from Dynamo:
 ``ModelInput.Text`` (the frontend sends raw text) is refused with a clear error, as dynamo_nb's
 frontend always tokenizes; ``router_mode``, ``migration_limit``, ``user_data`` and LoRA
-arguments are accepted and ignored; `LLMUnaryClient` takes an item without ``index`` as choice 0
-(dynamo_nb's engines do not send it); `UnaryChatModel` ignores ``chat_template`` (the model
-folder's template is used).
+arguments are accepted and ignored (``unregister_model(lora_name=...)`` is refused);
+`LLMUnaryClient` takes an item without ``index`` as choice 0 (dynamo_nb's engines do not send
+it); `UnaryChatModel` ignores ``chat_template`` (the model folder's template is used).
+
+Not provided (Dynamo 1.6.1 names this module lacks), each with its reason:
+
+- ``HttpService``, ``HttpAsyncEngine``, ``HttpError``, ``KserveGrpcService``,
+  ``PythonAsyncEngine``, ``EntrypointArgs``, ``EngineType``, ``make_engine``, ``run_input``,
+  ``FrontendExtensionContext``, ``FrontendResponse``, ``FrontendRoute``, ``RoutedEngine``,
+  ``exceptions``: the HTTP frontend is dynamo_nb's own (`dynamo_nb.frontend.Frontend`, or
+  ``components/frontend.py``), with its own error envelope;
+- ``KvRouter``, ``KvRouterConfig``, ``RouterConfig``, ``RouterMode``,
+  ``RouterQueueLimitExceeded``, ``RoutingConstraints``, ``OverlapScores``, ``RadixTree``,
+  ``KvEventPublisher``, ``compute_block_hash_for_seq``, ``run_kv_indexer``,
+  ``LoadThresholdConfig``, ``WorkerMetricsPublisher``, ``SelectionService``,
+  ``run_select_service``, ``run_slot_tracker``: routing and KV events are dynamo_nb's own
+  (`dynamo_nb.router`), set on the frontend;
+- ``KvDcRelay``, ``KvStateAgentHost``, ``KvStateAttachmentOwner``, ``FpmDirectPublisher``,
+  ``FpmEventRelay``, ``FpmEventSubscriber``, ``AisPerfConfig``: cross-datacenter KV relays,
+  KV state agents and forward-pass metrics have no counterpart here;
+- ``fetch_llm``, ``fetch_model``, ``LoRADownloader``, ``lora_name_to_id``,
+  ``update_model_taints``, ``ModelCardInstanceId``: model hubs are not reached (a local folder
+  or the built-in tiny model is served), and there are no LoRA adapters or model taints;
+- ``MediaDecoder``, ``MediaFetcher``, ``MultimodalEmbeddingCachePublisher``: models are text only.
+
+Added here: none.
 """
 
 from __future__ import annotations
@@ -28,7 +52,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..llm.card import ModelCard, ModelRuntimeConfig
-from ..llm.register import llm_card, publish_card
+from ..llm.register import llm_card, publish_card, unpublish_cards
 from .runtime import Endpoint
 
 __all__ = [
@@ -40,6 +64,8 @@ __all__ = [
     "WorkerType",
     "register_llm",
     "register_model",
+    "unregister_llm",
+    "unregister_model",
     "with_engine_data",
 ]
 
@@ -134,6 +160,26 @@ async def register_model(
     if worker_type is WorkerType.Prefill:
         model_type = ModelType.Prefill
     return await register_llm(model_input, model_type, endpoint, model_path, model_name, **options)
+
+
+async def unregister_model(endpoint: Endpoint, lora_name: str | None = None) -> None:
+    """Take ``endpoint``'s model out of discovery while it goes on serving (Dynamo's
+    ``unregister_llm``, e.g. before an engine sleeps); `register_model` publishes it again.
+
+    Example::
+
+        await unregister_model(endpoint)
+    """
+    if lora_name is not None:
+        raise ConfigError("unregister_model: LoRA adapters are not supported here; call it without lora_name")
+    runtime = endpoint.component.namespace.runtime
+    runtime.pending_cards.pop(endpoint.path, None)
+    serving = runtime.serving.get(endpoint.path)
+    if serving is not None:
+        await unpublish_cards(serving)
+
+
+unregister_llm = unregister_model
 
 
 from .llm_unary import LLMUnaryClient, UnaryChatModel, with_engine_data  # noqa: E402  (it uses this module's names)

@@ -52,6 +52,7 @@ __all__ = [
     "publish_card",
     "register_llm",
     "serve_llm",
+    "unpublish_cards",
 ]
 
 logger = logging.getLogger("dynamo_nb.llm")
@@ -191,6 +192,19 @@ async def publish_card(endpoint: Endpoint, card: ModelCard) -> ModelCard:
     await runtime.put_instance_key(server, card_key(endpoint.path, server.instance_id), card.to_json())
     logger.info("registered model %s at %s (instance %x)", card.name, endpoint.path, server.instance_id)
     return card
+
+
+async def unpublish_cards(endpoint: Endpoint) -> None:
+    """Take the model cards of ``endpoint``'s instances in this runtime out of discovery:
+    frontends stop sending them requests for the model, while the endpoint goes on serving.
+
+    Example::
+
+        await unpublish_cards(endpoint)   # e.g. before the engine sleeps; register_llm again after
+    """
+    runtime = endpoint.runtime
+    for server in [s for s in runtime.servers if s.endpoint.path == endpoint.path]:
+        await runtime.delete_instance_key(server, card_key(endpoint.path, server.instance_id))
 
 
 async def serve_llm(

@@ -82,9 +82,6 @@ class ResponseStream:
 
     async def _start(self) -> None:
         self._state = _OPEN
-        if self.context.is_stopped():  # the parent was stopped before we sent anything
-            self._channel.push_end()
-            return
         try:
             self._handle = await self._client._plane.open_stream(
                 self.instance, self.context.id, self._body, self._channel, self.context.metadata or None
@@ -97,6 +94,10 @@ class ResponseStream:
             self._finish()
             raise
         self._body = None
+        if self.context.is_stopped():
+            # stopped before it was sent (a parent that stopped): it is still delivered, so the
+            # handler's bookkeeping runs and it sees the stop; the caller gets no items
+            self._channel.push_end()
         # The callback holds the handle, not the stream: no reference cycle, so a stream
         # dropped after `break` is collected at once and its __del__ stops the handler.
         self._unhook = self.context.add_stop_callback(self._handle.stop)

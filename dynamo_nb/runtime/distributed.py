@@ -209,6 +209,13 @@ class DistributedRuntime:
         await self.discovery.put(key, value)
         self._instance_keys.setdefault(id(server), []).append(key)
 
+    async def delete_instance_key(self, server: EndpointServer, key: str) -> None:
+        """Delete a key `put_instance_key` wrote for ``server`` before the instance stops."""
+        keys = self._instance_keys.get(id(server), [])
+        if key in keys:
+            keys.remove(key)
+            await self.discovery.delete(key)  # type: ignore[attr-defined]
+
     async def _unserve(self, server: EndpointServer) -> None:
         if server in self._servers:
             self._servers.remove(server)

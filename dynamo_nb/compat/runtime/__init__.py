@@ -21,35 +21,64 @@ Where the services are: ``DistributedRuntime(loop, "etcd", ...)`` reads ``ETCD_E
 so an unchanged Dynamo program runs in a notebook with no etcd at all.
 
 As on Dynamo, Ctrl-C raises ``KeyboardInterrupt``, SIGTERM ends the process, and a handler the
-program installs itself stays in place (`dynamo_nb.compat.runtime.signals`).
+program installs itself stays in place (`dynamo_nb.compat.runtime.signals`). The request plane
+is TCP unless ``DYN_REQUEST_PLANE=nats``, as on Dynamo 1.6. A stop reaches the handler however
+the caller lets go (it stops, breaks out, exits, or dies), on both planes; a stopped request
+yields nothing more to its caller, and a handler that ignores the stop is closed at the second
+item it yields after the stop (Dynamo resumes it once more after the first).
+A failed stream raises a ``ValueError`` with Dynamo's message (`StreamError`).
 
-Differences from Dynamo 1.6 (on purpose):
+Differences from Dynamo 1.6.1 (on purpose), each with its reason:
 
 - the runtime connects on its first ``await`` (``create_service``, ``client``,
-  ``serve_endpoint``) instead of in the constructor, so the constructor never blocks a loop;
+  ``serve_endpoint``) instead of in the constructor: a constructor never blocks a running loop
+  (a notebook's);
 - ``runtime.shutdown()`` schedules the shutdown and returns; ``await runtime.shutdown_async()``
-  waits for it;
-- a handler that raises ``asyncio.CancelledError`` after its context was stopped ends the
-  caller's stream as stopped (Dynamo logs it as an error on the worker);
-- a stopped request whose handler does not return within `DYNAMO_STOP_GRACE` seconds is
-  cancelled (Dynamo waits for the handler);
-- ``Context.kill()`` stops the request as ``stop_generating()`` does and marks it killed; the
-  remote handler sees a stop, not an abort;
-- the request plane is TCP unless ``DYN_REQUEST_PLANE=nats`` (Dynamo 1.6 defaults to TCP too);
-- there is no Rust core: ``dynamo._core`` names map to this module as well;
-- ``Context.metadata`` is a plain dict of JSON-able values (Dynamo's ``ContextMetadata`` is
-  dict-like); ``Context.detached()`` and the tracing spans are not provided;
-- a stream that fails raises `StreamError` (a ``ValueError``, with Dynamo's message for a
-  handler that raised or a worker that went away) in the caller instead of yielding an item
-  whose ``is_error()`` is True;
+  waits for it (a synchronous call cannot wait inside a running loop);
+- ``@dynamo_worker()`` shuts the runtime down when the function returns (Dynamo leaves that to
+  the process exit): the instance leaves discovery at once, not when its lease expires;
 - SIGTERM to a program with no handler of its own first takes the runtime out of discovery (for
   at most a second), then ends the process by SIGTERM: Dynamo's registrations stay until their
   lease expires, and callers meanwhile route to a worker that is gone;
+- a handler that raises ``asyncio.CancelledError`` after its context was stopped ends the
+  caller's stream as stopped (Dynamo logs it as an error on the worker): it did what it was asked;
+- a stopped handler that neither returns nor yields within `DYNAMO_STOP_GRACE` seconds is
+  cancelled (Dynamo waits for it): a handler stuck in a wait cannot hold a request forever;
 - ``client.wait_for_instances()`` gives up after ``timeout`` seconds (300 by default) instead
-  of waiting forever;
-- ``enable_nats`` is accepted and ignored (NATS carries requests when ``DYN_REQUEST_PLANE=nats``);
-  the ``kubernetes`` discovery backend, ``DistributedRuntime.detached()``, ``child_token()``,
-  ``register_engine_route()`` and ``Endpoint.connection_id()`` / ``.metrics`` are not provided.
+  of waiting forever: every wait has a bound;
+- ``Context.kill()`` (older Dynamo's) stops the request as ``stop_generating()`` does and marks
+  it killed: the remote handler sees a stop, not an abort, so its cleanup runs;
+- ``Context.metadata`` is a plain dict of JSON-able values (Dynamo's ``ContextMetadata`` is
+  dict-like): it crosses the wire as msgpack, never pickled;
+- ``DistributedRuntime(loop, is_static=True)`` and the ``kubernetes`` discovery backend are
+  refused with what to use instead (etcd, a folder or memory discover instances here);
+  ``enable_nats`` is accepted and ignored (NATS carries requests when ``DYN_REQUEST_PLANE=nats``).
+
+Not provided (Dynamo 1.6.1 names this module lacks), each with its reason:
+
+- ``PyAsyncRequestStream``, ``Endpoint.serve_bidirectional_endpoint``: a request is one message
+  here; requests that are themselves streams are not supported;
+- ``DistributedRuntime.detached``, ``DistributedRuntime.to_capsule``: they hand the Rust runtime
+  to other Rust code, and there is no Rust core here;
+- ``DistributedRuntime.register_engine_route``, ``DistributedRuntime.set_health_status``,
+  ``DistributedRuntime.system_status_server_url``: a worker's status server is dynamo_nb's own
+  (``--system-port``, `dynamo_nb.runtime.system_status`), with no routes to add;
+- ``Endpoint.register_endpoint_instance``, ``Endpoint.unregister_endpoint_instance``,
+  ``Endpoint.connection_id``: an instance registers when it serves and leaves when it stops,
+  with the runtime's lease;
+- ``Endpoint.metrics``, ``Endpoint.first_token_source``: metrics are the frontend's and the
+  engines' own (Prometheus text at ``/metrics``);
+- ``Client.instances``, ``Client.device_aware_weighted``,
+  ``Client.wait_for_instance_by_runtime_data``, ``Client.wait_for_instances_by_runtime_data``:
+  instances carry no runtime data or device topology here; ``instance_ids()`` lists them;
+- ``Context.detached``, ``Context.current_span``, ``Context.span_id``,
+  ``Context.parent_span_id``, ``Context.trace_id``, ``Context.trace_headers``,
+  ``Context.start_span``, ``Context.notify_first_token``: there are no tracing spans
+  (OpenTelemetry is not a dependency); the request id and metadata travel instead.
+
+Added here: ``Annotated`` (the items Dynamo's clients yield, named), ``Namespace`` and
+``Component`` (older Dynamo's ``runtime.namespace(...).component(...)``), ``StreamError`` (what
+a failed stream raises, a ValueError), ``DYNAMO_STOP_GRACE``.
 
 ``from dynamo.runtime.logging import configure_dynamo_logging`` becomes
 ``from dynamo_nb.compat.runtime.logging import configure_dynamo_logging``.
@@ -225,6 +254,9 @@ class _Stream:
         return self
 
     async def __anext__(self) -> Any:
+        if self._stream.context.is_stopped():  # as on Dynamo: a stopped request yields nothing more
+            await self._stream.aclose()
+            raise StopAsyncIteration
         with _as_dynamo_errors():
             data = await self._stream.__anext__()
         return Annotated(data) if self._annotated else data
@@ -282,6 +314,7 @@ class DistributedRuntime:
         request_plane: Any = None,
         enable_nats: bool | None = None,
     ) -> None:
+        self._loop = loop
         self._spec = _runtime_spec(store_kv)
         plane = request_plane if isinstance(request_plane, str) else os.environ.get("DYN_REQUEST_PLANE")
         self._plane = None if self._spec == "memory" and plane is None else (plane or "tcp")
@@ -291,6 +324,11 @@ class DistributedRuntime:
         self._shutting_down: asyncio.Task[None] | None = None  # held: a bare task may be collected
         self.pending_cards: dict[str, list[Any]] = {}  # endpoint path → model cards register_llm built
         self.serving: dict[str, Any] = {}  # endpoint path → its dynamo_nb endpoint, once it serves
+
+    @property
+    def event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop the runtime was created with."""
+        return self._loop
 
     async def inner(self) -> _Runtime:
         """The dynamo_nb runtime underneath (created on first use)."""
@@ -421,8 +459,19 @@ def _with_dynamo_context(
 
     async def serve(request: Any, context: _Context) -> AsyncIterator[Any]:
         dynamo_context = Context(_inner=context)
+        items = call(request, dynamo_context)
+        after_the_stop = 0
         try:
-            async for item in call(request, dynamo_context):
+            async for item in items:
+                after_the_stop += context.is_stopped() and not dynamo_context._stopped_here
+                if after_the_stop == 2:
+                    # as on Dynamo: once the caller stopped, the handler is resumed after one more
+                    # item (a check of is_stopped() at the top of its loop runs) and closed at the
+                    # next (it sees GeneratorExit at that yield)
+                    aclose = getattr(items, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+                    return
                 yield item
         except asyncio.CancelledError:
             if not context.is_stopped():

@@ -2,9 +2,15 @@
 
 A request is one NATS message to the instance's subject, with ``reply`` set to an inbox of
 the caller. The worker answers with messages to that inbox, each a run of msgpack frames;
-the first carries an ACK naming the worker's control subject, where the caller sends STOP.
+the first carries an ACK naming the stream's control subject, where the caller sends STOP.
 Static endpoints are served at the subject derived from their path, in a queue group, so
 several static workers share the load.
+
+A stop cannot be lost: every answer names the stream's control subject as its ``reply``, so
+the worker learns the caller left even when the caller's STOP never went out (it exited at
+once, or died). A caller still alive answers frames of a stream it let go with a STOP; once
+its connection is gone, NATS answers the worker's next frame (at the latest its heartbeat, a
+second later) with "no responders" on that subject, and the worker stops the handler.
 """
 
 from __future__ import annotations
@@ -132,6 +138,11 @@ async def connect_nats(
     return connection
 
 
+def _no_responders(msg: Msg) -> bool:
+    """Whether ``msg`` is NATS saying nobody listens on the subject a message was sent to."""
+    return bool(msg.headers) and msg.headers.get("Status") == "503"
+
+
 def _frames(data: bytes) -> list[Any]:
     unpacker = msgpack.Unpacker(raw=False)
     unpacker.feed(data)
@@ -144,12 +155,13 @@ def _frames(data: bytes) -> list[Any]:
 class _NatsSink:
     """Frames of one server stream to the caller's inbox; one publish per burst of frames."""
 
-    __slots__ = ("_pending", "_pending_bytes", "_publisher", "last_sent", "plane", "reply")
+    __slots__ = ("_pending", "_pending_bytes", "_publisher", "control", "last_sent", "plane", "reply")
 
-    def __init__(self, plane: NatsPlane, reply: str) -> None:
+    def __init__(self, plane: NatsPlane, reply: str, control: str) -> None:
         self.plane = plane
         self.reply = reply
-        self._pending: list[bytes] = [encode((ACK, 0, plane.control_subject))]
+        self.control = control  # this stream's control subject: STOPs and "no responders" come here
+        self._pending: list[bytes] = [encode((ACK, 0, control))]
         self._pending_bytes = 0
         self._publisher: asyncio.Task[None] | None = None
         self.last_sent = asyncio.get_running_loop().time()
@@ -173,7 +185,7 @@ class _NatsSink:
         try:
             while self._pending:
                 batch, self._pending, self._pending_bytes = self._pending, [], 0
-                await nc.publish(self.reply, b"".join(batch))
+                await nc.publish(self.reply, b"".join(batch), reply=self.control)
                 self.last_sent = asyncio.get_running_loop().time()
         except Exception as exc:  # the caller's side will time out on its heartbeat
             logger.warning("could not publish a reply to %s: %s", self.reply, exc)
@@ -186,11 +198,11 @@ class _NatsSink:
 
     def end(self) -> None:
         self._queue(encode((END, 0)))
-        self.plane._streams.pop(self.reply, None)
+        self.plane._streams.pop(self.control, None)
 
     def error(self, code: str, error_type: str, message: str, details: dict[str, Any] | None = None) -> None:
         self._queue(encode(error_frame(0, code, error_type, message, details)))
-        self.plane._streams.pop(self.reply, None)
+        self.plane._streams.pop(self.control, None)
 
     def heartbeat(self) -> None:
         self._queue(encode((HEARTBEAT, 0)))
@@ -273,7 +285,7 @@ class NatsPlane(RequestPlane):
         token = self._nc.new_inbox().rsplit(".", 1)[1]
         self.control_subject = f"_DYN.ctl.{token}"
         self._inbox_prefix = f"_DYN.inbox.{token}"
-        await self._nc.subscribe(self.control_subject, cb=self._on_control)
+        await self._nc.subscribe(f"{self.control_subject}.*", cb=self._on_control)
         await self._nc.subscribe(f"{self._inbox_prefix}.*", cb=self._on_reply)
         self._ticker = asyncio.get_running_loop().create_task(self._tick(), name="dynamo_nb nats heartbeat")
 
@@ -333,26 +345,31 @@ class NatsPlane(RequestPlane):
         if fields is None:
             return
         target, request_id, body, metadata = fields
-        sink = _NatsSink(self, reply)
+        self._next += 1
+        control = f"{self.control_subject}.{self._next}"
+        sink = _NatsSink(self, reply, control)
         entry = self._targets.get(target)
         if entry is None:
             sink.error(ErrorCode.NO_INSTANCE, "InstanceNotFound", f"{target} is not served here")
             return
-        self._streams[reply] = (None, sink)
+        self._streams[control] = (None, sink)
         stream = entry[0].start_stream(str(request_id), body, sink, metadata)
-        if reply in self._streams:
-            self._streams[reply] = (stream, sink)
+        if control in self._streams:
+            self._streams[control] = (stream, sink)
         sink.kick()
 
     async def _on_control(self, msg: Msg) -> None:
-        try:
-            kind, inbox = decode(msg.data)[:2]
-        except Exception:
+        """A STOP from the caller, or NATS saying the caller's inbox is gone: stop the stream."""
+        entry = self._streams.get(msg.subject)
+        if entry is None or entry[0] is None:
             return
-        if kind == STOP:
-            entry = self._streams.get(inbox)
-            if entry is not None and entry[0] is not None:
-                entry[0].stop()
+        if not _no_responders(msg):
+            try:
+                if decode(msg.data)[0] != STOP:
+                    return
+            except Exception:
+                return
+        entry[0].stop()
 
     # -- calling
 
@@ -387,10 +404,12 @@ class NatsPlane(RequestPlane):
             return
         handle = self._open.get(inbox)
         if handle is None:
+            if msg.reply and not _no_responders(msg):  # a stream let go: make sure its handler stops
+                self._spawn(self.nc.publish(msg.reply, encode((STOP, inbox))))
             return
         channel = handle.channel
         channel.last_seen = asyncio.get_running_loop().time()
-        if msg.headers and msg.headers.get("Status") == "503":
+        if _no_responders(msg):
             self._open.pop(inbox, None)
             channel.fail(f"no responders on NATS subject for {channel.instance.target} (the worker is gone)")
             return
@@ -417,7 +436,7 @@ class NatsPlane(RequestPlane):
 
     def _answer_ping(self, inbox: str, msg: Msg) -> None:
         future = self._pings.pop(inbox)
-        ok = not (msg.headers and msg.headers.get("Status") == "503")
+        ok = not _no_responders(msg)
         if ok:
             try:
                 ok = decode(msg.data)[0] == PONG
