@@ -286,7 +286,7 @@ HOW_A_CALLER_LETS_GO = {
                  ("server", "pre-stopped"), ("middle", "stop"), ("middle", "die")],
     "etcd-nats": [("server", "stop"), ("server", "break"), ("server", "exit"), ("server", "die"),
                   ("server", "pre-stopped"), ("middle", "stop"), ("middle", "die")],
-    "file-tcp": [("server", "stop"), ("middle", "stop")],
+    "file-tcp": [("server", "stop"), ("server", "pre-stopped"), ("middle", "stop"), ("middle", "die")],
 }  # fmt: skip
 
 
