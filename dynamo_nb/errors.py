@@ -213,12 +213,27 @@ class NoInstancesError(RequestError, TimeoutError):
 
 class OverloadedError(RequestError):
     """The model's workers are full and the frontend's queue is too (or a wait for a slot ran
-    out): answered at once with 503 and ``Retry-After`` (seconds, ``retry_after``)."""
+    out): answered at once with 503 (or the frontend's ``--overload-status``) and
+    ``Retry-After`` (seconds, ``retry_after``).
+
+    Attributes:
+        reason: which limit was hit (``queue_full``, ``queue_timeout``).
+        measured: the value that hit it (requests waiting, seconds waited).
+        threshold: the limit itself (``--max-queue``, ``--queue-timeout``).
+    """
 
     http_status = 503
     openai_type = "service_unavailable_error"
     code = "overloaded"
     retry_after = 1
+
+    def __init__(
+        self, message: str, *, reason: str = "overloaded", measured: float = 0, threshold: float = 0
+    ) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.measured = measured
+        self.threshold = threshold
 
 
 class RoutingError(RequestError):

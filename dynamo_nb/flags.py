@@ -252,6 +252,21 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "a wait ends after 60 s)",
     )
     group.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=float(_env("QUEUE_TIMEOUT", None) or FrontendConfig.queue_timeout),
+        help="seconds a request may wait at the frontend for a slot while its model's workers are full; "
+        "then it is refused (env DYN_NB_QUEUE_TIMEOUT; default: %(default)s)",
+    )
+    group.add_argument(
+        "--overload-status",
+        type=int,
+        choices=(503, 529),
+        default=int(_env("OVERLOAD_STATUS", None) or FrontendConfig.overload_status),
+        help="the HTTP status of a request refused because a limit was hit: 503, or 529 as Dynamo answers "
+        "(env DYN_NB_OVERLOAD_STATUS; default: %(default)s)",
+    )
+    group.add_argument(
         "--migration-limit",
         type=int,
         default=int(_env("MIGRATION_LIMIT", None) or FrontendConfig.migration_limit),

@@ -28,6 +28,7 @@ from ..llm.card import ModelCard
 from ..router.base import Router
 from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
+from .admission import DEFAULT_QUEUE_TIMEOUT
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
@@ -69,6 +70,7 @@ class Frontend:
         self.port = port
         self.metrics = metrics or FrontendMetrics()
         self.migration_limit = migration_limit
+        self.overload_status = 503  # a request refused because a limit was hit (or 529)
         self.pipeline = RequestPipeline(manager, self.metrics, migration_limit)
         self._runner: web.AppRunner | None = None
 
@@ -87,6 +89,8 @@ class Frontend:
         reuse_port: bool = False,
         migration_limit: int = DEFAULT_MIGRATION_LIMIT,
         max_queue: int | None = None,
+        queue_timeout: float = DEFAULT_QUEUE_TIMEOUT,
+        overload_status: int = 503,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -108,8 +112,13 @@ class Frontend:
                 client sees one stream); 0: never, the stream ends with an error event.
             max_queue: requests of a model that may wait at the frontend while its workers are
                 full (their cards' ``max_num_seqs``); beyond, a 503 with ``Retry-After`` at
-                once (None: no bound; a wait still ends after 60 s). See `admission`.
+                once (None: no bound; a wait still ends after ``queue_timeout``). See `admission`.
+            queue_timeout: seconds a request may wait for a slot before it is refused.
+            overload_status: the status of a request refused because a limit was hit (503, or
+                529 as Dynamo answers); its message names the limit, the value and the threshold.
         """
+        if overload_status not in (503, 529):
+            raise ConfigError(f"overload_status must be 503 or 529, got {overload_status}")
         if migration_limit < 0:
             raise ConfigError(f"migration_limit must be 0 (off) or more, got {migration_limit}")
         metrics = FrontendMetrics()
@@ -122,10 +131,12 @@ class Frontend:
             on_prefill_error=lambda model: metrics.prefill_errors.labels(model).inc(),
             kv_config=kv_config,
             max_queue=max_queue,
+            queue_timeout=queue_timeout,
         )
         if not runtime.is_static:
             await manager.watch()
         frontend = cls(runtime, manager, host, port, metrics, migration_limit)
+        frontend.overload_status = overload_status
         await frontend._listen(reuse_port)
         return frontend
 
@@ -219,7 +230,9 @@ class Frontend:
         except DynamoNBError as exc:
             status, body = http_error(exc)
             if isinstance(exc, OverloadedError):  # expected under load: no warning per request
-                return web.json_response(body, status=status, headers={"Retry-After": str(exc.retry_after)})
+                return web.json_response(
+                    body, status=self.overload_status, headers={"Retry-After": str(exc.retry_after)}
+                )
             if status >= 500:
                 logger.warning("%s %s answered %d: %s", request.method, request.path, status, exc)
             return web.json_response(body, status=status)

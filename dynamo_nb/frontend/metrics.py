@@ -130,6 +130,12 @@ class FrontendMetrics:
             ("model",),
             registry=registry,
         )
+        self.rejections = Counter(
+            "dynamo_frontend_model_rejection",
+            "requests refused because a limit was hit, by model and reason (queue_full, queue_timeout)",
+            ("model", "reason"),
+            registry=registry,
+        )
         self._queues_watched: set[str] = set()
         self._models: dict[str, ModelMetrics] = {}
 

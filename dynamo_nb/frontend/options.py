@@ -36,6 +36,8 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
     if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError(f"--max-queue must be 0 or more (or left out: no bound), got {args.max_queue}")
+    if args.queue_timeout <= 0:
+        raise ConfigError(f"--queue-timeout must be more than 0 seconds, got {args.queue_timeout:g}")
     if args.migration_limit < 0:
         raise ConfigError(f"--migration-limit must be 0 (off) or more, got {args.migration_limit}")
     if args.router_policy and args.router_mode != "round-robin":

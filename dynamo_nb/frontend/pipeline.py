@@ -37,6 +37,7 @@ from ..errors import (
     InvalidRequestError,
     ModelNotFoundError,
     NoInstancesError,
+    OverloadedError,
     RemoteHandlerError,
 )
 from ..llm.protocol import PreprocessedRequest
@@ -137,7 +138,11 @@ class RequestPipeline:
         admitted = False
         try:
             self.metrics.watch_queue(model.name, model.admission)
-            await model.admission.enter(model.capacity())  # or OverloadedError: 503 at once
+            try:
+                await model.admission.enter(model.capacity())
+            except OverloadedError as refused:  # answered at once (503 or 529), counted by its reason
+                self.metrics.rejections.labels(model.name, refused.reason).inc()
+                raise
             admitted = True
             stream, first, plan = await self.open_planned(model, request)
             metrics.ttft.observe(time.perf_counter() - started)

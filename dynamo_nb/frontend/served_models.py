@@ -38,7 +38,7 @@ from ..router.base import RoutedStream
 from ..runtime.client import Client, ResponseStream
 from ..runtime.discovery import KeyValueDiscovery
 from ..runtime.names import EndpointPath
-from .admission import Admission
+from .admission import DEFAULT_QUEUE_TIMEOUT, Admission
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -126,9 +126,11 @@ class ModelManager:
         on_prefill_error: Callable[[str], None] | None = None,
         kv_config: KvRouterConfig | None = None,
         max_queue: int | None = None,
+        queue_timeout: float = DEFAULT_QUEUE_TIMEOUT,
     ) -> None:
         self.runtime = runtime
         self.max_queue = max_queue
+        self.queue_timeout = queue_timeout
         self.router_mode = check_router_mode(router_mode)
         self.router_policy = router_policy
         self.only_endpoint = str(EndpointPath.parse(only_endpoint)) if only_endpoint else None
@@ -164,7 +166,12 @@ class ModelManager:
             model = self.models.get(card.name)  # another card may have won while we loaded
             if model is None:
                 model = self.models[card.name] = ServedModel(
-                    card, tokenizer, client, router, limits=limits, admission=Admission(self.max_queue)
+                    card,
+                    tokenizer,
+                    client,
+                    router,
+                    limits=limits,
+                    admission=Admission(self.max_queue, self.queue_timeout, card.name),
                 )
                 logger.info("serving model %s from %s", card.name, card.endpoint)
             else:

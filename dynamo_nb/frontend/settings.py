@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from ..llm.card import card_from_folder
 from ..router.kv.router import KvRouterConfig
+from .admission import DEFAULT_QUEUE_TIMEOUT
 from .app import DEFAULT_HTTP_PORT, Frontend
 from .migration import DEFAULT_MIGRATION_LIMIT
 
@@ -48,6 +49,8 @@ class FrontendConfig:
     reuse_port: bool = False
     migration_limit: int = DEFAULT_MIGRATION_LIMIT
     max_queue: int | None = None
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
+    overload_status: int = 503
     static_endpoint: str | None = None
     static_address: str | None = None
     model_name: str | None = None
@@ -67,6 +70,8 @@ class FrontendConfig:
             reuse_port=args.http_workers > 1 or args.http_reuse_port,
             migration_limit=args.migration_limit,
             max_queue=args.max_queue,
+            queue_timeout=args.queue_timeout,
+            overload_status=args.overload_status,
             static_endpoint=args.static_endpoint,
             static_address=args.static_address,
             model_name=args.model_name,
@@ -93,6 +98,8 @@ class FrontendConfig:
             reuse_port=self.reuse_port,
             migration_limit=self.migration_limit,
             max_queue=self.max_queue,
+            queue_timeout=self.queue_timeout,
+            overload_status=self.overload_status,
         )
         if self.static_endpoint is not None:
             assert self.model_path is not None  # validate_frontend_args says so first
