@@ -36,6 +36,7 @@ ENGINES = [
 
 LIMITS: dict[str, dict[str, str]] = {
     "echo": {
+        "prefix": "echo keeps no KV cache",
         "eos": "echo streams the prompt back: no eos",
         "sampling": "echo streams the prompt back: nothing is sampled",
         "vocab": "echo has no vocabulary",
@@ -53,6 +54,8 @@ LIMITS: dict[str, dict[str, str]] = {
         "prefill → decode between two vLLM workers",
     },
     "sglang-fake": {  # SGLang's stand-in (no GPU here): our engine code against SGLang's API shapes
+        "prefix": "the stand-in has no radix cache (it reports 0 cached tokens, passed on as SGLang's "
+        "meta_info.cached_tokens: tests/test_sglang_contract.py checks SGLang sends that key)",
         "handoff": "an SGLang engine's role is fixed when it starts (--disaggregation-mode): "
         "tests/test_sglang_worker.py runs prefill → decode between two workers",
     },
@@ -135,7 +138,30 @@ async def test_streams_deltas_then_one_final_item_with_usage(engine: Any) -> Non
     assert all(isinstance(item["token_ids"], list) and "finish_reason" not in item for item in middle)
     assert last["finish_reason"] == "length"
     assert tokens_of(items) and len(tokens_of(items)) == 6
-    assert last["completion_usage"] == {"prompt_tokens": 40, "completion_tokens": 6, "total_tokens": 46}
+    usage = dict(last["completion_usage"])
+    details = usage.pop("prompt_tokens_details")  # OpenAI's: what aiperf reads
+    assert usage == {"prompt_tokens": 40, "completion_tokens": 6, "total_tokens": 46}
+    assert 0 <= details["cached_tokens"] <= 40  # this module's engine may have seen the prompt
+
+
+async def test_a_prompt_seen_before_reports_the_tokens_it_found_cached(engine: Any) -> None:
+    """``usage.prompt_tokens_details.cached_tokens``: 0 for a new prompt; for the same prompt
+    again, the cached prefix the engine really reused (whole KV blocks, never the whole prompt:
+    its last token is always computed)."""
+    needs(engine.name, "prefix")
+    prompt = [(7 * i + 3) % 1500 + 20 for i in range(300)]  # long enough for whole blocks anywhere
+
+    async def cached() -> int:
+        stop = {"max_tokens": 2, "ignore_eos": True}
+        items = await collect(engine.generate(req({"token_ids": prompt, "stop_conditions": stop})))
+        return items[-1]["completion_usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    assert await cached() == 0
+    again = await cached()
+    assert 0 < again < len(prompt)
+    block = getattr(engine, "block_size", None)
+    if block:
+        assert again % block == 0 or again == len(prompt) - 1, (again, block)
 
 
 async def test_max_tokens_ends_with_length(engine: Any) -> None:

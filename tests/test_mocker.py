@@ -163,13 +163,17 @@ async def test_engine_streams_exactly_max_tokens_and_reuses_the_cache() -> None:
     request = {"token_ids": list(range(1, 33)), "stop_conditions": {"max_tokens": 7}}
     first = await collect(engine.generate(req(request)))
     assert [len(i["token_ids"]) for i in first] == [1] * 7 and first[-1]["finish_reason"] == "length"
-    assert first[-1]["completion_usage"] == {"prompt_tokens": 32, "completion_tokens": 7, "total_tokens": 39}
+    assert first[-1]["completion_usage"] == {
+        "prompt_tokens": 32, "completion_tokens": 7, "total_tokens": 39, "prompt_tokens_details": {"cached_tokens": 0}
+    }  # fmt: skip
     both = await asyncio.gather(
         collect(engine.generate(req(request))),
         collect(engine.generate(req({**request, "token_ids": [5] * 32}))),
     )
     assert [len(items) for items in both] == [7, 7]
     assert engine.prefix_hits == 8 and engine.prompt_blocks == 24  # the repeat found its 8 blocks cached
+    cached = [items[-1]["completion_usage"]["prompt_tokens_details"]["cached_tokens"] for items in both]
+    assert cached == [32, 0]  # and says so: 8 blocks of 4
     assert [next(iter(e)) for e in published] == ["stored", "stored"] and engine.active == 0
     await engine.close()
 

@@ -124,6 +124,8 @@ async def test_kv_router_follows_the_hf_prefix_cache_events(tiny_path: Path) -> 
                 break
             await asyncio.sleep(0.02)
 
+        cached: list[int] = []  # usage.prompt_tokens_details.cached_tokens of each answer
+
         async def served_by(http: httpx.AsyncClient, prompt: list[int]) -> int:
             body = {
                 "model": "pc",
@@ -133,6 +135,7 @@ async def test_kv_router_follows_the_hf_prefix_cache_events(tiny_path: Path) -> 
             }
             response = await http.post("/v1/completions", json=body)
             assert response.status_code == 200, response.text
+            cached.append(response.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
             return response.json()["nvext"]["worker_id"]["decode_worker_id"]
 
         async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
@@ -144,6 +147,8 @@ async def test_kv_router_follows_the_hf_prefix_cache_events(tiny_path: Path) -> 
                 await asyncio.sleep(0.02)
             assert router.tree.find_matches(hashes).scores == {holder: 10}
             assert [await served_by(http, [*SHARED, 2 + i]) for i in range(3)] == [holder] * 3
+        # what the engine says it reused is what the router predicted: the 10 shared blocks of 4
+        assert cached == [0, 40, 40, 40]
         by_id = {runtime.connection_id: engine for runtime, engine in zip(runtimes, engines, strict=True)}
         assert by_id[holder].stats()["prefix_hits"] == 30  # 3 repeats × 10 cached blocks
         assert all(e.stats()["prefix_hits"] == 0 for worker, e in by_id.items() if worker != holder)

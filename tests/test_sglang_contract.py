@@ -171,7 +171,7 @@ def test_finish_reasons_and_stream_items_are_shaped_as_we_read_them() -> None:
         assert re.search(rf'"type":\s*"{kind}"', batch), kind
     manager = (SOURCE / "srt/managers/tokenizer_manager.py").read_text()
     assert '"output_ids": output_token_ids' in manager and '"meta_info": meta_info' in manager
-    for key in ("finish_reason", "prompt_tokens", "completion_tokens"):
+    for key in ("finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens"):
         assert f'"{key}"' in manager, key
 
 

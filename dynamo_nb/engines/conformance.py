@@ -154,10 +154,19 @@ class _Checks:
             "completion_tokens": tokens,
             "total_tokens": len(self.prompt) + tokens,
         }
-        if last.finish_reason is None or usage != expected:
+        counts = {key: usage.get(key) for key in expected}
+        if last.finish_reason is None or counts != expected:
             raise AssertionError(
                 f"the last item is {last.to_dict()}: want a finish_reason and usage {expected}"
             )
+        details = usage.get("prompt_tokens_details")
+        if details is not None:
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            if not (isinstance(cached, int) and 0 <= cached <= len(self.prompt)):
+                raise AssertionError(
+                    f"usage.prompt_tokens_details is {details!r}: want {{'cached_tokens': N}}, "
+                    f"0 <= N <= the prompt's {len(self.prompt)} tokens"
+                )
 
     async def max_tokens(self) -> None:
         for limit in (1, 3):

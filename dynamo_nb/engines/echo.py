@@ -65,13 +65,15 @@ class EchoEngine:
             for index in range(budget - 1):
                 if context is not None and context.is_stopped():
                     yield LLMEngineOutput.final(
-                        [], "cancelled", prompt_tokens=len(prompt), completion_tokens=index
+                        [], "cancelled", prompt_tokens=len(prompt), completion_tokens=index, cached_tokens=0
                     )
                     return
                 yield LLMEngineOutput([prompt[index % len(prompt)]])
                 await asyncio.sleep(0)
             last = prompt[(budget - 1) % len(prompt)]
-            yield LLMEngineOutput.final([last], "length", prompt_tokens=len(prompt), completion_tokens=budget)
+            yield LLMEngineOutput.final(
+                [last], "length", prompt_tokens=len(prompt), completion_tokens=budget, cached_tokens=0
+            )
         finally:
             self.active -= 1
 

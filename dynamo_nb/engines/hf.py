@@ -64,6 +64,7 @@ class _Sequence:
     last_token: int = -1
     generated: int = 0
     finish: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (or the prefill's)
 
 
 class HFEngine(BootstrapRole):
@@ -218,9 +219,11 @@ class HFEngine(BootstrapRole):
             try:
                 token, _finish = await self._next_token(seq)
                 layers = [(layer.keys, layer.values) for layer in seq.cache.layers]
-                return await asyncio.get_running_loop().run_in_executor(
+                header, payload = await asyncio.get_running_loop().run_in_executor(
                     self._executor, functools.partial(pack_kv, layers, first_token=token)
                 )
+                header["cached_tokens"] = seq.cached_tokens  # the decode reports what the prefill reused
+                return header, payload
             finally:
                 self._active.pop(seq.seq_id, None)
                 seq.cache = None
@@ -240,11 +243,13 @@ class HFEngine(BootstrapRole):
         async with self._admission:
             seq = self._new_sequence(request, token_budget(request, self.context_length))
             seq.cache, seq.last_token, seq.generated = cache, header["first_token"], 1
+            seq.cached_tokens = int(header.get("cached_tokens") or 0)
             _check_finish(seq, seq.last_token)
             if seq.finish is not None:
                 yield LLMEngineOutput.final(
-                    [seq.last_token], seq.finish, prompt_tokens=len(seq.prompt), completion_tokens=1
-                )
+                    [seq.last_token], seq.finish, prompt_tokens=len(seq.prompt), completion_tokens=1,
+                    cached_tokens=seq.cached_tokens,
+                )  # fmt: skip
                 return
             yield LLMEngineOutput([seq.last_token])
             async with contextlib.aclosing(self._stream(seq, context)) as items:  # closed with this stream
@@ -292,15 +297,17 @@ class HFEngine(BootstrapRole):
                 token, finish = await self._next_token(seq)
                 if finish is not None:
                     yield LLMEngineOutput.final(
-                        [token], finish, prompt_tokens=prompt_tokens, completion_tokens=seq.generated
-                    )
+                        [token], finish, prompt_tokens=prompt_tokens, completion_tokens=seq.generated,
+                        cached_tokens=seq.cached_tokens,
+                    )  # fmt: skip
                     return
                 yield LLMEngineOutput([token])
                 sent += 1
                 if context is not None and context.is_stopped():
                     yield LLMEngineOutput.final(
-                        [], "cancelled", prompt_tokens=prompt_tokens, completion_tokens=sent
-                    )
+                        [], "cancelled", prompt_tokens=prompt_tokens, completion_tokens=sent,
+                        cached_tokens=seq.cached_tokens,
+                    )  # fmt: skip
                     return
         finally:
             self._active.pop(seq.seq_id, None)
@@ -429,6 +436,7 @@ class HFEngine(BootstrapRole):
             raise
         seq.cache = past
         if hit is not None:
+            seq.cached_tokens = hit.reused
             self.prefix_cache.finish(hit, past)  # type: ignore[union-attr]
         return logits
 

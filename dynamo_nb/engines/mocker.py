@@ -106,6 +106,7 @@ class _Request:
     allocation: Allocation | None = None
     hashes: tuple[list[int], list[int]] | None = None  # the prompt's block hashes, computed once
     computed: int = 0  # prompt tokens whose KV exists (cached prefix, then prefill chunks)
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission (or by the prefill)
     emitted: int = 0  # tokens handed to the stream
     cancelled: bool = False
     transferred: bool = False  # a decode: its prompt's KV came from a prefill worker
@@ -234,6 +235,7 @@ class MockerEngine(BootstrapRole):
             "format": MOCK_KV_FORMAT,
             "prompt_tokens": len(request.token_ids),
             "first_token": tokens[0],
+            "cached_tokens": job.cached_tokens,
             "payload_bytes": 0,
         }
         return header, b""
@@ -249,10 +251,12 @@ class MockerEngine(BootstrapRole):
                 f"prefill ({MOCK_KV_FORMAT})"
             )
         job = _Request(request.token_ids, token_budget(request, None), emitted=1, transferred=True)
+        job.cached_tokens = int(header.get("cached_tokens") or 0)  # what the prefill found cached
         if job.max_tokens <= 1:
             yield LLMEngineOutput.final(
-                [header["first_token"]], "length", prompt_tokens=len(job.prompt), completion_tokens=1
-            )
+                [header["first_token"]], "length", prompt_tokens=len(job.prompt), completion_tokens=1,
+                cached_tokens=job.cached_tokens,
+            )  # fmt: skip
             return
         yield LLMEngineOutput([header["first_token"]])
         async with contextlib.aclosing(self._stream(job, context)) as items:
@@ -273,14 +277,16 @@ class MockerEngine(BootstrapRole):
                 received += 1
                 if received >= job.max_tokens:
                     yield LLMEngineOutput.final(
-                        [token], "length", prompt_tokens=len(job.prompt), completion_tokens=received
-                    )
+                        [token], "length", prompt_tokens=len(job.prompt), completion_tokens=received,
+                        cached_tokens=job.cached_tokens,
+                    )  # fmt: skip
                     return
                 yield LLMEngineOutput([token])
                 if context is not None and context.is_stopped():
                     yield LLMEngineOutput.final(
-                        [], "cancelled", prompt_tokens=len(job.prompt), completion_tokens=received
-                    )
+                        [], "cancelled", prompt_tokens=len(job.prompt), completion_tokens=received,
+                        cached_tokens=job.cached_tokens,
+                    )  # fmt: skip
                     return
         finally:
             job.cancelled = True
@@ -386,6 +392,7 @@ class MockerEngine(BootstrapRole):
                 self.kv.mark_computed(job.allocation, job.computed)
                 continue
             job.computed = min(job.allocation.cached_blocks * self.block_size, len(job.prompt))
+            job.cached_tokens = job.computed
             self.prefix_hits += job.allocation.cached_blocks
             self.prompt_blocks += len(job.allocation.sequence)
             tokens = min(len(job.prompt) - job.computed, budget)

@@ -388,6 +388,7 @@ class SglangEngine(RelayedKvEvents):
                     reason,
                     prompt_tokens=int(meta.get("prompt_tokens", prompt_tokens)),
                     completion_tokens=int(meta.get("completion_tokens", sent)),
+                    cached_tokens=int(meta["cached_tokens"]) if "cached_tokens" in meta else None,
                 )
                 return
         except RequestError:

@@ -489,8 +489,11 @@ class VllmEngine(RelayedKvEvents):
         """Our outputs for vLLM's: token deltas, the finish reason and usage on the last."""
         prompt_tokens = len(request.token_ids)
         generated = 0
+        cached: int | None = None
         async with contextlib.aclosing(self._outputs(request, params, context)) as outputs:
             async for output in outputs:
+                if cached is None:  # vLLM's prefix cache hits (on its first output)
+                    cached = getattr(output, "num_cached_tokens", None)
                 completion = output.outputs[0]
                 tokens = list(completion.token_ids)
                 generated += len(tokens)
@@ -499,15 +502,17 @@ class VllmEngine(RelayedKvEvents):
                     if finish == "error":
                         raise self._failure(params)
                     yield LLMEngineOutput.final(
-                        tokens, finish, prompt_tokens=prompt_tokens, completion_tokens=generated
-                    )
+                        tokens, finish, prompt_tokens=prompt_tokens, completion_tokens=generated,
+                        cached_tokens=cached,
+                    )  # fmt: skip
                     return
                 if tokens:
                     yield LLMEngineOutput(tokens)
                 if context is not None and context.is_stopped():
                     yield LLMEngineOutput.final(
-                        [], "cancelled", prompt_tokens=prompt_tokens, completion_tokens=generated
-                    )
+                        [], "cancelled", prompt_tokens=prompt_tokens, completion_tokens=generated,
+                        cached_tokens=cached,
+                    )  # fmt: skip
                     return
 
     def _failure(self, params: Any) -> RequestError:

@@ -46,6 +46,8 @@ class Outcome:
         plans: every prefill planned for it (cancelled with the request).
         finish_reason: OpenAI's, once it ended.
         completion_tokens: tokens generated, across workers.
+        cached_tokens: prompt tokens whose KV the (last) engine reused, when it said (OpenAI's
+            ``usage.prompt_tokens_details.cached_tokens``).
         error: why it ended early, when it did.
         migrations: how often another worker carried it on.
     """
@@ -56,6 +58,7 @@ class Outcome:
     plans: list[PrefillPlan] = field(default_factory=list)
     finish_reason: str = "stop"
     completion_tokens: int = 0
+    cached_tokens: int | None = None
     error: str | None = None
     migrations: int = 0
 
@@ -136,8 +139,12 @@ async def relay(
         if finish is not None:
             outcome.finish_reason = _FINISH.get(finish, "stop")
             usage = item.get("completion_usage")
-            if usage and isinstance(usage.get("completion_tokens"), int):
-                count = earlier + usage["completion_tokens"]
+            if usage:
+                if isinstance(usage.get("completion_tokens"), int):
+                    count = earlier + usage["completion_tokens"]
+                details = usage.get("prompt_tokens_details")
+                if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                    outcome.cached_tokens = details["cached_tokens"]
             break
         try:
             item = await stream.__anext__()

@@ -28,18 +28,24 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """OpenAI's ``usage`` object.
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's ``usage`` object, with ``prompt_tokens_details.cached_tokens`` when the engine
+    said how many prompt tokens it found cached.
 
     Example:
         >>> usage(3, 4)
         {'prompt_tokens': 3, 'completion_tokens': 4, 'total_tokens': 7}
+        >>> usage(40, 4, cached_tokens=32)["prompt_tokens_details"]
+        {'cached_tokens': 32}
     """
-    return {
+    counts: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached_tokens is not None:
+        counts["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return counts
 
 
 async def write_stream(
@@ -91,7 +97,7 @@ async def write_stream(
         f'"finish_reason":"{outcome.finish_reason}"}}]{extension}}}\n\n'.encode()
     )
     if parsed.include_usage:
-        counts = usage(prompt_tokens, outcome.completion_tokens)
+        counts = usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
         await write(f'data: {head},"choices":[],"usage":{dumps(counts)}}}\n\n'.encode())
     await write(DONE)
     return response
@@ -117,7 +123,7 @@ async def write_unary(
         "created": int(time.time()),
         "model": parsed.model,
         "choices": [choice],
-        "usage": usage(prompt_tokens, outcome.completion_tokens),
+        "usage": usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens),
     }
     nvext = outcome.nvext
     if nvext:

@@ -252,7 +252,7 @@ class LLMEngineOutput:
 
     token_ids: list[int]
     finish_reason: str | None = None
-    completion_usage: dict[str, int] | None = None
+    completion_usage: dict[str, Any] | None = None
     disaggregated_params: dict[str, Any] | None = None
     error: str | None = None
 
@@ -270,14 +270,30 @@ class LLMEngineOutput:
 
     @classmethod
     def final(
-        cls, token_ids: list[int], finish_reason: str, *, prompt_tokens: int, completion_tokens: int
+        cls,
+        token_ids: list[int],
+        finish_reason: str,
+        *,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cached_tokens: int | None = None,
     ) -> LLMEngineOutput:
-        """The last item of a stream: its tokens, why it ended, and the usage."""
-        usage = {
+        """The last item of a stream: its tokens, why it ended, and the usage (with OpenAI's
+        ``prompt_tokens_details.cached_tokens``, the prompt tokens whose KV the engine reused,
+        when it says).
+
+        Example:
+            >>> LLMEngineOutput.final([7], "stop", prompt_tokens=40, completion_tokens=2, cached_tokens=32
+            ...                       ).completion_usage["prompt_tokens_details"]
+            {'cached_tokens': 32}
+        """
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
+        if cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
         return cls(token_ids, finish_reason, usage)
 
     def to_dict(self) -> dict[str, Any]:
