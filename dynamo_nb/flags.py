@@ -267,6 +267,14 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "(env DYN_NB_OVERLOAD_STATUS; default: %(default)s)",
     )
     group.add_argument(
+        "--routing-records",
+        type=int,
+        default=int(_env("ROUTING_RECORDS", None) or FrontendConfig.routing_records),
+        help="routing decisions the frontend keeps (why each request went where it did), newest last; "
+        "0: none kept, a request can still ask for its own with nvext.extra_fields ['routing'] "
+        "(env DYN_NB_ROUTING_RECORDS; default: %(default)s)",
+    )
+    group.add_argument(
         "--migration-limit",
         type=int,
         default=int(_env("MIGRATION_LIMIT", None) or FrontendConfig.migration_limit),

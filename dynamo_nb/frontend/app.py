@@ -26,6 +26,7 @@ from aiohttp import web
 from ..errors import ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
 from ..llm.card import ModelCard
 from ..router.base import Router
+from ..router.decision import RoutingRecords
 from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
 from .admission import DEFAULT_QUEUE_TIMEOUT
@@ -91,6 +92,7 @@ class Frontend:
         max_queue: int | None = None,
         queue_timeout: float = DEFAULT_QUEUE_TIMEOUT,
         overload_status: int = 503,
+        routing_records: int = 1024,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -116,6 +118,8 @@ class Frontend:
             queue_timeout: seconds a request may wait for a slot before it is refused.
             overload_status: the status of a request refused because a limit was hit (503, or
                 529 as Dynamo answers); its message names the limit, the value and the threshold.
+            routing_records: how many routing decisions `routing_records` keeps (0: none; a
+                request can still ask for its own with ``nvext.extra_fields: ["routing"]``).
         """
         if overload_status not in (503, 529):
             raise ConfigError(f"overload_status must be 503 or 529, got {overload_status}")
@@ -132,6 +136,7 @@ class Frontend:
             kv_config=kv_config,
             max_queue=max_queue,
             queue_timeout=queue_timeout,
+            records=RoutingRecords(routing_records),
         )
         if not runtime.is_static:
             await manager.watch()
@@ -169,6 +174,18 @@ class Frontend:
         previous, served.router = served.router, router
         await previous.stop()
         return previous
+
+    @property
+    def routing_records(self) -> RoutingRecords:
+        """The last routing decisions (`dynamo_nb.router.RoutingRecords`): ``.get(request_id)``,
+        ``.table()`` (a DataFrame, a row per candidate), ``.rows()``.
+
+        Example::
+
+            frontend.routing_records.get(response.headers["x-request-id"]).explain()
+            # 'kv chose 7598… (lowest cost; score 12, next best 20, margin 8) of 2 candidates'
+        """
+        return self.models.records
 
     async def wait_for_model(self, name: str, timeout: float = 30.0) -> ServedModel:
         """Wait until a worker serves ``name`` (its card arrived)."""

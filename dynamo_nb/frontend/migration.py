@@ -99,10 +99,11 @@ class Migration:
         if asked is None and model.card.context_length:  # else every leg starts a full budget
             request = request.with_max_tokens(model.card.context_length - len(request.token_ids))
         try:
-            stream, first, plan = await self._reopen(model, request.continued(generated))
+            opened = await self._reopen(model, request.continued(generated), outcome.request_id)
         except RequestError as exc:
             outcome.error = f"{down}; no other worker could carry the request on: {exc}"
             return None
         self._counter.labels(model.name).inc()
-        outcome.served_by(stream, plan)  # a unary answer's headers and the last chunk's nvext say so
-        return first
+        # a unary answer's headers and the last chunk's nvext say so
+        outcome.served_by(opened.stream, opened.plan, opened.decision)
+        return opened.first

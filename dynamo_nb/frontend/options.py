@@ -36,6 +36,8 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
     if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError(f"--max-queue must be 0 or more (or left out: no bound), got {args.max_queue}")
+    if args.routing_records < 0:
+        raise ConfigError(f"--routing-records must be 0 (keep none) or more, got {args.routing_records}")
     if args.queue_timeout <= 0:
         raise ConfigError(f"--queue-timeout must be more than 0 seconds, got {args.queue_timeout:g}")
     if args.migration_limit < 0:

@@ -24,7 +24,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -41,8 +43,11 @@ from ..errors import (
     RemoteHandlerError,
 )
 from ..llm.protocol import PreprocessedRequest
+from ..router.base import RoutedStream
+from ..router.decision import RoutingDecision
 from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
+from ..runtime.ids import new_request_id
 from .metrics import FrontendMetrics
 from .migration import Migration
 from .openai import OpenAIRequest
@@ -98,6 +103,36 @@ def check_context(model: ServedModel, parsed: OpenAIRequest, prompt_tokens: int)
         )
 
 
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def request_id_of(http_request: web.Request) -> str:
+    """The request's id: the client's ``x-request-id`` header (as Dynamo takes it), else a new one.
+    It names the answer (``chatcmpl-ID``, the ``x-request-id`` header), travels to the worker as
+    the request's context id, and keys its routing decisions."""
+    given = http_request.headers.get("x-request-id")
+    if given is None:
+        return new_request_id()
+    if not _REQUEST_ID.fullmatch(given):
+        raise InvalidRequestError(
+            "the x-request-id header must be 1 to 128 letters, digits or ._:- characters; "
+            f"got {given[:40]!r}",
+            param="x-request-id",
+        )
+    return given
+
+
+@dataclass
+class Opened:
+    """A request's worker stream, its first item, its prefill plan (disaggregated models) and
+    the decode router's decision."""
+
+    stream: ResponseStream | RoutedStream
+    first: Any
+    plan: PrefillPlan | None = None
+    decision: RoutingDecision | None = None
+
+
 class RequestPipeline:
     """Serves one parsed OpenAI request through the steps above.
 
@@ -130,6 +165,7 @@ class RequestPipeline:
     async def serve(self, http_request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
         """Every step for ``parsed``, answered on ``http_request``; metrics counted whatever the end."""
         started = time.perf_counter()
+        request_id = request_id_of(http_request)
         model, request = self.preprocess(parsed)
         metrics = self.metrics.of(model.name)
         status = "error"
@@ -144,12 +180,17 @@ class RequestPipeline:
                 self.metrics.rejections.labels(model.name, refused.reason).inc()
                 raise
             admitted = True
-            stream, first, plan = await self.open_planned(model, request)
+            opened = await self.open_planned(model, request, request_id)
             metrics.ttft.observe(time.perf_counter() - started)
             metrics.input_tokens.observe(len(request.token_ids))
-            outcome = Outcome(stream, plan, worker_ids="worker_id" in parsed.extra_fields)
+            outcome = Outcome(
+                opened.stream, opened.plan, request_id=request_id, decision=opened.decision,
+                asked=parsed.extra_fields,
+            )  # fmt: skip
             try:
-                pieces = relay(model, request, first, outcome, itl=metrics.itl, migration=self.migration)
+                pieces = relay(
+                    model, request, opened.first, outcome, itl=metrics.itl, migration=self.migration
+                )
                 if parsed.stream:
                     response = await write_stream(
                         http_request, parsed, pieces, outcome, len(request.token_ids)
@@ -179,42 +220,45 @@ class RequestPipeline:
             )
 
     async def open_planned(
-        self, model: ServedModel, request: PreprocessedRequest
-    ) -> tuple[ResponseStream, Any, PrefillPlan | None]:
+        self, model: ServedModel, request: PreprocessedRequest, request_id: str = ""
+    ) -> Opened:
         """Steps 3 and 4: the decode stream and its first item, aggregated, or after the model's
         prefill planner planned it; a handoff the decode refuses falls back (or, enforced, fails)."""
         router = self.models.prefill_planner(model.name)
         if router is None:
-            stream, first = await self.open(model, request)
-            return stream, first, None
+            return await self.open(model, request, request_id)
         plan = await router.plan(request)  # enforced disaggregation fails here: a 503
+        if plan.decision is not None:  # why its prefill worker was chosen
+            plan.decision.request_id, plan.decision.model = request_id, model.name
+            self.models.records.add(plan.decision)
         try:
-            stream, first = await self.open(model, plan.decode_request)
+            opened = await self.open(model, plan.decode_request, request_id)
         except RemoteHandlerError as exc:
             if exc.code != DisaggregationError.code:
                 plan.cancel()
                 raise
             plan = router.handoff_failed(plan, request, exc.remote_message)  # or DisaggregationError
-            stream, first = await self.open(model, plan.decode_request)
+            opened = await self.open(model, plan.decode_request, request_id)
         except BaseException:  # e.g. the client left before the first token: the prefill goes too
             plan.cancel()
             raise
         self.metrics.disagg_requests.labels(model.name, plan.path).inc()
-        return stream, first, plan
+        opened.plan = plan
+        return opened
 
-    async def open(self, model: ServedModel, request: PreprocessedRequest) -> tuple[ResponseStream, Any]:
+    async def open(self, model: ServedModel, request: PreprocessedRequest, request_id: str = "") -> Opened:
         """Step 4: send the request and wait for its first item; a worker that is down is skipped
         (`OPEN_TRIES` tries). A worker's error (`RemoteHandlerError`) goes up with its status."""
         last_error: Exception | None = None
         for _ in range(OPEN_TRIES):
             try:
-                stream = model.send(request)
+                stream, decision = model.send(request, request_id)
             except InstanceNotFoundError:  # the request named an instance (nvext.backend_instance_id)
                 raise
             except NoInstancesError:
                 break
             try:
-                return stream, await stream.__anext__()
+                return Opened(stream, await stream.__anext__(), decision=decision)
             except StopAsyncIteration:
                 raise EngineError(f"a worker of {model.name!r} ended the stream without output") from None
             except InstanceDownError as exc:  # marked down by the client: the next try goes elsewhere

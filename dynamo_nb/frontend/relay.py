@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InstanceDownError, RequestError
 from ..llm.detokenize import StreamDetokenizer
 from ..llm.protocol import PreprocessedRequest
+from ..router.decision import RoutingDecision
 from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
 
@@ -42,7 +43,9 @@ class Outcome:
     Attributes:
         stream: the worker stream relayed now.
         plan: its prefill plan (None: the model has no prefill workers).
-        worker_ids: whether the request asked for ``nvext.worker_id`` in its answer.
+        request_id: the request's id (the answer's ``id`` and ``x-request-id``).
+        decision: why the decode router chose the worker serving it now.
+        asked: the ``nvext.extra_fields`` the request asked for (``worker_id``, ``routing``).
         plans: every prefill planned for it (cancelled with the request).
         finish_reason: OpenAI's, once it ended.
         completion_tokens: tokens generated, across workers.
@@ -54,7 +57,9 @@ class Outcome:
 
     stream: ResponseStream
     plan: PrefillPlan | None
-    worker_ids: bool = False
+    request_id: str = ""
+    decision: RoutingDecision | None = None
+    asked: frozenset[str] = frozenset()
     plans: list[PrefillPlan] = field(default_factory=list)
     finish_reason: str = "stop"
     completion_tokens: int = 0
@@ -66,9 +71,11 @@ class Outcome:
         if self.plan is not None:
             self.plans.append(self.plan)
 
-    def served_by(self, stream: ResponseStream, plan: PrefillPlan | None) -> None:
+    def served_by(
+        self, stream: ResponseStream, plan: PrefillPlan | None, decision: RoutingDecision | None = None
+    ) -> None:
         """Another worker carries the request on (a migration) with ``stream``."""
-        self.stream, self.plan = stream, plan
+        self.stream, self.plan, self.decision = stream, plan, decision
         if plan is not None:
             self.plans.append(plan)
 
@@ -77,7 +84,7 @@ class Outcome:
         """``x-dynamo-*`` response headers: the decode worker, and the disaggregated path when
         there is one (``x-dynamo-path``, ``x-dynamo-prefill-worker``, ``x-dynamo-bootstrap-room``,
         and ``x-dynamo-handoff-ms``: how long the decode request waited for its prefill plan)."""
-        headers = {"x-dynamo-decode-worker": f"{self.stream.instance_id:x}"}
+        headers = {"x-dynamo-decode-worker": f"{self.stream.instance_id:x}", "x-request-id": self.request_id}
         plan = self.plan
         if plan is not None:
             headers["x-dynamo-path"] = plan.path
@@ -91,11 +98,21 @@ class Outcome:
 
     @property
     def nvext(self) -> dict[str, Any] | None:
-        """Dynamo's ``nvext`` answer fields the request asked for (``worker_id``: who served it)."""
-        if not self.worker_ids:
+        """Dynamo's ``nvext`` answer fields the request asked for: ``worker_id`` (who served it),
+        ``routing`` (why: the decode router's decision, and the prefill router's)."""
+        if not self.asked:
             return None
+        fields: dict[str, Any] = {}
         prefill = self.plan.prefill_worker if self.plan is not None else None
-        return {"worker_id": {"prefill_worker_id": prefill, "decode_worker_id": self.stream.instance_id}}
+        if "worker_id" in self.asked:
+            fields["worker_id"] = {"prefill_worker_id": prefill, "decode_worker_id": self.stream.instance_id}
+        if "routing" in self.asked:
+            prefill_decision = self.plan.decision if self.plan is not None else None
+            fields["routing"] = {
+                "decode": self.decision.to_dict() if self.decision is not None else None,
+                "prefill": prefill_decision.to_dict() if prefill_decision is not None else None,
+            }
+        return fields or None
 
     def cancel_prefills(self) -> None:
         """Stop every prefill planned for the request (they go with their decode)."""

@@ -31,11 +31,14 @@ from ..router import (
     PrefillPlanner,
     RoundRobinRouter,
     Router,
+    RoutingDecision,
+    RoutingRecords,
     check_router_mode,
     make_router,
 )
 from ..router.base import RoutedStream
 from ..runtime.client import Client, ResponseStream
+from ..runtime.context import Context
 from ..runtime.discovery import KeyValueDiscovery
 from ..runtime.names import EndpointPath
 from .admission import DEFAULT_QUEUE_TIMEOUT, Admission
@@ -62,6 +65,7 @@ class ServedModel:
         *,
         limits: dict[int, int] | None = None,
         admission: Admission | None = None,
+        records: RoutingRecords | None = None,
     ) -> None:
         self.card = card
         self.name = card.name
@@ -73,6 +77,7 @@ class ServedModel:
         self.cards: dict[str, ModelCard] = {}
         self.limits = limits if limits is not None else {}  # instance id → its max_num_seqs
         self.admission = admission or Admission()
+        self.records = records if records is not None else RoutingRecords(0)  # where decisions are kept
 
     def capacity(self) -> int | None:
         """Requests the workers take at once: the sum of their cards' ``max_num_seqs`` (None
@@ -87,12 +92,21 @@ class ServedModel:
         """Whether any worker has a card for this model now."""
         return bool(self.cards)
 
-    def send(self, request: PreprocessedRequest) -> ResponseStream | RoutedStream:
+    def send(
+        self, request: PreprocessedRequest, request_id: str = ""
+    ) -> tuple[ResponseStream | RoutedStream, RoutingDecision | None]:
         """Route ``request`` to an instance: the one its ``routing.backend_instance_id`` names, else
-        the router's choice (raises `NoInstancesError` when there is none)."""
+        the router's choice (raises `NoInstancesError` when there is none). The stream carries
+        ``request_id`` to the worker; the router's decision is kept in `records` and returned."""
         routing = request.routing
         router = self.direct if routing and "backend_instance_id" in routing else self.router
-        return router.send(request)
+        route = router.pick(request)
+        decision = route.decision
+        if decision is not None:
+            decision.request_id, decision.model = request_id, self.name
+            self.records.add(decision)
+        context = Context(request_id) if request_id else None
+        return router.open(route, request, context=context), decision
 
     def tokenize(
         self, kind: str, messages: list[dict[str, Any]] | None, prompt: str | list[int] | None
@@ -127,8 +141,10 @@ class ModelManager:
         kv_config: KvRouterConfig | None = None,
         max_queue: int | None = None,
         queue_timeout: float = DEFAULT_QUEUE_TIMEOUT,
+        records: RoutingRecords | None = None,
     ) -> None:
         self.runtime = runtime
+        self.records = records if records is not None else RoutingRecords()
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
         self.router_mode = check_router_mode(router_mode)
@@ -172,6 +188,7 @@ class ModelManager:
                     router,
                     limits=limits,
                     admission=Admission(self.max_queue, self.queue_timeout, card.name),
+                    records=self.records,
                 )
                 logger.info("serving model %s from %s", card.name, card.endpoint)
             else:

@@ -51,6 +51,7 @@ class FrontendConfig:
     max_queue: int | None = None
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
     overload_status: int = 503
+    routing_records: int = 1024
     static_endpoint: str | None = None
     static_address: str | None = None
     model_name: str | None = None
@@ -72,6 +73,7 @@ class FrontendConfig:
             max_queue=args.max_queue,
             queue_timeout=args.queue_timeout,
             overload_status=args.overload_status,
+            routing_records=args.routing_records,
             static_endpoint=args.static_endpoint,
             static_address=args.static_address,
             model_name=args.model_name,
@@ -100,6 +102,7 @@ class FrontendConfig:
             max_queue=self.max_queue,
             queue_timeout=self.queue_timeout,
             overload_status=self.overload_status,
+            routing_records=self.routing_records,
         )
         if self.static_endpoint is not None:
             assert self.model_path is not None  # validate_frontend_args says so first

@@ -61,7 +61,7 @@ async def write_stream(
     response = web.StreamResponse(headers={**SSE_HEADERS, **outcome.headers})
     await response.prepare(request)
     chat = parsed.kind == "chat"
-    request_id = ("chatcmpl-" if chat else "cmpl-") + new_request_id()
+    request_id = ("chatcmpl-" if chat else "cmpl-") + (outcome.request_id or new_request_id())
     head = json.dumps(
         {
             "id": request_id,
@@ -118,7 +118,7 @@ async def write_unary(
         choice["text"] = text
     choice.update(logprobs=None, finish_reason=outcome.finish_reason)
     body: dict[str, Any] = {
-        "id": ("chatcmpl-" if chat else "cmpl-") + new_request_id(),
+        "id": ("chatcmpl-" if chat else "cmpl-") + (outcome.request_id or new_request_id()),
         "object": "chat.completion" if chat else "text_completion",
         "created": int(time.time()),
         "model": parsed.model,

@@ -8,6 +8,8 @@
   instances at their ``max_num_seqs``);
 - ``kv/``: the KV-aware router (Dynamo's block hashes, the radix-tree indexer fed by KV
   events, the cost function) — `KvRouter`;
+- ``decision.py``: `RoutingDecision`, why a request went where it did (every router records
+  one), and `RoutingRecords`, the frontend's ring of the last ones;
 - ``prefill_planner.py``: `PrefillPlanner`, the prefill half of disaggregated serving (fast and
   fallback paths).
 
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .base import DirectRouter, RandomRouter, RoundRobinRouter, Route, RoutedStream, Router
+from .decision import Candidate, RoutingDecision, RoutingRecords
 from .function import FunctionRouter, PickFunction
 from .kv import KvRoute, KvRouter, KvRouterConfig
 from .least_loaded import LeastLoadedRouter
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DISAGG_PATHS",
     "ROUTER_MODES",
+    "Candidate",
     "DirectRouter",
     "FunctionRouter",
     "KvRoute",
@@ -51,6 +55,8 @@ __all__ = [
     "Route",
     "RoutedStream",
     "Router",
+    "RoutingDecision",
+    "RoutingRecords",
     "check_router_mode",
     "make_router",
 ]

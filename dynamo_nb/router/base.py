@@ -36,11 +36,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequestError
 from ..llm.protocol import PreprocessedRequest
+from .decision import Candidate, RoutingDecision
 
 if TYPE_CHECKING:
     from ..runtime.client import Client, ResponseStream
@@ -51,10 +52,12 @@ __all__ = ["DirectRouter", "RandomRouter", "RoundRobinRouter", "Route", "RoutedS
 
 @dataclass
 class Route:
-    """Where one request goes: the instance, and the id the router tracks it by."""
+    """Where one request goes: the instance, the id the router tracks it by, and why
+    (``decision``, a `RoutingDecision`)."""
 
     instance_id: int
     request_id: str = ""
+    decision: RoutingDecision | None = field(default=None, kw_only=True)
 
 
 class Router(ABC):
@@ -67,9 +70,18 @@ class Router(ABC):
     """
 
     tracks_requests = False
+    name = "router"  # what its routing decisions call it
 
     def __init__(self, client: Client) -> None:
         self.client = client
+
+    def decision(self, chosen: int, rule: str, candidates: list[Candidate] | None = None) -> RoutingDecision:
+        """The `RoutingDecision` for ``chosen``: ``candidates`` (by default every available
+        instance, unscored), then the instances skipped because they were reported down."""
+        if candidates is None:
+            candidates = [Candidate(i) for i in self.client.instance_ids()]
+        candidates.extend(Candidate(i, excluded="reported down") for i in self.client.down_ids())
+        return RoutingDecision(self.name, chosen, candidates, rule)
 
     @abstractmethod
     def pick(self, request: PreprocessedRequest) -> Route:
@@ -105,19 +117,27 @@ class Router(ABC):
 class RoundRobinRouter(Router):
     """Each request to the next instance in turn (the client's turn, shared with ``client.round_robin``)."""
 
+    name = "round-robin"
+
     def pick(self, request: PreprocessedRequest) -> Route:
-        return Route(self.client.next_instance())
+        chosen = self.client.next_instance()
+        return Route(chosen, decision=self.decision(chosen, "next in turn"))
 
 
 class RandomRouter(Router):
     """Each request to an instance drawn at random."""
 
+    name = "random"
+
     def pick(self, request: PreprocessedRequest) -> Route:
-        return Route(self.client.random_instance())
+        chosen = self.client.random_instance()
+        return Route(chosen, decision=self.decision(chosen, "drawn at random"))
 
 
 class DirectRouter(Router):
     """Each request to the instance it names in ``routing.backend_instance_id`` (Dynamo's direct mode)."""
+
+    name = "direct"
 
     def pick(self, request: PreprocessedRequest) -> Route:
         instance_id = (request.routing or {}).get("backend_instance_id")
@@ -126,7 +146,14 @@ class DirectRouter(Router):
                 f"direct routing needs routing.backend_instance_id, an instance id (int); got {instance_id!r}",
                 param="backend_instance_id",
             )
-        return Route(instance_id)
+        candidates = [
+            Candidate(i, excluded=None if i == instance_id else "the request named another instance")
+            for i in self.client.instance_ids()
+        ]
+        if instance_id not in self.client.instance_ids():
+            candidates.append(Candidate(instance_id))
+        rule = "named by the request (routing.backend_instance_id)"
+        return Route(instance_id, decision=self.decision(instance_id, rule, candidates))
 
 
 class RoutedStream:

@@ -65,4 +65,6 @@ class FunctionRouter(Router):
                 f"the routing function {name} returned {chosen!r}, not one of the instances {[f'{i:x}' for i in ids]}"
             )
         self.picks[chosen] = self.picks.get(chosen, 0) + 1
-        return Route(chosen)
+        decision = self.decision(chosen, f"returned by your function {name}")
+        decision.router = f"policy:{name}"
+        return Route(chosen, decision=decision)

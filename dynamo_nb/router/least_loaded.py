@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..llm.protocol import PreprocessedRequest
 from .base import Route, Router
+from .decision import Candidate
 
 if TYPE_CHECKING:
     from ..runtime.client import Client
@@ -50,6 +51,7 @@ class LeastLoadedRouter(Router):
     """
 
     tracks_requests = True
+    name = "least-loaded"
 
     def __init__(self, client: Client, limit_of: Callable[[int], int | None] | None = None) -> None:
         super().__init__(client)
@@ -64,10 +66,28 @@ class LeastLoadedRouter(Router):
     def pick(self, request: PreprocessedRequest) -> Route:
         ids = self.client.available_ids()
         open_ids = [i for i in ids if self._has_room(i)] or ids
-        candidates = self._random.sample(open_ids, min(2, len(open_ids)))
-        chosen = min(candidates, key=lambda i: self.inflight[i])
+        drawn = self._random.sample(open_ids, min(2, len(open_ids)))
+        chosen = min(drawn, key=lambda i: self.inflight[i])
+        route = Route(chosen, decision=self.decision(chosen, "fewer in flight of two drawn at random",
+                                                      self._candidates(ids, open_ids, drawn)))  # fmt: skip
         self.inflight[chosen] += 1
-        return Route(chosen)
+        return route
+
+    def _candidates(self, ids: list[int], open_ids: list[int], drawn: list[int]) -> list[Candidate]:
+        """Each instance with its requests in flight (and limit); why those not compared were not."""
+        candidates = []
+        for i in ids:
+            limit = self.limit_of(i)
+            parts: dict[str, float] = {"inflight": self.inflight[i]}
+            if limit is not None:
+                parts["limit"] = limit
+            excluded = None
+            if i not in open_ids:
+                excluded = f"at its limit ({self.inflight[i]} of {limit} in flight)"
+            elif i not in drawn:
+                excluded = f"not drawn (two of {len(open_ids)} are compared)"
+            candidates.append(Candidate(i, score=self.inflight[i], parts=parts, excluded=excluded))
+        return candidates
 
     def finished(self, route: Route) -> None:
         left = self.inflight[route.instance_id] - 1

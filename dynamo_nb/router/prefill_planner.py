@@ -45,6 +45,7 @@ from ..disagg.rooms import BootstrapInfo, draw_room, draw_token
 from ..errors import DisaggregationError, NoInstancesError, RequestError
 from ..llm.protocol import PreprocessedRequest
 from .base import Route, Router
+from .decision import RoutingDecision
 
 __all__ = ["DISAGG_PATHS", "INSTANCE_WAIT", "PrefillPlan", "PrefillPlanner"]
 
@@ -82,6 +83,7 @@ class PrefillPlan:
     handoff_s: float | None = None
     events: list[str] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
+    decision: RoutingDecision | None = None  # why its prefill worker was chosen
 
     def cancel(self) -> None:
         """Stop the background prefill stream (when the decode ends or is cancelled)."""
@@ -147,6 +149,8 @@ class PrefillPlanner:
         try:
             route = await self._pick(request)
             instance = route.instance_id
+            if route.decision is not None:
+                route.decision.hop = "prefill"
             endpoint = self._endpoints.get(instance)
             if endpoint is not None:
                 info = BootstrapInfo.parse(
@@ -155,7 +159,9 @@ class PrefillPlanner:
                 )
                 stream = self.router.open(route, handoff.prefill_request(request, info))
                 decode = dataclasses.replace(request, bootstrap_info=info)
-                plan = PrefillPlan("fast", decode, instance, info.room, events=events)
+                plan = PrefillPlan(
+                    "fast", decode, instance, info.room, events=events, decision=route.decision
+                )
                 plan.task = self._drain(stream, plan)  # sends the prefill once the task runs
                 events.append("decode handed back")
                 plan.handoff_s = time.perf_counter() - started
@@ -170,7 +176,7 @@ class PrefillPlanner:
             events.append("prefill first item")
             decode = dataclasses.replace(request, prefill_result=result)
             room = result.bootstrap.room if result.bootstrap is not None else None  # None: vLLM's connector
-            plan = PrefillPlan("fallback", decode, instance, room, events=events)
+            plan = PrefillPlan("fallback", decode, instance, room, events=events, decision=route.decision)
             plan.task = self._drain(stream, plan)
             events.append("decode handed back")
             plan.handoff_s = time.perf_counter() - started

@@ -197,6 +197,13 @@ class Client:
                 ids = [i for i in ids if i not in self._down]
         return ids
 
+    def down_ids(self) -> list[int]:
+        """Ids discovery lists that were reported down and are skipped for a while (`DOWN_SECONDS`)."""
+        if not self._down:
+            return []
+        available = set(self.instance_ids())
+        return [i for i in self._instances.ids() if i not in available]
+
     def instances(self) -> list[Instance]:
         """The instances with their transport details."""
         available = set(self.instance_ids())

@@ -29,10 +29,11 @@ from ...errors import ConfigError, NoInstancesError
 from ...llm.protocol import PreprocessedRequest
 from ...runtime.ids import new_request_id
 from ..base import Route, Router
+from ..decision import Candidate
 from .hashing import block_hashes, sequence_hashes
 from .indexer import RadixTree
 from .kv_events import KvIndexer
-from .selector import ActiveLoad, costs, pick
+from .selector import ActiveLoad, cost_parts, pick
 
 if TYPE_CHECKING:
     from ...runtime.client import Client
@@ -83,6 +84,7 @@ class KvRouter(Router):
     """
 
     tracks_requests = True
+    name = "kv"
 
     def __init__(
         self,
@@ -135,7 +137,7 @@ class KvRouter(Router):
         hashes = block_hashes(token_ids, self.block_size)
         sequence = sequence_hashes(hashes)
         matches = self.tree.find_matches(hashes)
-        worker_costs = costs(
+        parts = cost_parts(
             sorted(live),
             prompt_tokens=len(token_ids),
             block_size=self.block_size,
@@ -144,6 +146,7 @@ class KvRouter(Router):
             overlap_weight=self.config.overlap_weight,
             sequence=sequence,
         )
+        worker_costs = {w: p["cost"] for w, p in parts.items()}
         worker = int(
             pick(
                 worker_costs,
@@ -152,6 +155,16 @@ class KvRouter(Router):
                 rng=self._rng,
             )
         )
+        temperature = self.config.temperature
+        rule = (
+            "lowest cost"
+            if temperature <= 0
+            else f"drawn by a softmax of the costs at temperature {temperature:g}"
+        )
+        candidates = [Candidate(int(w), score=p["cost"], parts=p) for w, p in parts.items()]  # type: ignore[call-overload]
+        decision = self.decision(worker, rule, candidates)
+        if decision.tie and temperature <= 0:
+            decision.rule += ", the tie broken by the smaller cache, then at random"
         overlap = matches.scores.get(worker, 0)
         new_tokens = max(len(token_ids) - overlap * self.block_size, 0)
         self.loads.setdefault(worker, ActiveLoad()).add(request_id, new_tokens, sequence)
@@ -162,7 +175,14 @@ class KvRouter(Router):
         self.decisions += 1
         self.hit_blocks += overlap
         self.prompt_blocks_total += len(hashes)
-        return KvRoute(worker, request_id, overlap, len(hashes), worker_costs)  # type: ignore[arg-type]
+        return KvRoute(
+            worker,
+            request_id,
+            overlap,
+            len(hashes),
+            worker_costs,
+            decision=decision,  # type: ignore[arg-type]
+        )
 
     def first_token(self, route: Route) -> None:
         """The request's prefill is done on its worker."""

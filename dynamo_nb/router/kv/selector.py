@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from ...errors import NoInstancesError
 
-__all__ = ["ActiveLoad", "costs", "pick"]
+__all__ = ["ActiveLoad", "cost_parts", "costs", "pick"]
 
 
 @dataclass
@@ -79,7 +79,7 @@ class ActiveLoad:
                 del blocks[block]
 
 
-def costs(
+def cost_parts(
     workers: Sequence[Hashable],
     *,
     prompt_tokens: int,
@@ -88,8 +88,10 @@ def costs(
     loads: Mapping[Hashable, ActiveLoad],
     overlap_weight: float = 1.0,
     sequence: Sequence[int] | None = None,
-) -> dict[Hashable, float]:
-    """The cost of each worker for a prompt of ``prompt_tokens`` (see the module docstring).
+) -> dict[Hashable, dict[str, float]]:
+    """Each worker's cost for a prompt of ``prompt_tokens`` with the parts it is made of
+    (``overlap_blocks``, ``new_prefill_tokens``, ``active_prefill_tokens``, ``prefill_blocks``,
+    ``decode_blocks``, ``cost``; see the module docstring).
 
     With the prompt's block ``sequence`` hashes, blocks already in use on a worker (a shared
     prefix of a running request) add no decode load there; without it, the overlap is subtracted.
@@ -103,8 +105,38 @@ def costs(
         prefill_blocks = (load.prefill_tokens + new_tokens) / block_size
         added = load.new_blocks(sequence) if sequence is not None else request_blocks - overlap
         decode_blocks = load.decode_blocks + added
-        result[worker] = overlap_weight * prefill_blocks + decode_blocks
+        result[worker] = {
+            "overlap_blocks": overlap,
+            "new_prefill_tokens": new_tokens,
+            "active_prefill_tokens": load.prefill_tokens,
+            "prefill_blocks": prefill_blocks,
+            "decode_blocks": decode_blocks,
+            "cost": overlap_weight * prefill_blocks + decode_blocks,
+        }
     return result
+
+
+def costs(
+    workers: Sequence[Hashable],
+    *,
+    prompt_tokens: int,
+    block_size: int,
+    overlaps: Mapping[Hashable, int],
+    loads: Mapping[Hashable, ActiveLoad],
+    overlap_weight: float = 1.0,
+    sequence: Sequence[int] | None = None,
+) -> dict[Hashable, float]:
+    """The cost of each worker (`cost_parts` without the parts)."""
+    parts = cost_parts(
+        workers,
+        prompt_tokens=prompt_tokens,
+        block_size=block_size,
+        overlaps=overlaps,
+        loads=loads,
+        overlap_weight=overlap_weight,
+        sequence=sequence,
+    )
+    return {worker: p["cost"] for worker, p in parts.items()}
 
 
 def pick(
