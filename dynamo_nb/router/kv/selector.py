@@ -24,6 +24,7 @@ import random
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ...errors import NoInstancesError
 
@@ -116,27 +117,9 @@ def cost_parts(
     return result
 
 
-def costs(
-    workers: Sequence[Hashable],
-    *,
-    prompt_tokens: int,
-    block_size: int,
-    overlaps: Mapping[Hashable, int],
-    loads: Mapping[Hashable, ActiveLoad],
-    overlap_weight: float = 1.0,
-    sequence: Sequence[int] | None = None,
-) -> dict[Hashable, float]:
-    """The cost of each worker (`cost_parts` without the parts)."""
-    parts = cost_parts(
-        workers,
-        prompt_tokens=prompt_tokens,
-        block_size=block_size,
-        overlaps=overlaps,
-        loads=loads,
-        overlap_weight=overlap_weight,
-        sequence=sequence,
-    )
-    return {worker: p["cost"] for worker, p in parts.items()}
+def costs(workers: Sequence[Hashable], **options: Any) -> dict[Hashable, float]:
+    """The cost of each worker: `cost_parts` (same arguments) without the parts."""
+    return {worker: parts["cost"] for worker, parts in cost_parts(workers, **options).items()}
 
 
 def pick(
