@@ -9,6 +9,11 @@ Part 2 (zero-cost engine): an echo worker and a frontend, each its own process. 
 concurrency 1, 8, 32 and 128 with 32-token streams, through the frontend and straight to the
 worker endpoint; the ratio, and the frontend process's CPU time per request.
 
+Part 3 (what explaining requests costs): three frontends on the same echo worker, one with
+nothing kept (``--routing-records 0``), one keeping routing decisions (the default), one keeping
+them and exporting OpenTelemetry spans (``DYN_NB_TRACE=jsonl:DIR``). The frontend process's CPU
+per request at concurrency 8, in interleaved rounds; the ratios to the first.
+
     python benchmarks/frontend_overhead.py [--requests 40] [--out benchmarks/results/frontend_overhead.json]
 """
 
@@ -20,6 +25,7 @@ import os
 import platform
 import socket
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -44,9 +50,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def start(*argv: str) -> ManagedProcess:
+async def start(*argv: str, env: dict[str, str] | None = None) -> ManagedProcess:
     """A component as its own process (quiet logs), once it prints READY."""
-    return await launch(*argv, "--log-level", "WARNING", cwd=ROOT, show_logs=False, timeout=90)
+    return await launch(*argv, "--log-level", "WARNING", cwd=ROOT, show_logs=False, timeout=90, env=env)
 
 
 async def wait_for_model(http: aiohttp.ClientSession, url: str, name: str) -> None:
@@ -203,6 +209,7 @@ async def main(requests: int) -> dict[str, Any]:
                 }
             )
         report["echo_throughput"] = rows
+        report["observability"] = await observability_cost(http, etcd, echo_port)
     finally:
         await http.close()
         for program in programs:
@@ -217,6 +224,47 @@ async def main(requests: int) -> dict[str, Any]:
         "note": "client (this process), frontend and worker share the machine's cores",
     }
     return report
+
+
+OBSERVED = 8  # concurrency of the observability comparison
+ROUNDS = 3
+
+
+async def observability_cost(http: aiohttp.ClientSession, etcd: list[str], echo_port: int) -> dict[str, Any]:
+    """Part 3: the frontend's CPU per request with nothing kept, routing records, records and spans."""
+    settings = {
+        "off": ({}, ["--routing-records", "0"]),
+        "records": ({}, []),
+        "records_and_spans": ({"DYN_NB_TRACE": f"jsonl:{tempfile.mkdtemp(prefix='dynamo_nb_spans_')}"}, []),
+    }
+    frontends: dict[str, tuple[ManagedProcess, str]] = {}
+    try:
+        for name, (env, flags) in settings.items():
+            port = free_port()
+            process = await start("components/frontend.py", *etcd, "--http-port", str(port), *flags, env=env)
+            frontends[name] = (process, f"http://127.0.0.1:{port}")
+            await wait_for_model(http, frontends[name][1], "tiny-llama")
+        samples: dict[str, list[float]] = {name: [] for name in settings}
+        total = 200
+        for _ in range(ROUNDS):  # interleaved, so drift on the machine hits each setting alike
+            for name, (process, url) in frontends.items():
+                await throughput(lambda url=url: via_frontend(http, url, "tiny-llama"), OBSERVED, OBSERVED)
+                cpu = process.cpu_seconds()
+                await throughput(lambda url=url: via_frontend(http, url, "tiny-llama"), OBSERVED, total)
+                samples[name].append((process.cpu_seconds() - cpu) / total * 1e3)
+    finally:
+        for process, _url in frontends.values():
+            await process.stop()
+    cpu_ms = {name: statistics.median(values) for name, values in samples.items()}
+    return {
+        "concurrency": OBSERVED,
+        "requests_per_round": total,
+        "rounds": ROUNDS,
+        "cpu_ms_per_request": cpu_ms,
+        "cpu_ms_per_request_rounds": samples,
+        "records_ratio": cpu_ms["records"] / cpu_ms["off"],
+        "records_and_spans_ratio": cpu_ms["records_and_spans"] / cpu_ms["off"],
+    }
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -239,6 +287,12 @@ def print_table(report: dict[str, Any]) -> None:
             f"{row['concurrency']:>11}{row['frontend_rps']:>11.1f}{row['direct_rps']:>10.1f}{row['ratio']:>8.2f}"
             f"{row['frontend_cpu_ms_per_request']:>22.3f}"
         )
+    seen = report["observability"]
+    print(f"\nWhat explaining requests costs: frontend CPU ms per request, concurrency {seen['concurrency']}, "
+          f"median of {seen['rounds']} interleaved rounds")  # fmt: skip
+    print(f"{'setting':<22}{'CPU ms/req':>12}{'ratio':>8}")
+    for name, value in seen["cpu_ms_per_request"].items():
+        print(f"{name:<22}{value:>12.3f}{value / seen['cpu_ms_per_request']['off']:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from helpers import MOCKER_WORKER, RuntimeFactory
 
+from dynamo_nb import bench
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.router.kv.router import KvRouterConfig
 from dynamo_nb.runtime import parse_ready_line
@@ -56,9 +57,9 @@ async def test_each_router_records_the_instance_that_served(
     def second_one(request: Any, instance_ids: list[int]) -> int:
         return sorted(instance_ids)[-1]
 
-    setups = {
-        "round-robin": {}, "random": {"router_mode": "random"}, "least-loaded": {"router_mode": "least-loaded"},
-        "kv": {"router_mode": "kv", "kv_config": KvRouterConfig()}, "policy:second_one": {"router_policy": second_one},
+    setups = {  # KV first: the workers' caches hold nothing its router has not seen
+        "kv": {"router_mode": "kv", "kv_config": KvRouterConfig()}, "round-robin": {}, "random": {"router_mode": "random"},
+        "least-loaded": {"router_mode": "least-loaded"}, "policy:second_one": {"router_policy": second_one},
     }  # fmt: skip
     for router, options in setups.items():
         frontend = await Frontend.start(runtime, port=0, **options)
@@ -121,6 +122,23 @@ async def check_kv_explains_reuse(http: httpx.AsyncClient, frontend: Frontend) -
         assert other["parts"]["overlap_blocks"] == 0 and other["score"] - mine["score"] == decision["margin"]
     table = frontend.routing_records.table()
     assert {"overlap_blocks", "cost", "chosen", "margin"} <= set(table.columns)
+
+    # a run joined with its decisions: every request's predicted prefix is what its engine reused
+    runs = await bench.run(frontend.url, "tiny-llama", prompts=bench.shared_prefix_prompts(6, system_words=60),
+                           concurrency=1, requests=6, max_tokens=2, progress=False)  # fmt: skip
+    joined = bench.with_routing(runs, frontend.routing_records)
+    assert (joined["router"] == "kv").all() and joined["request_id"].notna().all()
+    assert (joined["cached_tokens"] == joined["prefix_tokens"]).all(), joined[
+        ["cached_tokens", "prefix_tokens"]
+    ]
+    assert joined["cached_tokens"].iloc[1:].gt(0).all()  # the shared system prompt, found after the first
+
+    metrics = await bench.scrape_metrics(frontend.url)
+    funnel = metrics[metrics["name"] == "dynamo_frontend_kv_reuse_tokens_total"].set_index("stage")["value"]
+    assert funnel["input"] >= funnel["best_prefix"] >= funnel["chosen_prefix"] > 0
+    assert funnel["reused"] == funnel["chosen_prefix"]  # predicted and reported agree over the whole run
+    total = bench.histogram(metrics, "dynamo_router_overhead_total_ms", worker_type="decode")
+    assert total["count"].iloc[-1] >= 9 and total["share"].iloc[-1] == 1.0  # every KV decision timed
 
 
 async def test_a_disaggregated_request_explains_both_hops(services: Any, start_worker: Any) -> None:

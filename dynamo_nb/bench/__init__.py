@@ -38,6 +38,7 @@ from .charts import (
 )
 from .http_client import RECORD_COLUMNS
 from .live import LiveChart, live
+from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .prompts import (
     PROMPT_SETS,
     Prompt,
@@ -60,6 +61,7 @@ __all__ = [
     "LiveChart",
     "Prompt",
     "StubServer",
+    "histogram",
     "latency_cdf",
     "layout_problems",
     "live",
@@ -67,6 +69,7 @@ __all__ = [
     "max_rate_within_slo",
     "multi_turn_prompts",
     "pareto_chart",
+    "parse_metrics",
     "path_chart",
     "per_worker_chart",
     "prompt_set",
@@ -74,6 +77,7 @@ __all__ = [
     "run",
     "save_csv",
     "save_json",
+    "scrape_metrics",
     "shared_prefix_prompts",
     "slo_attainment",
     "slo_chart",
@@ -81,4 +85,5 @@ __all__ = [
     "throughput_chart",
     "ttft_itl_chart",
     "wait_for_model",
+    "with_routing",
 ]

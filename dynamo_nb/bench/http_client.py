@@ -32,13 +32,17 @@ RECORD_COLUMNS = [
     "itl_s",
     "output_tokens",
     "input_tokens",
+    "cached_tokens",
     "status",
     "error",
     "worker",
     "prefill_worker",
     "path",
+    "request_id",
 ]
-"""The DataFrame columns: times are seconds; ``sent_s`` counts from the start of the run."""
+"""The DataFrame columns: times are seconds; ``sent_s`` counts from the start of the run;
+``cached_tokens`` is the answer's ``usage.prompt_tokens_details.cached_tokens``, ``request_id``
+its ``x-request-id`` header (our frontend's routing decisions are kept under it)."""
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "text/event-stream"}
 
@@ -65,6 +69,14 @@ def _worker_ids(record: dict[str, Any], nvext: Any) -> None:
     if record["path"] is None and (record["worker"] is not None or record["prefill_worker"] is not None):
         disagg = record["prefill_worker"] is not None and record["prefill_worker"] != record["worker"]
         record["path"] = "disaggregated" if disagg else "aggregated"
+
+
+def _usage(record: dict[str, Any], usage: dict[str, Any]) -> None:
+    record["output_tokens"] = usage.get("completion_tokens")
+    record["input_tokens"] = usage.get("prompt_tokens")
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        record["cached_tokens"] = details.get("cached_tokens")
 
 
 async def _read_stream(response: aiohttp.ClientResponse, record: dict[str, Any]) -> list[float]:
@@ -98,8 +110,7 @@ async def _read_stream(response: aiohttp.ClientResponse, record: dict[str, Any])
                         append(now)
                 usage = item.get("usage")
                 if usage:
-                    record["output_tokens"] = usage.get("completion_tokens")
-                    record["input_tokens"] = usage.get("prompt_tokens")
+                    _usage(record, usage)
                 if "nvext" in item:
                     _worker_ids(record, item["nvext"])
                 if "error" in item:
@@ -109,9 +120,7 @@ async def _read_stream(response: aiohttp.ClientResponse, record: dict[str, Any])
 
 async def _read_unary(response: aiohttp.ClientResponse, record: dict[str, Any]) -> list[float]:
     body = await response.json(content_type=None)
-    usage = body.get("usage") or {}
-    record["output_tokens"] = usage.get("completion_tokens")
-    record["input_tokens"] = usage.get("prompt_tokens")
+    _usage(record, body.get("usage") or {})
     if "nvext" in body:
         _worker_ids(record, body["nvext"])
     return [perf_counter()]
@@ -139,6 +148,7 @@ async def send_request(
         limit = aiohttp.ClientTimeout(total=timeout)  # the whole request, the body's reading included
         async with session.post(url, data=payload, headers=_JSON_HEADERS, timeout=limit) as response:
             record["status"] = response.status
+            record["request_id"] = response.headers.get("x-request-id")
             route = response.headers.get("x-dynamo-path")  # our frontend: fast, fallback or aggregated
             if route:
                 record["path"] = route

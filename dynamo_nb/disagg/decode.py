@@ -32,6 +32,7 @@ from ..errors import DisaggregationError, RequestError
 from ..llm.bootstrap_info import BootstrapInfo
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
+from ..telemetry.tracing import span
 from . import handoff
 from .bootstrap import fetch_kv
 from .roles import DisaggregatedEngine
@@ -67,7 +68,8 @@ async def fetch_prompt_kv(request: PreprocessedRequest, timeout: float) -> tuple
     """The decode role's KV header and payload, from the prefill's bootstrap server; refuses the
     KV of another prompt."""
     info = bootstrap_of(request)
-    header, payload = await fetch_kv(info, timeout=timeout)
+    with span("kv handoff", {"bootstrap_room": info.room}):
+        header, payload = await fetch_kv(info, timeout=timeout)
     if header.get("prompt_tokens") != len(request.token_ids):
         raise DisaggregationError(
             f"room {info.room} holds the KV of {header.get('prompt_tokens')} prompt tokens, "

@@ -29,12 +29,17 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
+    from ..router.decision import RoutingDecision
     from .admission import Admission
 
 __all__ = ["FrontendMetrics", "ModelMetrics"]
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
+CACHED_TOKEN_BUCKETS = (0, 100, 210, 430, 870, 1800, 3600, 7400, 15000, 31000, 63000, 130000)  # Dynamo's
+OVERHEAD_MS_BUCKETS = tuple(0.01 * 3**k for k in range(17))  # Dynamo's: 0.01 ms to 430 s
+ROUTING_PHASES = ("block_hashing", "indexer_find_matches", "scheduling", "total")
+REUSE_STAGES = ("input", "best_prefix", "chosen_prefix", "reused")
 
 
 @dataclass
@@ -136,6 +141,30 @@ class FrontendMetrics:
             ("model", "reason"),
             registry=registry,
         )
+        self.cached_tokens = Histogram(
+            "dynamo_frontend_cached_tokens",
+            "prompt tokens the engine found cached, per request (usage.prompt_tokens_details.cached_tokens)",
+            ("model",),
+            buckets=CACHED_TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self.routing_overhead = {
+            phase: Histogram(
+                f"dynamo_router_overhead_{phase}_ms",
+                f"time the router spent in {phase.replace('_', ' ')}, in milliseconds",
+                ("model", "worker_type"),
+                buckets=OVERHEAD_MS_BUCKETS,
+                registry=registry,
+            )
+            for phase in ROUTING_PHASES
+        }
+        self.reuse = Counter(
+            "dynamo_frontend_kv_reuse_tokens",
+            "the KV reuse funnel, in prompt tokens: input, best cached prefix on any worker, the "
+            "chosen worker's cached prefix (both as the router predicted), reused (as the engine reported)",
+            ("model", "stage"),
+            registry=registry,
+        )
         self._queues_watched: set[str] = set()
         self._models: dict[str, ModelMetrics] = {}
 
@@ -158,6 +187,31 @@ class FrontendMetrics:
         if model not in self._queues_watched:
             self._queues_watched.add(model)
             self.queued.labels(model).set_function(lambda: admission.waiting)
+
+    def observe_routing(self, decision: RoutingDecision) -> None:
+        """A router's time per phase (the KV router's, under Dynamo's names)."""
+        for phase, ms in decision.overhead_ms.items():
+            histogram = self.routing_overhead.get(phase)
+            if histogram is not None:
+                histogram.labels(decision.model, decision.hop).observe(ms)
+
+    def observe_reuse(
+        self, model: str, prompt_tokens: int, decision: RoutingDecision | None, cached_tokens: int | None
+    ) -> None:
+        """One request's KV reuse: the funnel's stages (predicted by a KV router's ``decision``,
+        reported by the engine as ``cached_tokens``)."""
+        if cached_tokens is not None:
+            self.cached_tokens.labels(model).observe(cached_tokens)
+        prefixes = (
+            {c.instance_id: c.parts.get("prefix_tokens") for c in decision.candidates} if decision else {}
+        )
+        if not prefixes or None in prefixes.values():
+            return  # only a KV router predicts reuse
+        self.reuse.labels(model, "input").inc(prompt_tokens)
+        self.reuse.labels(model, "best_prefix").inc(max(prefixes.values()))  # type: ignore[type-var]
+        self.reuse.labels(model, "chosen_prefix").inc(prefixes.get(decision.chosen) or 0)  # type: ignore[union-attr]
+        if cached_tokens is not None:
+            self.reuse.labels(model, "reused").inc(cached_tokens)
 
     def count_request(self, model: str, endpoint: str, request_type: str, status: str) -> None:
         """One finished HTTP request (``status``: success, error or cancelled)."""

@@ -47,7 +47,10 @@ from ..router.base import RoutedStream
 from ..router.decision import RoutingDecision
 from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
+from ..runtime.context import Context
 from ..runtime.ids import new_request_id
+from ..telemetry.request_ids import set_request_id
+from ..telemetry.tracing import inject_trace, span
 from .metrics import FrontendMetrics
 from .migration import Migration
 from .openai import OpenAIRequest
@@ -166,6 +169,15 @@ class RequestPipeline:
         """Every step for ``parsed``, answered on ``http_request``; metrics counted whatever the end."""
         started = time.perf_counter()
         request_id = request_id_of(http_request)
+        set_request_id(request_id)  # this task's log lines name the request
+        with span(
+            "request", {"model": parsed.model, "request_id": request_id, "stream": parsed.stream}
+        ) as root:
+            return await self._serve(http_request, parsed, request_id, started, root)
+
+    async def _serve(
+        self, http_request: web.Request, parsed: OpenAIRequest, request_id: str, started: float, root: Any
+    ) -> web.StreamResponse:
         model, request = self.preprocess(parsed)
         metrics = self.metrics.of(model.name)
         status = "error"
@@ -175,12 +187,15 @@ class RequestPipeline:
         try:
             self.metrics.watch_queue(model.name, model.admission)
             try:
-                await model.admission.enter(model.capacity())
+                with span("admission wait"):
+                    await model.admission.enter(model.capacity())
             except OverloadedError as refused:  # answered at once (503 or 529), counted by its reason
                 self.metrics.rejections.labels(model.name, refused.reason).inc()
                 raise
             admitted = True
             opened = await self.open_planned(model, request, request_id)
+            if root is not None:
+                root.add_event("first token")
             metrics.ttft.observe(time.perf_counter() - started)
             metrics.input_tokens.observe(len(request.token_ids))
             outcome = Outcome(
@@ -191,18 +206,24 @@ class RequestPipeline:
                 pieces = relay(
                     model, request, opened.first, outcome, itl=metrics.itl, migration=self.migration
                 )
-                if parsed.stream:
-                    response = await write_stream(
-                        http_request, parsed, pieces, outcome, len(request.token_ids)
-                    )
-                else:
-                    response = await write_unary(parsed, pieces, outcome, len(request.token_ids))
+                with span("stream") as streaming:
+                    if parsed.stream:
+                        response = await write_stream(
+                            http_request, parsed, pieces, outcome, len(request.token_ids)
+                        )
+                    else:
+                        response = await write_unary(parsed, pieces, outcome, len(request.token_ids))
+                    if streaming is not None:
+                        streaming.add_event("last token", {"completion_tokens": outcome.completion_tokens})
             except ConnectionResetError:
                 status = "cancelled"
                 raise
             finally:
                 await outcome.stream.aclose()
             metrics.output_tokens.observe(outcome.completion_tokens)
+            self.metrics.observe_reuse(
+                model.name, len(request.token_ids), outcome.decision, outcome.cached_tokens
+            )
             status = "success" if outcome.error is None else "error"
             return response
         except asyncio.CancelledError:  # the client left (aiohttp cancels its handler)
@@ -227,10 +248,13 @@ class RequestPipeline:
         router = self.models.prefill_planner(model.name)
         if router is None:
             return await self.open(model, request, request_id)
-        plan = await router.plan(request)  # enforced disaggregation fails here: a 503
+        with span("prefill plan"):  # the prefill worker's span joins the trace from here
+            context = Context(request_id, metadata=inject_trace({})) if request_id else None
+            plan = await router.plan(request, context=context)  # enforced disaggregation fails here: a 503
         if plan.decision is not None:  # why its prefill worker was chosen
             plan.decision.request_id, plan.decision.model = request_id, model.name
             self.models.records.add(plan.decision)
+            self.metrics.observe_routing(plan.decision)
         try:
             opened = await self.open(model, plan.decode_request, request_id)
         except RemoteHandlerError as exc:
@@ -258,6 +282,8 @@ class RequestPipeline:
             except NoInstancesError:
                 break
             try:
+                if decision is not None:
+                    self.metrics.observe_routing(decision)
                 return Opened(stream, await stream.__anext__(), decision=decision)
             except StopAsyncIteration:
                 raise EngineError(f"a worker of {model.name!r} ended the stream without output") from None

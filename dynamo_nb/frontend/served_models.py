@@ -41,6 +41,7 @@ from ..runtime.client import Client, ResponseStream
 from ..runtime.context import Context
 from ..runtime.discovery import KeyValueDiscovery
 from ..runtime.names import EndpointPath
+from ..telemetry.tracing import inject_trace, span
 from .admission import DEFAULT_QUEUE_TIMEOUT, Admission
 
 if TYPE_CHECKING:
@@ -100,12 +101,15 @@ class ServedModel:
         ``request_id`` to the worker; the router's decision is kept in `records` and returned."""
         routing = request.routing
         router = self.direct if routing and "backend_instance_id" in routing else self.router
-        route = router.pick(request)
-        decision = route.decision
-        if decision is not None:
-            decision.request_id, decision.model = request_id, self.name
-            self.records.add(decision)
-        context = Context(request_id) if request_id else None
+        with span("route") as routing:
+            route = router.pick(request)
+            decision = route.decision
+            if decision is not None:
+                decision.request_id, decision.model = request_id, self.name
+                self.records.add(decision)
+            if routing is not None:
+                routing.set_attributes({"router": router.name, "instance_id": route.instance_id})
+        context = Context(request_id, metadata=inject_trace({})) if request_id else None
         return router.open(route, request, context=context), decision
 
     def tokenize(

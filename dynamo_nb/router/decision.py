@@ -66,6 +66,8 @@ class RoutingDecision:
         rule: how it chose among the candidates, in words.
         margin: the runner-up's score minus the chosen one's (None without scores or a runner-up).
         tie: whether another candidate had the chosen one's score.
+        overhead_ms: milliseconds per routing phase (the KV router's ``block_hashing``,
+            ``indexer_find_matches``, ``scheduling`` and ``total``).
     """
 
     router: str
@@ -75,6 +77,7 @@ class RoutingDecision:
     request_id: str = ""
     model: str = ""
     hop: str = "decode"
+    overhead_ms: dict[str, float] = field(default_factory=dict)  # time per routing phase (KV router)
     margin: float | None = field(default=None, init=False)
     tie: bool = field(default=False, init=False)
 
@@ -104,6 +107,7 @@ class RoutingDecision:
             "margin": self.margin,
             "tie": self.tie,
             "candidates": [c.to_dict() for c in self.candidates],
+            "overhead_ms": self.overhead_ms,
         }
 
     def explain(self) -> str:

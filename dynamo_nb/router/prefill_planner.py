@@ -44,6 +44,7 @@ from ..disagg import handoff
 from ..disagg.rooms import BootstrapInfo, draw_room, draw_token
 from ..errors import DisaggregationError, NoInstancesError, RequestError
 from ..llm.protocol import PreprocessedRequest
+from ..runtime.context import Context
 from .base import Route, Router
 from .decision import RoutingDecision
 
@@ -141,8 +142,9 @@ class PrefillPlanner:
         """Whether any prefill worker of the model has a card now."""
         return bool(self._keys)
 
-    async def plan(self, request: PreprocessedRequest) -> PrefillPlan:
-        """Start the prefill of ``request`` and say how its decode goes (see the module docstring)."""
+    async def plan(self, request: PreprocessedRequest, *, context: Context | None = None) -> PrefillPlan:
+        """Start the prefill of ``request`` and say how its decode goes (see the module docstring).
+        ``context``: the prefill request's id and metadata (a trace's ``traceparent``)."""
         events: list[str] = []
         instance: int | None = None
         started = time.perf_counter()
@@ -157,7 +159,7 @@ class PrefillPlanner:
                     {**endpoint, "bootstrap_room": draw_room(), "bootstrap_token": draw_token()},
                     "disaggregated_endpoint",
                 )
-                stream = self.router.open(route, handoff.prefill_request(request, info))
+                stream = self.router.open(route, handoff.prefill_request(request, info), context=context)
                 decode = dataclasses.replace(request, bootstrap_info=info)
                 plan = PrefillPlan(
                     "fast", decode, instance, info.room, events=events, decision=route.decision
@@ -166,7 +168,7 @@ class PrefillPlanner:
                 events.append("decode handed back")
                 plan.handoff_s = time.perf_counter() - started
                 return plan
-            stream = self.router.open(route, handoff.prefill_request(request))
+            stream = self.router.open(route, handoff.prefill_request(request), context=context)
             events.append("prefill sent")
             try:
                 result = await handoff.await_params(stream, self.prefill_timeout)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import functools
 import logging
 import os
@@ -29,10 +30,13 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..notebook import in_notebook
+from ..telemetry.request_ids import RequestIdFilter
+from ..telemetry.tracing import enable_tracing_from_env, flush_tracing
 from .discovery import DEFAULT_LEASE_TTL
 from .distributed import DistributedRuntime
 from .system_status import start_system_status
@@ -251,12 +255,20 @@ async def runtime_from_args(args: argparse.Namespace, *, static: bool = False) -
     return await RuntimeConfig.from_args(args, static=static).start()
 
 
-def configure_logging(level: str = "INFO") -> None:
-    """Log to stderr at ``level`` (a name such as ``INFO``), one line per record, as every component does."""
+def configure_logging(level: str = "INFO", service: str | None = None) -> None:
+    """Log to stderr at ``level`` (a name such as ``INFO``), one line per record, as every
+    component does; a line about a request names it (`dynamo_nb.telemetry.request_ids`). Tracing
+    starts too when ``DYN_NB_TRACE`` asks (`dynamo_nb.telemetry.tracing`; ``service``: the
+    process's name in its spans, by default the script's)."""
     name = str(level).upper()
     if not isinstance(logging.getLevelName(name), int):
         raise ConfigError(f"--log-level {level!r}: use DEBUG, INFO, WARNING or ERROR")
     logging.basicConfig(level=name, format=LOG_FORMAT)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RequestIdFilter) for f in handler.filters):
+            handler.addFilter(RequestIdFilter())
+    if enable_tracing_from_env(service or Path(sys.argv[0]).stem or "dynamo_nb"):
+        atexit.register(flush_tracing)
 
 
 def ready_line(subject: str, **fields: object) -> str:

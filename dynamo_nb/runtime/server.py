@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import DynamoNBError, InvalidHandlerError, error_details
+from ..telemetry.request_ids import set_request_id
+from ..telemetry.tracing import span, tracing_enabled
 from .context import Context
 from .instance import Instance
 from .planes.wire import ErrorCode
@@ -185,6 +187,15 @@ class EndpointServer:
         return stream
 
     async def _drive(self, stream: ServerStream, body: Any) -> None:
+        set_request_id(stream.context.id)  # this task's log lines name the request
+        if tracing_enabled():  # the handler's span joins the caller's trace (its traceparent)
+            attributes = {"endpoint": str(self.endpoint.path), "request_id": stream.context.id}
+            with span("handle", attributes, parent=stream.context.metadata):
+                await self._run(stream, body)
+        else:
+            await self._run(stream, body)
+
+    async def _run(self, stream: ServerStream, body: Any) -> None:
         sink, context = stream.sink, stream.context
         try:
             generator = self._call(body, context)

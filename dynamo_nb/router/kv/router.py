@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -131,12 +132,15 @@ class KvRouter(Router):
         if not live:
             path = str(self.client.endpoint.path)
             raise NoInstancesError(f"no instance of {path} to route to", endpoint=path)
+        started = time.perf_counter()
         if self.indexer is not None:
             self.indexer.prune(live)
         self.tree.expire()
         hashes = block_hashes(token_ids, self.block_size)
         sequence = sequence_hashes(hashes)
+        hashed = time.perf_counter()
         matches = self.tree.find_matches(hashes)
+        matched = time.perf_counter()
         parts = cost_parts(
             sorted(live),
             prompt_tokens=len(token_ids),
@@ -163,6 +167,13 @@ class KvRouter(Router):
         )
         candidates = [Candidate(int(w), score=p["cost"], parts=p) for w, p in parts.items()]  # type: ignore[call-overload]
         decision = self.decision(worker, rule, candidates)
+        done = time.perf_counter()
+        decision.overhead_ms = {
+            "block_hashing": (hashed - started) * 1000,
+            "indexer_find_matches": (matched - hashed) * 1000,
+            "scheduling": (done - matched) * 1000,
+            "total": (done - started) * 1000,
+        }
         if decision.tie and temperature <= 0:
             decision.rule += ", the tie broken by the smaller cache, then at random"
         overlap = matches.scores.get(worker, 0)

@@ -91,8 +91,8 @@ def cost_parts(
     sequence: Sequence[int] | None = None,
 ) -> dict[Hashable, dict[str, float]]:
     """Each worker's cost for a prompt of ``prompt_tokens`` with the parts it is made of
-    (``overlap_blocks``, ``new_prefill_tokens``, ``active_prefill_tokens``, ``prefill_blocks``,
-    ``decode_blocks``, ``cost``; see the module docstring).
+    (``overlap_blocks`` and the ``prefix_tokens`` they hold, ``new_prefill_tokens``,
+    ``active_prefill_tokens``, ``prefill_blocks``, ``decode_blocks``, ``cost``; see the module docstring).
 
     With the prompt's block ``sequence`` hashes, blocks already in use on a worker (a shared
     prefix of a running request) add no decode load there; without it, the overlap is subtracted.
@@ -108,6 +108,7 @@ def cost_parts(
         decode_blocks = load.decode_blocks + added
         result[worker] = {
             "overlap_blocks": overlap,
+            "prefix_tokens": overlap * block_size,
             "new_prefill_tokens": new_tokens,
             "active_prefill_tokens": load.prefill_tokens,
             "prefill_blocks": prefill_blocks,

@@ -1,0 +1,79 @@
+"""A server's Prometheus metrics as a DataFrame, and runs joined with the routing decisions.
+
+Example::
+
+    metrics = await bench.scrape_metrics("http://127.0.0.1:8000")
+    metrics[metrics.name == "dynamo_frontend_time_to_first_token_seconds_bucket"]
+    bench.histogram(metrics, "dynamo_frontend_time_to_first_token_seconds")   # le, count, share
+    df = bench.with_routing(df, frontend.routing_records)   # each request's router, margin, parts
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..router.decision import RoutingRecords
+
+__all__ = ["histogram", "parse_metrics", "scrape_metrics", "with_routing"]
+
+
+def parse_metrics(text: str) -> pd.DataFrame:
+    """One row per sample of Prometheus ``text``: ``name``, ``value``, ``type`` (of its family)
+    and a column per label.
+
+    Example:
+        >>> row = parse_metrics('# TYPE up gauge\\nup{job="a"} 1\\n').iloc[0]
+        >>> row["name"], float(row["value"]), row["type"], row["job"]
+        ('up', 1.0, 'gauge', 'a')
+    """
+    import pandas as pd
+    from prometheus_client.parser import text_string_to_metric_families
+
+    rows = [
+        {"name": sample.name, "value": sample.value, "type": family.type, **sample.labels}
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    ]
+    return pd.DataFrame(rows, columns=None if rows else ["name", "value", "type"])
+
+
+async def scrape_metrics(url: str, timeout: float = 10.0) -> pd.DataFrame:
+    """`parse_metrics` of ``url``'s ``/metrics`` (``url`` is the server's base URL)."""
+    limit = aiohttp.ClientTimeout(total=timeout)
+    async with aiohttp.ClientSession(timeout=limit) as session:
+        async with session.get(url.rstrip("/") + "/metrics") as response:
+            response.raise_for_status()
+            return parse_metrics(await response.text())
+
+
+def histogram(metrics: pd.DataFrame, name: str, **labels: str) -> pd.DataFrame:
+    """The buckets of histogram ``name`` (for the samples with ``labels``): ``le``, the
+    cumulative ``count``, and ``share`` (the fraction of observations at or under ``le``)."""
+    rows = metrics[metrics["name"] == f"{name}_bucket"]
+    for key, value in labels.items():
+        rows = rows[rows[key] == value]
+    table = rows[["le", "value"]].rename(columns={"value": "count"}).copy()
+    table["le"] = table["le"].astype(float)
+    table = table.groupby("le", as_index=False)["count"].sum().sort_values("le")
+    total = table["count"].max() if len(table) else 0
+    table["share"] = table["count"] / total if total else 0.0
+    return table.reset_index(drop=True)
+
+
+def with_routing(records: pd.DataFrame, routing: RoutingRecords, hop: str = "decode") -> pd.DataFrame:
+    """``records`` (from `dynamo_nb.bench.run`) with the decode (or prefill) router's decision
+    of each request: ``router``, ``margin``, ``tie``, ``rule`` and the chosen candidate's
+    ``score`` and score parts, joined on ``request_id``."""
+    import pandas as pd
+
+    chosen: list[dict[str, Any]] = [row for row in routing.rows() if row["chosen"] and row["hop"] == hop]
+    decisions = pd.DataFrame(chosen).drop(columns=["chosen", "hop", "model", "instance"], errors="ignore")
+    if decisions.empty:
+        return records.copy()
+    decisions = decisions.drop_duplicates("request_id", keep="last")
+    return records.merge(decisions, on="request_id", how="left")
