@@ -38,7 +38,6 @@ from .charts import (
 )
 from .http_client import RECORD_COLUMNS
 from .live import LiveChart, live
-from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .prompts import (
     PROMPT_SETS,
     Prompt,
@@ -48,6 +47,7 @@ from .prompts import (
     shared_prefix_prompts,
 )
 from .runner import run, wait_for_model
+from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .slo import SLO, max_rate_within_slo, slo_attainment
 from .stats import load_json, save_csv, save_json, summary
 from .stub_server import StubServer
