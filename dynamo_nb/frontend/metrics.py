@@ -39,7 +39,7 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 CACHED_TOKEN_BUCKETS = (0, 100, 210, 430, 870, 1800, 3600, 7400, 15000, 31000, 63000, 130000)  # Dynamo's
 OVERHEAD_MS_BUCKETS = tuple(0.01 * 3**k for k in range(17))  # Dynamo's: 0.01 ms to 430 s
 ROUTING_PHASES = ("block_hashing", "indexer_find_matches", "scheduling", "total")
-REUSE_STAGES = ("input", "best_prefix", "chosen_prefix", "reused")
+REUSE_STAGES = ("input", "seen_before", "best_prefix", "chosen_prefix", "reused")
 
 
 @dataclass
@@ -160,8 +160,9 @@ class FrontendMetrics:
         }
         self.reuse = Counter(
             "dynamo_frontend_kv_reuse_tokens",
-            "the KV reuse funnel, in prompt tokens: input, best cached prefix on any worker, the "
-            "chosen worker's cached prefix (both as the router predicted), reused (as the engine reported)",
+            "the KV reuse funnel, in prompt tokens: input, the leading blocks routed before (seen_before), "
+            "the best cached prefix on any worker, the chosen worker's cached prefix (these three as the "
+            "router saw them), reused (as the engine reported)",
             ("model", "stage"),
             registry=registry,
         )
@@ -208,6 +209,7 @@ class FrontendMetrics:
         if not prefixes or None in prefixes.values():
             return  # only a KV router predicts reuse
         self.reuse.labels(model, "input").inc(prompt_tokens)
+        self.reuse.labels(model, "seen_before").inc(decision.seen_before_tokens or 0)  # type: ignore[union-attr]
         self.reuse.labels(model, "best_prefix").inc(max(prefixes.values()))  # type: ignore[type-var]
         self.reuse.labels(model, "chosen_prefix").inc(prefixes.get(decision.chosen) or 0)  # type: ignore[union-attr]
         if cached_tokens is not None:

@@ -68,6 +68,8 @@ class RoutingDecision:
         tie: whether another candidate had the chosen one's score.
         overhead_ms: milliseconds per routing phase (the KV router's ``block_hashing``,
             ``indexer_find_matches``, ``scheduling`` and ``total``).
+        seen_before_tokens: the KV router's: the prompt's leading tokens whose blocks it sent to
+            some worker before (cached there still, or evicted since).
     """
 
     router: str
@@ -78,6 +80,7 @@ class RoutingDecision:
     model: str = ""
     hop: str = "decode"
     overhead_ms: dict[str, float] = field(default_factory=dict)  # time per routing phase (KV router)
+    seen_before_tokens: int | None = None  # KV router: the prompt's leading tokens in blocks it routed before
     margin: float | None = field(default=None, init=False)
     tie: bool = field(default=False, init=False)
 
@@ -108,6 +111,7 @@ class RoutingDecision:
             "tie": self.tie,
             "candidates": [c.to_dict() for c in self.candidates],
             "overhead_ms": self.overhead_ms,
+            "seen_before_tokens": self.seen_before_tokens,
         }
 
     def explain(self) -> str:

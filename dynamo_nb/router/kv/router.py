@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     from ...runtime.distributed import Component
 
 __all__ = ["KvRoute", "KvRouter", "KvRouterConfig"]
+
+
+SEEN_BLOCKS = 1 << 20  # blocks a router remembers having routed (for the reuse funnel's seen_before)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,7 @@ class KvRouter(Router):
         self.hit_blocks = 0
         self.prompt_blocks_total = 0
         self._rng = rng or random.Random()
+        self._seen: OrderedDict[int, None] = OrderedDict()  # blocks routed before, newest last (bounded)
 
     @classmethod
     async def create(
@@ -167,6 +172,7 @@ class KvRouter(Router):
         )
         candidates = [Candidate(int(w), score=p["cost"], parts=p) for w, p in parts.items()]  # type: ignore[call-overload]
         decision = self.decision(worker, rule, candidates)
+        decision.seen_before_tokens = self._seen_before(sequence) * self.block_size
         done = time.perf_counter()
         decision.overhead_ms = {
             "block_hashing": (hashed - started) * 1000,
@@ -194,6 +200,21 @@ class KvRouter(Router):
             worker_costs,
             decision=decision,  # type: ignore[arg-type]
         )
+
+    def _seen_before(self, sequence: list[int]) -> int:
+        """How many leading blocks of ``sequence`` this router sent somewhere before; then remember them."""
+        seen = self._seen
+        known = 0
+        for block in sequence:
+            if block not in seen:
+                break
+            known += 1
+        for block in sequence:
+            seen[block] = None
+            seen.move_to_end(block)
+        while len(seen) > SEEN_BLOCKS:
+            seen.popitem(last=False)
+        return known
 
     def first_token(self, route: Route) -> None:
         """The request's prefill is done on its worker."""
