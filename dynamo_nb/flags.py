@@ -275,6 +275,14 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "(env DYN_NB_ROUTING_RECORDS; default: %(default)s)",
     )
     group.add_argument(
+        "--request-trace",
+        default=_env("REQUEST_TRACE", None),
+        metavar="PATH",
+        help="append one JSON line per finished request to PATH (Dynamo's dynamo.request.trace.v1: arrival, "
+        "lengths, the prompt's block hashes, TTFT, ITL, workers), for bench.read_trace, replay and planning "
+        "(env DYN_NB_REQUEST_TRACE; default: off)",
+    )
+    group.add_argument(
         "--migration-limit",
         type=int,
         default=int(_env("MIGRATION_LIMIT", None) or FrontendConfig.migration_limit),

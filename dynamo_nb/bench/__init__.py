@@ -51,6 +51,7 @@ from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .slo import SLO, max_rate_within_slo, slo_attainment
 from .stats import load_json, save_csv, save_json, summary
 from .stub_server import StubServer
+from .traces import read_trace, save_trace, synthetic_trace, trace_token_ids
 
 __all__ = [
     "CHARTS",
@@ -74,15 +75,19 @@ __all__ = [
     "per_worker_chart",
     "prompt_set",
     "random_prompts",
+    "read_trace",
     "run",
     "save_csv",
     "save_json",
+    "save_trace",
     "scrape_metrics",
     "shared_prefix_prompts",
     "slo_attainment",
     "slo_chart",
     "summary",
+    "synthetic_trace",
     "throughput_chart",
+    "trace_token_ids",
     "ttft_itl_chart",
     "wait_for_model",
     "with_routing",

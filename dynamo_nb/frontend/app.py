@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +36,7 @@ from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
 from .openai import parse_request
 from .pipeline import RequestPipeline, model_not_found
+from .request_trace import RequestTraceWriter
 from .served_models import ModelManager, ServedModel
 
 if TYPE_CHECKING:
@@ -93,6 +95,7 @@ class Frontend:
         queue_timeout: float = DEFAULT_QUEUE_TIMEOUT,
         overload_status: int = 503,
         routing_records: int = 1024,
+        request_trace: str | os.PathLike[str] | None = None,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -120,6 +123,8 @@ class Frontend:
                 529 as Dynamo answers); its message names the limit, the value and the threshold.
             routing_records: how many routing decisions `routing_records` keeps (0: none; a
                 request can still ask for its own with ``nvext.extra_fields: ["routing"]``).
+            request_trace: a file to append one JSON line to per finished request
+                (`dynamo_nb.frontend.request_trace`; read it with `dynamo_nb.bench.read_trace`).
         """
         if overload_status not in (503, 529):
             raise ConfigError(f"overload_status must be 503 or 529, got {overload_status}")
@@ -142,6 +147,8 @@ class Frontend:
             await manager.watch()
         frontend = cls(runtime, manager, host, port, metrics, migration_limit)
         frontend.overload_status = overload_status
+        if request_trace is not None:
+            frontend.pipeline.trace = RequestTraceWriter(request_trace)
         await frontend._listen(reuse_port)
         return frontend
 
@@ -226,6 +233,8 @@ class Frontend:
             await self._runner.cleanup()
             self._runner = None
         await self.models.close()
+        if self.pipeline.trace is not None:
+            self.pipeline.trace.close()
 
     async def __aenter__(self) -> Frontend:
         return self

@@ -55,6 +55,7 @@ from .metrics import FrontendMetrics
 from .migration import Migration
 from .openai import OpenAIRequest
 from .relay import Outcome, relay
+from .request_trace import RequestTraceWriter, TracedRequest
 from .served_models import ModelManager, ServedModel
 from .writers import write_stream, write_unary
 
@@ -125,6 +126,35 @@ def request_id_of(http_request: web.Request) -> str:
     return given
 
 
+def traced(
+    request_id: str,
+    model: str,
+    request: PreprocessedRequest,
+    received_ms: float,
+    first_s: float | None,
+    total_s: float,
+    outcome: Outcome | None,
+    status: str,
+) -> TracedRequest:
+    """The request-trace record of a finished request."""
+    record = TracedRequest(
+        request_id, model, request.token_ids, received_ms, total_ms=total_s * 1000, status=status
+    )
+    if first_s is not None:
+        record.ttft_ms = first_s * 1000
+    if outcome is not None:
+        record.output_tokens, record.cached_tokens = outcome.completion_tokens, outcome.cached_tokens
+        record.finish_reason = outcome.finish_reason
+        if first_s is not None and outcome.completion_tokens > 1:
+            record.itl_ms = (total_s - first_s) * 1000 / (outcome.completion_tokens - 1)
+        plan = outcome.plan
+        record.workers = {"decode_worker_id": outcome.stream.instance_id}
+        if plan is not None:
+            record.path = plan.path
+            record.workers["prefill_worker_id"] = plan.prefill_worker
+    return record
+
+
 @dataclass
 class Opened:
     """A request's worker stream, its first item, its prefill plan (disaggregated models) and
@@ -149,6 +179,7 @@ class RequestPipeline:
         self.models = models
         self.metrics = metrics
         self.migration = Migration(migration_limit, self.open_planned, metrics.migrations)
+        self.trace: RequestTraceWriter | None = None  # --request-trace: a line per finished request
 
     def preprocess(self, parsed: OpenAIRequest) -> tuple[ServedModel, PreprocessedRequest]:
         """Step 1: the served model and the engine request (rendered, tokenized, checked)."""
@@ -168,15 +199,22 @@ class RequestPipeline:
     async def serve(self, http_request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
         """Every step for ``parsed``, answered on ``http_request``; metrics counted whatever the end."""
         started = time.perf_counter()
+        received_ms = time.time() * 1000
         request_id = request_id_of(http_request)
         set_request_id(request_id)  # this task's log lines name the request
         with span(
             "request", {"model": parsed.model, "request_id": request_id, "stream": parsed.stream}
         ) as root:
-            return await self._serve(http_request, parsed, request_id, started, root)
+            return await self._serve(http_request, parsed, request_id, started, root, received_ms)
 
     async def _serve(
-        self, http_request: web.Request, parsed: OpenAIRequest, request_id: str, started: float, root: Any
+        self,
+        http_request: web.Request,
+        parsed: OpenAIRequest,
+        request_id: str,
+        started: float,
+        root: Any,
+        received_ms: float,
     ) -> web.StreamResponse:
         model, request = self.preprocess(parsed)
         metrics = self.metrics.of(model.name)
@@ -184,6 +222,7 @@ class RequestPipeline:
         metrics.inflight.inc()
         outcome: Outcome | None = None
         admitted = False
+        first_s: float | None = None
         try:
             self.metrics.watch_queue(model.name, model.admission)
             try:
@@ -196,7 +235,8 @@ class RequestPipeline:
             opened = await self.open_planned(model, request, request_id)
             if root is not None:
                 root.add_event("first token")
-            metrics.ttft.observe(time.perf_counter() - started)
+            first_s = time.perf_counter() - started
+            metrics.ttft.observe(first_s)
             metrics.input_tokens.observe(len(request.token_ids))
             outcome = Outcome(
                 opened.stream, opened.plan, request_id=request_id, decision=opened.decision,
@@ -235,7 +275,12 @@ class RequestPipeline:
             if admitted:
                 model.admission.leave()
             metrics.inflight.dec()
-            metrics.duration.observe(time.perf_counter() - started)
+            total_s = time.perf_counter() - started
+            metrics.duration.observe(total_s)
+            if self.trace is not None:
+                self.trace.write(
+                    traced(request_id, model.name, request, received_ms, first_s, total_s, outcome, status)
+                )
             self.metrics.count_request(
                 model.name, _ENDPOINT_LABELS[parsed.kind], "stream" if parsed.stream else "unary", status
             )

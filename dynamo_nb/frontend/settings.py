@@ -52,6 +52,7 @@ class FrontendConfig:
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT
     overload_status: int = 503
     routing_records: int = 1024
+    request_trace: str | None = None
     static_endpoint: str | None = None
     static_address: str | None = None
     model_name: str | None = None
@@ -74,6 +75,7 @@ class FrontendConfig:
             queue_timeout=args.queue_timeout,
             overload_status=args.overload_status,
             routing_records=args.routing_records,
+            request_trace=args.request_trace,
             static_endpoint=args.static_endpoint,
             static_address=args.static_address,
             model_name=args.model_name,
@@ -103,6 +105,7 @@ class FrontendConfig:
             queue_timeout=self.queue_timeout,
             overload_status=self.overload_status,
             routing_records=self.routing_records,
+            request_trace=self.request_trace,
         )
         if self.static_endpoint is not None:
             assert self.model_path is not None  # validate_frontend_args says so first
