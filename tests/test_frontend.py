@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -338,3 +339,46 @@ async def test_direct_routing_by_backend_instance_id(served: Served, tiny_path: 
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "nvext.backend_instance_id"
     finally:
         await second_rt.shutdown()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+async def test_nvext_timing_says_when_the_request_arrived_waited_and_answered(
+    served: Served, stream: bool
+) -> None:
+    """``nvext.extra_fields: ["timing"]``, as Dynamo's: arrival, the wait to be let in, the prefill,
+    TTFT and the total, consistent with each other and with the client's clock; and the answer's
+    id and ``x-request-id`` header name the request, a client's own id when it sends one."""
+    before = time.time() * 1000
+    body = {**GOOD, "stream": stream, "nvext": {"extra_fields": ["timing"]}}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    response = await served.http.post(CHAT, json=body, headers={"x-request-id": f"mine-{stream}"})
+    after = time.time() * 1000
+    assert response.status_code == 200, response.text
+    assert response.headers["x-request-id"] == f"mine-{stream}"
+    if stream:
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+        answer = next(event for event in events if "nvext" in event)
+        usage = next(event for event in events if event.get("usage"))["usage"]
+    else:
+        answer = response.json()
+        usage = answer["usage"]
+    assert answer["id"] == f"chatcmpl-mine-{stream}"
+    timing = answer["nvext"]["timing"]
+    assert before - 1 <= timing["request_received_ms"] <= after
+    assert (
+        0
+        <= timing["prefill_wait_time_ms"]
+        <= timing["ttft_ms"]
+        <= timing["total_time_ms"]
+        <= after - before + 1
+    )
+    assert timing["prefill_time_ms"] == pytest.approx(
+        timing["ttft_ms"] - timing["prefill_wait_time_ms"], abs=0.01
+    )
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    assert timing["kv_hit_rate"] == pytest.approx(
+        cached / usage["prompt_tokens"], abs=1e-4
+    )  # what the engine reused
+    bad = await served.http.post(CHAT, json=GOOD, headers={"x-request-id": "has space"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-request-id"

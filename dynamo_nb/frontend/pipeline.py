@@ -54,7 +54,7 @@ from ..telemetry.tracing import inject_trace, span
 from .metrics import FrontendMetrics
 from .migration import Migration
 from .openai import OpenAIRequest
-from .relay import Outcome, relay
+from .relay import Outcome, RequestTiming, relay
 from .request_trace import RequestTraceWriter, TracedRequest
 from .served_models import ModelManager, ServedModel
 from .writers import write_stream, write_unary
@@ -232,6 +232,7 @@ class RequestPipeline:
                 self.metrics.rejections.labels(model.name, refused.reason).inc()
                 raise
             admitted = True
+            waited_s = time.perf_counter() - started
             opened = await self.open_planned(model, request, request_id)
             if root is not None:
                 root.add_event("first token")
@@ -241,6 +242,7 @@ class RequestPipeline:
             outcome = Outcome(
                 opened.stream, opened.plan, request_id=request_id, decision=opened.decision,
                 asked=parsed.extra_fields,
+                timing=RequestTiming(received_ms, started, waited_s, first_s, len(request.token_ids)),
             )  # fmt: skip
             try:
                 pieces = relay(

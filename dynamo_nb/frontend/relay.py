@@ -35,6 +35,32 @@ _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "st
 """An engine's finish reason → OpenAI's."""
 
 
+class RequestTiming:
+    """When a request arrived (``received_ms``, Unix ms; ``started``, ``perf_counter``), how long
+    it waited to be let in (``waited_s``) and for its first token (``first_s``), both from the start."""
+
+    __slots__ = ("first_s", "prompt_tokens", "received_ms", "started", "waited_s")
+
+    def __init__(
+        self, received_ms: float, started: float, waited_s: float, first_s: float, prompt_tokens: int
+    ) -> None:
+        self.received_ms, self.started = received_ms, started
+        self.waited_s, self.first_s, self.prompt_tokens = waited_s, first_s, prompt_tokens
+
+    def nvext(self, cached_tokens: int | None) -> dict[str, Any]:
+        """Dynamo's ``nvext.timing`` fields, the request's end being now."""
+        return {
+            "request_received_ms": int(self.received_ms),
+            "prefill_wait_time_ms": round(self.waited_s * 1000, 3),
+            "prefill_time_ms": round((self.first_s - self.waited_s) * 1000, 3),
+            "ttft_ms": round(self.first_s * 1000, 3),
+            "total_time_ms": round((time.perf_counter() - self.started) * 1000, 3),
+            "kv_hit_rate": None
+            if cached_tokens is None
+            else round(cached_tokens / max(self.prompt_tokens, 1), 4),
+        }
+
+
 @dataclass
 class Outcome:
     """One request's relayed stream: the worker stream read now (another after a migration),
@@ -45,7 +71,8 @@ class Outcome:
         plan: its prefill plan (None: the model has no prefill workers).
         request_id: the request's id (the answer's ``id`` and ``x-request-id``).
         decision: why the decode router chose the worker serving it now.
-        asked: the ``nvext.extra_fields`` the request asked for (``worker_id``, ``routing``).
+        asked: the ``nvext.extra_fields`` the request asked for (``worker_id``, ``routing``, ``timing``).
+        timing: when it arrived, waited and had its first token (for ``nvext.timing``).
         plans: every prefill planned for it (cancelled with the request).
         finish_reason: OpenAI's, once it ended.
         completion_tokens: tokens generated, across workers.
@@ -60,6 +87,7 @@ class Outcome:
     request_id: str = ""
     decision: RoutingDecision | None = None
     asked: frozenset[str] = frozenset()
+    timing: RequestTiming | None = None
     plans: list[PrefillPlan] = field(default_factory=list)
     finish_reason: str = "stop"
     completion_tokens: int = 0
@@ -99,7 +127,8 @@ class Outcome:
     @property
     def nvext(self) -> dict[str, Any] | None:
         """Dynamo's ``nvext`` answer fields the request asked for: ``worker_id`` (who served it),
-        ``routing`` (why: the decode router's decision, and the prefill router's)."""
+        ``routing`` (why: the decode router's decision, and the prefill router's), ``timing``
+        (as Dynamo's: arrival, the wait to be let in, prefill, TTFT, total, KV hit rate)."""
         if not self.asked:
             return None
         fields: dict[str, Any] = {}
@@ -112,6 +141,8 @@ class Outcome:
                 "decode": self.decision.to_dict() if self.decision is not None else None,
                 "prefill": prefill_decision.to_dict() if prefill_decision is not None else None,
             }
+        if "timing" in self.asked and self.timing is not None:
+            fields["timing"] = self.timing.nvext(self.cached_tokens)
         return fields or None
 
     def cancel_prefills(self) -> None:
