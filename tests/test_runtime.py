@@ -149,13 +149,10 @@ async def test_a_caller_that_goes_away_without_a_stop_stops_the_handler(
     once): the worker still learns the caller left, from the closed connection (TCP) or from
     NATS answering its next frame with "no responders"."""
     recorder = Recorder()
-    server_rt, client_rt = await make_runtime(mode), await make_runtime(mode)
-    await server_rt.endpoint(f"test.gone{mode[:4]}.generate").serve(recorder)
-    client = await client_rt.endpoint(f"test.gone{mode[:4]}.generate").client()
-    await client.wait_for_instances(timeout=10)
+    _servers, client = await serve_and_connect(make_runtime, mode, recorder, f"gone-{mode}")
     stream = client.round_robin({})
     assert await anext(stream) == {"i": 0}
-    await client_rt.shutdown(grace=0.1)
+    await client.endpoint.runtime.shutdown(grace=0.1)
     await asyncio.wait_for(recorder.stopped_seen.wait(), 2.5)  # within one heartbeat, not never
     await asyncio.wait_for(recorder.finished.wait(), 2.5)
 

@@ -298,10 +298,7 @@ class RequestPipeline:
         with span("prefill plan"):  # the prefill worker's span joins the trace from here
             context = Context(request_id, metadata=inject_trace({})) if request_id else None
             plan = await router.plan(request, context=context)  # enforced disaggregation fails here: a 503
-        if plan.decision is not None:  # why its prefill worker was chosen
-            plan.decision.request_id, plan.decision.model = request_id, model.name
-            self.models.records.add(plan.decision)
-            self.metrics.observe_routing(plan.decision)
+        self.keep(plan.decision, request_id, model.name)  # why its prefill worker was chosen
         try:
             opened = await self.open(model, plan.decode_request, request_id)
         except RemoteHandlerError as exc:
@@ -317,6 +314,14 @@ class RequestPipeline:
         opened.plan = plan
         return opened
 
+    def keep(self, decision: RoutingDecision | None, request_id: str, model: str) -> None:
+        """A router's decision, named after its request and model: kept in the frontend's routing
+        records, its time per phase observed."""
+        if decision is not None:
+            decision.request_id, decision.model = request_id, model
+            self.models.records.add(decision)
+            self.metrics.observe_routing(decision)
+
     async def open(self, model: ServedModel, request: PreprocessedRequest, request_id: str = "") -> Opened:
         """Step 4: send the request and wait for its first item; a worker that is down is skipped
         (`OPEN_TRIES` tries). A worker's error (`RemoteHandlerError`) goes up with its status."""
@@ -328,9 +333,8 @@ class RequestPipeline:
                 raise
             except NoInstancesError:
                 break
+            self.keep(decision, request_id, model.name)
             try:
-                if decision is not None:
-                    self.metrics.observe_routing(decision)
                 return Opened(stream, await stream.__anext__(), decision=decision)
             except StopAsyncIteration:
                 raise EngineError(f"a worker of {model.name!r} ended the stream without output") from None

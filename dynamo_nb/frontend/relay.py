@@ -35,17 +35,16 @@ _FINISH = {"stop": "stop", "length": "length", "cancelled": "stop", "error": "st
 """An engine's finish reason → OpenAI's."""
 
 
+@dataclass(slots=True)
 class RequestTiming:
     """When a request arrived (``received_ms``, Unix ms; ``started``, ``perf_counter``), how long
     it waited to be let in (``waited_s``) and for its first token (``first_s``), both from the start."""
 
-    __slots__ = ("first_s", "prompt_tokens", "received_ms", "started", "waited_s")
-
-    def __init__(
-        self, received_ms: float, started: float, waited_s: float, first_s: float, prompt_tokens: int
-    ) -> None:
-        self.received_ms, self.started = received_ms, started
-        self.waited_s, self.first_s, self.prompt_tokens = waited_s, first_s, prompt_tokens
+    received_ms: float
+    started: float
+    waited_s: float
+    first_s: float
+    prompt_tokens: int
 
     def nvext(self, cached_tokens: int | None) -> dict[str, Any]:
         """Dynamo's ``nvext.timing`` fields, the request's end being now."""

@@ -66,7 +66,6 @@ class ServedModel:
         *,
         limits: dict[int, int] | None = None,
         admission: Admission | None = None,
-        records: RoutingRecords | None = None,
     ) -> None:
         self.card = card
         self.name = card.name
@@ -78,7 +77,6 @@ class ServedModel:
         self.cards: dict[str, ModelCard] = {}
         self.limits = limits if limits is not None else {}  # instance id → its max_num_seqs
         self.admission = admission or Admission()
-        self.records = records if records is not None else RoutingRecords(0)  # where decisions are kept
 
     def capacity(self) -> int | None:
         """Requests the workers take at once: the sum of their cards' ``max_num_seqs`` (None
@@ -98,19 +96,15 @@ class ServedModel:
     ) -> tuple[ResponseStream | RoutedStream, RoutingDecision | None]:
         """Route ``request`` to an instance: the one its ``routing.backend_instance_id`` names, else
         the router's choice (raises `NoInstancesError` when there is none). The stream carries
-        ``request_id`` to the worker; the router's decision is kept in `records` and returned."""
+        ``request_id`` to the worker; the router's decision comes back with it."""
         routing = request.routing
         router = self.direct if routing and "backend_instance_id" in routing else self.router
-        with span("route") as routing:
+        with span("route") as route_span:
             route = router.pick(request)
-            decision = route.decision
-            if decision is not None:
-                decision.request_id, decision.model = request_id, self.name
-                self.records.add(decision)
-            if routing is not None:
-                routing.set_attributes({"router": router.name, "instance_id": route.instance_id})
+            if route_span is not None:
+                route_span.set_attributes({"router": router.name, "instance_id": route.instance_id})
         context = Context(request_id, metadata=inject_trace({})) if request_id else None
-        return router.open(route, request, context=context), decision
+        return router.open(route, request, context=context), route.decision
 
     def tokenize(
         self, kind: str, messages: list[dict[str, Any]] | None, prompt: str | list[int] | None
@@ -192,7 +186,6 @@ class ModelManager:
                     router,
                     limits=limits,
                     admission=Admission(self.max_queue, self.queue_timeout, card.name),
-                    records=self.records,
                 )
                 logger.info("serving model %s from %s", card.name, card.endpoint)
             else:

@@ -146,11 +146,12 @@ class DirectRouter(Router):
                 f"direct routing needs routing.backend_instance_id, an instance id (int); got {instance_id!r}",
                 param="backend_instance_id",
             )
+        ids = self.client.instance_ids()
         candidates = [
             Candidate(i, excluded=None if i == instance_id else "the request named another instance")
-            for i in self.client.instance_ids()
+            for i in ids
         ]
-        if instance_id not in self.client.instance_ids():
+        if instance_id not in ids:
             candidates.append(Candidate(instance_id))
         rule = "named by the request (routing.backend_instance_id)"
         return Route(instance_id, decision=self.decision(instance_id, rule, candidates))
