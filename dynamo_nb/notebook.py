@@ -14,7 +14,7 @@ import functools
 import sys
 from typing import Any
 
-__all__ = ["NOTEBOOK_ONLY_TAG", "in_notebook", "widget_with_plain_text"]
+__all__ = ["NOTEBOOK_ONLY_TAG", "PngDisplay", "in_notebook", "widget_with_plain_text"]
 
 NOTEBOOK_ONLY_TAG = "notebook-only"
 
@@ -31,6 +31,33 @@ def in_notebook() -> bool:
         return False
     shell = ipython.get_ipython()
     return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class PngDisplay:
+    """One image in a notebook's output, replaced in place on each `show` (nothing outside a kernel).
+
+    Example:
+        >>> view = PngDisplay()
+        >>> view.show(b"\\x89PNG...")   # the first call displays, later ones update it
+        >>> view.shown
+        False
+    """
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+        self.shown = False
+
+    def show(self, png: bytes) -> None:
+        """Display ``png`` (a notebook only), replacing what this display showed before."""
+        if not in_notebook():
+            return
+        from IPython.display import Image, display
+
+        if self._handle is None:
+            self._handle = display(Image(data=png, format="png"), display_id=True)
+        else:
+            self._handle.update(Image(data=png, format="png"))
+        self.shown = True
 
 
 def widget_with_plain_text(widget_class: type, plain_text: str, *args: Any, **kwargs: Any) -> Any:

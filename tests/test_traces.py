@@ -99,6 +99,7 @@ async def test_the_frontend_captures_each_finished_request(
         usage["prompt_tokens_details"]["cached_tokens"] for _, usage in answers
     ]
     assert (trace["ttft_ms"] > 0).all() and (trace["total_time_ms"] >= trace["ttft_ms"]).all()
+    assert trace["worker"].str.fullmatch("[0-9a-f]+").all()  # hex instance ids, as bench.run has them
     assert trace["timestamp_ms"].is_monotonic_increasing and trace["timestamp_ms"].iloc[0] == 0
     first_blocks = {ids[0] for ids in trace["hash_ids"]}
     assert len(first_blocks) == 1  # every prompt starts with the same 64 tokens: one shared first block

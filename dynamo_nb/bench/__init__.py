@@ -51,6 +51,7 @@ from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .slo import SLO, max_rate_within_slo, slo_attainment
 from .stats import load_json, save_csv, save_json, summary
 from .stub_server import StubServer
+from .trace_runner import run_trace
 from .traces import read_trace, save_trace, synthetic_trace, trace_token_ids
 
 __all__ = [
@@ -77,6 +78,7 @@ __all__ = [
     "random_prompts",
     "read_trace",
     "run",
+    "run_trace",
     "save_csv",
     "save_json",
     "save_trace",

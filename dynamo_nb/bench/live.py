@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ConfigError
-from ..notebook import in_notebook
+from ..notebook import PngDisplay
 from .charts import CHARTS, Chart
 from .runner import records_frame
 
@@ -47,8 +47,7 @@ class LiveChart:
         self._records: list[dict[str, Any]] = []
         self._drawn = 0
         self._task: asyncio.Task[None] | None = None
-        self._handle: Any = None
-        self._show = in_notebook()
+        self._display = PngDisplay()
 
     def start(self, records: list[dict[str, Any]]) -> None:
         """Follow ``records`` (the list `bench.run` appends to) until `stop`."""
@@ -81,19 +80,10 @@ class LiveChart:
         self.last_png = await asyncio.to_thread(self._render, snapshot)
         self._drawn = count
         self.redraws += 1
-        if self._show:
-            self._display(self.last_png)
+        self._display.show(self.last_png)
 
     def _render(self, snapshot: list[dict[str, Any]]) -> bytes:
         return self.chart(records_frame(snapshot)).to_png()
-
-    def _display(self, png: bytes) -> None:
-        from IPython.display import Image, display
-
-        if self._handle is None:
-            self._handle = display(Image(data=png, format="png"), display_id=True)
-        else:
-            self._handle.update(Image(data=png, format="png"))
 
 
 def live(

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
     from ..router.decision import RoutingRecords
 
-__all__ = ["histogram", "parse_metrics", "scrape_metrics", "with_routing"]
+__all__ = ["histogram", "histogram_quantile", "parse_metrics", "scrape_metrics", "with_routing"]
 
 
 def parse_metrics(text: str) -> pd.DataFrame:
@@ -63,6 +63,42 @@ def histogram(metrics: pd.DataFrame, name: str, **labels: str) -> pd.DataFrame:
     total = table["count"].max() if len(table) else 0
     table["share"] = table["count"] / total if total else 0.0
     return table.reset_index(drop=True)
+
+
+def histogram_quantile(before: pd.DataFrame | None, after: pd.DataFrame, name: str, q: float) -> float:
+    """The ``q`` quantile (0..1) of what histogram ``name`` observed between two scrapes
+    (``before`` None: since the start), interpolated within its bucket as Prometheus's
+    ``histogram_quantile`` does; NaN when it observed nothing.
+
+    Example:
+        >>> one = parse_metrics('# TYPE t histogram\\nt_bucket{le="0.1"} 1\\nt_bucket{le="0.2"} 1\\nt_bucket{le="+Inf"} 1\\n')
+        >>> two = parse_metrics('# TYPE t histogram\\nt_bucket{le="0.1"} 1\\nt_bucket{le="0.2"} 5\\nt_bucket{le="+Inf"} 5\\n')
+        >>> round(histogram_quantile(one, two, "t", 0.5), 3)   # 4 new observations, all in (0.1, 0.2]
+        0.15
+    """
+
+    def observed(metrics: pd.DataFrame | None) -> bool:
+        return metrics is not None and len(metrics) > 0 and bool((metrics["name"] == f"{name}_bucket").any())
+
+    if not observed(after):
+        return float("nan")
+    counts = histogram(after, name).set_index("le")["count"]
+    if observed(before):
+        counts = counts.sub(histogram(before, name).set_index("le")["count"], fill_value=0)  # type: ignore[arg-type]
+    if not len(counts) or counts.iloc[-1] <= 0:
+        return float("nan")
+    rank = q * counts.iloc[-1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in counts.items():
+        if count >= rank:
+            if bound == float("inf"):
+                return float(lower_bound)
+            width = count - lower_count
+            return float(
+                lower_bound + (bound - lower_bound) * ((rank - lower_count) / width if width else 0.0)
+            )
+        lower_bound, lower_count = float(bound), float(count)
+    return float(lower_bound)
 
 
 def with_routing(records: pd.DataFrame, routing: RoutingRecords, hop: str = "decode") -> pd.DataFrame:

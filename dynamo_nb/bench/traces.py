@@ -4,8 +4,8 @@ format, and synthetic ones with a chosen prefix structure and arrival process.
 A trace has one row per request: ``timestamp_ms`` (arrival, from the trace's start),
 ``input_length``, ``output_length`` and ``hash_ids`` (the prompt's blocks: equal ids are equal
 blocks, so shared prefixes survive without the text); the frontend's traces add what it
-measured (``ttft_ms``, ``avg_itl_ms``, ``total_time_ms``, ``cached_tokens``, ``worker``,
-``path``). ``df.attrs["block_size"]`` is the tokens per block (Mooncake's: 512; ours: 64).
+measured (``ttft_ms``, ``avg_itl_ms``, ``total_time_ms``, ``cached_tokens``, ``path``, and
+``worker`` / ``prefill_worker`` as hex ids, as `bench.run` has them). ``df.attrs["block_size"]`` is the tokens per block (Mooncake's: 512; ours: 64).
 
 Example:
     >>> trace = synthetic_trace(6, rate=2.0, prefix_groups=2, prefix_blocks=3, seed=1)
@@ -63,11 +63,17 @@ def _row(record: dict[str, Any], where: str) -> tuple[dict[str, Any], int] | Non
             "avg_itl_ms",
             "total_time_ms",
             "cached_tokens",
-            "worker",
             "path",
         ):
             if key in request:
                 row[key] = request[key]
+        workers = request.get(
+            "worker"
+        )  # Dynamo's {"decode_worker_id", "prefill_worker_id"}: hex ids as bench.run has them
+        if isinstance(workers, dict):
+            for column, key in (("worker", "decode_worker_id"), ("prefill_worker", "prefill_worker_id")):
+                if isinstance(workers.get(key), int):
+                    row[column] = f"{workers[key]:x}"
         return row, int(replay.get("trace_block_size") or 64)
     if "timestamp" in record and "input_length" in record:  # Mooncake
         return {

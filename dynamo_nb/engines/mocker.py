@@ -1,19 +1,9 @@
 """The ``mocker`` engine: a simulated LLM engine for routing experiments at scale, no GPU, no model.
 
-A vLLM-style loop with chunked prefill: each step gives every prefilled request one decode
-token, spends the rest of the token budget (``max_num_batched_tokens``) on prompt chunks of
-running prefills, then admits waiting requests (while ``max_num_seqs`` and the KV pool allow)
-with chunks of their uncached prompt tokens. A request's first token comes at the end of the
-step that finishes its prompt. A step lasts what Dynamo's mocker says (its polynomial
-timing model, milliseconds):
-
-- prefill: ``4.209989e-7·T² + 1.518344e-2·T + 16.50142`` for T uncached prompt tokens in the
-  step (0 when everything was cached), divided by ``speedup_ratio``;
-- decode, when some request has a token to emit at the end of the step (including those whose
-  prompt the step finishes; a prefill worker's handoffs do not count):
-  ``max(-25.74·p² + 54.01·p + 5.74, 1)`` with p = KV tokens held by running requests (their
-  prompts and the tokens decoded so far, in whole blocks) / total KV tokens, divided by
-  ``speedup_ratio · decode_speedup_ratio``.
+Its scheduler and timing model are `dynamo_nb.engines.mocker_scheduler`'s (vLLM-style chunked
+prefill; Dynamo's polynomial step times, scaled by ``speedup_ratio`` and
+``decode_speedup_ratio``); the engine runs them against the event loop's clock, and
+`dynamo_nb.replay` runs the same on a simulated one.
 
 Steps run against an absolute clock: each step's deadline is the previous one plus its
 duration, so the event loop's timer resolution (about 1 ms) and the scheduler's own work are
@@ -47,8 +37,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
-from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,36 +46,22 @@ from typing import Any
 
 from ..disagg.decode import fetch_prompt_kv
 from ..disagg.prefill import BootstrapRole
-from ..errors import ConfigError, DisaggregationError, InvalidRequestError
+from ..errors import DisaggregationError
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from .base import KvEvent, KvEventSink, token_budget
-from .kv_cache.blocks import Allocation, KvBlockManager, publish_kv_events
+from .kv_cache.blocks import KvBlockManager, publish_kv_events
+from .mocker_scheduler import MockerScheduler, MockerSettings, MockJob, decode_ms, prefill_ms
 
 __all__ = ["MOCK_KV_FORMAT", "MockerEngine", "decode_ms", "prefill_ms"]
 
 MOCK_KV_FORMAT = "dynamo_nb.mock-kv.v1"  # a prefill's handoff: no tensors, the prompt length and first token
 
-# The timing model follows Dynamo's mocker: ai-dynamo/dynamo lib/mocker/src/common/perf_model.rs
-# (PerfModel::Polynomial) and lib/mocker/src/scheduler/vllm/core.rs (the pass's prefill tokens,
-# its ready requests, the decode load) @ f80944a4c0c32d6e8ba9ab7a58a399eae18a053a; a pass sleeps
-# until its deadline as lib/mocker/src/scheduler/vllm/live.rs @ 7568efc4c9497e42f0c6f018d79738ce4a1516e5.
+# a pass sleeps until its deadline as Dynamo's lib/mocker/src/scheduler/vllm/live.rs
+# @ 7568efc4c9497e42f0c6f018d79738ce4a1516e5.
 MAX_CATCH_UP_S = 0.05
 """After a stall (no CPU for the event loop) at most this much lost time is made up by running
 steps back to back; the rest is dropped, as a real engine cannot compute faster to catch up."""
-
-
-def prefill_ms(uncached_tokens: int) -> float:
-    """Dynamo's polynomial prefill time for ``uncached_tokens`` new prompt tokens in a step."""
-    if uncached_tokens <= 0:
-        return 0.0
-    t = float(uncached_tokens)
-    return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
-
-
-def decode_ms(kv_load: float) -> float:
-    """Dynamo's polynomial decode step time at ``kv_load`` = active KV tokens / total (floor 1 ms)."""
-    return max(-25.74 * kv_load * kv_load + 54.01 * kv_load + 5.74, 1.0)
 
 
 @functools.lru_cache(maxsize=8)
@@ -97,24 +73,10 @@ def _special_token_ids(model_path: str) -> frozenset[int]:
     return frozenset(ModelTokenizer.load(model_path).special_token_ids())
 
 
-@dataclass
-class _Request:
-    prompt: list[int]
-    max_tokens: int
+@dataclass(eq=False)
+class _Request(MockJob):
     output: list[int] = field(default_factory=list)  # the ids it streams, cycled
     queue: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    allocation: Allocation | None = None
-    hashes: tuple[list[int], list[int]] | None = None  # the prompt's block hashes, computed once
-    computed: int = 0  # prompt tokens whose KV exists (cached prefix, then prefill chunks)
-    cached_tokens: int = 0  # prompt tokens found in the prefix cache at admission (or by the prefill)
-    emitted: int = 0  # tokens handed to the stream
-    cancelled: bool = False
-    transferred: bool = False  # a decode: its prompt's KV came from a prefill worker
-    handoff: bool = False  # a prefill worker's request: its one token is part of the prefill pass
-
-    @property
-    def prefilled(self) -> bool:
-        return self.computed >= len(self.prompt)
 
 
 class MockerEngine(BootstrapRole):
@@ -140,39 +102,48 @@ class MockerEngine(BootstrapRole):
         context_length: int | None = None,
         kv_timeout: float = 30.0,
     ) -> None:
-        if speedup_ratio <= 0 or decode_speedup_ratio <= 0:
-            raise ConfigError(
-                f"--speedup-ratio and --decode-speedup-ratio must be positive, got {speedup_ratio} and "
-                f"{decode_speedup_ratio}"
-            )
-        if max_num_batched_tokens < 1 or max_num_seqs < 1:
-            raise ConfigError(
-                f"--max-num-batched-tokens and --max-num-seqs must be at least 1, got {max_num_batched_tokens} "
-                f"and {max_num_seqs}"
-            )
-        self.kv = KvBlockManager(num_blocks, block_size)
+        settings = MockerSettings(block_size, num_blocks, max_num_batched_tokens, max_num_seqs, speedup_ratio,
+                                  decode_speedup_ratio)  # fmt: skip
+        self.scheduler = MockerScheduler(
+            settings,
+            on_token=self._deliver,
+            on_reject=lambda job, error: job.queue.put_nowait(error),  # type: ignore[attr-defined]
+        )
         self.block_size = block_size
-        self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs: int | None = max_num_seqs
         self.context_length = context_length  # published in the card; the simulation refuses nothing
         self.kv_timeout = kv_timeout
-        self.speedup_ratio = speedup_ratio
-        self.decode_speedup_ratio = decode_speedup_ratio
         self.skip_token_ids = skip_token_ids
         self.kv_events = kv_events
-        self.prefix_hits = 0
-        self.prompt_blocks = 0
-        self.steps = 0
-        self.simulated_s = 0.0  # the model's time of every step run, summed
-        self._waiting: deque[_Request] = deque()
-        self._running: list[_Request] = []
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
 
     @property
+    def kv(self) -> KvBlockManager:
+        """The scheduler's KV pool."""
+        return self.scheduler.kv
+
+    @property
+    def steps(self) -> int:
+        return self.scheduler.steps
+
+    @property
+    def simulated_s(self) -> float:
+        """The model's time of every step run, summed."""
+        return self.scheduler.simulated_s
+
+    @property
+    def prefix_hits(self) -> int:
+        return self.scheduler.prefix_hits
+
+    @property
+    def prompt_blocks(self) -> int:
+        return self.scheduler.prompt_blocks
+
+    @property
     def active(self) -> int:
         """Requests running or waiting."""
-        return len(self._running) + len(self._waiting)
+        return self.scheduler.active
 
     def stats(self) -> dict[str, int]:
         """Prefix cache hits: ``prefix_hits`` of ``prompt_blocks`` admitted prompt blocks were cached."""
@@ -196,12 +167,7 @@ class MockerEngine(BootstrapRole):
         ones of ``model_path``'s tokenizer (they decode to no text)."""
         skip = _special_token_ids(str(model_path)) if model_path is not None else frozenset()
         return cls(
-            block_size=args.kv_cache_block_size,
-            num_blocks=args.num_gpu_blocks,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            speedup_ratio=args.speedup_ratio,
-            decode_speedup_ratio=args.decode_speedup_ratio,
+            **dataclasses.asdict(MockerSettings.from_args(args)),
             kv_events=kv_events,
             skip_token_ids=skip,
             context_length=args.context_length,
@@ -266,7 +232,7 @@ class MockerEngine(BootstrapRole):
     async def _stream(self, job: _Request, context: Context | None) -> AsyncIterator[LLMEngineOutput]:
         """Queue ``job`` and stream its tokens; leaving early (cancel, close) frees it."""
         job.output = [t for t in job.prompt if t not in self.skip_token_ids] or job.prompt or [0]
-        self._waiting.append(job)
+        self.scheduler.add(job)
         self._ensure_loop()
         received = job.emitted  # a decode's first token came from its prefill
         try:
@@ -289,9 +255,7 @@ class MockerEngine(BootstrapRole):
                     )  # fmt: skip
                     return
         finally:
-            job.cancelled = True
-            with contextlib.suppress(ValueError):
-                self._waiting.remove(job)
+            self.scheduler.cancel(job)
 
     def _ensure_loop(self) -> None:
         self._wake.set()
@@ -300,121 +264,26 @@ class MockerEngine(BootstrapRole):
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        scheduler = self.scheduler
         deadline: float | None = None  # when the current step ends, on the loop's clock
         while True:
-            if not self._waiting and not self._running:
+            if not scheduler.busy:
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = None  # idle time is not owed to anyone
                 continue
-            decoding = [job for job in self._running if job.prefilled and not job.cancelled]
-            chunks = self._schedule(self.max_num_batched_tokens - len(decoding))
-            step_s = self.step_seconds(chunks)
-            self.simulated_s += step_s
+            chunks, step_s = scheduler.plan_step()
             now = loop.time()
             deadline = max(now if deadline is None else deadline, now - MAX_CATCH_UP_S) + step_s
             await asyncio.sleep(max(0.0, deadline - loop.time()))
-            self.steps += 1
-            for job, tokens in chunks:
-                job.computed += tokens
-                if job.allocation is not None:
-                    self.kv.mark_computed(job.allocation, job.computed)
-            self._emit()
+            scheduler.finish_step(chunks)
             await self._publish_events()
 
-    def step_seconds(self, chunks: list[tuple[_Request, int]]) -> float:
-        """How long a step with these prefill ``chunks`` lasts (Dynamo's mocker model, scaled)."""
-        prefill = 0.0
-        if chunks:  # Dynamo's token count: B·(Σ(prefix + chunk)//B − Σprefix//B)
-            batch = len(chunks)
-            total = sum(job.computed + tokens for job, tokens in chunks)
-            prefix = sum(job.computed for job, _ in chunks)
-            prefill = prefill_ms(batch * (total // batch - prefix // batch))
-        chunk_of = {id(job): tokens for job, tokens in chunks}
-        ready = [
-            job
-            for job in self._running
-            if not job.cancelled
-            and job.emitted < job.max_tokens
-            and job.computed + chunk_of.get(id(job), 0) >= len(job.prompt)  # computed once this step ends
-        ]
-        decode = 0.0
-        if ready and not all(job.handoff for job in ready):
-            decode = decode_ms(self._kv_load()) / self.decode_speedup_ratio
-        return (prefill + decode) / 1000.0 / self.speedup_ratio
-
-    def _kv_load(self) -> float:
-        """KV tokens held by running requests (shared prompt blocks once, plus each request's
-        partial and decoded blocks) over the pool's tokens."""
-        size = self.block_size
-        extra = sum(
-            -(-(len(job.prompt) + job.emitted) // size) - len(job.prompt) // size
-            for job in self._running
-            if not job.cancelled
-        )
-        return min(1.0, (self.kv.active_blocks + extra) / self.kv.num_blocks)
-
-    def _schedule(self, budget: int) -> list[tuple[_Request, int]]:
-        """This step's prefill chunks within ``budget`` tokens: running prefills first (chunked
-        prefill), then newly admitted requests while ``max_num_seqs`` and the KV pool allow."""
-        chunks = []
-        for job in self._running:
-            if budget <= 0:
-                return chunks
-            if not job.prefilled and not job.cancelled:
-                tokens = min(len(job.prompt) - job.computed, budget)
-                chunks.append((job, tokens))
-                budget -= tokens
-        while self._waiting and budget > 0 and len(self._running) < self.max_num_seqs:
-            job = self._waiting[0]
-            if job.cancelled:
-                self._waiting.popleft()
-                continue
-            if job.hashes is None:
-                job.hashes = self.kv.hashes(job.prompt)
-            if not self.kv.can_allocate(job.prompt, job.hashes):
-                if not self._running:  # an empty pool is too small: it never fits
-                    self._waiting.popleft()
-                    job.queue.put_nowait(
-                        InvalidRequestError(
-                            f"the prompt needs {len(job.prompt) // self.block_size} KV blocks and the "
-                            f"mocker's pool has {self.kv.num_blocks}: raise --num-gpu-blocks or shorten it",
-                            param="messages",
-                        )
-                    )
-                    continue
-                break
-            self._waiting.popleft()
-            job.allocation = self.kv.allocate(job.prompt, job.hashes)
-            self._running.append(job)
-            if job.transferred:  # its KV arrived whole: the blocks are computed, nothing to prefill
-                job.computed = len(job.prompt)
-                self.kv.mark_computed(job.allocation, job.computed)
-                continue
-            job.computed = min(job.allocation.cached_blocks * self.block_size, len(job.prompt))
-            job.cached_tokens = job.computed
-            self.prefix_hits += job.allocation.cached_blocks
-            self.prompt_blocks += len(job.allocation.sequence)
-            tokens = min(len(job.prompt) - job.computed, budget)
-            chunks.append((job, tokens))
-            budget -= tokens
-        return chunks
-
-    def _emit(self) -> None:
-        """One token for every prefilled running request; finished and cancelled ones leave and free
-        their blocks."""
-        still = []
-        for job in self._running:
-            if not job.cancelled and job.prefilled and job.emitted < job.max_tokens:
-                job.queue.put_nowait(job.output[job.emitted % len(job.output)])
-                job.emitted += 1
-            if job.cancelled or job.emitted >= job.max_tokens:
-                if job.allocation is not None:
-                    self.kv.release(job.allocation)
-                    job.allocation = None
-            else:
-                still.append(job)
-        self._running = still
+    @staticmethod
+    def _deliver(job: MockJob) -> None:
+        """The scheduler gave ``job`` a token: stream the next of its ids."""
+        assert isinstance(job, _Request)
+        job.queue.put_nowait(job.output[(job.emitted - 1) % len(job.output)])
 
     async def _publish_events(self) -> None:
         await publish_kv_events(self.kv_events, self.kv.drain_events())

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -193,6 +194,19 @@ class Frontend:
             # 'kv chose 7598… (lowest cost; score 12, next best 20, margin 8) of 2 candidates'
         """
         return self.models.records
+
+    def request_trace(self) -> Path:
+        """The request trace (``request_trace=``) with every finished request written so far:
+        its path, for `dynamo_nb.bench.read_trace`.
+
+        Example::
+
+            trace = bench.read_trace(frontend.request_trace())
+        """
+        writer = self.pipeline.trace
+        if writer is None:
+            raise ConfigError("this frontend keeps no request trace: start it with request_trace=PATH")
+        return writer.flush()
 
     async def wait_for_model(self, name: str, timeout: float = 30.0) -> ServedModel:
         """Wait until a worker serves ``name`` (its card arrived)."""

@@ -116,6 +116,13 @@ class RequestTraceWriter:
             "request": body,
         }
 
+    def flush(self) -> Path:
+        """Write what is buffered now (to read the trace while the frontend runs); the path."""
+        if self._file is not None:
+            self._file.flush()
+            self._flushed = time.monotonic()
+        return self.path
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()

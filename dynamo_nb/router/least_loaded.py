@@ -53,11 +53,17 @@ class LeastLoadedRouter(Router):
     tracks_requests = True
     name = "least-loaded"
 
-    def __init__(self, client: Client, limit_of: Callable[[int], int | None] | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        limit_of: Callable[[int], int | None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        """``rng`` draws the two instances compared (a seeded one makes a replay repeatable)."""
         super().__init__(client)
         self.inflight: defaultdict[int, int] = defaultdict(int)
         self.limit_of = limit_of or (lambda _instance: None)
-        self._random = random.Random()
+        self._random = rng or random.Random()
 
     def _has_room(self, instance_id: int) -> bool:
         limit = self.limit_of(instance_id)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,7 +66,9 @@ class RadixTree:
         events_dropped: ``stored`` events whose parent block the worker never reported (a gap).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock`` gives the time approximate-mode expiries count in (a replay's is simulated)."""
+        self.clock = clock
         self._root = _Node(None, None)
         self._blocks: dict[Any, dict[int, _Node]] = {}  # worker → its block id → node
         self._expiry: dict[tuple[Any, int], float] = {}  # approximate mode: (worker, block id) → deadline
@@ -148,7 +150,7 @@ class RadixTree:
         the worker's events already stored keep no expiry; a later stored event of a
         predicted block (same id) confirms it.
         """
-        deadline = (time.monotonic() if now is None else now) + ttl
+        deadline = (self.clock() if now is None else now) + ttl
         ids = sequence_hashes(local_hashes) if block_ids is None else block_ids  # equal prefixes, equal ids
         owned = self._blocks.get(worker, {})
         expiry = self._expiry
@@ -176,7 +178,7 @@ class RadixTree:
 
     def expire(self, now: float | None = None) -> int:
         """Drop the inserted blocks whose time is up; how many went."""
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         heap, expiry = self._deadlines, self._expiry
         gone = 0
         while heap and heap[0][0] <= now:

@@ -98,13 +98,17 @@ class KvRouter(Router):
         config: KvRouterConfig,
         indexer: KvIndexer | None,
         rng: random.Random | None = None,
+        *,
+        tree: RadixTree | None = None,
     ) -> None:
-        """Use `KvRouter.create`."""
+        """Use `KvRouter.create`; or give the ``tree`` you feed with the workers' KV events
+        yourself (a replay does, on its simulated clock)."""
         super().__init__(client)
         self.block_size = block_size
         self.config = config
         self.indexer = indexer
-        self.tree = indexer.tree if indexer is not None else RadixTree()
+        self.tree = indexer.tree if indexer is not None else tree or RadixTree()
+        self.follows_events = indexer is not None or tree is not None
         self.loads: dict[int, ActiveLoad] = {}
         self.decisions = 0
         self.hit_blocks = 0
@@ -132,23 +136,37 @@ class KvRouter(Router):
 
     def choose(self, token_ids: list[int], request_id: str | None = None) -> KvRoute:
         """Pick the worker for ``token_ids`` and count the request on it (see `finished`)."""
+        started = time.perf_counter()
+        hashes = block_hashes(token_ids, self.block_size)
+        sequence = sequence_hashes(hashes)
+        return self.choose_blocks(hashes, sequence, len(token_ids), request_id, started=started)
+
+    def choose_blocks(
+        self,
+        hashes: list[int],
+        sequence: list[int],
+        prompt_tokens: int,
+        request_id: str | None = None,
+        *,
+        started: float | None = None,
+    ) -> KvRoute:
+        """`choose` for a prompt of ``prompt_tokens`` tokens given as its blocks' local ``hashes``
+        and ``sequence`` hashes (a replayed trace has no token ids)."""
         request_id = request_id or new_request_id()
         live = set(self.client.instance_ids())
         if not live:
             path = str(self.client.endpoint.path)
             raise NoInstancesError(f"no instance of {path} to route to", endpoint=path)
-        started = time.perf_counter()
+        hashed = time.perf_counter()
+        started = hashed if started is None else started
         if self.indexer is not None:
             self.indexer.prune(live)
         self.tree.expire()
-        hashes = block_hashes(token_ids, self.block_size)
-        sequence = sequence_hashes(hashes)
-        hashed = time.perf_counter()
         matches = self.tree.find_matches(hashes)
         matched = time.perf_counter()
         parts = cost_parts(
             sorted(live),
-            prompt_tokens=len(token_ids),
+            prompt_tokens=prompt_tokens,
             block_size=self.block_size,
             overlaps=matches.scores,
             loads=self.loads,
@@ -183,11 +201,11 @@ class KvRouter(Router):
         if decision.tie and temperature <= 0:
             decision.rule += ", the tie broken by the smaller cache, then at random"
         overlap = matches.scores.get(worker, 0)
-        new_tokens = max(len(token_ids) - overlap * self.block_size, 0)
+        new_tokens = max(prompt_tokens - overlap * self.block_size, 0)
         self.loads.setdefault(worker, ActiveLoad()).add(request_id, new_tokens, sequence)
         # the chosen worker will hold this prompt: count it now (approximate mode), or until the
         # worker's stored event confirms it (events mode), so the next same-prefix request follows
-        ttl = self.config.pending_ttl if self.indexer is not None else self.config.approx_ttl
+        ttl = self.config.pending_ttl if self.follows_events else self.config.approx_ttl
         self.tree.insert(worker, hashes, ttl, block_ids=sequence)
         self.decisions += 1
         self.hit_blocks += overlap

@@ -1,0 +1,20 @@
+"""Size a fleet for a trace and an SLO, and scale a running graph to its load.
+
+- ``sizing.py``: `plan`, the fewest workers (aggregated, or a prefill:decode split) that
+  serve a trace within an SLO, found by offline replay (`dynamo_nb.replay`), with a Pareto
+  table, a chart and the cost per million tokens;
+- ``autoscaler.py``: `Autoscaler`, which reads a frontend's metrics and scales a running
+  graph's workers (load, throughput or SLO mode, with hysteresis and bounds).
+
+Example:
+    >>> from dynamo_nb.bench import SLO, synthetic_trace
+    >>> plan(synthetic_trace(100, rate=10.0, seed=1), SLO(ttft_ms=100)).fleet
+    Fleet(workers=1, prefill=0, decode=0, router='kv', kv_overlap_weight=1.0, router_temperature=0.0, transfer_ms=0.0)
+"""
+
+from __future__ import annotations
+
+from .autoscaler import AUTOSCALE_MODES, Autoscaler, Scalable
+from .sizing import Plan, Simulate, plan
+
+__all__ = ["AUTOSCALE_MODES", "Autoscaler", "Plan", "Scalable", "Simulate", "plan"]
