@@ -29,7 +29,7 @@ from ..errors import ConfigError
 from .http_client import RECORD_COLUMNS, send_request
 from .progress import progress_bar
 from .runner import ENDPOINTS, _base_url, records_frame
-from .traces import trace_token_ids
+from .traces import in_arrival_order, trace_token_ids
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,10 +65,7 @@ async def run_trace(
         raise ConfigError(f"speedup must be positive, got {speedup!r}")
     base = _base_url(url)
     block_size = int(trace.attrs.get("block_size", 64))
-    order = trace.sort_values("timestamp_ms", kind="stable")
-    origin_ms = float(order["timestamp_ms"].iloc[0]) if len(order) else 0.0
-    span = (float(order["timestamp_ms"].iloc[-1]) - origin_ms) / 1000.0 if len(order) else 0.0
-    offered = round((len(order) - 1) / span, 3) if span > 0 else float(len(order))
+    order, origin_ms, offered = in_arrival_order(trace)
     sends = []
     for at_ms, inputs, outputs, ids in zip(
         order["timestamp_ms"], order["input_length"], order["output_length"], order["hash_ids"], strict=True

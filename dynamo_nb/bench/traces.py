@@ -171,6 +171,23 @@ def synthetic_trace(
     return frame
 
 
+def in_arrival_order(trace: pd.DataFrame) -> tuple[pd.DataFrame, float, float]:
+    """``trace`` sorted by arrival, its first arrival (ms) and its offered rate (requests/s over
+    the span of its arrivals): what a replay, offline or live, sends and records as ``rate``.
+
+    Example:
+        >>> order, origin_ms, rate = in_arrival_order(synthetic_trace(5, rate=4.0, arrival="uniform"))
+        >>> origin_ms, rate
+        (0.0, 4.0)
+    """
+    order = trace.sort_values("timestamp_ms", kind="stable")
+    if not len(order):
+        return order, 0.0, 0.0
+    origin_ms = float(order["timestamp_ms"].iloc[0])
+    span = (float(order["timestamp_ms"].iloc[-1]) - origin_ms) / 1000.0
+    return order, origin_ms, round((len(order) - 1) / span, 3) if span > 0 else float(len(order))
+
+
 def trace_token_ids(hash_ids: list[int], input_length: int, block_size: int, vocab: int = 2000) -> list[int]:
     """Token ids for a trace's request: each block id stands for the same ``block_size`` tokens
     every time (so equal ids are a shared prefix), cut to ``input_length``.

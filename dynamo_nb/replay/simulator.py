@@ -286,15 +286,13 @@ class _Simulation:
         self.prefill.router.finished(request.prefill_route)
         request.times.append(self.now)
         request.row["cached_tokens"] = job.cached_tokens
-        decode = request.decode
-        handed = self.now + self.fleet.transfer_ms / 1000.0
-        if decode.max_tokens <= 1:  # the decode answers with the prefill's token at once
-            self.decode.router.first_token(request.route)  # type: ignore[arg-type]
+        self.decode.router.first_token(request.route)  # type: ignore[arg-type]
+        if request.decode.max_tokens <= 1:  # the decode answers with the prefill's token at once
             self.decode.router.finished(request.route)  # type: ignore[arg-type]
             self._done(request)
             return
-        self.decode.router.first_token(request.route)  # type: ignore[arg-type]
-        self._at(handed, 1, (self.decode.workers[request.route.instance_id], decode))  # type: ignore[union-attr]
+        handed = self.now + self.fleet.transfer_ms / 1000.0
+        self._at(handed, 1, (self.decode.workers[request.route.instance_id], request.decode))  # type: ignore[union-attr]
 
     def _on_reject(self, job: MockJob, error: Exception) -> None:
         request: _Request = job.owner
@@ -340,6 +338,7 @@ def replay(
     """
     from ..bench.http_client import RECORD_COLUMNS
     from ..bench.runner import records_frame
+    from ..bench.traces import in_arrival_order
 
     fleet = fleet or Fleet()
     settings = settings or MockerSettings()
@@ -348,10 +347,7 @@ def replay(
         raise ConfigError(f"the trace has no {', '.join(missing)} column: read it with bench.read_trace")
     started = time.perf_counter()
     simulation = _Simulation(fleet, settings, seed, int(trace.attrs.get("block_size", 64)))
-    order = trace.sort_values("timestamp_ms", kind="stable")
-    origin = float(order["timestamp_ms"].iloc[0]) if len(order) else 0.0
-    span = (float(order["timestamp_ms"].iloc[-1]) - origin) / 1000.0 if len(order) else 0.0
-    offered = round((len(order) - 1) / span, 3) if span > 0 else float(len(order))  # the trace's rate
+    order, origin, offered = in_arrival_order(trace)
     arrivals = []
     for index, (at_ms, inputs, outputs, ids) in enumerate(
         zip(
