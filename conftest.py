@@ -6,9 +6,11 @@
 - ``vllm``, ``sglang``, ``gpu``: needs that extra (or a CUDA device). Skipped with the reason
   where it is missing; asked for by name (``-m vllm``, or ``DYN_NB_REQUIRE=vllm,gpu``) a missing
   one fails the test instead, so a run that asks for them cannot pass without them.
-- ``long``, ``exports``, ``browser``: opt-in groups, run only when asked for by marker
+- ``long``, ``exports``, ``browser``, ``netns``: opt-in groups, run only when asked for by marker
   (``-m long``) or by their environment variable (``DYN_NB_VLLM_LONG=1``, ``DYN_NB_EXPORT_ALL=1``,
-  ``DYN_NB_BROWSER=1``); ``.ci/run``'s second step asks for them.
+  ``DYN_NB_BROWSER=1``, ``DYN_NB_NETNS=1``); ``.ci/run``'s second step asks for them.
+  ``netns`` (hosts in network namespaces) also needs root, ``ip`` and ``/dev/net/tun``: asked
+  for where they are missing, its tests fail.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 
 from dynamo_nb.extras import extra_installed
+from dynamo_nb.launch.hosts import netns_unavailable
 
 PROCESS_FIXTURES = {"services", "start_worker", "private_services", "lab"}
 """Fixtures that start etcd, nats-server or child processes: a test using one is a process test."""
@@ -50,6 +53,7 @@ NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
         "pip install -e '.[sglang]' on a GPU host)",
     ),
     "gpu": (_cuda, "needs a CUDA device (and torch built for it)"),
+    "netns": (lambda: netns_unavailable() is None, f"hosts in network namespaces: {netns_unavailable()}"),
 }
 """Marker → (whether it is there, why the test is skipped when not)."""
 
@@ -57,6 +61,7 @@ OPT_IN: dict[str, tuple[str, str]] = {
     "long": ("DYN_NB_VLLM_LONG", "the long vLLM runs (~5 min on 2 cores: four engine starts)"),
     "exports": ("DYN_NB_EXPORT_ALL", "every notebook's exported program (the quick ones run by default)"),
     "browser": ("DYN_NB_BROWSER", "the notebooks in JupyterLab with Playwright and Chromium"),
+    "netns": ("DYN_NB_NETNS", "the tests across hosts (network namespaces, as root)"),
 }
 """Opt-in marker → (the environment variable that also turns it on, what the group is)."""
 
@@ -88,6 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "long: opt-in, the long vLLM runs (-m long or DYN_NB_VLLM_LONG=1)",
         "exports: opt-in, every notebook's exported program (-m exports or DYN_NB_EXPORT_ALL=1)",
         "browser: opt-in, the notebooks in JupyterLab (-m browser or DYN_NB_BROWSER=1)",
+        "netns: opt-in, hosts in network namespaces; needs root (-m netns or DYN_NB_NETNS=1)",
     ):
         config.addinivalue_line("markers", line)
 

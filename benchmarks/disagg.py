@@ -20,60 +20,72 @@ from __future__ import annotations
 import asyncio
 import os
 import platform
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pandas as pd
 from _harness import run_benchmark
 
-from dynamo_nb import LocalServices, bench, launch, launched
+from dynamo_nb import LocalServices, ManagedProcess, bench, launch, launched
 
 PATHS = ("aggregated", "fast", "fallback")
 PROMPTS = bench.random_prompts(20, words=200, seed=1)
 TOKENS = 16
 
 
-async def start_graph(etcd_url: str) -> str:
-    """The workers and the frontend; returns the frontend's URL."""
+WORKERS = {
+    "aggregated": ("--endpoint", "agg.backend.generate", "--model-name", "tiny-agg"),
+    "decode": ("--mode", "decode"),
+    "fast prefill": ("--mode", "prefill"),
+    "fallback prefill": ("--mode", "prefill", "--no-bootstrap-endpoint"),
+}
+"""The workers of the graph, by role, with their flags."""
+
+Start = Callable[..., Awaitable[ManagedProcess]]
+
+
+async def start_graph(
+    etcd_url: str, start: Callable[[str], Start] = lambda role: launch, **frontend: Any
+) -> str:
+    """The workers and the frontend (``start(role)`` is the launcher of a role: ``launch`` here,
+    a host's in ``disagg_hosts.py``); returns the frontend's URL."""
     common = ["--discovery", etcd_url, "--log-level", "WARNING"]
     one_thread = {"OMP_NUM_THREADS": "1"}
-    workers = [
-        ("--endpoint", "agg.backend.generate", "--model-name", "tiny-agg"),
-        ("--mode", "decode"),
-        ("--mode", "prefill"),
-        ("--mode", "prefill", "--no-bootstrap-endpoint"),
-    ]
     await asyncio.gather(
         *(
-            launch("components/hf_worker.py", *common, *flags, env=one_thread, show_logs=False)
-            for flags in workers
+            start(role)("components/hf_worker.py", *common, *flags, env=one_thread, show_logs=False)
+            for role, flags in WORKERS.items()
         )
     )
-    frontend = await launch("components/frontend.py", *common, "--http-port", 0, show_logs=False)
-    await bench.wait_for_model(frontend.url, "tiny-agg")
-    await bench.wait_for_model(frontend.url, "tiny-llama")
-    return frontend.url
+    flags = [f"--{key.replace('_', '-')}={value}" for key, value in frontend.items()]
+    process = await start("frontend")(
+        "components/frontend.py", *common, "--http-port", 0, *flags, show_logs=False
+    )
+    await bench.wait_for_model(process.url, "tiny-agg")
+    await bench.wait_for_model(process.url, "tiny-llama")
+    return str(process.url)
 
 
-async def main(requests: int) -> dict[str, Any]:
-    services = await LocalServices.start(nats=False)
-    try:
-        url = await start_graph(services.etcd_url)
-        options = {"prompts": PROMPTS, "concurrency": 1, "max_tokens": TOKENS, "temperature": 0,
-                   "ignore_eos": True, "progress": False}  # fmt: skip
-        for model in ("tiny-agg", "tiny-llama"):  # warm every process up
-            await bench.run(url, model, requests=4, **options)
-        frames = []
-        for _ in range(requests):  # interleaved: drifts in the machine hit every path alike
-            frames.append(await bench.run(url, "tiny-agg", requests=1, **options))
-            frames.append(await bench.run(url, "tiny-llama", requests=2, **options))
-        df = pd.concat(frames, ignore_index=True)
-    finally:
-        for process in launched():
-            await process.stop()
-        await services.stop()
+async def measure(url: str, requests: int) -> pd.DataFrame:
+    """Warm every process up, then ``requests`` rounds of one aggregated and two disaggregated
+    requests (the round robin alternates the two prefill workers: one fast, one fallback)."""
+    options = {"prompts": PROMPTS, "concurrency": 1, "max_tokens": TOKENS, "temperature": 0,
+               "ignore_eos": True, "progress": False}  # fmt: skip
+    for model in ("tiny-agg", "tiny-llama"):
+        await bench.run(url, model, requests=4, **options)
+    frames = []
+    for _ in range(requests):  # interleaved: drifts in the machine hit every path alike
+        frames.append(await bench.run(url, "tiny-agg", requests=1, **options))
+        frames.append(await bench.run(url, "tiny-llama", requests=2, **options))
+    df = pd.concat(frames, ignore_index=True)
     failed = df["error"].dropna()
     if len(failed):
         raise SystemExit(f"{len(failed)} requests failed, first: {failed.iloc[0]}")
+    return df
+
+
+def by_path(df: pd.DataFrame) -> dict[str, Any]:
+    """TTFT and end-to-end p50/p99 (ms) per path, and fast/fallback TTFT p50."""
     report: dict[str, Any] = {}
     for path in PATHS:
         rows = df[df["path"] == path]
@@ -87,6 +99,19 @@ async def main(requests: int) -> dict[str, Any]:
         }
     report["fast_over_fallback_ttft_p50"] = report["fast"]["ttft_p50_ms"] / report["fallback"]["ttft_p50_ms"]
     report["fast_beats_fallback"] = report["fast"]["ttft_p50_ms"] < report["fallback"]["ttft_p50_ms"]
+    return report
+
+
+async def main(requests: int) -> dict[str, Any]:
+    services = await LocalServices.start(nats=False)
+    try:
+        url = await start_graph(str(services.etcd_url))
+        df = await measure(url, requests)
+    finally:
+        for process in launched():
+            await process.stop()
+        await services.stop()
+    report = by_path(df)
     report["setup"] = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "prompt_words": 200,

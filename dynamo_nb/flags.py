@@ -67,7 +67,8 @@ def _env(name: str, default: str | None) -> str | None:
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--discovery``, ``--request-plane``, ``--nats-url``, ``--lease-ttl``, ``--static``, the TCP
-    plane's ``--tcp-host``/``--tcp-port`` and the system status server's ``--system-host``/``--system-port``."""
+    plane's ``--tcp-host``/``--tcp-port``/``--tcp-advertise-host`` and the system status server's
+    ``--system-host``/``--system-port``."""
     group = parser.add_argument_group("runtime")
     group.add_argument(
         "--discovery",
@@ -102,7 +103,14 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--tcp-host",
         default=_env("TCP_HOST", RuntimeConfig.tcp_host),
-        help="TCP plane listen host (default: %(default)s)",
+        help="TCP plane listen host (env DYN_NB_TCP_HOST; default: 127.0.0.1 when discovery and NATS are on "
+        "this machine, else this host's address on the interface that reaches them)",
+    )
+    group.add_argument(
+        "--tcp-advertise-host",
+        default=_env("TCP_ADVERTISE_HOST", RuntimeConfig.tcp_advertise_host),
+        help="host discovery gives clients for the TCP plane (env DYN_NB_TCP_ADVERTISE_HOST; default: "
+        "--tcp-host, or for 0.0.0.0 the address that reaches discovery; never a wildcard)",
     )
     group.add_argument(
         "--tcp-port",
@@ -366,6 +374,7 @@ def _set_unused_bootstrap_defaults(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(
         bootstrap_host=WorkerRole.bootstrap_host,
         bootstrap_port=WorkerRole.bootstrap_port,
+        bootstrap_advertise_host=WorkerRole.bootstrap_advertise_host,
         kv_ttl=WorkerRole.kv_ttl,
         no_bootstrap_endpoint=False,
     )
@@ -391,8 +400,14 @@ def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) 
     disagg.add_argument(
         "--bootstrap-host",
         default=_env("BOOTSTRAP_HOST", WorkerRole.bootstrap_host),
-        help="prefill: address of the bootstrap server decode workers fetch KV caches from "
-        "(default: %(default)s)",
+        help="prefill: the host the bootstrap server (decode workers fetch KV caches from it) listens on "
+        "(env DYN_NB_BOOTSTRAP_HOST; default: as --tcp-host)",
+    )
+    disagg.add_argument(
+        "--bootstrap-advertise-host",
+        default=_env("BOOTSTRAP_ADVERTISE_HOST", WorkerRole.bootstrap_advertise_host),
+        help="prefill: the host decode workers are told to fetch from (default: --bootstrap-host, or for "
+        "0.0.0.0 the address that reaches discovery; never a wildcard)",
     )
     disagg.add_argument(
         "--bootstrap-port",

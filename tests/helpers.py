@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dynamo_nb import DistributedRuntime
+from dynamo_nb.launch.process_group import pid_alive
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO_WORKER = ROOT / "components" / "echo_worker.py"
@@ -57,15 +58,6 @@ def req(data: dict[str, Any]) -> Any:
     from dynamo_nb.llm import PreprocessedRequest
 
     return PreprocessedRequest.from_dict(data)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (Linux /proc); a zombie waiting for its reaper counts as gone."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 async def pid_gone(pid: int, timeout: float = 5.0) -> bool:

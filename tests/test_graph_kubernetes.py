@@ -151,6 +151,7 @@ async def test_system_status_is_ready_once_an_endpoint_is_served() -> None:
         assert ready.status_code == 200 and ready.json() == {
             "status": "ready",
             "endpoints": ["dyn.worker.generate"],
+            "inflight": {"dyn.worker.generate": 0},
         }
         await runtime.shutdown(grace=0)
         with pytest.raises(httpx.ConnectError):  # the server closes with the runtime

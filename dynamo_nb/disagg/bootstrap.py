@@ -30,7 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DisaggregationError
+from ..errors import ConfigError, DisaggregationError
+from ..runtime.addresses import is_wildcard
 from ..runtime.planes.base import set_nodelay
 from .rooms import BootstrapInfo
 
@@ -79,7 +80,8 @@ class BootstrapServer:
     """Parks KV caches by room until their decode fetches them. Start it with `BootstrapServer.start`.
 
     Attributes:
-        host, port: where it listens (publish them as the worker's ``disaggregated_endpoint``).
+        host, port: where decode workers reach it (its advertised host, the port it listens
+            on): the worker's ``disaggregated_endpoint``.
         expired_total: rooms dropped because nobody fetched (or parked) them within ``ttl``.
         served_total: KV caches handed to a decode.
     """
@@ -97,11 +99,20 @@ class BootstrapServer:
         self._connections: set[asyncio.Task[Any]] = set()
 
     @classmethod
-    async def start(cls, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0) -> BootstrapServer:
-        """Listen on ``host:port`` (0: a free port); rooms expire ``ttl`` seconds after they appear."""
+    async def start(
+        cls, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0, advertise_host: str | None = None
+    ) -> BootstrapServer:
+        """Listen on ``host:port`` (0: a free port); rooms expire ``ttl`` seconds after they appear.
+        ``advertise_host`` is the host decode workers are told (default ``host``; a wildcard
+        ``host`` needs it: nobody can connect to ``0.0.0.0``)."""
+        advertised = advertise_host or host
+        if is_wildcard(advertised):
+            raise ConfigError(
+                f"a bootstrap server listening on {host!r} needs advertise_host=: the address decode workers connect to"
+            )
         server = cls(ttl)
         server._server = await asyncio.start_server(server._serve, host, port)
-        server.host, server.port = server._server.sockets[0].getsockname()[:2]
+        server.host, server.port = advertised, server._server.sockets[0].getsockname()[1]
         server._sweeper = asyncio.get_running_loop().create_task(
             server._sweep(), name="dynamo_nb-bootstrap-expiry"
         )

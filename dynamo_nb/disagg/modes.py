@@ -40,7 +40,8 @@ class WorkerRole:
 
     - ``aggregated``: ``engine.generate`` at ``endpoint``;
     - ``prefill``: ``engine.prefill`` at the prefill endpoint, card kind ``prefill``; the engine's
-      bootstrap server is started (``bootstrap_host``, ``bootstrap_port``, ``kv_ttl``: a no-op
+      bootstrap server is started (``bootstrap_host``, ``bootstrap_port``, ``kv_ttl``,
+      ``bootstrap_advertise_host``, the two hosts as `dynamo_nb.runtime.addresses` picks them: a no-op
       for an engine whose KV moves by its own means) and its ``handoff_endpoint`` published as
       the card's ``disaggregated_endpoint`` (unless ``publish_handoff`` is off, the
       ``--no-bootstrap-endpoint`` flag: the fallback path);
@@ -57,8 +58,9 @@ class WorkerRole:
     mode: str
     endpoint: str
     prefill_endpoint: str = "dynamo.prefill.generate"
-    bootstrap_host: str = "127.0.0.1"
+    bootstrap_host: str | None = None  # None: the runtime's own address (`AddressRule`)
     bootstrap_port: int = 0
+    bootstrap_advertise_host: str | None = None
     kv_ttl: float = 60.0
     publish_handoff: bool = True
 
@@ -77,6 +79,7 @@ class WorkerRole:
             prefill_endpoint=args.prefill_endpoint,
             bootstrap_host=args.bootstrap_host,
             bootstrap_port=args.bootstrap_port,
+            bootstrap_advertise_host=args.bootstrap_advertise_host,
             kv_ttl=args.kv_ttl,
             publish_handoff=not args.no_bootstrap_endpoint,
         )
@@ -92,7 +95,13 @@ class WorkerRole:
         """The engine method to serve and the card's runtime config; starts what the role needs
         (the prefill role's bootstrap server, the decode role's prefill client)."""
         if self.mode == "prefill":
-            await engine.start_bootstrap(self.bootstrap_host, self.bootstrap_port, ttl=self.kv_ttl)
+            listen = runtime.addresses.listen(self.bootstrap_host)
+            advertise = runtime.addresses.advertise(
+                listen, self.bootstrap_advertise_host, what="the bootstrap server"
+            )
+            await engine.start_bootstrap(
+                listen, self.bootstrap_port, ttl=self.kv_ttl, advertise_host=advertise
+            )
             published = engine.handoff_endpoint if self.publish_handoff else None
             return engine.prefill, {"disaggregated_endpoint": published}
         if self.mode == "decode":

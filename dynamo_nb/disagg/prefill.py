@@ -76,11 +76,12 @@ class BootstrapRole:
         return self.bootstrap.endpoint if self.bootstrap is not None else None
 
     async def start_bootstrap(
-        self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0
+        self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0, advertise_host: str | None = None
     ) -> BootstrapServer:
-        """Start (once) the bootstrap server the prefill role parks KV caches in."""
+        """Start (once) the bootstrap server the prefill role parks KV caches in, listening on
+        ``host:port``; decode workers are told ``advertise_host`` (default ``host``)."""
         if self.bootstrap is None:
-            self.bootstrap = await BootstrapServer.start(host, port, ttl=ttl)
+            self.bootstrap = await BootstrapServer.start(host, port, ttl=ttl, advertise_host=advertise_host)
         return self.bootstrap
 
     async def stop_bootstrap(self) -> None:

@@ -327,7 +327,9 @@ class SglangEngine(RelayedKvEvents):
             async for output in outputs:
                 yield output
 
-    async def start_bootstrap(self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0) -> None:
+    async def start_bootstrap(
+        self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0, advertise_host: str | None = None
+    ) -> None:
         """SGLang's prefill engine runs its own bootstrap server (``--disaggregation-bootstrap-port``)."""
         return None
 

@@ -44,6 +44,7 @@ from typing import Any
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
 from ..launch.services import free_port
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..runtime.addresses import AddressRule
 from ..runtime.context import Context
 from .base import KvEventSink, token_budget
 from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
@@ -303,7 +304,9 @@ class VllmEngine(RelayedKvEvents):
             argparse.Namespace(**{**vars(args), "model": str(model_path)})
         )
         if args.mode in ("prefill", "decode") and engine_args.kv_transfer_config is None:
-            engine_args.kv_transfer_config = nixl_transfer_config(args.mode)
+            # the side channel's host: loopback beside local discovery, else the address that reaches it
+            side_channel = AddressRule.toward([args.discovery, args.nats_url]).own_address()
+            engine_args.kv_transfer_config = nixl_transfer_config(args.mode, host=side_channel)
         return await cls.start(engine_args, kv_events=kv_events)
 
     # -- the Engine protocol
@@ -406,7 +409,9 @@ class VllmEngine(RelayedKvEvents):
             async for output in outputs:
                 yield output
 
-    async def start_bootstrap(self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0) -> None:
+    async def start_bootstrap(
+        self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0, advertise_host: str | None = None
+    ) -> None:
         """vLLM's prefill needs no bootstrap server of ours: its KV connector has its own side
         channel, and the frontend takes the fallback path (it waits for ``kv_transfer_params``)."""
         return None
@@ -531,20 +536,20 @@ class VllmEngine(RelayedKvEvents):
         )
 
 
-def nixl_transfer_config(mode: str) -> Any:
+def nixl_transfer_config(mode: str, host: str = "127.0.0.1") -> Any:
     """vLLM's NixlConnector for a ``prefill`` (producer) or ``decode`` (consumer) worker, what a
     disaggregated worker uses unless ``--kv-transfer-config`` says otherwise.
 
     On a host without CUDA the KV buffer is host memory (``kv_buffer_device="cpu"``). The
     connector's side channel (where a decode asks the prefill for its blocks) listens on
-    ``VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT``; unset, they become 127.0.0.1 and
-    a free port, so several workers share a host. Set the host to an address the decode
-    workers reach when they run elsewhere.
+    ``VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT``; unset, they become ``host`` (the
+    worker passes the address that reaches its discovery, `dynamo_nb.runtime.addresses`: loopback
+    when discovery is local) and a free port, so several workers share a host.
     """
     from vllm.config import KVTransferConfig
     from vllm.platforms import current_platform
 
-    os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1")
+    os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", host)
     os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
     return KVTransferConfig(
         kv_connector="NixlConnector",

@@ -214,7 +214,10 @@ class Frontend:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """``http://HOST:PORT`` clients reach it at (for a wildcard ``host``, this host's address
+        that reaches discovery, or loopback: `dynamo_nb.runtime.addresses`)."""
+        host = self.runtime.addresses.advertise(self.host, what="the frontend")
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     async def _listen(self, reuse_port: bool = False) -> None:
         app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)

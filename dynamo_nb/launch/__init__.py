@@ -4,7 +4,9 @@
   line (or its instance in discovery), shows its output live and returns a `ManagedProcess`;
 - ``services.py``: `LocalServices` runs etcd and nats-server on free 127.0.0.1 ports;
 - ``process_group.py`` and ``parent_guard.py``: stopping a whole process group, and a child
-  that dies with its parent; ``logview.py``: where a launched program's lines are shown.
+  that dies with its parent; ``logview.py``: where a launched program's lines are shown;
+- ``hosts.py``: `HostNetwork`, several hosts on one machine (network namespaces on a switch,
+  ``netswitch.py``, with delay, loss and cuts) to launch components in (root only).
 
 Example:
     >>> from dynamo_nb.launch import launched
@@ -14,7 +16,18 @@ Example:
 
 from __future__ import annotations
 
+from .hosts import Host, HostNetwork, netns_unavailable
 from .launcher import DEFAULT_READY_PATTERN, ManagedProcess, launch, launched
 from .services import LocalServices, find_binary
 
-__all__ = ["DEFAULT_READY_PATTERN", "LocalServices", "ManagedProcess", "find_binary", "launch", "launched"]
+__all__ = [
+    "DEFAULT_READY_PATTERN",
+    "Host",
+    "HostNetwork",
+    "LocalServices",
+    "ManagedProcess",
+    "find_binary",
+    "launch",
+    "launched",
+    "netns_unavailable",
+]

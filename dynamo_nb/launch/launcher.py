@@ -44,6 +44,7 @@ from .process_group import OWN_PROCESS_GROUP, guarded_command, signal_group, sto
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
+    from .hosts import Host
 
 __all__ = ["DEFAULT_READY_PATTERN", "ManagedProcess", "launch", "launched"]
 
@@ -67,12 +68,19 @@ class ManagedProcess:
         instance_id: the instance it serves, from discovery or its READY line's ``instance=``
             (the first, when it lists several), else None.
         url: its READY line's ``url=`` (a frontend's address), else None.
+        host: the `dynamo_nb.launch.hosts.Host` it runs in, None on this machine's own network.
     """
 
     def __init__(
-        self, name: str, command: list[str], process: subprocess.Popen[bytes], log_path: Path
+        self,
+        name: str,
+        command: list[str],
+        process: subprocess.Popen[bytes],
+        log_path: Path,
+        host: Host | None = None,
     ) -> None:
         """Use `launch`."""
+        self.host = host
         self.name = name
         self.command = command
         self.pid = process.pid
@@ -320,13 +328,17 @@ def _start(
     env: Mapping[str, str] | None,
     cwd: str | os.PathLike[str] | None,
     log_dir: str | os.PathLike[str] | None,
+    host: Host | None = None,
 ) -> ManagedProcess:
-    """Fork/exec the program in a process group of its own (in this session); output to a pipe."""
+    """Fork/exec the program in a process group of its own (in this session); output to a pipe;
+    inside ``host``'s network namespace when one is given."""
     workdir = _workdir(cwd)
     argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in args]
     default_name, command = _command(os.fspath(program), argv, workdir)
     folder = Path(log_dir) if log_dir is not None else Path(tempfile.gettempdir()) / "dynamo_nb-logs"
     folder.mkdir(parents=True, exist_ok=True)
+    if host is not None:
+        command = host.wrap(command)
     process = subprocess.Popen(
         guarded_command(command),
         stdout=subprocess.PIPE,
@@ -337,7 +349,7 @@ def _start(
         **OWN_PROCESS_GROUP,  # type: ignore[arg-type]
     )
     name = name or default_name
-    managed = ManagedProcess(name, command, process, folder / f"{name}-{process.pid}.log")
+    managed = ManagedProcess(name, command, process, folder / f"{name}-{process.pid}.log", host)
     _LAUNCHED[process.pid] = managed
     return managed
 
@@ -354,6 +366,7 @@ async def launch(
     cwd: str | os.PathLike[str] | None = None,
     log_dir: str | os.PathLike[str] | None = None,
     show_logs: bool = True,
+    host: Host | None = None,
 ) -> ManagedProcess:
     """Start ``program *args`` in its own process group and wait until it is ready.
 
@@ -375,6 +388,7 @@ async def launch(
         cwd: the working folder of the program (default: this one).
         log_dir: where the log file goes (default: a ``dynamo_nb-logs`` temp folder).
         show_logs: show output live (a widget in a notebook, prefixed lines on stdout in a script).
+        host: run it inside this `dynamo_nb.launch.hosts.Host` (a network namespace; needs root).
 
     Raises:
         LaunchError: it exited or was not ready in time (it has been stopped then).
@@ -392,9 +406,9 @@ async def launch(
         raise ConfigError("instance= needs a runtime with discovery (memory or etcd), not a static one")
     if os.fspath(program).endswith(".ipynb"):  # a notebook runs as its export, made off the event loop
         program = await asyncio.to_thread(_exported, os.fspath(program), cwd)
-    managed = _start(program, args, name=name, env=env, cwd=cwd, log_dir=log_dir)
+    managed = _start(program, args, name=name, env=env, cwd=cwd, log_dir=log_dir, host=host)
     managed._ready_pattern = re.compile(ready) if ready is not None else None
-    title = f"{managed.name} · pid {managed.pid}"
+    title = f"{managed.name} · pid {managed.pid}" + (f" · host {host.name}" if host is not None else "")
     managed._sink = log_sink(show_logs, in_notebook(), managed.name, title, str(managed.log_path))
     if managed._sink is not None:
         managed._sink.status("starting")

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["OWN_PROCESS_GROUP", "guarded_command", "signal_group", "stop_group"]
+__all__ = ["OWN_PROCESS_GROUP", "guarded_command", "pid_alive", "signal_group", "stop_group"]
 
 OWN_PROCESS_GROUP: dict[str, object] = (
     {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
@@ -33,6 +33,20 @@ caller's session nice values rank them as asked; the group still lets a stop rea
 and a terminal's Ctrl-C reaches only the foreground group."""
 
 _PARENT_GUARD = Path(__file__).with_name("parent_guard.py")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux ``/proc``); a zombie waiting for its reaper counts as gone.
+
+    Example:
+        >>> pid_alive(os.getpid())
+        True
+    """
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def signal_group(pid: int, signum: int) -> bool:

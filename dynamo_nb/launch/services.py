@@ -1,4 +1,5 @@
-"""`LocalServices`: etcd and nats-server as child processes on 127.0.0.1, for notebooks and tests."""
+"""`LocalServices`: etcd and nats-server as child processes on 127.0.0.1 (or on a
+`dynamo_nb.launch.hosts.Host`'s address), for notebooks and tests."""
 
 from __future__ import annotations
 
@@ -12,10 +13,17 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import BinaryNotFoundError, ConfigError, ServiceStartError
 from .process_group import guarded_command, signal_group, stop_group
+
+if TYPE_CHECKING:
+    from .hosts import Host
+
+Connect = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 __all__ = ["INSTALL_HINTS", "LocalServices", "find_binary", "free_port"]
 
@@ -81,10 +89,10 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-async def _answers(port: int, send: bytes, expect: bytes) -> bool:
-    """Connect to 127.0.0.1:port, send ``send``, look for ``expect`` in the answer (1 s per step)."""
+async def _answers(connect: Connect, address: str, port: int, send: bytes, expect: bytes) -> bool:
+    """Connect to address:port, send ``send``, look for ``expect`` in the answer (1 s per step)."""
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1.0)
+        reader, writer = await asyncio.wait_for(connect(address, port), 1.0)
     except (OSError, asyncio.TimeoutError):
         return False
     try:
@@ -98,12 +106,13 @@ async def _answers(port: int, send: bytes, expect: bytes) -> bool:
         writer.close()
 
 
-async def _etcd_ready(port: int) -> bool:
-    return await _answers(port, b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n", b'"health":"true"')
+async def _etcd_ready(connect: Connect, address: str, port: int) -> bool:
+    probe = f"GET /health HTTP/1.0\r\nHost: {address}\r\n\r\n".encode()
+    return await _answers(connect, address, port, probe, b'"health":"true"')
 
 
-async def _nats_ready(port: int) -> bool:
-    return await _answers(port, b"", b"INFO")
+async def _nats_ready(connect: Connect, address: str, port: int) -> bool:
+    return await _answers(connect, address, port, b"", b"INFO")
 
 
 class _Child:
@@ -130,7 +139,8 @@ class _Child:
 
 
 class LocalServices:
-    """etcd and nats-server running as child processes on 127.0.0.1 free ports.
+    """etcd and nats-server running as child processes on 127.0.0.1 free ports (or inside a
+    `dynamo_nb.launch.hosts.Host`, on its address: ``await host.services()``).
 
     They stop on `stop`, at the end of ``async with``, or when the interpreter exits. etcd keeps
     its data in a temporary folder, deleted at stop, and skips fsync (``--unsafe-no-fsync``): on
@@ -144,32 +154,37 @@ class LocalServices:
         await services.stop()
     """
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, host: Host | None = None) -> None:
         """Use `LocalServices.start`."""
         self.workdir = workdir
+        self.host = host
+        self.address = host.address if host is not None else "127.0.0.1"
         self._children: dict[str, _Child] = {}
 
     @property
     def etcd_url(self) -> str | None:
-        """``etcd://127.0.0.1:PORT``: pass it as ``discovery=``."""
+        """``etcd://ADDRESS:PORT``: pass it as ``discovery=``."""
         child = self._children.get("etcd")
         return child.url if child else None
 
     @property
     def nats_url(self) -> str | None:
-        """``nats://127.0.0.1:PORT``: pass it as ``nats_url=``."""
+        """``nats://ADDRESS:PORT``: pass it as ``nats_url=``."""
         child = self._children.get("nats")
         return child.url if child else None
 
     @classmethod
-    async def start(cls, *, etcd: bool = True, nats: bool = True, timeout: float = 30.0) -> LocalServices:
-        """Start the services and wait until each answers (at most ``timeout`` seconds each)."""
+    async def start(
+        cls, *, etcd: bool = True, nats: bool = True, timeout: float = 30.0, host: Host | None = None
+    ) -> LocalServices:
+        """Start the services and wait until each answers (at most ``timeout`` seconds each);
+        inside ``host`` (a `dynamo_nb.launch.hosts.Host`), listening on its address, when given."""
         binaries = {}
         if etcd:
             binaries["etcd"] = find_binary("etcd")
         if nats:
             binaries["nats"] = find_binary("nats-server")
-        services = cls(Path(tempfile.mkdtemp(prefix="dynamo_nb_services_")))
+        services = cls(Path(tempfile.mkdtemp(prefix="dynamo_nb_services_")), host)
         _RUNNING.add(services)
         try:
             if etcd:
@@ -182,7 +197,8 @@ class LocalServices:
         return services
 
     def _command(self, name: str, binary: str) -> tuple[list[str], str, int]:
-        port = free_port()
+        port = free_port()  # a host of its own has every port free: one free here is free there
+        at = self.address
         if name == "etcd":
             peer = free_port()
             data = self.workdir / f"etcd-data-{port}"
@@ -190,19 +206,19 @@ class LocalServices:
                 binary,
                 "--name", "dynamo-nb",
                 "--data-dir", str(data),
-                "--listen-client-urls", f"http://127.0.0.1:{port}",
-                "--advertise-client-urls", f"http://127.0.0.1:{port}",
-                "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                "--initial-cluster", f"dynamo-nb=http://127.0.0.1:{peer}",
+                "--listen-client-urls", f"http://{at}:{port}",
+                "--advertise-client-urls", f"http://{at}:{port}",
+                "--listen-peer-urls", f"http://{at}:{peer}",
+                "--initial-advertise-peer-urls", f"http://{at}:{peer}",
+                "--initial-cluster", f"dynamo-nb=http://{at}:{peer}",
                 "--logger", "zap",
                 "--log-level", "warn",
                 # throwaway data (deleted at stop): no fsync, so a slow disk never stalls its
                 # raft loop and every lease keep-alive behind it (a 2 s fdatasync expires leases)
                 "--unsafe-no-fsync",
             ]  # fmt: skip
-            return command, f"etcd://127.0.0.1:{port}", port
-        return [binary, "-a", "127.0.0.1", "-p", str(port)], f"nats://127.0.0.1:{port}", port
+            return command, f"etcd://{at}:{port}", port
+        return [binary, "-a", at, "-p", str(port)], f"nats://{at}:{port}", port
 
     async def _launch(self, name: str, binary: str, timeout: float) -> _Child:
         last_error = ""
@@ -226,7 +242,8 @@ class LocalServices:
         log = self.workdir / f"{name}-{port}.log"
         with open(log, "ab") as out:  # noqa: ASYNC230 - opening the log for the child
             process = subprocess.Popen(  # noqa: ASYNC220 - fork/exec returns at once
-                guarded_command(command),  # SIGTERM when this process dies without stopping it
+                # SIGTERM when this process dies without stopping it
+                guarded_command(self.host.wrap(command) if self.host is not None else command),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -235,8 +252,9 @@ class LocalServices:
         child = _Child(name, process, log, url, command, port)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        connect: Connect = self.host.open_connection if self.host is not None else asyncio.open_connection
         while loop.time() < deadline and process.poll() is None:
-            if await ready(port):
+            if await ready(connect, self.address, port):
                 return child
             await asyncio.sleep(0.05)
         await child.stop()

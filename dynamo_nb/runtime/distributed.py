@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from ..errors import ConfigError, RuntimeClosedError
+from .addresses import LOOPBACK, AddressRule
 from .client import Client
 from .discovery import DEFAULT_LEASE_TTL, Discovery, KeyValueDiscovery, StaticDiscovery, make_discovery
 from .discovery.static import static_instance
@@ -62,6 +63,8 @@ class DistributedRuntime:
         self._nats_url: str | None = None
         self._connect_timeout = 5.0
         self._events: EventPlane | None = None
+        self.addresses = AddressRule()
+        """Where this process's servers listen and what they advertise (`AddressRule`)."""
 
     @classmethod
     async def create(
@@ -71,8 +74,9 @@ class DistributedRuntime:
         nats_url: str | None = None,
         *,
         lease_ttl: float = DEFAULT_LEASE_TTL,
-        tcp_host: str = "127.0.0.1",
+        tcp_host: str | None = None,
         tcp_port: int = 0,
+        tcp_advertise_host: str | None = None,
         heartbeat_timeout: float = 5.0,
         connect_timeout: float = 5.0,
     ) -> DistributedRuntime:
@@ -84,7 +88,11 @@ class DistributedRuntime:
                 discovery, tcp with etcd, nats for static when ``nats_url`` is given, else tcp.
             nats_url: ``nats://HOST:PORT``, needed by the nats plane.
             lease_ttl: seconds after which a dead worker's keys leave etcd.
-            tcp_host, tcp_port: where this runtime's TCP plane listens (0: a free port).
+            tcp_host, tcp_port: where this runtime's TCP plane listens (0: a free port); by
+                default loopback when discovery and NATS are on this machine, else the address
+                that reaches them (`dynamo_nb.runtime.addresses`).
+            tcp_advertise_host: the host discovery gives clients (default: ``tcp_host``, or for
+                a wildcard ``tcp_host`` the address that reaches discovery; never a wildcard).
             heartbeat_timeout: seconds of silence after which a stream counts as cut.
             connect_timeout: seconds to wait for etcd and NATS.
 
@@ -99,11 +107,19 @@ class DistributedRuntime:
                 f"(got {discovery!r}); use request_plane='tcp' or 'nats' across processes"
             )
         disc = make_discovery(discovery, lease_ttl=lease_ttl, connect_timeout=connect_timeout)
+        addresses = AddressRule.toward([discovery, nats_url])
+        listen = addresses.listen(tcp_host) if plane_name == "tcp" else LOOPBACK
+        advertise = (
+            addresses.advertise(listen, tcp_advertise_host, what="the TCP request plane")
+            if plane_name == "tcp"
+            else None
+        )
         plane = make_plane(
             plane_name,
             nats_url=nats_url,
-            tcp_host=tcp_host,
+            tcp_host=listen,
             tcp_port=tcp_port,
+            tcp_advertise_host=advertise,
             heartbeat_timeout=heartbeat_timeout,
             connect_timeout=connect_timeout,
         )
@@ -115,6 +131,7 @@ class DistributedRuntime:
             raise
         runtime = cls(disc, plane)
         runtime._nats_url, runtime._connect_timeout = nats_url, connect_timeout
+        runtime.addresses = addresses
         logger.info("runtime %x up: discovery=%s plane=%s", disc.connection_id, disc.describe(), plane.name)
         return runtime
 

@@ -207,8 +207,9 @@ class RuntimeConfig:
     request_plane: str | None = None
     nats_url: str | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
-    tcp_host: str = "127.0.0.1"
+    tcp_host: str | None = None  # None: loopback, or the address that reaches remote discovery
     tcp_port: int = 0
+    tcp_advertise_host: str | None = None
     system_host: str = "127.0.0.1"
     system_port: int = -1  # -1: no system status server
     static: bool = False  # no discovery service (--static, or a frontend's --static-endpoint)
@@ -224,6 +225,7 @@ class RuntimeConfig:
             lease_ttl=args.lease_ttl,
             tcp_host=args.tcp_host,
             tcp_port=args.tcp_port,
+            tcp_advertise_host=args.tcp_advertise_host,
             system_host=args.system_host,
             system_port=args.system_port,
             static=static or args.static,
@@ -239,6 +241,7 @@ class RuntimeConfig:
             lease_ttl=self.lease_ttl,
             tcp_host=self.tcp_host,
             tcp_port=self.tcp_port,
+            tcp_advertise_host=self.tcp_advertise_host,
         )
         if self.system_port >= 0:
             try:

@@ -6,12 +6,14 @@ serves, on ``--system-host`` (default 127.0.0.1):
 
 - ``/live``: 200 while its event loop answers (a liveness probe);
 - ``/health``: 200 once it serves at least one endpoint and is not shutting down, else 503
-  (a readiness probe); the body lists the endpoints it serves.
+  (a readiness probe); the body lists the endpoints it serves and the streams each is serving
+  now (``inflight``).
 
 Example::
 
     python components/hf_worker.py --discovery etcd://127.0.0.1:2379 --system-port 9090
-    curl http://127.0.0.1:9090/health     # {"status": "ready", "endpoints": ["dynamo.backend.generate"]}
+    curl http://127.0.0.1:9090/health
+    # {"status": "ready", "endpoints": ["dynamo.backend.generate"], "inflight": {"dynamo.backend.generate": 0}}
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ logger = logging.getLogger("dynamo_nb.system_status")
 def health_of(runtime: DistributedRuntime) -> tuple[int, dict[str, Any]]:
     """``(status code, body)`` of ``/health`` for ``runtime``: ready once it serves an endpoint."""
     endpoints = [str(server.endpoint.path) for server in runtime.servers]
+    inflight = {str(server.endpoint.path): server.inflight for server in runtime.servers}
     if runtime.is_shutdown:
-        return 503, {"status": "shutting down", "endpoints": endpoints}
+        return 503, {"status": "shutting down", "endpoints": endpoints, "inflight": inflight}
     if not endpoints:
-        return 503, {"status": "starting", "endpoints": []}
-    return 200, {"status": "ready", "endpoints": endpoints}
+        return 503, {"status": "starting", "endpoints": [], "inflight": {}}
+    return 200, {"status": "ready", "endpoints": endpoints, "inflight": inflight}
 
 
 async def start_system_status(runtime: DistributedRuntime, host: str, port: int) -> str:

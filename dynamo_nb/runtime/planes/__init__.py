@@ -31,6 +31,7 @@ def make_plane(
     nats_url: str | None = None,
     tcp_host: str = "127.0.0.1",
     tcp_port: int = 0,
+    tcp_advertise_host: str | None = None,
     heartbeat_timeout: float = 5.0,
     connect_timeout: float = 5.0,
 ) -> RequestPlane:
@@ -48,7 +49,12 @@ def make_plane(
     if name == "inproc":
         return InprocPlane(heartbeat_timeout=heartbeat_timeout)
     if name == "tcp":
-        return TcpPlane(host=tcp_host, port=tcp_port, heartbeat_timeout=heartbeat_timeout)
+        return TcpPlane(
+            host=tcp_host,
+            port=tcp_port,
+            heartbeat_timeout=heartbeat_timeout,
+            advertise_host=tcp_advertise_host,
+        )
     if name == "nats":
         if not nats_url:
             raise ConfigError(

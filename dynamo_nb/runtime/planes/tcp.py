@@ -1,7 +1,7 @@
 """The TCP request plane: length-prefixed msgpack frames, many streams over one connection.
 
-The worker listens on a free port (``tcp_host``, default 127.0.0.1) and advertises
-``host:port`` in discovery. A client keeps one connection per worker address and
+The worker listens on a free port (``tcp_host``) and advertises ``advertise_host:port`` in
+discovery (`dynamo_nb.runtime.addresses` picks both). A client keeps one connection per worker address and
 multiplexes its streams on it by stream id.
 """
 
@@ -65,6 +65,10 @@ def parse_tcp_address(address: str) -> tuple[str, int]:
             f"invalid TCP address {address!r}: expected 'tcp://HOST:PORT', e.g. tcp://127.0.0.1:9000"
         )
     return host.strip("[]"), int(port)
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # ----------------------------------------------------------------------------- server side
@@ -330,10 +334,18 @@ class TcpPlane(RequestPlane):
 
     name = "tcp"
 
-    def __init__(self, *, host: str = "127.0.0.1", port: int = 0, heartbeat_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        heartbeat_timeout: float = 5.0,
+        advertise_host: str | None = None,
+    ) -> None:
         super().__init__(heartbeat_timeout=heartbeat_timeout)
         self.host = host
         self.port = port
+        self.advertise_host = advertise_host or host
         self.targets: dict[str, EndpointServer] = {}
         self._listener: asyncio.AbstractServer | None = None
         self._listen_lock = asyncio.Lock()
@@ -345,7 +357,12 @@ class TcpPlane(RequestPlane):
     @property
     def listen_address(self) -> str:
         """``host:port`` this worker listens on (after the first `add_target`)."""
-        return f"{self.host}:{self.port}"
+        return _host_port(self.host, self.port)
+
+    @property
+    def advertised_address(self) -> str:
+        """``host:port`` clients connect to, as discovery has it (after the first `add_target`)."""
+        return _host_port(self.advertise_host, self.port)
 
     async def _ensure_listening(self) -> None:
         async with self._listen_lock:
@@ -389,7 +406,7 @@ class TcpPlane(RequestPlane):
     ) -> dict[str, str]:
         await self._ensure_listening()
         self.targets[target] = server
-        return {"kind": "tcp", "address": self.listen_address, "target": target}
+        return {"kind": "tcp", "address": self.advertised_address, "target": target}
 
     async def remove_target(self, target: str) -> None:
         self.targets.pop(target, None)
