@@ -92,11 +92,8 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 async def network() -> AsyncIterator[tuple[HostNetwork, LocalServices]]:
-    net = await HostNetwork.start(HOSTS, seed=7)
-    services = await net["svc"].services()
-    yield net, services
-    await services.stop()
-    await net.stop()
+    async with await HostNetwork.start(HOSTS, seed=7) as net:  # its services stop with it
+        yield net, await net["svc"].services()
 
 
 @pytest.fixture
@@ -188,7 +185,12 @@ async def test_serving_kv_routing_and_cancellation_across_hosts(cluster: Cluster
     url = await cluster.frontend(*cluster.etcd, *plane_flags, "--router-mode", "kv")
     ids = sorted(f"{w.instance_id:x}" for w in workers)
     await wait_for(lambda: _equal(instances(cluster, url), ids), 20, "both workers routed to")
-    assert await check_advertised(cluster, {"w1", "w2"}) >= (2 if plane == "tcp" else 0)
+    found = await check_advertised(cluster, {"w1", "w2"})
+    async with cluster.http() as http, http.get(f"{url}/health") as response:
+        transports = [entry["transport"] for entry in (await response.json())["instances"]]
+    assert {t["kind"] for t in transports} == {plane}
+    # over TCP every endpoint of each worker has an address; over NATS a subject, no address
+    assert found >= 2 if plane == "tcp" else found == 0
 
     async with cluster.http() as http:
         # KV events cross hosts: a repeated prompt goes back to the worker that cached it
@@ -220,6 +222,11 @@ async def test_serving_kv_routing_and_cancellation_across_hosts(cluster: Cluster
 
 async def _equal(got: Any, expected: Any) -> bool:
     return (await got) == expected
+
+
+async def generate_ids(cluster: Cluster) -> list[str]:
+    """The instance ids etcd holds for the generate endpoint (each once per instance)."""
+    return sorted(key.rsplit("/", 1)[-1] for key in await cluster.etcd_values(GENERATE_KEYS))
 
 
 async def _inflight_is(http: aiohttp.ClientSession, status: str, count: int) -> bool:
@@ -339,8 +346,7 @@ async def test_a_worker_cut_mid_stream_migrates_expires_and_rejoins(cluster: Clu
     await net.heal()
     await wait_for(lambda: _equal(instances(cluster, url), ids), 20, "the healed worker back")
     assert victim.running and all(w.running for w in workers)
-    keys = await cluster.etcd_values(GENERATE_KEYS)
-    assert sorted(k.rsplit("/", 1)[-1] for k in keys) == ids  # its own id again, no duplicate
+    await wait_for(lambda: _equal(generate_ids(cluster), ids), 10, "its own id again in etcd, no duplicate")
     async with cluster.http() as http:
         replies = [await complete(http, url, f"after healing {i}") for i in range(4)]
     assert {headers["x-dynamo-decode-worker"] for _, headers in replies} == set(ids)
@@ -374,5 +380,4 @@ async def test_the_etcd_host_cut_longer_than_a_lease_serving_goes_on_and_discove
     late = await cluster.start("w3", MOCKER_WORKER, *cluster.etcd, *LEASE, "--speedup-ratio", 10)
     everyone = sorted([*ids, f"{late.instance_id:x}"])
     await wait_for(lambda: _equal(instances(cluster, url), everyone), 20, "a worker started after healing")
-    keys = await cluster.etcd_values(GENERATE_KEYS)
-    assert sorted(k.rsplit("/", 1)[-1] for k in keys) == everyone  # each once
+    await wait_for(lambda: _equal(generate_ids(cluster), everyone), 10, "each worker once in etcd")

@@ -243,10 +243,11 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
 ) -> None:
     etcd = ["--discovery", services.etcd_url]
     endpoints = ["--endpoint", "dg.backend.generate", "--prefill-endpoint", "dg.prefill.generate"]
+    short_lease = ["--lease-ttl", "2"]  # they are killed below: their keys leave the shared etcd soon
     prefills = [
-        await start_worker(*etcd, *endpoints, "--mode", "prefill", script=HF_WORKER),
+        await start_worker(*etcd, *endpoints, *short_lease, "--mode", "prefill", script=HF_WORKER),
         await start_worker(
-            *etcd, *endpoints, "--mode", "prefill", "--no-bootstrap-endpoint", script=HF_WORKER
+            *etcd, *endpoints, *short_lease, "--mode", "prefill", "--no-bootstrap-endpoint", script=HF_WORKER
         ),
     ]
     decode = await start_worker(*etcd, *endpoints, "--mode", "decode", script=HF_WORKER)
@@ -327,6 +328,13 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
         line for line in metrics.splitlines() if line.startswith("dynamo_frontend_prefill_errors_total{")
     ]
     assert errors and float(errors[0].split()[-1]) >= 2  # each aggregated request followed a failure
+    # the killed prefill workers leave discovery (a later test's frontend must not route to them)
+    prefill_client = await rt.endpoint("dg.prefill.generate").client()
+    for _ in range(200):
+        if not prefill_client.instance_ids():
+            break
+        await asyncio.sleep(0.05)
+    assert prefill_client.instance_ids() == []
 
 
 async def test_a_cancelled_decode_frees_its_sequence(hf_engine: Any) -> None:

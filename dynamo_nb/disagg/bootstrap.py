@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, DisaggregationError
-from ..runtime.addresses import is_wildcard
+from ..runtime.addresses import AddressRule, is_wildcard
 from ..runtime.planes.base import set_nodelay
 from .rooms import BootstrapInfo
 
@@ -103,16 +103,19 @@ class BootstrapServer:
         cls, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0, advertise_host: str | None = None
     ) -> BootstrapServer:
         """Listen on ``host:port`` (0: a free port); rooms expire ``ttl`` seconds after they appear.
-        ``advertise_host`` is the host decode workers are told (default ``host``; a wildcard
-        ``host`` needs it: nobody can connect to ``0.0.0.0``)."""
-        advertised = advertise_host or host
-        if is_wildcard(advertised):
+        ``advertise_host`` is the host decode workers are told: by default the address it listens
+        on, or for a wildcard ``host`` this host's loopback (a worker passes the address other
+        hosts reach: `dynamo_nb.disagg.modes.WorkerRole`)."""
+        if advertise_host is not None and is_wildcard(advertise_host):
             raise ConfigError(
-                f"a bootstrap server listening on {host!r} needs advertise_host=: the address decode workers connect to"
+                f"cannot advertise {advertise_host!r} for a bootstrap server: give a reachable address"
             )
         server = cls(ttl)
         server._server = await asyncio.start_server(server._serve, host, port)
-        server.host, server.port = advertised, server._server.sockets[0].getsockname()[1]
+        bound, server.port = server._server.sockets[0].getsockname()[:2]
+        server.host = advertise_host or (
+            AddressRule().advertise(host, what=None) if is_wildcard(host) else bound
+        )
         server._sweeper = asyncio.get_running_loop().create_task(
             server._sweep(), name="dynamo_nb-bootstrap-expiry"
         )

@@ -95,10 +95,13 @@ class WorkerRole:
         """The engine method to serve and the card's runtime config; starts what the role needs
         (the prefill role's bootstrap server, the decode role's prefill client)."""
         if self.mode == "prefill":
-            listen = runtime.addresses.listen(self.bootstrap_host)
-            advertise = runtime.addresses.advertise(
-                listen, self.bootstrap_advertise_host, what="the bootstrap server"
+            # by default where the TCP plane listens and what it advertises
+            rule = await runtime.addresses.resolve()
+            listen = self.bootstrap_host or runtime.listen_host or rule.listen(None)
+            asked = self.bootstrap_advertise_host or (
+                runtime.advertise_host if self.bootstrap_host is None else None
             )
+            advertise = rule.advertise(listen, asked, what="the bootstrap server")
             await engine.start_bootstrap(
                 listen, self.bootstrap_port, ttl=self.kv_ttl, advertise_host=advertise
             )

@@ -51,6 +51,7 @@ from ..disagg.rooms import draw_room
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
 from ..launch.services import free_port
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..runtime.addresses import AddressRule
 from ..runtime.context import Context
 from .base import KvEventSink, token_budget
 from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
@@ -129,11 +130,11 @@ def sglang_server_args(args: argparse.Namespace, model_path: str | Path) -> Any:
 
 def bootstrap_host_of(server_args: Any) -> str:
     """The host decode engines reach the prefill engine's bootstrap server at: the host of
-    ``--dist-init-addr`` when set, else ``--host`` (127.0.0.1 for a wildcard)."""
+    ``--dist-init-addr`` when set, else ``--host`` (loopback for a wildcard: give SGLang
+    ``--host`` this host's address when decode engines run elsewhere)."""
     if server_args.dist_init_addr:
         return str(server_args.dist_init_addr).rsplit(":", 1)[0].strip("[]")
-    host = server_args.host or "127.0.0.1"
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "*") else host
+    return AddressRule().advertise(server_args.host, what=None)
 
 
 def _kv_relay(server_args: Any) -> ZmqKvRelay | None:

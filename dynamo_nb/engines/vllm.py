@@ -44,7 +44,7 @@ from typing import Any
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
 from ..launch.services import free_port
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
-from ..runtime.addresses import AddressRule
+from ..runtime.addresses import AddressRule, is_wildcard
 from ..runtime.context import Context
 from .base import KvEventSink, token_budget
 from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
@@ -304,8 +304,11 @@ class VllmEngine(RelayedKvEvents):
             argparse.Namespace(**{**vars(args), "model": str(model_path)})
         )
         if args.mode in ("prefill", "decode") and engine_args.kv_transfer_config is None:
-            # the side channel's host: loopback beside local discovery, else the address that reaches it
-            side_channel = AddressRule.toward([args.discovery, args.nats_url]).own_address()
+            # the side channel listens where the TCP plane does (it binds and advertises one host)
+            rule = await AddressRule.toward([args.discovery, args.nats_url]).resolve()
+            side_channel = rule.listen(args.tcp_host)
+            if is_wildcard(side_channel):
+                side_channel = rule.advertise(side_channel, args.tcp_advertise_host, what=None)
             engine_args.kv_transfer_config = nixl_transfer_config(args.mode, host=side_channel)
         return await cls.start(engine_args, kv_events=kv_events)
 

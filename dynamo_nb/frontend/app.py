@@ -31,6 +31,7 @@ from ..router.base import Router
 from ..router.decision import RoutingRecords
 from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
+from ..runtime.addresses import host_port
 from .admission import DEFAULT_QUEUE_TIMEOUT
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
@@ -77,6 +78,7 @@ class Frontend:
         self.overload_status = 503  # a request refused because a limit was hit (or 529)
         self.pipeline = RequestPipeline(manager, self.metrics, migration_limit)
         self._runner: web.AppRunner | None = None
+        self._url: str | None = None
 
     @classmethod
     async def start(
@@ -215,9 +217,8 @@ class Frontend:
     @property
     def url(self) -> str:
         """``http://HOST:PORT`` clients reach it at (for a wildcard ``host``, this host's address
-        that reaches discovery, or loopback: `dynamo_nb.runtime.addresses`)."""
-        host = self.runtime.addresses.advertise(self.host, what="the frontend")
-        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+        that reaches discovery, or loopback: `dynamo_nb.runtime.addresses`); set once it listens."""
+        return self._url or f"http://{host_port(self.host, self.port)}"
 
     async def _listen(self, reuse_port: bool = False) -> None:
         app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)
@@ -242,6 +243,12 @@ class Frontend:
             ) from None
         if self.port == 0:
             self.port = self._runner.addresses[0][1]
+        try:
+            host = (await self.runtime.addresses.resolve()).advertise(self.host, what=None)
+        except BaseException:
+            await self._runner.cleanup()
+            raise
+        self._url = f"http://{host_port(host, self.port)}"
         logger.info("frontend listening on %s", self.url)
 
     async def stop(self) -> None:

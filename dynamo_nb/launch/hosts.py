@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import ipaddress
+import itertools
 import json
 import os
 import queue
@@ -40,12 +42,15 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, ProcessStartError
-from .netswitch import NETNS_DIR, delete_netns, in_netns
+from ..errors import ConfigError, ProcessStartError, ProcessTimeoutError
+from .netswitch import NETNS_DIR, Shape, delete_netns, in_netns
 from .process_group import pid_alive
 
 if TYPE_CHECKING:
@@ -62,11 +67,15 @@ TEST_NETWORK = ipaddress.ip_network("198.18.0.0/15")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,14}$")
 _OURS = re.compile(r"^dnb(\d+)x(\d+)-")
 _RUNNING: set[HostNetwork] = set()
+_SWITCH = Path(__file__).with_name("netswitch.py")
 _COUNTER = iter(range(1 << 30))
 
 
+@functools.lru_cache(maxsize=1)
 def netns_unavailable() -> str | None:
-    """Why hosts cannot be made here, or None when they can: root, ``ip`` and ``/dev/net/tun``.
+    """Why hosts cannot be made here, or None when they can: Linux, root, ``ip`` and ``tc``
+    (iproute2), ``/dev/net/tun``, and a namespace that can really be made (root in an
+    unprivileged container cannot). Checked once per process.
 
     Example:
         >>> netns_unavailable() is None or isinstance(netns_unavailable(), str)
@@ -76,10 +85,18 @@ def netns_unavailable() -> str | None:
         return "network namespaces need Linux"
     if os.geteuid() != 0:
         return "network namespaces need root (run as root, as CI does)"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` (iproute2) is not installed"
     if not os.access("/dev/net/tun", os.R_OK | os.W_OK):
         return "/dev/net/tun is missing (the tun module)"
+    probe = f"dnb{os.getpid()}x-probe"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True, timeout=10)
+    if made.returncode != 0:
+        return (
+            f"`ip netns add` fails here ({made.stderr.strip() or made.returncode}): CAP_SYS_ADMIN is missing?"
+        )
+    delete_netns(probe)
     return None
 
 
@@ -131,16 +148,27 @@ class Host:
         return await launch(program, *args, host=self, **kwargs)
 
     async def services(self, *, etcd: bool = True, nats: bool = True, timeout: float = 30.0) -> LocalServices:
-        """etcd and nats-server running on this host, listening on its address."""
+        """etcd and nats-server running on this host, listening on its address (stopped with
+        the network, if not before).
+
+        Example::
+
+            services = await net["svc"].services()
+            services.etcd_url        # 'etcd://198.18.0.2:40123'
+        """
         from .services import LocalServices
 
-        return await LocalServices.start(etcd=etcd, nats=nats, timeout=timeout, host=self)
+        services = await LocalServices.start(etcd=etcd, nats=nats, timeout=timeout, host=self)
+        self.network._services.append(services)
+        return services
 
     @contextlib.contextmanager
     def entered(self) -> Iterator[Host]:
         """Inside the block, the sockets this thread makes live on this host (they stay there
         after). Processes started meanwhile without a host start here too; other threads (the
-        default executor's) are not moved.
+        default executor's) are not moved. Around ``await``s, every task of this event loop
+        that makes a socket meanwhile makes it here too: enter it where nothing else runs (a
+        client driver, a benchmark), and never in two tasks at once.
 
         Example::
 
@@ -152,7 +180,13 @@ class Host:
             yield self
 
     def socket(self, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM) -> socket.socket:
-        """A new socket living on this host."""
+        """A new socket living on this host.
+
+        Example::
+
+            sock = net["b"].socket()
+            sock.connect((net["a"].address, 7000))
+        """
         with self.entered():
             return socket.socket(family, kind)
 
@@ -205,7 +239,10 @@ class HostNetwork:
         self.hosts = hosts
         self.subnet = subnet
         self._switch = switch
+        self.log_path: Path | None = None
+        self._services: list[LocalServices] = []
         self._lock = threading.Lock()
+        self._ids = itertools.count(1)
         self._replies: queue.Queue[bytes] = queue.Queue()
         threading.Thread(target=self._read_replies, name="dynamo_nb netswitch replies", daemon=True).start()
 
@@ -229,6 +266,10 @@ class HostNetwork:
             ConfigError: no root, no ``ip``, a bad name or subnet (the message says which).
             ProcessStartError: the switch could not build the hosts.
         """
+        if isinstance(hosts, int) and not 1 <= hosts <= 26:
+            raise ConfigError(
+                f"{hosts} hosts: name them (a list of names) beyond 26, or ask for at least one"
+            )
         names = [chr(ord("a") + i) for i in range(hosts)] if isinstance(hosts, int) else list(hosts)
         for name in names:
             if not _NAME.match(name):
@@ -251,18 +292,22 @@ class HostNetwork:
             for name, address in zip(names, addresses, strict=False)
         ]
         setup = json.dumps({"hosts": layout, "prefix": network.prefixlen, "seed": seed})
-        switch = subprocess.Popen(  # noqa: ASYNC220 - fork/exec returns at once
-            [sys.executable, "-m", "dynamo_nb.launch.netswitch", setup],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,  # not in our group: it outlives us to clean up
-        )
+        log_path = Path(tempfile.gettempdir()) / "dynamo_nb-logs" / f"netswitch-{tag}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:  # noqa: ASYNC230 - opening the log for the child
+            switch = subprocess.Popen(  # noqa: ASYNC220 - fork/exec returns at once
+                [sys.executable, "-I", str(_SWITCH), setup],  # the standard library only
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                start_new_session=True,  # not in our group: it outlives us to clean up
+            )
         net = cls({}, network, switch)
+        net.log_path = log_path
         net.hosts = {h["name"]: Host(net, h["name"], h["address"], h["netns"]) for h in layout}
         _RUNNING.add(net)
         try:
-            first = await asyncio.to_thread(net._read_reply, timeout)
+            first = await asyncio.to_thread(net._read_reply, timeout)  # its "ready" line
             if not first.get("ok"):
                 raise ProcessStartError(f"the switch could not build the hosts: {first.get('error')}")
             if delay_ms or jitter_ms or loss:
@@ -293,30 +338,41 @@ class HostNetwork:
                 self._replies.put(line)
         self._replies.put(b"")
 
-    def _read_reply(self, timeout: float) -> dict[str, Any]:
-        try:
-            line = self._replies.get(timeout=timeout)
-        except queue.Empty:
-            line = b""
-        if not line:
-            self._switch.terminate()  # one that stopped answering is of no use: it tears the hosts down
-            error = b""
-            with contextlib.suppress(subprocess.TimeoutExpired, OSError, ValueError):
-                self._switch.wait(10)
-                if self._switch.stderr is not None:
-                    error = self._switch.stderr.read()
-            detail = error.decode(errors="replace").strip()[-2000:] or f"no answer within {timeout:g} s"
-            raise ProcessStartError(f"the network switch did not answer: {detail}")
-        return dict(json.loads(line))
+    def _read_reply(self, timeout: float, ident: int | None = None) -> dict[str, Any]:
+        """The switch's reply (to command ``ident``: late replies to earlier ones are skipped).
+
+        Raises:
+            ProcessStartError: the switch exited (its log's tail says why).
+            ProcessTimeoutError: no reply within ``timeout`` s (the switch keeps running).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ProcessTimeoutError(f"the network switch did not answer within {timeout:g} s") from None
+            if not line:
+                tail = ""
+                if self.log_path is not None:
+                    with contextlib.suppress(OSError):
+                        tail = self.log_path.read_text(errors="replace").strip()[-2000:]
+                raise ProcessStartError(f"the network switch exited: {tail or 'no output'}")
+            reply = dict(json.loads(line))
+            if ident is None or reply.get("id") == ident:
+                return reply
 
     def _call(self, command: dict[str, Any], timeout: float) -> dict[str, Any]:
         with self._lock:
             if not self.running:
                 raise ConfigError("this host network was stopped; start a new one")
+            ident = next(self._ids)
             assert self._switch.stdin is not None
-            self._switch.stdin.write((json.dumps(command) + "\n").encode())
-            self._switch.stdin.flush()
-            reply = self._read_reply(timeout)
+            try:
+                self._switch.stdin.write((json.dumps({**command, "id": ident}) + "\n").encode())
+                self._switch.stdin.flush()
+            except (OSError, ValueError):
+                raise ConfigError("this host network's switch is gone; start a new one") from None
+            reply = self._read_reply(timeout, ident)
         if not reply.get("ok"):
             raise ConfigError(str(reply.get("error")))
         return reply
@@ -342,20 +398,21 @@ class HostNetwork:
     ) -> None:
         """Shape frames between every two hosts (no host given), to and from host ``a``, or between
         ``a`` and ``b``: one-way ``delay_ms`` ± ``jitter_ms`` (uniform) and ``loss``, the chance a
-        frame is dropped. A pair's shape wins over a host's, a host's over the network's; shaping
-        the whole network forgets the others. Frames between two hosts keep their order.
+        frame is dropped. A pair's shape wins over its hosts' (two shaped hosts: the larger of each
+        value, both ways), theirs over the network's; shaping the whole network forgets the
+        others. Frames between two hosts keep their order.
 
         Example::
 
             await net.shape(delay_ms=2, loss=0.01)        # every link: RTT 4 ms, 1 % loss each way
             await net.shape("c", delay_ms=20)             # host c is far away
         """
-        if delay_ms < 0 or jitter_ms < 0 or jitter_ms > delay_ms:
-            raise ConfigError(
-                f"delay_ms must be ≥ 0 and jitter_ms between 0 and delay_ms, got {delay_ms}, {jitter_ms}"
-            )
-        if not 0 <= loss < 1:
-            raise ConfigError(f"loss is a fraction in [0, 1), got {loss}")
+        try:
+            Shape(delay_ms, jitter_ms, loss)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if a is None and b is not None:
+            raise ConfigError("shape(None, b): name the first host")
         await self._command(
             {"op": "shape", **self._names(a, b), "delay_ms": delay_ms, "jitter_ms": jitter_ms, "loss": loss}
         )
@@ -395,17 +452,34 @@ class HostNetwork:
     # -- stop
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Stop the processes launched in the hosts, then the switch, which deletes the hosts."""
+        """Stop the processes launched in the hosts and the services started on them, then the
+        switch, which deletes the hosts. Stopping twice is harmless.
+
+        Example::
+
+            await net.stop()
+            net.running      # False
+        """
         from .launcher import launched
 
         inside = {host.netns for host in self.hosts.values()}
-        for process in launched():
-            if process.host is not None and process.host.netns in inside:
-                await process.stop(timeout=5.0)
-        await asyncio.to_thread(self._stop_now, timeout)
+        try:
+            for process in launched():
+                if process.host is not None and process.host.netns in inside:
+                    with contextlib.suppress(Exception):
+                        await process.stop(timeout=5.0)
+            services, self._services = self._services, []
+            for service in services:
+                with contextlib.suppress(Exception):
+                    await service.stop()
+        finally:
+            await asyncio.to_thread(self._stop_now, timeout)
 
     def _stop_now(self, timeout: float = 10.0) -> None:
         _RUNNING.discard(self)
+        for service in self._services:
+            service._stop_now()
+        self._services = []
         if self._switch.poll() is None and self._switch.stdin is not None:
             with contextlib.suppress(OSError, ValueError):
                 self._switch.stdin.close()  # end of input: the switch tears down and exits
@@ -413,13 +487,14 @@ class HostNetwork:
             self._switch.wait(timeout)
         except subprocess.TimeoutExpired:
             self._switch.kill()
-            self._switch.wait(5)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._switch.wait(5)
         for host in self.hosts.values():  # should the switch have failed at it
             if os.path.exists(os.path.join(NETNS_DIR, host.netns)):
                 delete_netns(host.netns)
-        for stream in (self._switch.stdout, self._switch.stderr):
-            if stream is not None:
-                stream.close()
+        if self._switch.stdout is not None:
+            with contextlib.suppress(OSError):
+                self._switch.stdout.close()
 
     async def __aenter__(self) -> HostNetwork:
         return self
@@ -436,8 +511,8 @@ class HostNetwork:
 def _stop_all_at_exit() -> None:
     if not _RUNNING:
         return
-    from .launcher import _stop_all_at_exit as stop_launched
+    from .launcher import stop_all_now
 
-    stop_launched()  # what runs in the hosts stops cleanly before the switch kills what is left
+    stop_all_now()  # what runs in the hosts stops cleanly before the switch kills what is left
     for network in list(_RUNNING):
         network._stop_now(5.0)

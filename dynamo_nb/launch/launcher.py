@@ -434,8 +434,9 @@ def launched() -> list[ManagedProcess]:
 
 
 @atexit.register
-def _stop_all_at_exit(timeout: float = 5.0) -> None:
-    """SIGTERM every launched group at once, give them ``timeout`` s together, then SIGKILL."""
+def stop_all_now(timeout: float = 5.0) -> None:
+    """SIGTERM every launched group at once, give them ``timeout`` s together, then SIGKILL
+    (blocking; run at interpreter exit)."""
     processes = list(_LAUNCHED.values())
     _LAUNCHED.clear()
     for process in processes:

@@ -1,25 +1,27 @@
 """The switch of a `dynamo_nb.launch.hosts.HostNetwork`: network namespaces joined in user space.
 
-Run as a program by `HostNetwork.start` (``python -m dynamo_nb.launch.netswitch SETUP``), as
-root, with its set-up as one JSON argument. It:
+Run as a program by `HostNetwork.start` (``python -I .../netswitch.py SETUP``: it imports only
+the standard library), as root, with its set-up as one JSON argument. It:
 
 - makes one network namespace per host, each with a TAP device ``eth0`` holding the host's
   address (and ``lo``), no default route, IPv6 off: nothing in a host reaches anything but
   the other hosts;
 - forwards Ethernet frames between the TAP devices (it learns which host has which MAC; it
   floods broadcasts and unknown destinations), delaying and dropping them as shaped per host
-  pair (this kernel has no ``netem``, so delay, jitter and loss are done here; a host's send
-  rate is ``tbf`` on its ``eth0``). Frames between two hosts never overtake each other;
-- answers commands, one JSON line each on stdin, one JSON line back on stdout: ``shape``,
-  ``cut``, ``heal``, ``stats``, ``stop``;
-- when stdin closes (its owner stopped it, exited or was killed) it kills every process left
-  in its namespaces and deletes them. Its TAP devices go with it.
+  pair (delay, jitter and loss are done here, so no ``netem`` qdisc is needed; a host's send
+  rate is ``tbf`` on its ``eth0``). Frames from one host to another leave in the order they
+  came, each pair in a queue of its own;
+- answers commands, one JSON line each on stdin (with an ``id``), one JSON line back on stdout
+  (with the same ``id``): ``shape``, ``cut``, ``heal``, ``stats``, ``stop``;
+- when stdin closes or its owner (its parent) is gone — stopped, exited or killed — it kills
+  every process left in its namespaces and deletes them. Its TAP devices go with it.
 
-A frame from host A to host B is shaped by the first of: the settings of the pair (A, B), of
-host A, of host B, of the network. ``delay_ms`` is the one-way delay between the two hosts
-(so a round trip takes twice), ``jitter_ms`` a uniform ± spread around it, ``loss`` the chance
-that one frame is dropped. A cut pair (or a cut host, with every other) drops every frame and
-answers nothing: to its peers a cut host is alive but unreachable.
+A frame from host A to host B is shaped by the pair (A, B)'s settings if it has some, else by
+those of host A and host B (the larger of each value, so both directions fare alike), else by
+the network's. ``delay_ms`` is the one-way delay between the two hosts (so a round trip takes
+twice), ``jitter_ms`` a uniform ± spread around it, ``loss`` the chance that one frame is
+dropped. A cut pair (or a cut host, with every other) drops every frame and answers nothing:
+to its peers a cut host is alive but unreachable.
 
 Example (the set-up argument and a command, as `HostNetwork` sends them)::
 
@@ -30,9 +32,9 @@ Example (the set-up argument and a command, as `HostNetwork` sends them)::
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ctypes
-import fcntl
 import json
 import os
 import random
@@ -40,6 +42,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,18 +91,33 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def delete_netns(netns: str) -> None:
-    """SIGKILL every process in namespace ``netns``, then delete it (nothing if it is gone)."""
-    pids = _ip("netns", "pids", netns, check=False).stdout.split()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid), signal.SIGKILL)
+    """SIGKILL every process in namespace ``netns`` (again, while any forked meanwhile), then
+    delete it; nothing if it is gone.
+
+    Example::
+
+        delete_netns("dnb4242x0-a")
+    """
+    for _ in range(20):
+        pids = _ip("netns", "pids", netns, check=False).stdout.split()
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.05)
     _ip("netns", "del", netns, check=False)
 
 
 @dataclass
 class Shape:
     """How frames between two hosts fare: one-way ``delay_ms`` ± ``jitter_ms``, and ``loss``
-    (the chance each frame is dropped)."""
+    (the chance each frame is dropped).
+
+    Example:
+        >>> Shape(delay_ms=2, loss=0.01).worst(Shape(delay_ms=5))
+        Shape(delay_ms=5, jitter_ms=0.0, loss=0.01)
+    """
 
     delay_ms: float = 0.0
     jitter_ms: float = 0.0
@@ -110,6 +128,14 @@ class Shape:
             raise ValueError(f"delay_ms must be ≥ 0 and jitter_ms in [0, delay_ms], got {self}")
         if not 0 <= self.loss < 1:
             raise ValueError(f"loss must be in [0, 1), got {self.loss}")
+
+    def worst(self, other: Shape) -> Shape:
+        """The larger of each value of the two."""
+        return Shape(
+            max(self.delay_ms, other.delay_ms),
+            max(self.jitter_ms, other.jitter_ms),
+            max(self.loss, other.loss),
+        )
 
 
 @dataclass
@@ -125,12 +151,15 @@ class _Port:
     received: int = 0  # frames the switch delivered to it
     lost: int = 0  # its frames dropped by loss
     cut: int = 0  # its frames dropped by a cut
-    released_at: dict[int, float] = field(default_factory=dict)  # last delivery time per destination
-    queued: int = 0
+    # frames on their way to each destination, (due time, frame), in the order they came
+    queues: dict[int, collections.deque[tuple[float, bytes]]] = field(default_factory=dict)
+    queued: int = 0  # frames on their way to this port, from every source
 
 
 def _open_tap(netns: str) -> int:
     """A TAP device ``eth0`` made inside ``netns``; its file descriptor (non-blocking)."""
+    import fcntl  # Linux only, as the rest of the switch
+
     with in_netns(netns):
         for knob in ("all", "default"):  # no IPv6: no router solicitations or DAD on the wire
             with contextlib.suppress(OSError), open(f"/proc/sys/net/ipv6/conf/{knob}/disable_ipv6", "w") as f:
@@ -190,12 +219,15 @@ class Switch:
             loop.add_reader(port.fd, self._readable, port)
 
     def _shape(self, src: int, dst: int) -> Shape:
-        return (
-            self.pair_shapes.get((src, dst))
-            or self.host_shapes.get(src)
-            or self.host_shapes.get(dst)
-            or self.default
-        )
+        pair = self.pair_shapes.get((src, dst))
+        if pair is not None:
+            return pair
+        ends = [
+            shape for shape in (self.host_shapes.get(src), self.host_shapes.get(dst)) if shape is not None
+        ]
+        if not ends:
+            return self.default
+        return ends[0] if len(ends) == 1 else ends[0].worst(ends[1])
 
     def _blocked(self, src: int, dst: int) -> bool:
         return src in self.cut_hosts or dst in self.cut_hosts or (src, dst) in self.cut_pairs
@@ -206,7 +238,9 @@ class Switch:
                 frame = os.read(port.fd, _MAX_FRAME)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError:  # the device is gone or broken: stop reading it rather than spin
+                assert self.loop is not None
+                self.loop.remove_reader(port.fd)
                 return
             if len(frame) < 14:
                 continue
@@ -226,26 +260,40 @@ class Switch:
         if shape.loss and self.rng.random() < shape.loss:
             src.lost += 1
             return
-        if not shape.delay_ms:
+        queue = src.queues.setdefault(dst.index, collections.deque())
+        if not shape.delay_ms and not queue:
             self._deliver(dst, frame)
             return
         if dst.queued >= _QUEUE_LIMIT:
             src.lost += 1
             return
         assert self.loop is not None
-        delay = shape.delay_ms + (
-            self.rng.uniform(-shape.jitter_ms, shape.jitter_ms) if shape.jitter_ms else 0.0
-        )
-        at = max(self.loop.time() + delay / 1000.0, src.released_at.get(dst.index, 0.0))  # no overtaking
-        src.released_at[dst.index] = at
+        jitter = self.rng.uniform(-shape.jitter_ms, shape.jitter_ms) if shape.jitter_ms else 0.0
+        at = self.loop.time() + (shape.delay_ms + jitter) / 1000.0
+        if queue:  # no overtaking: it leaves after the frames queued before it
+            at = max(at, queue[-1][0])
+        queue.append((at, frame))
         dst.queued += 1
-        # epoll waits whole milliseconds, rounded up: ask half of one early to land on time on average
-        self.loop.call_at(at - 0.0005, self._deliver_later, src.index, dst, frame)
+        if len(queue) == 1:
+            self._schedule(src, dst, at)
 
-    def _deliver_later(self, src: int, dst: _Port, frame: bytes) -> None:
-        dst.queued -= 1
-        if not self._blocked(src, dst.index):  # cut while in flight: lost with the link
-            self._deliver(dst, frame)
+    def _schedule(self, src: _Port, dst: _Port, at: float) -> None:
+        assert self.loop is not None
+        # epoll waits whole milliseconds, rounded up: ask half of one early to land on time on average
+        self.loop.call_at(at - 0.0005, self._drain, src, dst)
+
+    def _drain(self, src: _Port, dst: _Port) -> None:
+        """Deliver the frames from ``src`` to ``dst`` that are due, in order; wake up for the next."""
+        assert self.loop is not None
+        queue = src.queues[dst.index]
+        due = self.loop.time() + 0.0005
+        while queue and queue[0][0] <= due:
+            _, frame = queue.popleft()
+            dst.queued -= 1
+            if not self._blocked(src.index, dst.index):  # cut while in flight: lost with the link
+                self._deliver(dst, frame)
+        if queue:
+            self._schedule(src, dst, queue[0][0])
 
     def _deliver(self, dst: _Port, frame: bytes) -> None:
         try:
@@ -271,6 +319,8 @@ class Switch:
     def command(self, command: dict[str, Any]) -> dict[str, Any]:
         op = command.get("op")
         a, b = self._hosts(command)
+        if a is None and b is not None:
+            raise ValueError("name the first host (a) before the second (b)")
         if op == "shape":
             shape = Shape(
                 float(command.get("delay_ms", 0)),
@@ -312,20 +362,38 @@ def _reply(message: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+async def _owner_gone(owner: int) -> None:
+    """Return once the owner (this process's parent) is gone: it is then re-parented."""
+    while os.getppid() == owner:  # noqa: ASYNC110 - nothing to wait on but the parent pid
+        await asyncio.sleep(0.5)
+
+
 async def _serve(switch: Switch) -> None:
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 20)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     switch.start(loop)
     _reply({"ok": True, "ready": True, "pid": os.getpid()})
-    while line := await reader.readline():
+    # stdin's end closes with the owner, unless a child it forked holds it: watch the owner too
+    watch = loop.create_task(_owner_gone(os.getppid()))
+    while True:
+        read = loop.create_task(reader.readline())
+        await asyncio.wait({read, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not read.done():
+            read.cancel()
+            return
+        line = read.result()
+        if not line:
+            return
+        ident = None
         try:
             command = json.loads(line)
+            ident = command.get("id")
             if command.get("op") == "stop":
                 return
-            _reply(switch.command(command))
-        except (ValueError, TypeError) as exc:
-            _reply({"ok": False, "error": str(exc)})
+            _reply({**switch.command(command), "id": ident})
+        except (ValueError, TypeError, AttributeError) as exc:
+            _reply({"ok": False, "error": str(exc), "id": ident})
 
 
 def main() -> None:

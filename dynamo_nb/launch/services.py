@@ -23,7 +23,7 @@ from .process_group import guarded_command, signal_group, stop_group
 if TYPE_CHECKING:
     from .hosts import Host
 
-Connect = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+_Connect = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 __all__ = ["INSTALL_HINTS", "LocalServices", "find_binary", "free_port"]
 
@@ -89,7 +89,7 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-async def _answers(connect: Connect, address: str, port: int, send: bytes, expect: bytes) -> bool:
+async def _answers(connect: _Connect, address: str, port: int, send: bytes, expect: bytes) -> bool:
     """Connect to address:port, send ``send``, look for ``expect`` in the answer (1 s per step)."""
     try:
         reader, writer = await asyncio.wait_for(connect(address, port), 1.0)
@@ -106,12 +106,12 @@ async def _answers(connect: Connect, address: str, port: int, send: bytes, expec
         writer.close()
 
 
-async def _etcd_ready(connect: Connect, address: str, port: int) -> bool:
+async def _etcd_ready(connect: _Connect, address: str, port: int) -> bool:
     probe = f"GET /health HTTP/1.0\r\nHost: {address}\r\n\r\n".encode()
     return await _answers(connect, address, port, probe, b'"health":"true"')
 
 
-async def _nats_ready(connect: Connect, address: str, port: int) -> bool:
+async def _nats_ready(connect: _Connect, address: str, port: int) -> bool:
     return await _answers(connect, address, port, b"", b"INFO")
 
 
@@ -252,7 +252,7 @@ class LocalServices:
         child = _Child(name, process, log, url, command, port)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        connect: Connect = self.host.open_connection if self.host is not None else asyncio.open_connection
+        connect: _Connect = self.host.open_connection if self.host is not None else asyncio.open_connection
         while loop.time() < deadline and process.poll() is None:
             if await ready(connect, self.address, port):
                 return child

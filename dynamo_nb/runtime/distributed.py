@@ -65,6 +65,11 @@ class DistributedRuntime:
         self._events: EventPlane | None = None
         self.addresses = AddressRule()
         """Where this process's servers listen and what they advertise (`AddressRule`)."""
+        self.listen_host: str | None = None
+        """The host the TCP plane listens on, the default of this process's other servers (None:
+        no TCP host was asked for: theirs follow `addresses`)."""
+        self.advertise_host: str | None = None
+        """The host the TCP plane advertises, the default of this process's other servers."""
 
     @classmethod
     async def create(
@@ -108,16 +113,16 @@ class DistributedRuntime:
             )
         disc = make_discovery(discovery, lease_ttl=lease_ttl, connect_timeout=connect_timeout)
         addresses = AddressRule.toward([discovery, nats_url])
-        listen = addresses.listen(tcp_host) if plane_name == "tcp" else LOOPBACK
-        advertise = (
-            addresses.advertise(listen, tcp_advertise_host, what="the TCP request plane")
-            if plane_name == "tcp"
-            else None
-        )
+        listen: str | None = None
+        advertise: str | None = None
+        if plane_name == "tcp" or tcp_host is not None or tcp_advertise_host is not None:
+            await addresses.resolve()
+            listen = addresses.listen(tcp_host)
+            advertise = addresses.advertise(listen, tcp_advertise_host, what="the TCP request plane")
         plane = make_plane(
             plane_name,
             nats_url=nats_url,
-            tcp_host=listen,
+            tcp_host=listen or LOOPBACK,
             tcp_port=tcp_port,
             tcp_advertise_host=advertise,
             heartbeat_timeout=heartbeat_timeout,
@@ -132,6 +137,7 @@ class DistributedRuntime:
         runtime = cls(disc, plane)
         runtime._nats_url, runtime._connect_timeout = nats_url, connect_timeout
         runtime.addresses = addresses
+        runtime.listen_host, runtime.advertise_host = listen, advertise
         logger.info("runtime %x up: discovery=%s plane=%s", disc.connection_id, disc.describe(), plane.name)
         return runtime
 

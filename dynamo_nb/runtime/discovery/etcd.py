@@ -24,14 +24,15 @@ _RPC_TIMEOUT = 5
 # 5 s ("min reconnect backoff" is gRPC's minimum connect timeout): across a lossy network a
 # lost handshake packet is resent after 200 ms to 1 s, and a shorter deadline would abort it.
 # An etcd host that vanished without a reset (a partition) leaves a connection that looks open:
-# while a watch runs, HTTP/2 pings every 5 s (etcd's minimum interval) that go unanswered for
-# 3 s close it, so the watches resync and the lease keep-alive reconnects once etcd answers.
+# while a watch runs, HTTP/2 pings every 10 s (twice etcd's minimum interval, so jitter never
+# makes one too early) that go unanswered for 5 s close it: the watches resync and the lease
+# keep-alive reconnects once etcd answers.
 _CHANNEL_OPTIONS = {
     "grpc.initial_reconnect_backoff_ms": 100,
     "grpc.min_reconnect_backoff_ms": 5000,
     "grpc.max_reconnect_backoff_ms": 1000,
-    "grpc.keepalive_time_ms": 5000,
-    "grpc.keepalive_timeout_ms": 3000,
+    "grpc.keepalive_time_ms": 10000,
+    "grpc.keepalive_timeout_ms": 5000,
     "grpc.keepalive_permit_without_calls": 0,  # etcd refuses pings on an idle connection
     "grpc.http2.max_pings_without_data": 0,
 }

@@ -13,6 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError, ProtocolError
+from ..addresses import host_port
 from ..instance import Instance
 from .base import (
     HEARTBEAT_INTERVAL,
@@ -65,10 +66,6 @@ def parse_tcp_address(address: str) -> tuple[str, int]:
             f"invalid TCP address {address!r}: expected 'tcp://HOST:PORT', e.g. tcp://127.0.0.1:9000"
         )
     return host.strip("[]"), int(port)
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # ----------------------------------------------------------------------------- server side
@@ -357,12 +354,12 @@ class TcpPlane(RequestPlane):
     @property
     def listen_address(self) -> str:
         """``host:port`` this worker listens on (after the first `add_target`)."""
-        return _host_port(self.host, self.port)
+        return host_port(self.host, self.port)
 
     @property
     def advertised_address(self) -> str:
         """``host:port`` clients connect to, as discovery has it (after the first `add_target`)."""
-        return _host_port(self.advertise_host, self.port)
+        return host_port(self.advertise_host, self.port)
 
     async def _ensure_listening(self) -> None:
         async with self._listen_lock:
