@@ -45,7 +45,7 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
+NEEDS: dict[str, tuple[Callable[[], bool], str | Callable[[], str]]] = {
     "vllm": (lambda: extra_installed("vllm"), "vLLM is not installed (pip install -e '.[vllm]')"),
     "sglang": (
         lambda: extra_installed("sglang"),
@@ -53,9 +53,12 @@ NEEDS: dict[str, tuple[Callable[[], bool], str]] = {
         "pip install -e '.[sglang]' on a GPU host)",
     ),
     "gpu": (_cuda, "needs a CUDA device (and torch built for it)"),
-    "netns": (lambda: netns_unavailable() is None, f"hosts in network namespaces: {netns_unavailable()}"),
+    "netns": (
+        lambda: netns_unavailable() is None,
+        lambda: f"hosts in network namespaces: {netns_unavailable()}",
+    ),
 }
-"""Marker → (whether it is there, why the test is skipped when not)."""
+"""Marker → (whether it is there, why the test is skipped when not: a text, or a function giving it)."""
 
 OPT_IN: dict[str, tuple[str, str]] = {
     "long": ("DYN_NB_VLLM_LONG", "the long vLLM runs (~5 min on 2 cores: four engine starts)"),
@@ -123,9 +126,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if name not in asked and os.environ.get(variable) != "1":
             pytest.skip(f"{what}: opt-in, run with -m {name} (or {variable}=1)")
     for name in sorted(markers & set(NEEDS)):
-        available, reason = NEEDS[name]
+        available, why = NEEDS[name]
         if available():
             continue
+        reason = why() if callable(why) else why
         if name in asked:
             pytest.fail(f"asked for the {name} tests (-m {name} or DYN_NB_REQUIRE), but {reason}")
         pytest.skip(reason)
