@@ -222,6 +222,37 @@ GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
         ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt", "empty"),
         ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),
         ("/v1/completions", {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", "vocabulary"),
+        # text JSON allows but Unicode does not (a lone surrogate), escaped or as raw bytes, in
+        # both APIs, streamed or not: a 400 naming the field, never a 500 from the tokenizer
+        (
+            CHAT,
+            {**GOOD, "messages": [{"role": "user", "content": "hi \ud800"}]},
+            400,
+            "messages[0].content",
+            "lone surrogate",
+        ),
+        (
+            CHAT,
+            {**GOOD, "stream": True, "messages": [{"role": "user", "content": "\udfff"}]},
+            400,
+            "messages[0].content",
+            "lone surrogate",
+        ),
+        (
+            CHAT,
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}',
+            400,
+            "messages[0].content",
+            "lone surrogate",
+        ),
+        ("/v1/completions", {"model": MODEL, "prompt": "\ud800"}, 400, "prompt", "lone surrogate"),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "x", "stream": True, "stop": ["\udc80"]},
+            400,
+            "stop[0]",
+            "lone surrogate",
+        ),
         (CHAT, {**GOOD, "model": "nope"}, 404, "model", "not found"),
         ("/v1/nothing", GOOD, 404, None, "no route"),
     ],
@@ -238,6 +269,13 @@ async def test_bad_input_gets_an_openai_error_envelope(
     assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
     ok = await served.http.post(CHAT, json=GOOD)  # and the server keeps serving
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+
+
+async def test_text_beyond_the_bmp_is_served(served: Served) -> None:
+    content = json.dumps({**GOOD, "messages": [{"role": "user", "content": "hi \U0001f600"}]})
+    assert "\\ud83d\\ude00" in content  # escaped as a surrogate pair, as json.dumps does
+    response = await served.http.post(CHAT, content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 200, response.text
 
 
 async def test_openai_client_raises_its_own_error_types(served: Served) -> None:

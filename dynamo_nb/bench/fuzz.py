@@ -2,8 +2,8 @@
 
 `request_bodies` generates chat and completion requests: mostly well-formed around a model's
 name with fields of every JSON type and range (wrong roles, missing content, NaN temperatures,
-huge seeds, long stop lists, prompts as text, token ids or batches), plus arbitrary JSON and raw
-bytes. `check_answer` says what is wrong with one answer: a 5xx, an error body outside
+huge seeds, long stop lists, prompts as text, token ids or batches, text with lone surrogates),
+plus arbitrary JSON and raw bytes. `check_answer` says what is wrong with one answer: a 5xx, an error body outside
 OpenAI's envelope, a 200 that is not a completion or an SSE stream ending in ``[DONE]``.
 `fuzz` sends ``examples`` of them to a running server and counts what came back.
 
@@ -38,19 +38,25 @@ def request_bodies(model: str) -> Any:
     """
     from hypothesis import strategies as st
 
+    # text as JSON allows it: any code point, lone surrogates too (hypothesis leaves those out
+    # by default), beside plain text; a lone surrogate must be a 400, as any other bad field
+    any_text = st.text(st.characters(exclude_categories=()), max_size=12) | st.sampled_from(
+        ["\ud800", "a\udfffb", "\udc80\udc80", "\ud83d", "\ud83d\ude00"]
+    )
     scalars = (
         st.none()
         | st.booleans()
         | st.integers(-(2**70), 2**70)
         | st.floats(allow_nan=True, allow_infinity=True)
         | st.text(max_size=12)
+        | any_text
     )
     anything = st.recursive(
         scalars,
         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
         max_leaves=8,
     )
-    words = st.text(min_size=1, max_size=40)
+    words = st.text(min_size=1, max_size=40) | any_text.filter(bool)
     message = st.fixed_dictionaries(
         {"role": st.sampled_from(["system", "user", "assistant"]), "content": words}
     ) | st.fixed_dictionaries(

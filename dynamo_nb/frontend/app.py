@@ -36,7 +36,7 @@ from .admission import DEFAULT_QUEUE_TIMEOUT
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
-from .openai import parse_request
+from .openai import check_text, parse_request
 from .pipeline import RequestPipeline, model_not_found
 from .request_trace import RequestTraceWriter
 from .served_models import ModelManager, ServedModel
@@ -306,7 +306,7 @@ class Frontend:
     async def _json(request: web.Request) -> Any:
         raw = await request.read()
         try:
-            return json.loads(raw)
+            body = json.loads(raw)
         except ValueError as exc:
             raise InvalidRequestError(
                 f"the request body is not valid JSON ({exc}); send a JSON object"
@@ -315,6 +315,8 @@ class Frontend:
             raise InvalidRequestError(
                 "the request body is nested too deeply; send a flat JSON object"
             ) from None
+        check_text(raw, body)
+        return body
 
     # -- routes
 

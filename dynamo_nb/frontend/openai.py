@@ -15,13 +15,18 @@ Example:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
 from ..llm.protocol import DEFAULT_MAX_TOKENS, SamplingOptions, StopConditions
 
-__all__ = ["OpenAIRequest", "parse_request"]
+__all__ = ["OpenAIRequest", "check_text", "parse_request"]
+
+# A body that can hold a lone surrogate holds an escaped one ("\\ud800") or its UTF-8-like bytes
+# (ED A0..BF ..), which json.loads lets through: only such a body is walked.
+_SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 COMPLETIONS_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS  # as OpenAI and vLLM
@@ -208,6 +213,50 @@ def _extra_fields(body: dict[str, Any]) -> frozenset[str]:
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         raise _bad("nvext.extra_fields must be a list of names such as ['worker_id']", "nvext.extra_fields")
     return frozenset(fields)
+
+
+def _bad_text(value: Any, path: str) -> str | None:
+    """The path of the first string (or key) in ``value`` that is not valid Unicode text."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{path} (a lone surrogate {value[exc.start]!r} at character {exc.start})"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _bad_text(key, f"{path}.{key!r} (a key)") or _bad_text(item, f"{path}.{key}" if path else key)
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _bad_text(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
+def check_text(raw: bytes, body: Any) -> None:
+    """Refuse a body (``raw``, decoded as ``body``) with text that JSON allows but Unicode does
+    not — a lone surrogate such as ``"\\ud800"`` — naming the field (a 400, not an error deep in
+    the tokenizer). Free unless the raw body holds a surrogate's escape or bytes.
+
+    Example:
+        >>> check_text(b'{"prompt": "\\\\ud800"}', {"prompt": "\\ud800"})
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.InvalidRequestError: prompt (a lone surrogate '\\ud800' at character 0) is not valid Unicode text: send valid UTF-8 (escape a character beyond U+FFFF as a surrogate pair, high then low)
+    """
+    if _SURROGATE_HINT.search(raw) is None:
+        return
+    found = _bad_text(body, "")
+    if found:
+        field = found.split(" ", 1)[0]
+        raise _bad(
+            f"{found} is not valid Unicode text: send valid UTF-8 (escape a character beyond U+FFFF "
+            "as a surrogate pair, high then low)",
+            field,
+        )
 
 
 def parse_request(body: Any, kind: str) -> OpenAIRequest:
