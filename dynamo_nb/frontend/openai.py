@@ -225,7 +225,9 @@ def _bad_text(value: Any, path: str) -> str | None:
         return None
     if isinstance(value, dict):
         for key, item in value.items():
-            found = _bad_text(key, f"{path}.{key!r} (a key)") or _bad_text(item, f"{path}.{key}" if path else key)
+            found = _bad_text(key, f"{path}.{key!r} (a key)") or _bad_text(
+                item, f"{path}.{key}" if path else key
+            )
             if found:
                 return found
     elif isinstance(value, list):

@@ -77,9 +77,9 @@ def netns_unavailable() -> str | None:
     (iproute2), ``/dev/net/tun``, and a namespace that can really be made (root in an
     unprivileged container cannot). Checked once per process.
 
-    Example:
-        >>> netns_unavailable() is None or isinstance(netns_unavailable(), str)
-        True
+    Example::
+
+        netns_unavailable()     # None as root on Linux; else e.g. 'network namespaces need root (…)'
     """
     if sys.platform != "linux":
         return "network namespaces need Linux"
