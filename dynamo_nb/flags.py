@@ -66,7 +66,7 @@ def _env(name: str, default: str | None) -> str | None:
 
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--discovery``, ``--request-plane``, ``--nats-url``, ``--lease-ttl``, ``--static``, the TCP
+    """Add ``--discovery``, ``--request-plane``, ``--nats-url``, ``--connect-timeout``, ``--lease-ttl``, ``--static``, the TCP
     plane's ``--tcp-host``/``--tcp-port``/``--tcp-advertise-host`` and the system status server's
     ``--system-host``/``--system-port``."""
     group = parser.add_argument_group("runtime")
@@ -87,6 +87,13 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         "--nats-url",
         default=_env("NATS_URL", None),
         help="NATS server, nats://HOST:PORT (env DYN_NB_NATS_URL; default: %(default)s)",
+    )
+    group.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=float(_env("CONNECT_TIMEOUT", None) or RuntimeConfig.connect_timeout),
+        help="seconds to wait at start for etcd and NATS to answer, so components may start in any "
+        "order (env DYN_NB_CONNECT_TIMEOUT; default: %(default)s)",
     )
     group.add_argument(
         "--lease-ttl",

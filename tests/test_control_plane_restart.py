@@ -142,3 +142,51 @@ def _async(check: Any) -> Any:
         return bool(check())
 
     return wrapped
+
+
+async def test_a_component_started_before_etcd_and_nats_waits_for_them(
+    private_services: LocalServices, tmp_path: Path
+) -> None:
+    """Start in any order: a worker whose etcd and NATS are not up yet waits for them (one line
+    while waiting, one when connected) instead of failing at once."""
+    etcd_url, nats_url = str(private_services.etcd_url), str(private_services.nats_url)
+    await private_services.kill("etcd")
+    await private_services.kill("nats")
+    flags = [
+        "--discovery",
+        etcd_url,
+        "--request-plane",
+        "nats",
+        "--nats-url",
+        nats_url,
+        "--connect-timeout",
+        60,
+    ]
+    starting = asyncio.create_task(start(tmp_path, *flags))
+    await asyncio.sleep(3)
+    assert not starting.done(), "the worker gave up instead of waiting for etcd"
+    await private_services.restart("etcd")
+    await asyncio.sleep(1.5)
+    assert not starting.done(), "the worker did not wait for NATS"
+    await private_services.restart("nats")
+    worker = await asyncio.wait_for(starting, 60)  # READY: both answered
+    lines = worker.logs()
+    assert sum("waiting for etcd" in line for line in lines) == 1
+    assert sum("connected to etcd" in line for line in lines) == 1
+    assert sum("waiting for NATS" in line for line in lines) == 1
+    assert sum("connected to NATS" in line for line in lines) == 1
+    await worker.stop()
+
+
+@pytest.mark.processes
+def test_a_component_gives_up_on_etcd_after_its_connect_timeout(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, str(MOCKER), "--discovery", "etcd://127.0.0.1:1", "--connect-timeout", "2"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "waiting for etcd at etcd://127.0.0.1:1" in result.stderr
+    assert "could not reach etcd" in result.stderr and "LocalServices" in result.stderr

@@ -99,7 +99,7 @@ class DistributedRuntime:
             tcp_advertise_host: the host discovery gives clients (default: ``tcp_host``, or for
                 a wildcard ``tcp_host`` the address that reaches discovery; never a wildcard).
             heartbeat_timeout: seconds of silence after which a stream counts as cut.
-            connect_timeout: seconds to wait for etcd and NATS.
+            connect_timeout: seconds to keep trying etcd and NATS until they answer (`dynamo_nb.runtime.startup`).
 
         Raises:
             ConfigError: an impossible combination, with what to change.

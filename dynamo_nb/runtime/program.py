@@ -213,6 +213,7 @@ class RuntimeConfig:
     system_host: str = "127.0.0.1"
     system_port: int = -1  # -1: no system status server
     static: bool = False  # no discovery service (--static, or a frontend's --static-endpoint)
+    connect_timeout: float = 60.0  # seconds to wait at start for etcd and NATS to answer
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, static: bool = False) -> RuntimeConfig:
@@ -229,6 +230,7 @@ class RuntimeConfig:
             system_host=args.system_host,
             system_port=args.system_port,
             static=static or args.static,
+            connect_timeout=args.connect_timeout,
         )
 
     async def start(self) -> DistributedRuntime:
@@ -242,6 +244,7 @@ class RuntimeConfig:
             tcp_host=self.tcp_host,
             tcp_port=self.tcp_port,
             tcp_advertise_host=self.tcp_advertise_host,
+            connect_timeout=self.connect_timeout,
         )
         if self.system_port >= 0:
             try:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from typing import Any
 from urllib.parse import urlsplit
 
 import aetcd
 import aetcd.rtypes
 
 from ...errors import ConfigError, ServiceUnavailableError
+from ..startup import wait_for_service
 from .base import KeyValueDiscovery, PrefixWatch, cancel_tasks
 
 __all__ = ["EtcdDiscovery", "parse_etcd_url"]
@@ -102,15 +104,23 @@ class EtcdDiscovery(KeyValueDiscovery):
         self._client = aetcd.Client(
             host=self.host, port=self.port, timeout=_RPC_TIMEOUT, options=dict(_CHANNEL_OPTIONS)
         )
+        client = self._client
+
+        async def grant(seconds: float) -> Any:
+            try:
+                return await asyncio.wait_for(client.lease(self.lease_ttl), seconds)
+            except (asyncio.TimeoutError, aetcd.ClientError, OSError) as exc:
+                raise ServiceUnavailableError(
+                    f"could not reach etcd at {self.url} within {self.connect_timeout:g} s ({type(exc).__name__}: "
+                    f"{exc}). Start one from Python with `services = await dynamo_nb.LocalServices.start()` "
+                    "and pass services.etcd_url, or run `etcd` yourself."
+                ) from exc
+
         try:
-            lease = await asyncio.wait_for(self._client.lease(self.lease_ttl), self.connect_timeout)
-        except (asyncio.TimeoutError, aetcd.ClientError, OSError) as exc:
-            await self._client.close()
-            raise ServiceUnavailableError(
-                f"could not reach etcd at {self.url} within {self.connect_timeout:g} s ({type(exc).__name__}: "
-                f"{exc}). Start one from Python with `services = await dynamo_nb.LocalServices.start()` "
-                "and pass services.etcd_url, or run `etcd` yourself."
-            ) from exc
+            lease = await wait_for_service(grant, what="etcd", url=self.url, timeout=self.connect_timeout)
+        except BaseException:
+            await client.close()
+            raise
         self._lease_id = lease.id
         self.connection_id = lease.id
         self._tasks.append(

@@ -28,6 +28,7 @@ from nats.aio.msg import Msg
 
 from ...errors import ConfigError, ServiceUnavailableError
 from ..instance import Instance
+from ..startup import wait_for_service
 from .base import (
     HEARTBEAT_INTERVAL,
     RequestPlane,
@@ -85,7 +86,8 @@ async def connect_nats(
     closing: Callable[[], bool] = lambda: False,
     on_reconnect: Callable[[], None] | None = None,
 ) -> NatsConnection:
-    """Connect to NATS, failing within ``timeout`` seconds with a message that says what to do.
+    """Connect to NATS, trying for ``timeout`` seconds (`dynamo_nb.runtime.startup`), then
+    failing with a message that says what to do.
 
     Once connected it reconnects for as long as the server is away (nats-py re-subscribes and
     sends what it buffered); ``on_reconnect()`` runs after each reconnection.
@@ -112,28 +114,31 @@ async def connect_nats(
         if not closing():
             logger.error("the connection to NATS at %s is closed for good", url)
 
-    try:
-        connection = await asyncio.wait_for(
-            nats.connect(
-                url,
-                name=name,
-                connect_timeout=max(1, int(timeout)),
-                allow_reconnect=True,
-                max_reconnect_attempts=10,  # the first connect fails fast when nobody listens
-                reconnect_time_wait=0.5,
-                error_cb=on_error,
-                disconnected_cb=on_disconnect,
-                reconnected_cb=on_reconnected,
-                closed_cb=on_closed,
-            ),
-            timeout,
-        )
-    except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
-        raise ServiceUnavailableError(
-            f"could not reach NATS at {url} within {timeout:g} s ({type(exc).__name__}: {exc}). Start one "
-            "from Python with `services = await dynamo_nb.LocalServices.start()` and pass services.nats_url, "
-            "or run `nats-server` yourself."
-        ) from exc
+    async def attempt(seconds: float) -> NatsConnection:
+        try:
+            return await asyncio.wait_for(
+                nats.connect(
+                    url,
+                    name=name,
+                    connect_timeout=max(1, int(seconds)),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=1,  # one attempt fails fast when nobody listens: tried again here
+                    reconnect_time_wait=0.2,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnect,
+                    reconnected_cb=on_reconnected,
+                    closed_cb=on_closed,
+                ),
+                seconds,
+            )
+        except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
+            raise ServiceUnavailableError(
+                f"could not reach NATS at {url} within {timeout:g} s ({type(exc).__name__}: {exc}). Start one "
+                "from Python with `services = await dynamo_nb.LocalServices.start()` and pass services.nats_url, "
+                "or run `nats-server` yourself."
+            ) from exc
+
+    connection = await wait_for_service(attempt, what="NATS", url=url, timeout=timeout)
     connection.options["max_reconnect_attempts"] = -1  # once connected, a restarted server is waited for
     return connection
 
