@@ -6,6 +6,7 @@
   decode, typed and checked where a request enters a process;
 - ``card.py``: `ModelCard` and its runtime config, read from a model folder;
 - ``register.py``: `serve_llm` / `register_llm` (publish the card), `engine_handler`;
+- ``limits.py``: `RequestLimits`, the vocabulary and context a worker checks each request against;
 - ``tokenizer.py`` and ``detokenize.py``: the frontend's chat template, tokenizer and
   incremental detokenizer with stop strings.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 from .bootstrap_info import BootstrapInfo, PrefillResult
 from .card import CARD_PREFIX, MODEL_KINDS, ModelCard, ModelRuntimeConfig, card_from_folder, check_model_dir
 from .detokenize import StreamDetokenizer
+from .limits import RequestLimits
 from .protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
 from .register import (
     EngineMethod,
@@ -44,6 +46,7 @@ __all__ = [
     "PrefillResult",
     "PreprocessedRequest",
     "ReadinessGate",
+    "RequestLimits",
     "SamplingOptions",
     "StopConditions",
     "StreamDetokenizer",

@@ -35,6 +35,7 @@ from .card import (
     card_key,
     check_model_dir,
 )
+from .limits import RequestLimits
 from .protocol import LLMEngineOutput, PreprocessedRequest
 
 if TYPE_CHECKING:
@@ -61,9 +62,12 @@ EngineMethod = Callable[[PreprocessedRequest, "Context | None"], AsyncIterator[L
 """``engine.generate`` (or ``prefill`` / ``decode``): a typed request in, typed outputs out."""
 
 
-def engine_handler(method: EngineMethod) -> Callable[..., AsyncIterator[dict[str, Any]]]:
-    """The endpoint handler of an engine method: request dict → `PreprocessedRequest` (a bad one
-    is an `InvalidRequestError`: a 400 at the frontend), each output → its dict.
+def engine_handler(
+    method: EngineMethod, limits: RequestLimits | None = None
+) -> Callable[..., AsyncIterator[dict[str, Any]]]:
+    """The endpoint handler of an engine method: request dict → `PreprocessedRequest` (a bad one,
+    or one past ``limits``, is an `InvalidRequestError`: a 400 at the frontend, raised before
+    the engine sees it), each output → its dict.
 
     Closing the stream (the caller left, or cancelled) closes the engine's stream at once, so
     the engine frees the request's state.
@@ -80,6 +84,8 @@ def engine_handler(method: EngineMethod) -> Callable[..., AsyncIterator[dict[str
 
     async def handler(request: Any, context: Context | None = None) -> AsyncIterator[dict[str, Any]]:
         parsed = PreprocessedRequest.from_dict(request)
+        if limits is not None:
+            limits.check(parsed)
         async with contextlib.aclosing(method(parsed, context)) as outputs:
             async for output in outputs:
                 yield output.to_dict()
@@ -215,7 +221,9 @@ async def serve_llm(
 
     The card is built (and the folder checked) first, so a bad option publishes nothing. The
     endpoint then serves, behind a `ReadinessGate`: a request that reaches it before the card
-    is published waits for the registration instead of being refused.
+    is published waits for the registration instead of being refused. Each request is checked
+    against the model's vocabulary and the card's context (`RequestLimits`) before the engine
+    sees it.
 
     Example::
 
@@ -223,7 +231,11 @@ async def serve_llm(
         server, card = await serve_llm(endpoint, engine.generate, tiny_model_path(), model_name="tiny")
     """
     card = llm_card(endpoint, model_path, **options)
-    gate = ReadinessGate(engine_handler(method))  # requests that come before the card is out wait for it
+    # a request past the model's vocabulary or context is refused before the engine sees it
+    limits = RequestLimits.of_model(model_path, card.context_length)
+    gate = ReadinessGate(
+        engine_handler(method, limits)
+    )  # requests that come before the card is out wait for it
     server = await endpoint.serve(gate.handle)
     try:
         await publish_card(endpoint, card)

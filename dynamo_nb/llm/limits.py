@@ -1,0 +1,78 @@
+"""What a worker accepts, checked where a request enters it, before any compute.
+
+The frontend checks every request, but a worker's request-plane port can be reached without
+it (a client of the endpoint, a stranger on the network). `RequestLimits` repeats the checks
+whose failure would cost the worker: token ids outside the vocabulary, a prompt that fills the
+context, a prompt plus ``max_tokens`` past it. A refused request gets an `InvalidRequestError`
+(a 400 at a frontend) at once, so a million-token prompt sent straight to a prefill worker
+costs its decoding, not minutes of prefill and gigabytes of memory.
+
+Example:
+    >>> from dynamo_nb.llm.protocol import PreprocessedRequest, StopConditions
+    >>> limits = RequestLimits(context_length=8, vocab_size=100)
+    >>> limits.check(PreprocessedRequest(token_ids=[1, 2, 3], stop_conditions=StopConditions(max_tokens=5)))
+    >>> limits.check(PreprocessedRequest(token_ids=[1, 2, 3], stop_conditions=StopConditions(max_tokens=6)))
+    Traceback (most recent call last):
+    ...
+    dynamo_nb.errors.InvalidRequestError: the model's context is 8 tokens, but the prompt (3) plus max_tokens (6) is 9: lower max_tokens to at most 5
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import InvalidRequestError
+from .protocol import PreprocessedRequest
+
+__all__ = ["RequestLimits"]
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """The limits a worker checks on each request (None: not checked).
+
+    Attributes:
+        context_length: the longest prompt + output the model serves.
+        vocab_size: token ids must be below it.
+    """
+
+    context_length: int | None = None
+    vocab_size: int | None = None
+
+    @classmethod
+    def of_model(cls, model_path: str | Path, context_length: int | None) -> RequestLimits:
+        """The limits of the model in ``model_path`` (its ``config.json`` gives the vocabulary),
+        with ``context_length`` as its model card says."""
+        vocab = None
+        try:
+            config = json.loads((Path(model_path) / "config.json").read_text())
+            vocab = config.get("vocab_size") if isinstance(config, dict) else None
+        except (OSError, ValueError):
+            pass
+        return cls(context_length, vocab if isinstance(vocab, int) and vocab > 0 else None)
+
+    def check(self, request: PreprocessedRequest) -> None:
+        """Refuse ``request`` (`InvalidRequestError`, naming the field) when it breaks a limit."""
+        prompt = len(request.token_ids)
+        if self.vocab_size is not None:
+            top = max(request.token_ids)
+            if top >= self.vocab_size:
+                raise InvalidRequestError(
+                    f"token id {top} is outside the vocabulary ({self.vocab_size} tokens)", param="token_ids"
+                )
+        if self.context_length is None:
+            return
+        if prompt >= self.context_length:
+            raise InvalidRequestError(
+                f"the prompt is {prompt} tokens and the model's context is {self.context_length}: shorten it",
+                param="token_ids",
+            )
+        asked = request.stop_conditions.max_tokens
+        if asked is not None and prompt + asked > self.context_length:
+            raise InvalidRequestError(
+                f"the model's context is {self.context_length} tokens, but the prompt ({prompt}) plus "
+                f"max_tokens ({asked}) is {prompt + asked}: lower max_tokens to at most {self.context_length - prompt}",
+                param="max_tokens",
+            )
