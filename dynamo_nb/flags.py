@@ -185,7 +185,8 @@ def add_model_args(parser: argparse.ArgumentParser, from_env: bool = True) -> No
 
 
 def add_http_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--http-host`` and ``--http-port``."""
+    """Add ``--http-host``, ``--http-port`` and the slow-client limits (``--http-header-timeout``,
+    ``--http-idle-timeout``, ``--http-max-connections``)."""
     group = parser.add_argument_group("http")
     group.add_argument(
         "--http-host",
@@ -197,6 +198,25 @@ def add_http_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=int(_env("HTTP_PORT", None) or FrontendConfig.port),
         help="frontend port, 0 = free (env DYN_NB_HTTP_PORT; default: %(default)s)",
+    )
+    group.add_argument(
+        "--http-header-timeout",
+        type=float,
+        default=FrontendConfig.header_timeout,
+        help="seconds a new connection has to send its request's headers; a slower one is closed "
+        "(default: %(default)s)",
+    )
+    group.add_argument(
+        "--http-idle-timeout",
+        type=float,
+        default=FrontendConfig.idle_timeout,
+        help="seconds a keep-alive connection may stay idle between requests (default: %(default)s)",
+    )
+    group.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=FrontendConfig.max_connections,
+        help="open connections at most; one more gets a 503 and is closed (default: %(default)s)",
     )
 
 

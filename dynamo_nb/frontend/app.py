@@ -33,6 +33,13 @@ from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
 from ..runtime.addresses import host_port
 from .admission import DEFAULT_QUEUE_TIMEOUT
+from .connections import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    ConnectionGuard,
+    GuardedSite,
+)
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
@@ -78,6 +85,9 @@ class Frontend:
         self.overload_status = 503  # a request refused because a limit was hit (or 529)
         self.pipeline = RequestPipeline(manager, self.metrics, migration_limit)
         self._runner: web.AppRunner | None = None
+        self.connections = ConnectionGuard()
+        """The header timeout and connection cap, with their counters (`ConnectionGuard`)."""
+        self.idle_timeout = DEFAULT_IDLE_TIMEOUT
         self._url: str | None = None
 
     @classmethod
@@ -99,6 +109,9 @@ class Frontend:
         overload_status: int = 503,
         routing_records: int = 1024,
         request_trace: str | os.PathLike[str] | None = None,
+        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -128,11 +141,21 @@ class Frontend:
                 request can still ask for its own with ``nvext.extra_fields: ["routing"]``).
             request_trace: a file to append one JSON line to per finished request
                 (`dynamo_nb.frontend.request_trace`; read it with `dynamo_nb.bench.read_trace`).
+            header_timeout: seconds a new connection has to send its first request's headers
+                (a slowloris is closed after it; `dynamo_nb.frontend.connections`).
+            idle_timeout: seconds a keep-alive connection may stay idle between requests.
+            max_connections: open connections at most; one more gets a 503 and is closed.
         """
         if overload_status not in (503, 529):
             raise ConfigError(f"overload_status must be 503 or 529, got {overload_status}")
         if migration_limit < 0:
             raise ConfigError(f"migration_limit must be 0 (off) or more, got {migration_limit}")
+        if idle_timeout <= 0:
+            raise ConfigError(f"idle_timeout must be a positive number of seconds, got {idle_timeout}")
+        try:
+            guard = ConnectionGuard(header_timeout, max_connections)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         metrics = FrontendMetrics()
         manager = ModelManager(
             runtime,
@@ -150,6 +173,7 @@ class Frontend:
             await manager.watch()
         frontend = cls(runtime, manager, host, port, metrics, migration_limit)
         frontend.overload_status = overload_status
+        frontend.connections, frontend.idle_timeout = guard, idle_timeout
         if request_trace is not None:
             frontend.pipeline.trace = RequestTraceWriter(request_trace)
         await frontend._listen(reuse_port)
@@ -230,9 +254,17 @@ class Frontend:
         app.router.add_get("/metrics", self._metrics)
         # a client that leaves cancels its handler: the decode and its prefill stop at once,
         # even before the first token (aiohttp otherwise notices only at the next write)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+        self._runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            handler_cancellation=True,
+            keepalive_timeout=self.idle_timeout,
+        )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_port=reuse_port or None)
+        site = GuardedSite(
+            self._runner, self.connections, self.host, self.port, reuse_port=reuse_port or None
+        )
         try:
             await site.start()
         except OSError as exc:

@@ -18,6 +18,7 @@ from ..llm.card import card_from_folder
 from ..router.kv.router import KvRouterConfig
 from .admission import DEFAULT_QUEUE_TIMEOUT
 from .app import DEFAULT_HTTP_PORT, Frontend
+from .connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from .migration import DEFAULT_MIGRATION_LIMIT
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ class FrontendConfig:
     static_address: str | None = None
     model_name: str | None = None
     model_path: str | None = None
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    idle_timeout: float = DEFAULT_IDLE_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FrontendConfig:
@@ -80,6 +84,9 @@ class FrontendConfig:
             static_address=args.static_address,
             model_name=args.model_name,
             model_path=None if args.model_path is None else str(args.model_path),
+            header_timeout=args.http_header_timeout,
+            idle_timeout=args.http_idle_timeout,
+            max_connections=args.http_max_connections,
         )
 
     async def start(self, runtime: DistributedRuntime, *, only_endpoint: str | None = None) -> Frontend:
@@ -106,6 +113,9 @@ class FrontendConfig:
             overload_status=self.overload_status,
             routing_records=self.routing_records,
             request_trace=self.request_trace,
+            header_timeout=self.header_timeout,
+            idle_timeout=self.idle_timeout,
+            max_connections=self.max_connections,
         )
         if self.static_endpoint is not None:
             assert self.model_path is not None  # validate_frontend_args says so first
