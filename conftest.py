@@ -61,7 +61,11 @@ NEEDS: dict[str, tuple[Callable[[], bool], str | Callable[[], str]]] = {
 """Marker → (whether it is there, why the test is skipped when not: a text, or a function giving it)."""
 
 OPT_IN: dict[str, tuple[str, str]] = {
-    "long": ("DYN_NB_VLLM_LONG", "the long vLLM runs (~5 min on 2 cores: four engine starts)"),
+    "long": (
+        "DYN_NB_VLLM_LONG",
+        "the long runs (vLLM's engine starts, ~5 min on 2 cores; an LLM notebook re-run at another model; "
+        "migration over NATS)",
+    ),
     "exports": ("DYN_NB_EXPORT_ALL", "every notebook's exported program (the quick ones run by default)"),
     "browser": ("DYN_NB_BROWSER", "the notebooks in JupyterLab with Playwright and Chromium"),
     "netns": ("DYN_NB_NETNS", "the tests across hosts (network namespaces, as root)"),
@@ -93,7 +97,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "vllm: needs vLLM (skipped without it; fails without it when asked for with -m vllm)",
         "sglang: needs SGLang's package (its API; skipped without it)",
         "gpu: needs a CUDA device (skipped without one; fails without one when asked for with -m gpu)",
-        "long: opt-in, the long vLLM runs (-m long or DYN_NB_VLLM_LONG=1)",
+        "long: opt-in, the long runs: vLLM's, and slow cases kept out of the default run's 15 minutes "
+        "(-m long or DYN_NB_VLLM_LONG=1)",
         "exports: opt-in, every notebook's exported program (-m exports or DYN_NB_EXPORT_ALL=1)",
         "browser: opt-in, the notebooks in JupyterLab (-m browser or DYN_NB_BROWSER=1)",
         "netns: opt-in, hosts in network namespaces; needs root (-m netns or DYN_NB_NETNS=1)",

@@ -74,7 +74,10 @@ async def wait_for_instances(http: httpx.AsyncClient, count: int) -> None:
     raise AssertionError(f"the frontend never saw {count} worker instances")
 
 
-@pytest.mark.parametrize("plane", ["tcp", "nats"])
+@pytest.mark.parametrize(
+    "plane",
+    ["tcp", pytest.param("nats", marks=pytest.mark.long)],  # NATS: .ci/run's second step (20 s)
+)
 async def test_a_stream_whose_worker_dies_is_carried_on_by_another_worker(
     plane: str, services: Any, start_worker: Any
 ) -> None:

@@ -172,6 +172,7 @@ def test_a_notebook_runs_in_a_kernel_where_nest_asyncio_was_applied() -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.long  # ~40 s: kept out of the default run's budget; .ci/run's second step runs it
 def test_one_parameter_points_an_llm_notebook_at_another_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """Notebook 02 with ``DYN_NB_MODEL_PATH`` set to another local Hugging Face folder (the
     random model) and ``DYN_NB_DEVICE=cpu``: every cell passes, and the frontend serves that
