@@ -33,8 +33,9 @@ from typing import Any
 from ..disagg import KVLayout, pack_kv, unpack_kv
 from ..disagg.decode import fetch_prompt_kv
 from ..disagg.prefill import BootstrapRole
-from ..errors import ConfigError, EngineError, InvalidRequestError
+from ..errors import ConfigError, EngineError
 from ..llm.card import check_model_dir
+from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions
 from ..runtime.context import Context
 from .base import KvEvent, KvEventSink, token_budget
@@ -258,11 +259,7 @@ class HFEngine(BootstrapRole):
 
     def check_request(self, request: PreprocessedRequest) -> None:
         """Refuse token ids outside the model's vocabulary (`InvalidRequestError`)."""
-        vocab = self.model.config.vocab_size
-        if max(request.token_ids) >= vocab:
-            raise InvalidRequestError(
-                f"token id {max(request.token_ids)} is outside the vocabulary ({vocab})", param="token_ids"
-            )
+        RequestLimits(vocab_size=self.model.config.vocab_size).check(request)
 
     def _new_sequence(self, request: PreprocessedRequest, budget: int) -> _Sequence:
         stop = request.stop_conditions

@@ -50,6 +50,7 @@ from ..disagg.decode import bootstrap_of
 from ..disagg.rooms import draw_room
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
 from ..launch.services import free_port
+from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.addresses import AddressRule
 from ..runtime.context import Context
@@ -346,11 +347,7 @@ class SglangEngine(RelayedKvEvents):
         """Our outputs for SGLang's items; leaving early aborts the request inside SGLang."""
         if self._closed:
             raise EngineError("the SGLang engine is shut down")
-        if max(request.token_ids) >= self.vocab_size:
-            raise InvalidRequestError(
-                f"token id {max(request.token_ids)} is outside the vocabulary ({self.vocab_size})",
-                param="token_ids",
-            )
+        RequestLimits(vocab_size=self.vocab_size).check(request)
         rid = uuid.uuid4().hex
         prompt_tokens = len(request.token_ids)
         self.requests_total += 1

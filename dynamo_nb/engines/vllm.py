@@ -43,6 +43,7 @@ from typing import Any
 
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
 from ..launch.services import free_port
+from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.addresses import AddressRule, is_wildcard
 from ..runtime.context import Context
@@ -431,11 +432,7 @@ class VllmEngine(RelayedKvEvents):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if max(request.token_ids) >= self.vocab_size:
-            raise InvalidRequestError(
-                f"token id {max(request.token_ids)} is outside the vocabulary ({self.vocab_size})",
-                param="token_ids",
-            )
+        RequestLimits(vocab_size=self.vocab_size).check(request)
         stop = request.stop_conditions
         options: dict[str, Any] = {
             "max_tokens": max_tokens,

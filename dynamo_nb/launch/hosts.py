@@ -179,7 +179,9 @@ class Host:
         with in_netns(self.netns):
             yield self
 
-    def socket(self, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM) -> socket.socket:
+    def socket(
+        self, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM, proto: int = 0
+    ) -> socket.socket:
         """A new socket living on this host.
 
         Example::
@@ -188,7 +190,7 @@ class Host:
             sock.connect((net["a"].address, 7000))
         """
         with self.entered():
-            return socket.socket(family, kind)
+            return socket.socket(family, kind, proto)
 
     async def open_connection(
         self, address: str, port: int, *, timeout: float = 5.0
@@ -207,12 +209,7 @@ class Host:
         """An ``aiohttp.ClientSession`` whose connections start on this host."""
         import aiohttp
 
-        def make_socket(addr_info: Any) -> socket.socket:
-            family, kind, proto = addr_info[0], addr_info[1], addr_info[2]
-            with self.entered():
-                return socket.socket(family, kind, proto)
-
-        connector = aiohttp.TCPConnector(socket_factory=make_socket, force_close=False)
+        connector = aiohttp.TCPConnector(socket_factory=lambda info: self.socket(*info[:3]))
         return aiohttp.ClientSession(connector=connector, **kwargs)
 
     def url(self, port: int, scheme: str = "http") -> str:

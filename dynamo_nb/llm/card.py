@@ -124,7 +124,8 @@ def check_model_dir(model_path: str | Path, flag: str = "model_path") -> Path:
     return folder.resolve()
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; {} when the file is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -164,8 +165,8 @@ def card_from_folder(
     if not isinstance(kv_cache_block_size, int) or kv_cache_block_size < 1:
         raise ConfigError(f"kv_cache_block_size must be a positive integer, got {kv_cache_block_size!r}")
     EndpointPath.parse(endpoint)
-    config = _read_json(folder / "config.json")
-    generation = _read_json(folder / "generation_config.json")
+    config = read_json_object(folder / "config.json")
+    generation = read_json_object(folder / "generation_config.json")
     eos = _ids(generation.get("eos_token_id")) or _ids(config.get("eos_token_id"))
     if isinstance(runtime_config, dict):
         runtime_config = ModelRuntimeConfig.from_dict(runtime_config)
@@ -184,7 +185,7 @@ def card_from_folder(
 def has_chat_template(folder: Path) -> bool:
     """Whether the tokenizer in ``folder`` has a chat template."""
     return (folder / "chat_template.jinja").is_file() or bool(
-        _read_json(folder / "tokenizer_config.json").get("chat_template")
+        read_json_object(folder / "tokenizer_config.json").get("chat_template")
     )
 
 

@@ -19,11 +19,11 @@ Example:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InvalidRequestError
+from .card import read_json_object
 from .protocol import PreprocessedRequest
 
 __all__ = ["RequestLimits"]
@@ -45,12 +45,7 @@ class RequestLimits:
     def of_model(cls, model_path: str | Path, context_length: int | None) -> RequestLimits:
         """The limits of the model in ``model_path`` (its ``config.json`` gives the vocabulary),
         with ``context_length`` as its model card says."""
-        vocab = None
-        try:
-            config = json.loads((Path(model_path) / "config.json").read_text())
-            vocab = config.get("vocab_size") if isinstance(config, dict) else None
-        except (OSError, ValueError):
-            pass
+        vocab = read_json_object(Path(model_path) / "config.json").get("vocab_size")
         return cls(context_length, vocab if isinstance(vocab, int) and vocab > 0 else None)
 
     def check(self, request: PreprocessedRequest) -> None:
