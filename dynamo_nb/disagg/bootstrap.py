@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import ConfigError, DisaggregationError
 from ..runtime.addresses import AddressRule, is_wildcard
+from ..runtime.bounded_decode import json_nesting_problem
 from ..runtime.planes.base import set_nodelay
 from .rooms import BootstrapInfo
 
@@ -40,7 +41,8 @@ __all__ = ["BootstrapServer", "fetch_kv"]
 logger = logging.getLogger("dynamo_nb.disagg")
 
 _LENGTH = struct.Struct(">I")
-MAX_HEADER_BYTES = 1 << 20
+MAX_HEADER_BYTES = 1 << 20  # the KV cache's description, from the prefill's server
+MAX_ASK_BYTES = 4096  # {"room", "timeout", "token"}, from whoever connects to the server
 MAX_PAYLOAD_BYTES = 8 << 30
 
 
@@ -52,11 +54,15 @@ async def _write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], pay
     await writer.drain()
 
 
-async def _read_header(reader: asyncio.StreamReader) -> dict[str, Any]:
+async def _read_header(reader: asyncio.StreamReader, max_bytes: int = MAX_HEADER_BYTES) -> dict[str, Any]:
     (size,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
-    if size > MAX_HEADER_BYTES:
-        raise DisaggregationError(f"a bootstrap header of {size} bytes is too large")
-    header = json.loads(await reader.readexactly(size))
+    if size > max_bytes:
+        raise DisaggregationError(f"a bootstrap header of {size} bytes is too large (limit {max_bytes})")
+    raw = await reader.readexactly(size)
+    problem = json_nesting_problem(raw)
+    if problem is not None:
+        raise DisaggregationError(f"a bootstrap header was refused: {problem}")
+    header = json.loads(raw)
     if not isinstance(header, dict):
         raise DisaggregationError("a bootstrap header must be a JSON object")
     return header
@@ -170,7 +176,7 @@ class BootstrapServer:
             self._connections.add(task)
         set_nodelay(writer.transport)
         try:
-            request = await asyncio.wait_for(_read_header(reader), 10.0)
+            request = await asyncio.wait_for(_read_header(reader, MAX_ASK_BYTES), 10.0)
             room, wait = request.get("room"), request.get("timeout", 30.0)
             if not isinstance(room, int) or not isinstance(wait, (int, float)):
                 await _write_frame(

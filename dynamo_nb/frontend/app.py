@@ -32,6 +32,7 @@ from ..router.decision import RoutingRecords
 from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
 from ..runtime.addresses import host_port
+from ..runtime.bounded_decode import json_nesting_problem
 from .admission import DEFAULT_QUEUE_TIMEOUT
 from .connections import (
     DEFAULT_HEADER_TIMEOUT,
@@ -337,6 +338,9 @@ class Frontend:
     @staticmethod
     async def _json(request: web.Request) -> Any:
         raw = await request.read()
+        problem = json_nesting_problem(raw)
+        if problem is not None:
+            raise InvalidRequestError(problem)
         try:
             body = json.loads(raw)
         except ValueError as exc:

@@ -28,9 +28,9 @@ import logging
 from collections import OrderedDict
 from typing import Any
 
-import msgpack
-
 from ...router.kv.hashing import block_hashes
+from ...runtime.bounded_decode import unpack_bounded
+from ...runtime.planes.wire import MAX_FRAME_BYTES
 from ..base import KvEvent, KvEventSink
 from .blocks import publish_kv_events
 
@@ -81,6 +81,7 @@ class ZmqKvRelay:
         context = zmq.asyncio.Context.instance()
         self._socket = context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)  # a longer one drops the peer unread
         self._socket.setsockopt_string(zmq.SUBSCRIBE, self.topic)
         if self.bind:  # the engine's publisher connects to us (vLLM connects to an address without "*")
             self._socket.bind(self.endpoint)
@@ -92,7 +93,7 @@ class ZmqKvRelay:
         while True:
             frames = await self._socket.recv_multipart()
             try:
-                batch = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
+                batch = unpack_bounded(frames[-1], strict_map_key=False)
                 events = [self.translate(event) for event in batch[1]]
             except Exception:  # a frame we cannot read: the router re-syncs from the snapshot
                 self.events_dropped += 1

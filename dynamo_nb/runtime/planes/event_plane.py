@@ -27,6 +27,7 @@ from typing import Any
 import msgpack
 
 from ...errors import ConfigError
+from ..bounded_decode import unpack_bounded
 
 __all__ = ["EventPlane", "InProcEventPlane", "NatsEventPlane", "event_subject", "make_event_plane"]
 
@@ -130,7 +131,7 @@ class NatsEventPlane(EventPlane):
 
         async def on_message(message: Any) -> None:
             try:
-                payload = msgpack.unpackb(message.data)
+                payload = unpack_bounded(message.data)
             except (ValueError, msgpack.ExtraData, msgpack.FormatError) as exc:
                 logger.warning("dropping a malformed event on %s: %s", subject, exc)
                 return

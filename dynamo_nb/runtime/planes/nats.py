@@ -20,13 +20,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import msgpack
 import nats
 import nats.errors
 from nats.aio.client import Client as NatsConnection
 from nats.aio.msg import Msg
 
 from ...errors import ConfigError, ServiceUnavailableError
+from ..bounded_decode import unpack_all_bounded
 from ..instance import Instance
 from ..startup import wait_for_service
 from .base import (
@@ -44,6 +44,7 @@ from .wire import (
     ERROR,
     HEARTBEAT,
     ITEM,
+    MAX_REQUEST_FRAME_BYTES,
     PING,
     PONG,
     REQUEST,
@@ -146,12 +147,6 @@ async def connect_nats(
 def _no_responders(msg: Msg) -> bool:
     """Whether ``msg`` is NATS saying nobody listens on the subject a message was sent to."""
     return bool(msg.headers) and msg.headers.get("Status") == "503"
-
-
-def _frames(data: bytes) -> list[Any]:
-    unpacker = msgpack.Unpacker(raw=False)
-    unpacker.feed(data)
-    return list(unpacker)
 
 
 # ----------------------------------------------------------------------------- server side
@@ -334,10 +329,10 @@ class NatsPlane(RequestPlane):
         if not reply:
             return
         try:
-            frame = decode(msg.data)
+            frame = decode(msg.data, MAX_REQUEST_FRAME_BYTES)
             kind = frame[0]
-        except Exception:
-            logger.warning("ignoring a malformed request on %s", msg.subject)
+        except Exception as exc:
+            logger.warning("ignoring a malformed request on %s: %s", msg.subject, exc)
             return
         if kind == PING:
             ok = len(frame) > 2 and frame[2] in self._targets
@@ -370,7 +365,7 @@ class NatsPlane(RequestPlane):
             return
         if not _no_responders(msg):
             try:
-                if decode(msg.data)[0] != STOP:
+                if decode(msg.data, MAX_REQUEST_FRAME_BYTES)[0] != STOP:
                     return
             except Exception:
                 return
@@ -419,7 +414,7 @@ class NatsPlane(RequestPlane):
             channel.fail(f"no responders on NATS subject for {channel.instance.target} (the worker is gone)")
             return
         try:
-            frames = _frames(msg.data)
+            frames = unpack_all_bounded(msg.data)
         except Exception as exc:
             self._open.pop(inbox, None)
             channel.fail(f"bad frame from the worker: {exc}")

@@ -30,6 +30,7 @@ from .wire import (
     ERROR,
     HEARTBEAT,
     ITEM,
+    MAX_REQUEST_FRAME_BYTES,
     PING,
     PONG,
     REQUEST,
@@ -103,7 +104,7 @@ class _ServerConnection(asyncio.Protocol):
 
     def __init__(self, plane: TcpPlane) -> None:
         self.plane = plane
-        self.decoder = FrameDecoder()
+        self.decoder = FrameDecoder(MAX_REQUEST_FRAME_BYTES)
         self.streams: dict[int, ServerStream] = {}
         self.transport: asyncio.Transport | None = None
         self._pending: list[bytes] = []

@@ -18,6 +18,11 @@ A frame is a msgpack array whose first element is its kind:
 
 On TCP each frame travels with a 4-byte big-endian length prefix; on NATS one message carries
 a msgpack array of frames.
+
+Sizes are bounded per direction: what a server reads (REQUEST, STOP, PING) is at most
+`MAX_REQUEST_FRAME_BYTES`, what a client reads (the stream's items) at most `MAX_FRAME_BYTES`,
+both checked from the length prefix before the frame is buffered; decoding is bounded too
+(`dynamo_nb.runtime.bounded_decode`).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 import msgpack
 
 from ...errors import FrameTooLargeError
+from ..bounded_decode import unpack_bounded
 
 __all__ = [
     "ACK",
@@ -36,6 +42,7 @@ __all__ = [
     "HEARTBEAT",
     "ITEM",
     "MAX_FRAME_BYTES",
+    "MAX_REQUEST_FRAME_BYTES",
     "PING",
     "PONG",
     "REQUEST",
@@ -54,6 +61,7 @@ REQUEST, STOP, PING = 0, 1, 2
 ITEM, END, ERROR, HEARTBEAT, ACK, PONG = 10, 11, 12, 13, 14, 15
 
 MAX_FRAME_BYTES = 32 * 1024 * 1024
+MAX_REQUEST_FRAME_BYTES = 4 * 1024 * 1024  # a request: token ids of a 500k-token prompt fit
 _PREFIX = struct.Struct(">I")
 
 
@@ -109,9 +117,12 @@ def encode(frame: Any) -> bytes:
     return msgpack.packb(frame, use_bin_type=True)
 
 
-def decode(data: bytes | memoryview) -> Any:
-    """Decode one msgpack value (never executes code, unlike pickle)."""
-    return msgpack.unpackb(data, raw=False)
+def decode(data: bytes | memoryview, max_bytes: int = MAX_FRAME_BYTES) -> Any:
+    """Decode one msgpack value (never executes code, unlike pickle) of at most ``max_bytes``,
+    with bounded memory (`dynamo_nb.runtime.bounded_decode.unpack_bounded`)."""
+    if len(data) > max_bytes:
+        raise FrameTooLargeError(f"peer sent a frame of {len(data)} bytes (limit {max_bytes})")
+    return unpack_bounded(data)
 
 
 def encode_prefixed(frame: Any) -> bytes:
@@ -123,7 +134,8 @@ def encode_prefixed(frame: Any) -> bytes:
 
 
 class FrameDecoder:
-    """Incremental decoder of length-prefixed frames.
+    """Incremental decoder of length-prefixed frames of at most ``max_bytes`` each: a longer
+    one raises `FrameTooLargeError` as soon as its prefix arrives, before it is buffered.
 
     Example:
         >>> d = FrameDecoder()
@@ -131,10 +143,11 @@ class FrameDecoder:
         [[11, 7], [10, 7, {'x': 1}]]
     """
 
-    __slots__ = ("_buffer",)
+    __slots__ = ("_buffer", "max_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = MAX_FRAME_BYTES) -> None:
         self._buffer = bytearray()
+        self.max_bytes = max_bytes
 
     def feed(self, data: bytes) -> list[Any]:
         """Add bytes; return every complete frame they finish."""
@@ -146,13 +159,13 @@ class FrameDecoder:
         with memoryview(buffer) as view:
             while size - offset >= 4:
                 (length,) = _PREFIX.unpack_from(buffer, offset)
-                if length > MAX_FRAME_BYTES:
-                    raise FrameTooLargeError(f"peer sent a frame of {length} bytes (limit {MAX_FRAME_BYTES})")
+                if length > self.max_bytes:
+                    raise FrameTooLargeError(f"peer sent a frame of {length} bytes (limit {self.max_bytes})")
                 end = offset + 4 + length
                 if end > size:
                     break
                 with view[offset + 4 : end] as body:
-                    frames.append(msgpack.unpackb(body, raw=False))
+                    frames.append(unpack_bounded(body))
                 offset = end
         if offset:
             del buffer[:offset]
