@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -58,6 +59,17 @@ def req(data: dict[str, Any]) -> Any:
     from dynamo_nb.llm import PreprocessedRequest
 
     return PreprocessedRequest.from_dict(data)
+
+
+async def group_gone(pgid: int, timeout: float = 5.0) -> bool:
+    """Whether no process of group ``pgid`` is left (zombies are reaped by their parent quickly)."""
+    for _ in range(int(timeout / 0.05)):
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        await asyncio.sleep(0.05)
+    return False
 
 
 async def pid_gone(pid: int, timeout: float = 5.0) -> bool:

@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import ECHO_WORKER, ROOT, pid_alive, pid_gone
+from helpers import ECHO_WORKER, ROOT, group_gone, pid_alive, pid_gone
 
 import dynamo_nb
 from dynamo_nb import ConfigError, DistributedRuntime, LaunchError, LocalServices, launch, launched
@@ -20,17 +20,6 @@ from dynamo_nb import ConfigError, DistributedRuntime, LaunchError, LocalService
 CHATTY = ROOT / "tests" / "programs" / "chatty.py"
 
 pytestmark = pytest.mark.processes  # launching programs is what this file tests
-
-
-async def group_gone(pgid: int, timeout: float = 5.0) -> bool:
-    """Whether no process of group ``pgid`` is left (zombies are reaped by their parent quickly)."""
-    for _ in range(int(timeout / 0.05)):
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        await asyncio.sleep(0.05)
-    return False
 
 
 async def test_ready_line_logs_and_stop(tmp_path: Path) -> None:

@@ -5,6 +5,9 @@
 - ``services.py``: `LocalServices` runs etcd and nats-server on free 127.0.0.1 ports;
 - ``process_group.py`` and ``parent_guard.py``: stopping a whole process group, and a child
   that dies with its parent; ``logview.py``: where a launched program's lines are shown;
+- ``ledger.py`` and ``reaper.py``: what this process launched, stopped by its reaper when it
+  dies in any way (a killed kernel), and `leftovers` a dead owner left, which the next first
+  launch stops (or `adopt_leftovers` takes over);
 - ``hosts.py``: `HostNetwork`, several hosts on one machine (network namespaces on a switch,
   ``netswitch.py``, with delay, loss and cuts) to launch components in (root only).
 
@@ -17,17 +20,21 @@ Example:
 from __future__ import annotations
 
 from .hosts import Host, HostNetwork, netns_unavailable
-from .launcher import DEFAULT_READY_PATTERN, ManagedProcess, launch, launched
+from .launcher import DEFAULT_READY_PATTERN, ManagedProcess, adopt_leftovers, launch, launched
+from .ledger import Leftover, leftovers
 from .services import LocalServices, find_binary
 
 __all__ = [
     "DEFAULT_READY_PATTERN",
     "Host",
     "HostNetwork",
+    "Leftover",
     "LocalServices",
     "ManagedProcess",
+    "adopt_leftovers",
     "find_binary",
     "launch",
     "launched",
+    "leftovers",
     "netns_unavailable",
 ]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import re
 import shutil
@@ -39,6 +40,15 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError, LaunchError, ProcessTimeoutError
 from ..notebook import in_notebook
 from ..runtime.program import parse_ready_line
+from .ledger import (
+    Leftover,
+    ledger,
+    leftovers,
+    mark_settled,
+    process_start,
+    release,
+    settle_leftovers_once,
+)
 from .logview import LogSink, log_sink
 from .process_group import OWN_PROCESS_GROUP, guarded_command, signal_group, stop_group
 
@@ -46,7 +56,7 @@ if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
     from .hosts import Host
 
-__all__ = ["DEFAULT_READY_PATTERN", "ManagedProcess", "launch", "launched"]
+__all__ = ["DEFAULT_READY_PATTERN", "ManagedProcess", "adopt_leftovers", "launch", "launched"]
 
 DEFAULT_READY_PATTERN = r"^READY\b"
 """Our components print ``READY …`` once they serve; `launch` waits for such a line."""
@@ -94,7 +104,9 @@ class ManagedProcess:
         self._lines: deque[str] = deque(maxlen=200)
         self._sink: LogSink | None = None
         self._ready_pattern: re.Pattern[str] | None = None
-        self._line_seen = asyncio.Event()
+        self._changed = asyncio.Event()  # a ready line came, or the process exited
+        self._exited = asyncio.Event()
+        self._exit_watched = False  # whether _exited is set the moment it exits (a pidfd)
         self._pump_task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -136,11 +148,31 @@ class ManagedProcess:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while (code := self._process.poll()) is None:
-            if deadline is not None and loop.time() >= deadline:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
                 raise ProcessTimeoutError(f"{self.name} (pid {self.pid}) still runs after {timeout:g} s")
-            await asyncio.sleep(0.05)
+            if self._exit_watched:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._exited.wait(), left)
+            else:
+                await asyncio.sleep(0.05)
         await self._drain(0.2, cancel=False)  # children may still hold the pipe: keep reading them
         return code
+
+    def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Set `_exited` the moment the process exits (Linux pidfd); elsewhere `wait` polls."""
+        try:
+            fd = os.pidfd_open(self.pid)  # type: ignore[attr-defined,unused-ignore]
+            loop.add_reader(fd, self._on_exit, loop, fd)
+        except (AttributeError, OSError, NotImplementedError, RuntimeError):
+            return
+        self._exit_watched = True
+
+    def _on_exit(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        loop.remove_reader(fd)
+        os.close(fd)
+        self._exited.set()
+        self._changed.set()
 
     async def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM the program, wait up to ``timeout`` s, then SIGKILL its group; its exit status.
@@ -150,12 +182,14 @@ class ManagedProcess:
         """
         self._stopped = True
         code = await asyncio.to_thread(stop_group, self._process, timeout)
+        ledger().forget(self.pid)
         await self._drain()
         _LAUNCHED.pop(self.pid, None)
         return code
 
     def _stop_now(self, timeout: float) -> None:
         stop_group(self._process, timeout)
+        ledger().forget(self.pid)
 
     async def __aenter__(self) -> ManagedProcess:
         return self
@@ -209,7 +243,7 @@ class ManagedProcess:
         pattern = self._ready_pattern
         if pattern is not None and not self.ready_line and pattern.search(text):
             self.ready_line = text
-            self._line_seen.set()
+            self._changed.set()
 
     async def _drain(self, timeout: float = 2.0, cancel: bool = True) -> None:
         """Let the output pump finish (the pipe closes once the whole group is gone)."""
@@ -235,6 +269,7 @@ class ManagedProcess:
         if client is not None:
             waiting_for.append(f"a new instance of {instance}")
         while True:
+            self._changed.clear()  # what sets it from here on wakes the wait below
             new_ids = [i for i in client.instance_ids() if i not in known] if client is not None else [None]
             if new_ids and (self._ready_pattern is None or self.ready_line):
                 break
@@ -248,8 +283,10 @@ class ManagedProcess:
                     f"it was stopped. Raise timeout= or look at its log: {self.log_path}",
                     None,
                 )
+            # discovery is polled; a line or an exit (when watched) wakes this at once
+            polling = client is not None or not self._exit_watched
             try:
-                await asyncio.wait_for(self._line_seen.wait(), 0.05)
+                await asyncio.wait_for(self._changed.wait(), 0.05 if polling else deadline - loop.time())
             except asyncio.TimeoutError:
                 pass
         self.ready_after = time.time() - self.started_at
@@ -351,6 +388,7 @@ def _start(
     name = name or default_name
     managed = ManagedProcess(name, command, process, folder / f"{name}-{process.pid}.log", host)
     _LAUNCHED[process.pid] = managed
+    ledger().record(process.pid, name, command, str(managed.log_path))
     return managed
 
 
@@ -406,7 +444,9 @@ async def launch(
         raise ConfigError("instance= needs a runtime with discovery (memory or etcd), not a static one")
     if os.fspath(program).endswith(".ipynb"):  # a notebook runs as its export, made off the event loop
         program = await asyncio.to_thread(_exported, os.fspath(program), cwd)
+    await settle_leftovers_once()
     managed = _start(program, args, name=name, env=env, cwd=cwd, log_dir=log_dir, host=host)
+    managed._watch_exit(asyncio.get_running_loop())
     managed._ready_pattern = re.compile(ready) if ready is not None else None
     title = f"{managed.name} · pid {managed.pid}" + (f" · host {host.name}" if host is not None else "")
     managed._sink = log_sink(show_logs, in_notebook(), managed.name, title, str(managed.log_path))
@@ -420,6 +460,67 @@ async def launch(
             await managed.stop(timeout=2.0)
         raise
     return managed
+
+
+class _ForeignProcess:
+    """A process this one did not start (an adopted leftover), shaped like the parts of
+    `subprocess.Popen` a `ManagedProcess` uses. Its exit status is unknown: -1 once it is gone."""
+
+    stdout = None
+
+    def __init__(self, leftover: Leftover) -> None:
+        self.pid = leftover.pid
+        self.start = leftover.start
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and process_start(self.pid) != self.start:
+            self.returncode = -1
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.02)
+        return code
+
+
+def adopt_leftovers() -> list[ManagedProcess]:
+    """Take over the process groups that dead processes (a killed kernel) left running, instead of
+    letting this process's first `launch` stop them: they join `launched`, can be stopped and
+    waited for, and this process's reaper stops them if this process dies. Their output went to
+    the dead owner; `ManagedProcess.logs` shows the end of their log file.
+
+    Example::
+
+        [p.name for p in adopt_leftovers()]  # in a new kernel, before anything is launched
+        # ['hf_worker', 'frontend']
+    """
+    mark_settled()
+    adopted = []
+    found = leftovers()
+    for leftover in found:
+        process = _ForeignProcess(leftover)
+        log_path = Path(leftover.log_path)
+        managed = ManagedProcess(leftover.name, leftover.command, process, log_path)  # type: ignore[arg-type]
+        with contextlib.suppress(OSError):
+            managed._lines.extend(log_path.read_text(errors="replace").splitlines()[-200:])
+        managed.ready_after = 0.0
+        _LAUNCHED[leftover.pid] = managed
+        ledger().record(leftover.pid, leftover.name, leftover.command, leftover.log_path)
+        adopted.append(managed)
+    release(found)
+    if adopted:
+        names = ", ".join(f"{p.name} (pid {p.pid})" for p in adopted)
+        print(f"dynamo_nb: adopted {len(adopted)} process group(s) left running: {names}", file=sys.stderr)
+    return adopted
 
 
 def launched() -> list[ManagedProcess]:

@@ -18,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from .reaper import process_start
+
 __all__ = ["OWN_PROCESS_GROUP", "guarded_command", "pid_alive", "signal_group", "stop_group"]
 
 OWN_PROCESS_GROUP: dict[str, object] = (
@@ -42,11 +44,7 @@ def pid_alive(pid: int) -> bool:
         >>> pid_alive(os.getpid())
         True
     """
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    return process_start(pid) is not None
 
 
 def signal_group(pid: int, signum: int) -> bool:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BinaryNotFoundError, ConfigError, ServiceStartError
+from .ledger import ledger, settle_leftovers_once
 from .process_group import guarded_command, signal_group, stop_group
 
 if TYPE_CHECKING:
@@ -129,13 +130,14 @@ class _Child:
         self.port = port
 
     async def stop(self, timeout: float = 5.0) -> None:
-        if self.process.poll() is not None:
-            return
-        await asyncio.to_thread(stop_group, self.process, timeout)
+        if self.process.poll() is None:
+            await asyncio.to_thread(stop_group, self.process, timeout)
+        ledger().forget(self.process.pid)
 
     def stop_now(self, timeout: float = 5.0) -> None:
         """SIGTERM the process group, then SIGKILL it if it has not exited after ``timeout``."""
         stop_group(self.process, timeout)
+        ledger().forget(self.process.pid)
 
 
 class LocalServices:
@@ -184,6 +186,7 @@ class LocalServices:
             binaries["etcd"] = find_binary("etcd")
         if nats:
             binaries["nats"] = find_binary("nats-server")
+        await settle_leftovers_once()
         services = cls(Path(tempfile.mkdtemp(prefix="dynamo_nb_services_")), host)
         _RUNNING.add(services)
         try:
@@ -250,6 +253,7 @@ class LocalServices:
                 start_new_session=True,
             )
         child = _Child(name, process, log, url, command, port)
+        ledger().record(process.pid, name, command, str(log))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         connect: _Connect = self.host.open_connection if self.host is not None else asyncio.open_connection
@@ -279,6 +283,7 @@ class LocalServices:
         child = self._child(name)
         signal_group(child.process.pid, signal.SIGKILL)
         await asyncio.to_thread(child.process.wait, 10)
+        ledger().forget(child.process.pid)
 
     async def restart(self, name: str, timeout: float = 30.0) -> None:
         """Start service ``name`` again, on its port with its data (after `kill` or a crash)."""
