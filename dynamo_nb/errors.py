@@ -11,7 +11,8 @@ OpenAI's error ``openai_type`` and ``code``), so the status never depends on a c
     │   └── MissingExtraError                          an optional extra that is not installed
     ├── InvalidHandlerError (TypeError)                a handler that is not an async generator
     ├── ProtocolError (ValueError)                     a message that breaks the protocol
-    │   └── FrameTooLargeError                         a wire frame over the size limit
+    │   ├── FrameTooLargeError                         a wire frame over the size limit
+    │   └── AuthenticationError                        a peer without the cluster secret
     ├── ProcessError                                   a child process
     │   ├── ProcessStartError                          it exited or was not ready in time
     │   │   ├── ServiceStartError                      (also a ServiceError) a local etcd / nats-server
@@ -48,6 +49,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AuthenticationError",
     "BinaryNotFoundError",
     "ConfigError",
     "DisaggregationError",
@@ -120,6 +122,11 @@ class ProtocolError(DynamoNBError, ValueError):
 
 class FrameTooLargeError(ProtocolError):
     """A wire frame over `dynamo_nb.runtime.planes.wire.MAX_FRAME_BYTES`."""
+
+
+class AuthenticationError(ProtocolError):
+    """A peer that does not know the cluster secret (`dynamo_nb.runtime.security`), or that
+    expects one this process was not given; the message says which and what to set."""
 
 
 class ProcessError(DynamoNBError):

@@ -67,8 +67,9 @@ def _env(name: str, default: str | None) -> str | None:
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--discovery``, ``--request-plane``, ``--nats-url``, ``--connect-timeout``, ``--lease-ttl``, ``--static``, the TCP
-    plane's ``--tcp-host``/``--tcp-port``/``--tcp-advertise-host`` and the system status server's
-    ``--system-host``/``--system-port``."""
+    plane's ``--tcp-host``/``--tcp-port``/``--tcp-advertise-host``, what peers must present
+    (``--cluster-secret-file``, ``--tls-cert``/``--tls-key``/``--tls-ca``) and the system status
+    server's ``--system-host``/``--system-port``."""
     group = parser.add_argument_group("runtime")
     group.add_argument(
         "--discovery",
@@ -124,6 +125,24 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=int(_env("TCP_PORT", None) or RuntimeConfig.tcp_port),
         help="TCP plane port, 0 = free (default: %(default)s)",
+    )
+    group.add_argument(
+        "--cluster-secret-file",
+        default=_env("CLUSTER_SECRET_FILE", None),
+        help="require peers of the TCP plane and the bootstrap server to know the secret in this file "
+        "(a keyed handshake; env DYN_NB_CLUSTER_SECRET_FILE, or the secret itself in DYN_NB_CLUSTER_SECRET)",
+    )
+    group.add_argument(
+        "--tls-cert",
+        default=_env("TLS_CERT", None),
+        help="PEM certificate: the TCP plane and the bootstrap server speak TLS (env DYN_NB_TLS_CERT)",
+    )
+    group.add_argument("--tls-key", default=_env("TLS_KEY", None), help="its PEM key (env DYN_NB_TLS_KEY)")
+    group.add_argument(
+        "--tls-ca",
+        default=_env("TLS_CA", None),
+        help="PEM CA that peers' certificates must be signed by; with --tls-cert, clients need one too "
+        "(mutual TLS) (env DYN_NB_TLS_CA)",
     )
     group.add_argument(
         "--system-host",

@@ -49,8 +49,12 @@ async def start_worker(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[
     """``await start_worker(*flags, script=ECHO_WORKER)`` → a ready component (stopped after the test)."""
     started: list[ManagedProcess] = []
 
-    async def start(*flags: str, script: Path = ECHO_WORKER, timeout: float = 60.0) -> ManagedProcess:
-        worker = await launch(script, *flags, cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=timeout)
+    async def start(
+        *flags: str, script: Path = ECHO_WORKER, timeout: float = 60.0, env: dict[str, str] | None = None
+    ) -> ManagedProcess:
+        worker = await launch(
+            script, *flags, cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=timeout, env=env
+        )
         started.append(worker)
         return worker
 

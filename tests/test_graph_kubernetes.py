@@ -16,6 +16,7 @@ from helpers import ROOT, example_graphs, free_port
 
 from dynamo_nb import DistributedRuntime, launch
 from dynamo_nb.graph import Graph, GraphError, check_graph, kubernetes_manifests, manifests_yaml
+from dynamo_nb.graph.cli import serve_main
 from dynamo_nb.runtime.system_status import start_system_status
 
 kubernetes_validate = pytest.importorskip(
@@ -189,3 +190,23 @@ def test_components_declared_resources_and_names_reach_the_manifests() -> None:
     # agg_hf.yaml names no resources: components/hf_worker.py's DEPLOYMENT does
     assert container["resources"]["limits"] == {"cpu": "1", "memory": "2Gi"}
     assert worker["metadata"]["labels"]["app.kubernetes.io/component"] == "hf-worker"
+
+
+def test_every_component_requires_the_cluster_secret_by_default(capsys: pytest.CaptureFixture[str]) -> None:
+    graph = Graph.from_yaml(ROOT / "graphs/disagg_hf.yaml")
+    secret_env = {
+        "name": "DYN_NB_CLUSTER_SECRET",
+        "valueFrom": {"secretKeyRef": {"name": "disagg-hf-cluster-secret", "key": "secret"}},
+    }
+    deployments = by_kind(kubernetes_manifests(graph, cwd=ROOT), "Deployment")
+    for deployment in deployments.values():
+        assert secret_env in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    plain = by_kind(kubernetes_manifests(graph, cwd=ROOT, cluster_secret=False), "Deployment")
+    for deployment in plain.values():
+        names = [env["name"] for env in deployment["spec"]["template"]["spec"]["containers"][0]["env"]]
+        assert "DYN_NB_CLUSTER_SECRET" not in names
+    assert serve_main([str(ROOT / "graphs/disagg_hf.yaml"), "--emit", "k8s"]) == 0
+    emitted = capsys.readouterr()
+    command = 'kubectl create secret generic disagg-hf-cluster-secret --from-literal=secret="$(openssl rand -hex 32)"'
+    assert emitted.out.startswith(f"# first: {command}\n") and command in emitted.err
+    assert len(list(yaml.safe_load_all(emitted.out))) == len(plain) * 2 + 2  # + etcd's StatefulSet, Service

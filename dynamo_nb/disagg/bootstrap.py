@@ -30,10 +30,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError, DisaggregationError
+from ..errors import AuthenticationError, ConfigError, DisaggregationError
 from ..runtime.addresses import AddressRule, is_wildcard
 from ..runtime.bounded_decode import json_nesting_problem
 from ..runtime.planes.base import set_nodelay
+from ..runtime.security import (
+    PlaneSecurity,
+    accept_peer,
+    current_security,
+    introduce_to_peer,
+    without_secret_hint,
+)
 from .rooms import BootstrapInfo
 
 __all__ = ["BootstrapServer", "fetch_kv"]
@@ -55,9 +62,13 @@ async def _write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], pay
 
 
 async def _read_header(reader: asyncio.StreamReader, max_bytes: int = MAX_HEADER_BYTES) -> dict[str, Any]:
-    (size,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
+    prefix = await reader.readexactly(_LENGTH.size)
+    (size,) = _LENGTH.unpack(prefix)
     if size > max_bytes:
-        raise DisaggregationError(f"a bootstrap header of {size} bytes is too large (limit {max_bytes})")
+        hint = without_secret_hint(prefix)
+        raise DisaggregationError(
+            hint or f"a bootstrap header of {size} bytes is too large (limit {max_bytes})"
+        )
     raw = await reader.readexactly(size)
     problem = json_nesting_problem(raw)
     if problem is not None:
@@ -92,9 +103,10 @@ class BootstrapServer:
         served_total: KV caches handed to a decode.
     """
 
-    def __init__(self, ttl: float) -> None:
+    def __init__(self, ttl: float, security: PlaneSecurity | None = None) -> None:
         """Use `BootstrapServer.start`."""
         self.ttl = ttl
+        self.security = security if security is not None else current_security()
         self.host = ""
         self.port = 0
         self.expired_total = 0
@@ -106,18 +118,27 @@ class BootstrapServer:
 
     @classmethod
     async def start(
-        cls, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0, advertise_host: str | None = None
+        cls,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        ttl: float = 60.0,
+        advertise_host: str | None = None,
+        security: PlaneSecurity | None = None,
     ) -> BootstrapServer:
         """Listen on ``host:port`` (0: a free port); rooms expire ``ttl`` seconds after they appear.
         ``advertise_host`` is the host decode workers are told: by default the address it listens
         on, or for a wildcard ``host`` this host's loopback (a worker passes the address other
-        hosts reach: `dynamo_nb.disagg.modes.WorkerRole`)."""
+        hosts reach: `dynamo_nb.disagg.modes.WorkerRole`). ``security``: the cluster secret and
+        TLS files a decode must present (default: `dynamo_nb.runtime.security.current_security`)."""
         if advertise_host is not None and is_wildcard(advertise_host):
             raise ConfigError(
                 f"cannot advertise {advertise_host!r} for a bootstrap server: give a reachable address"
             )
-        server = cls(ttl)
-        server._server = await asyncio.start_server(server._serve, host, port)
+        server = cls(ttl, security)
+        server._server = await asyncio.start_server(
+            server._serve, host, port, ssl=server.security.server_ssl()
+        )
         bound, server.port = server._server.sockets[0].getsockname()[:2]
         server.host = advertise_host or (
             AddressRule().advertise(host, what=None) if is_wildcard(host) else bound
@@ -176,6 +197,14 @@ class BootstrapServer:
             self._connections.add(task)
         set_nodelay(writer.transport)
         try:
+            if self.security.secret is not None:
+                try:
+                    await accept_peer(reader, writer, self.security.secret)
+                except AuthenticationError as exc:
+                    logger.warning(
+                        "refused a bootstrap connection from %s: %s", writer.get_extra_info("peername"), exc
+                    )
+                    return
             request = await asyncio.wait_for(_read_header(reader, MAX_ASK_BYTES), 10.0)
             room, wait = request.get("room"), request.get("timeout", 30.0)
             if not isinstance(room, int) or not isinstance(wait, (int, float)):
@@ -260,19 +289,37 @@ class BootstrapServer:
         return f"<BootstrapServer {self.host}:{self.port} parked={self.parked}>"
 
 
-async def fetch_kv(info: BootstrapInfo, timeout: float = 30.0) -> tuple[dict[str, Any], bytes]:
+async def fetch_kv(
+    info: BootstrapInfo, timeout: float = 30.0, security: PlaneSecurity | None = None
+) -> tuple[dict[str, Any], bytes]:
     """The KV header and payload parked under ``info.room`` (waits up to ``timeout`` for the prefill).
 
     Raises:
         DisaggregationError: unreachable server, timeout, a failed prefill, or a bad answer.
     """
     where = f"bootstrap server {info.host}:{info.port}"
+    security = security if security is not None else current_security()
+    tls = security.client_ssl()
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(info.host, info.port), 5.0)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(
+                info.host, info.port, ssl=tls, server_hostname=info.host if tls else None
+            ),
+            5.0,
+        )
     except (OSError, asyncio.TimeoutError) as exc:
         raise DisaggregationError(f"cannot reach the {where}: {exc!r}") from None
     set_nodelay(writer.transport)
     try:
+        if security.secret is not None:
+            try:
+                await introduce_to_peer(reader, writer, security.secret, timeout=5.0)
+            except AuthenticationError as exc:
+                raise DisaggregationError(f"{where}: {exc}") from None
+            except asyncio.TimeoutError:
+                raise DisaggregationError(
+                    f"{where} did not start the cluster-secret handshake: it runs without the secret"
+                ) from None
         ask: dict[str, Any] = {"room": info.room, "timeout": timeout}
         if info.token is not None:
             ask["token"] = info.token

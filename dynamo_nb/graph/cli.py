@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .commands import apply_overrides, dry_run
-from .kubernetes import DEFAULT_IMAGE, kubernetes_manifests, manifests_yaml
+from .kubernetes import DEFAULT_IMAGE, kubernetes_manifests, manifests_yaml, secret_command
 from .model import Graph
 from .serve import serve
 
@@ -52,6 +52,12 @@ def serve_parser() -> argparse.ArgumentParser:
         help="image holding dynamo_nb and the components (default: %(default)s)",
     )
     kubernetes.add_argument("--namespace", default=None, help="Kubernetes namespace of the objects")
+    kubernetes.add_argument(
+        "--no-cluster-secret",
+        action="store_true",
+        help="do not require the cluster secret (by default every component reads DYN_NB_CLUSTER_SECRET "
+        "from the Secret <graph>-cluster-secret)",
+    )
     return parser
 
 
@@ -86,10 +92,17 @@ def serve_main(argv: list[str]) -> int:
         graph = Graph.from_yaml(args.graph)
         apply_overrides(graph, args.overrides)
         if args.emit == "k8s":
-            print(
-                manifests_yaml(kubernetes_manifests(graph, image=args.image, namespace=args.namespace)),
-                end="",
+            secret = not args.no_cluster_secret
+            manifests = kubernetes_manifests(
+                graph, image=args.image, namespace=args.namespace, cluster_secret=secret
             )
+            if secret:  # a comment at the top of the YAML, and on stderr
+                print(f"# first: {secret_command(graph, args.namespace)}")
+                print(
+                    f"the components require a cluster secret; create it once: {secret_command(graph, args.namespace)}",
+                    file=sys.stderr,
+                )
+            print(manifests_yaml(manifests), end="")
             return 0
         if args.dry_run:
             print(dry_run(graph))

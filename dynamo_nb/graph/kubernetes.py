@@ -8,6 +8,11 @@ that exports it (the plain ``jupyter nbconvert --to script``) into a volume its 
 the export from. A shared service written ``local`` becomes a StatefulSet
 and a Service (etcd, NATS); one written as a URL is used as it is. No cluster is contacted.
 
+Every component requires the cluster secret (`dynamo_nb.runtime.security`): its container reads
+``DYN_NB_CLUSTER_SECRET`` from the Secret ``<graph>-cluster-secret`` (key ``secret``), which
+you create once (`secret_command`), so a pod that can reach a worker's port still cannot make
+it generate without the secret. ``cluster_secret=False`` leaves it out.
+
 In a pod, a component listens on the pod's address: ``--tcp-host`` and ``--bootstrap-host`` are
 the pod IP (``$(POD_IP)``, from the downward API), the frontend's ``--http-host`` and a worker's
 ``--system-host`` are ``0.0.0.0``, and a worker serves ``/health`` at ``--system-port 9090``.
@@ -29,7 +34,7 @@ from .commands import component_parser, notebook_of, resources_of, service_argv
 from .defaults import component_defaults
 from .model import Graph, GraphError, Resources, Service
 
-__all__ = ["DEFAULT_IMAGE", "kubernetes_manifests", "manifests_yaml"]
+__all__ = ["DEFAULT_IMAGE", "kubernetes_manifests", "manifests_yaml", "secret_command", "secret_name"]
 
 DEFAULT_IMAGE = "dynamo-nb:0.1.0"
 SYSTEM_PORT = 9090
@@ -46,11 +51,14 @@ def kubernetes_manifests(
     namespace: str | None = None,
     workdir: str = "/app",
     cwd: Path | None = None,
+    cluster_secret: bool = True,
 ) -> list[dict[str, Any]]:
     """The graph as Kubernetes objects (plain dicts, ``apiVersion``/``kind``/``metadata``/``spec``).
 
     ``image`` holds this package and the graph's components under ``workdir`` (a component
-    path such as ``components/hf_worker.py`` is relative to it).
+    path such as ``components/hf_worker.py`` is relative to it). With ``cluster_secret`` every
+    component requires the secret in the Secret `secret_name` names (create it with
+    `secret_command`).
 
     Example:
         >>> graph = Graph.from_yaml("components: {frontend: {component: components/frontend.py}}")
@@ -68,9 +76,38 @@ def kubernetes_manifests(
             urls[kind] = f"{kind}://{prefix}-{kind}:{_SHARED[kind]['port']}"
         else:
             urls[kind] = value
+    secret = secret_name(graph) if cluster_secret else None
     for name in graph.start_order():
-        manifests += _component(graph.services[name], prefix, urls, image, namespace, workdir, cwd)
+        manifests += _component(graph.services[name], prefix, urls, image, namespace, workdir, cwd, secret)
     return manifests
+
+
+def secret_name(graph: Graph) -> str:
+    """The Secret holding the graph's cluster secret (key ``secret``).
+
+    Example:
+        >>> secret_name(Graph.from_yaml("{name: disagg, components: {fe: {component: components/frontend.py}}}"))
+        'disagg-cluster-secret'
+    """
+    return f"{_dns_name(graph.name, 'name')}-cluster-secret"
+
+
+def secret_command(graph: Graph, namespace: str | None = None) -> str:
+    """The command that creates the graph's cluster secret (once, before ``kubectl apply``).
+
+    Example:
+        >>> secret_command(Graph.from_yaml("{name: disagg, components: {fe: {component: components/frontend.py}}}"))
+        'kubectl create secret generic disagg-cluster-secret --from-literal=secret="$(openssl rand -hex 32)"'
+    """
+    where = f" --namespace {namespace}" if namespace else ""
+    return f'kubectl create secret generic {secret_name(graph)}{where} --from-literal=secret="$(openssl rand -hex 32)"'
+
+
+def _secret_env(secret: str) -> dict[str, Any]:
+    return {
+        "name": "DYN_NB_CLUSTER_SECRET",
+        "valueFrom": {"secretKeyRef": {"name": secret, "key": "secret"}},
+    }
 
 
 def manifests_yaml(manifests: list[dict[str, Any]]) -> str:
@@ -139,6 +176,7 @@ def _component(
     namespace: str | None,
     workdir: str,
     cwd: Path,
+    secret: str | None,
 ) -> list[dict[str, Any]]:
     extra = {
         "--tcp-host": POD_IP,
@@ -168,7 +206,11 @@ def _component(
         labels["app.kubernetes.io/component"] = _dns_name(
             declared.name, f"{service.component}: DEPLOYMENT.name"
         )
-    env = [_pod_ip_env(), *({"name": k, "value": v} for k, v in service.env.items())]
+    env = [
+        _pod_ip_env(),
+        *([_secret_env(secret)] if secret is not None else []),
+        *({"name": k, "value": v} for k, v in service.env.items()),
+    ]
     container: dict[str, Any] = {
         "name": _dns_name(service.name, f"components.{service.name}"),
         "image": image,

@@ -38,10 +38,12 @@ from .program import (
     runtime_from_args,
     shutdown_on_signals,
 )
+from .security import ClusterSecret, PlaneSecurity, TlsFiles
 from .server import EndpointServer, Handler
 
 __all__ = [
     "Client",
+    "ClusterSecret",
     "Component",
     "Context",
     "DistributedRuntime",
@@ -51,8 +53,10 @@ __all__ = [
     "Handler",
     "Instance",
     "Namespace",
+    "PlaneSecurity",
     "ResponseStream",
     "RuntimeConfig",
+    "TlsFiles",
     "announce_ready",
     "configure_logging",
     "dynamo_worker",

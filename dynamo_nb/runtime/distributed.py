@@ -19,6 +19,7 @@ from .planes import RequestPlane, make_plane
 from .planes.event_plane import EventPlane, event_subject, make_event_plane
 from .planes.nats import static_subject
 from .planes.tcp import parse_tcp_address
+from .security import PlaneSecurity
 from .server import STOP_GRACE_SECONDS, EndpointServer, Handler
 
 __all__ = ["Component", "DistributedRuntime", "Endpoint", "Namespace"]
@@ -84,6 +85,7 @@ class DistributedRuntime:
         tcp_advertise_host: str | None = None,
         heartbeat_timeout: float = 5.0,
         connect_timeout: float = 5.0,
+        security: PlaneSecurity | None = None,
     ) -> DistributedRuntime:
         """Connect to discovery and the request plane.
 
@@ -100,6 +102,8 @@ class DistributedRuntime:
                 a wildcard ``tcp_host`` the address that reaches discovery; never a wildcard).
             heartbeat_timeout: seconds of silence after which a stream counts as cut.
             connect_timeout: seconds to keep trying etcd and NATS until they answer (`dynamo_nb.runtime.startup`).
+            security: the cluster secret and TLS files the TCP plane requires of its peers
+                (default: `dynamo_nb.runtime.security.current_security`, from the environment).
 
         Raises:
             ConfigError: an impossible combination, with what to change.
@@ -127,6 +131,7 @@ class DistributedRuntime:
             tcp_advertise_host=advertise,
             heartbeat_timeout=heartbeat_timeout,
             connect_timeout=connect_timeout,
+            security=security,
         )
         await disc.start()
         try:

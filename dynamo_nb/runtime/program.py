@@ -39,6 +39,7 @@ from ..telemetry.request_ids import RequestIdFilter
 from ..telemetry.tracing import enable_tracing_from_env, flush_tracing
 from .discovery import DEFAULT_LEASE_TTL
 from .distributed import DistributedRuntime
+from .security import PlaneSecurity, configure
 from .system_status import start_system_status
 
 __all__ = [
@@ -214,6 +215,10 @@ class RuntimeConfig:
     system_port: int = -1  # -1: no system status server
     static: bool = False  # no discovery service (--static, or a frontend's --static-endpoint)
     connect_timeout: float = 60.0  # seconds to wait at start for etcd and NATS to answer
+    cluster_secret_file: str | None = None  # else $DYN_NB_CLUSTER_SECRET
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, static: bool = False) -> RuntimeConfig:
@@ -231,11 +236,20 @@ class RuntimeConfig:
             system_port=args.system_port,
             static=static or args.static,
             connect_timeout=args.connect_timeout,
+            cluster_secret_file=args.cluster_secret_file,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
+            tls_ca=args.tls_ca,
         )
 
     async def start(self) -> DistributedRuntime:
         """Create the runtime, with its system status server (``/live``, ``/health``) when
-        ``system_port`` is 0 or more."""
+        ``system_port`` is 0 or more; what peers must present (the cluster secret, TLS) holds for
+        the whole process (`dynamo_nb.runtime.security.configure`)."""
+        security = PlaneSecurity.from_settings(
+            self.cluster_secret_file, self.tls_cert, self.tls_key, self.tls_ca
+        )
+        configure(security)
         runtime = await DistributedRuntime.create(
             "static" if self.static else self.discovery,
             self.request_plane,
@@ -245,6 +259,7 @@ class RuntimeConfig:
             tcp_port=self.tcp_port,
             tcp_advertise_host=self.tcp_advertise_host,
             connect_timeout=self.connect_timeout,
+            security=security,
         )
         if self.system_port >= 0:
             try:

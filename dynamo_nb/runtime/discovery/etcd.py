@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import aetcd
 import aetcd.rtypes
 
 from ...errors import ConfigError, ServiceUnavailableError
+from ..security import redact_url
 from ..startup import wait_for_service
 from .base import KeyValueDiscovery, PrefixWatch, cancel_tasks
 
@@ -42,7 +44,7 @@ _RETRY_SECONDS = (0.2, 0.5, 1.0, 2.0)
 
 
 def parse_etcd_url(url: str) -> tuple[str, int]:
-    """``etcd://HOST:PORT`` → (host, port).
+    """``etcd://HOST:PORT`` (or ``etcd://USER:PASSWORD@HOST:PORT``) → (host, port).
 
     Example:
         >>> parse_etcd_url("etcd://127.0.0.1:2379")
@@ -51,13 +53,28 @@ def parse_etcd_url(url: str) -> tuple[str, int]:
     parts = urlsplit(url)
     if parts.scheme != "etcd" or not parts.hostname:
         raise ConfigError(
-            f"invalid etcd discovery URL {url!r}: expected 'etcd://HOST:PORT', e.g. etcd://127.0.0.1:2379"
+            f"invalid etcd discovery URL {redact_url(url)!r}: expected 'etcd://HOST:PORT' "
+            "(or etcd://USER:PASSWORD@HOST:PORT), e.g. etcd://127.0.0.1:2379"
         )
     try:
         port = parts.port or 2379
     except ValueError as exc:
-        raise ConfigError(f"invalid port in etcd discovery URL {url!r}: {exc}") from None
+        raise ConfigError(f"invalid port in etcd discovery URL {redact_url(url)!r}: {exc}") from None
     return parts.hostname, port
+
+
+def etcd_credentials(url: str) -> tuple[str | None, str | None]:
+    """(user, password) for etcd's authentication: the URL's, else ``$DYN_NB_ETCD_USERNAME`` and
+    ``$DYN_NB_ETCD_PASSWORD`` (for a Kubernetes Secret), else (None, None).
+
+    Example:
+        >>> etcd_credentials("etcd://app:s3cret@etcd:2379")
+        ('app', 's3cret')
+    """
+    parts = urlsplit(url)
+    if parts.username:
+        return unquote(parts.username), unquote(parts.password or "")
+    return os.environ.get("DYN_NB_ETCD_USERNAME") or None, os.environ.get("DYN_NB_ETCD_PASSWORD") or None
 
 
 class EtcdDiscovery(KeyValueDiscovery):
@@ -74,6 +91,7 @@ class EtcdDiscovery(KeyValueDiscovery):
     ) -> None:
         super().__init__()
         self.url = url
+        self.shown = redact_url(url)  # for messages: the URL may carry a password
         self.host, self.port = parse_etcd_url(url)
         if lease_ttl < 1:
             raise ConfigError(
@@ -90,34 +108,48 @@ class EtcdDiscovery(KeyValueDiscovery):
         self._closed = False
 
     def describe(self) -> str:
-        return self.url
+        return self.shown
 
     @property
     def client(self) -> aetcd.Client:
         if self._client is None:
             raise ServiceUnavailableError(
-                f"etcd discovery of {self.url} is not connected: use DistributedRuntime.create"
+                f"etcd discovery of {self.shown} is not connected: use DistributedRuntime.create"
             )
         return self._client
 
     async def start(self) -> None:
+        username, password = etcd_credentials(self.url)
         self._client = aetcd.Client(
-            host=self.host, port=self.port, timeout=_RPC_TIMEOUT, options=dict(_CHANNEL_OPTIONS)
+            host=self.host,
+            port=self.port,
+            username=username,
+            password=password,
+            timeout=_RPC_TIMEOUT,
+            options=dict(_CHANNEL_OPTIONS),
         )
         client = self._client
 
         async def grant(seconds: float) -> Any:
             try:
+                # a read first: etcd grants leases to anyone, but refuses reads without the user
+                # it requires, and a worker should learn that now, not at its first put
+                await asyncio.wait_for(client.get(b"v1/"), seconds)
                 return await asyncio.wait_for(client.lease(self.lease_ttl), seconds)
             except (asyncio.TimeoutError, aetcd.ClientError, OSError) as exc:
+                if "authentication failed" in str(exc) or "user name is empty" in str(exc):
+                    raise ConfigError(
+                        f"etcd at {self.shown} refused the user and password ({exc}): give them in the URL, "
+                        "etcd://USER:PASSWORD@HOST:PORT, or in DYN_NB_ETCD_USERNAME and DYN_NB_ETCD_PASSWORD"
+                    ) from None
                 raise ServiceUnavailableError(
-                    f"could not reach etcd at {self.url} within {self.connect_timeout:g} s ({type(exc).__name__}: "
+                    f"could not reach etcd at {self.shown} within {self.connect_timeout:g} s ({type(exc).__name__}: "
                     f"{exc}). Start one from Python with `services = await dynamo_nb.LocalServices.start()` "
                     "and pass services.etcd_url, or run `etcd` yourself."
                 ) from exc
 
         try:
-            lease = await wait_for_service(grant, what="etcd", url=self.url, timeout=self.connect_timeout)
+            lease = await wait_for_service(grant, what="etcd", url=self.shown, timeout=self.connect_timeout)
         except BaseException:
             await client.close()
             raise
@@ -149,7 +181,7 @@ class EtcdDiscovery(KeyValueDiscovery):
                     self._unpublished.discard(key)
                 if self._outage:
                     self._outage = False
-                    logger.warning("etcd at %s answers again; this process's keys are published", self.url)
+                    logger.warning("etcd at %s answers again; this process's keys are published", self.shown)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -157,7 +189,7 @@ class EtcdDiscovery(KeyValueDiscovery):
                     self._outage = True
                     logger.warning(
                         "etcd at %s is unreachable (%s: %s); serving from the cached view, retrying every %.1f s",
-                        self.url,
+                        self.shown,
                         type(exc).__name__,
                         exc,
                         interval,
@@ -211,7 +243,9 @@ class EtcdDiscovery(KeyValueDiscovery):
             await asyncio.wait_for(asyncio.shield(first_sync), self.connect_timeout + _RPC_TIMEOUT)
         except asyncio.TimeoutError:
             task.cancel()
-            raise ServiceUnavailableError(f"etcd at {self.url} did not answer a read of {prefix!r}") from None
+            raise ServiceUnavailableError(
+                f"etcd at {self.shown} did not answer a read of {prefix!r}"
+            ) from None
         return watch
 
     async def _follow(self, watch: PrefixWatch, first_sync: asyncio.Future[None]) -> None:

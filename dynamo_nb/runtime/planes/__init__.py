@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from ...errors import ConfigError
+from ..security import PlaneSecurity
 from .base import HEARTBEAT_INTERVAL, RequestPlane, StreamHandle
 from .inproc import InprocPlane
 from .nats import NatsPlane
@@ -34,6 +35,7 @@ def make_plane(
     tcp_advertise_host: str | None = None,
     heartbeat_timeout: float = 5.0,
     connect_timeout: float = 5.0,
+    security: PlaneSecurity | None = None,
 ) -> RequestPlane:
     """Build the request plane called ``name``.
 
@@ -54,6 +56,7 @@ def make_plane(
             port=tcp_port,
             heartbeat_timeout=heartbeat_timeout,
             advertise_host=tcp_advertise_host,
+            security=security,
         )
     if name == "nats":
         if not nats_url:

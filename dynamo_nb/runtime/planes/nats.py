@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from nats.aio.msg import Msg
 from ...errors import ConfigError, ServiceUnavailableError
 from ..bounded_decode import unpack_all_bounded
 from ..instance import Instance
+from ..security import redact_url
 from ..startup import wait_for_service
 from .base import (
     HEARTBEAT_INTERVAL,
@@ -94,26 +96,33 @@ async def connect_nats(
     sends what it buffered); ``on_reconnect()`` runs after each reconnection.
     ``closing()`` tells whether a disconnect is expected (no warning then).
     """
+    shown = redact_url(url)  # a URL may carry a user and password: never logged
     if not url.startswith(("nats://", "tls://", "ws://", "wss://")):
         raise ConfigError(
-            f"invalid NATS URL {url!r}: expected 'nats://HOST:PORT', e.g. nats://127.0.0.1:4222"
+            f"invalid NATS URL {shown!r}: expected 'nats://HOST:PORT' (or nats://USER:PASSWORD@HOST:PORT), "
+            "e.g. nats://127.0.0.1:4222"
         )
+    credentials = os.environ.get("DYN_NB_NATS_CREDS") or None  # a .creds file (JWT and NKEY seed)
+
+    refused: list[Exception] = []  # the server's "Authorization Violation", if it said so
 
     async def on_error(exc: Exception) -> None:
         logger.debug("nats: %s: %s", type(exc).__name__, exc)
+        if "authorization" in str(exc).lower():
+            refused.append(exc)
 
     async def on_disconnect() -> None:
         if not closing():
-            logger.warning("disconnected from NATS at %s; reconnecting", url)
+            logger.warning("disconnected from NATS at %s; reconnecting", shown)
 
     async def on_reconnected() -> None:
-        logger.warning("reconnected to NATS at %s", url)
+        logger.warning("reconnected to NATS at %s", shown)
         if on_reconnect is not None:
             on_reconnect()
 
     async def on_closed() -> None:
         if not closing():
-            logger.error("the connection to NATS at %s is closed for good", url)
+            logger.error("the connection to NATS at %s is closed for good", shown)
 
     async def attempt(seconds: float) -> NatsConnection:
         try:
@@ -129,17 +138,24 @@ async def connect_nats(
                     disconnected_cb=on_disconnect,
                     reconnected_cb=on_reconnected,
                     closed_cb=on_closed,
+                    user_credentials=credentials,
                 ),
                 seconds,
             )
         except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
+            if refused:
+                raise ConfigError(
+                    f"NATS at {shown} refused this connection ({refused[-1]}): give the user and password in "
+                    "the URL, nats://USER:PASSWORD@HOST:PORT (a token: nats://TOKEN@HOST:PORT), or a .creds "
+                    "file in DYN_NB_NATS_CREDS"
+                ) from None
             raise ServiceUnavailableError(
-                f"could not reach NATS at {url} within {timeout:g} s ({type(exc).__name__}: {exc}). Start one "
+                f"could not reach NATS at {shown} within {timeout:g} s ({type(exc).__name__}: {exc}). Start one "
                 "from Python with `services = await dynamo_nb.LocalServices.start()` and pass services.nats_url, "
                 "or run `nats-server` yourself."
             ) from exc
 
-    connection = await wait_for_service(attempt, what="NATS", url=url, timeout=timeout)
+    connection = await wait_for_service(attempt, what="NATS", url=shown, timeout=timeout)
     connection.options["max_reconnect_attempts"] = -1  # once connected, a restarted server is waited for
     return connection
 

@@ -2,7 +2,8 @@
 
 The worker listens on a free port (``tcp_host``) and advertises ``advertise_host:port`` in
 discovery (`dynamo_nb.runtime.addresses` picks both). A client keeps one connection per worker address and
-multiplexes its streams on it by stream id.
+multiplexes its streams on it by stream id. With a cluster secret a connection starts with the
+keyed handshake, with TLS files it is TLS (`dynamo_nb.runtime.security`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,17 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ConfigError, ProtocolError
+from ...errors import AuthenticationError, ConfigError, ProtocolError
 from ..addresses import host_port
 from ..instance import Instance
+from ..security import (
+    HANDSHAKE_TIMEOUT,
+    ClientHandshake,
+    PlaneSecurity,
+    ServerHandshake,
+    current_security,
+    without_secret_hint,
+)
 from .base import (
     HEARTBEAT_INTERVAL,
     RequestPlane,
@@ -113,13 +122,47 @@ class _ServerConnection(asyncio.Protocol):
         self._writable: asyncio.Future[None] | None = None
         self.last_sent = 0.0
         self.loop = asyncio.get_running_loop()
+        secret = plane.security.secret
+        self.handshake = ServerHandshake(secret) if secret is not None else None
+        self._handshake_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         set_nodelay(transport)
         self.plane._server_conns.add(self)
+        if self.handshake is not None:
+            self.transport.write(self.handshake.hello())
+            self._handshake_timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._refuse, "no handshake")
+
+    def _refuse(self, why: str) -> None:
+        if self.transport is not None:
+            peer = self.transport.get_extra_info("peername")
+            logger.warning("refused a connection from %s: %s", peer, why)
+            self.transport.close()
+
+    def _authenticate(self, data: bytes) -> bytes | None:
+        """Feed the handshake; the bytes after it once the peer is proven, else None."""
+        assert self.handshake is not None and self.transport is not None
+        try:
+            result = self.handshake.feed(data)
+        except AuthenticationError as exc:
+            self._refuse(str(exc))
+            return None
+        if result is None:
+            return None
+        proof, rest = result
+        self.handshake = None
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.transport.write(proof)
+        return rest
 
     def data_received(self, data: bytes) -> None:
+        if self.handshake is not None:
+            rest = self._authenticate(data)
+            if not rest:
+                return
+            data = rest
         try:
             frames = self.decoder.feed(data)
         except Exception as exc:
@@ -200,6 +243,8 @@ class _ServerConnection(asyncio.Protocol):
             await asyncio.shield(self._writable)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self.plane._server_conns.discard(self)
         streams, self.streams = self.streams, {}
         for stream in streams.values():  # the caller is gone: stop its handlers
@@ -239,6 +284,14 @@ class _ClientConnection(asyncio.Protocol):
         self.closed = False
         self.loop = asyncio.get_running_loop()
         self.last_seen = self.loop.time()
+        secret = plane.security.secret
+        self.handshake = ClientHandshake(secret) if secret is not None else None
+        self.ready: asyncio.Future[None] = self.loop.create_future()  # the server is proven
+        self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read by _connect
+        if self.handshake is None:
+            self.ready.set_result(None)
+        self._received = False
+        self.failure: Exception | None = None  # why it closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -268,10 +321,28 @@ class _ClientConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_seen = self.loop.time()
+        first, self._received = not self._received, True
+        if self.handshake is not None:
+            try:
+                answer, done, data = self.handshake.feed(data)
+            except AuthenticationError as exc:
+                self.abort(f"{self.address}: {exc}", exc)
+                return
+            self.write(answer)
+            if not done:
+                return
+            self.handshake = None
+            self.ready.set_result(None)
+            if not data:
+                return
         try:
             frames = self.decoder.feed(data)
         except Exception as exc:
-            self.abort(f"bad frame from the worker: {exc}")
+            hint = without_secret_hint(data) if first else None
+            if hint is not None:
+                self.abort(f"{self.address}: {hint}", AuthenticationError(hint))
+            else:
+                self.abort(f"bad frame from the worker: {exc}")
             return
         streams = self.streams
         for frame in frames:
@@ -299,15 +370,26 @@ class _ClientConnection(asyncio.Protocol):
         if future is not None and not future.done():
             future.set_result(ok)
 
-    def abort(self, reason: str) -> None:
+    def abort(self, reason: str, error: Exception | None = None) -> None:
+        """Close now; streams fail with ``reason``, a connect waiting on the handshake with
+        ``error`` (default: a `ConnectionError`)."""
         if self.transport is not None:
             self.transport.abort()
-        self._fail_all(reason)
+        self._fail_all(reason, error)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.handshake is not None and self.handshake.answered:
+            reason = f"{self.address} closed the connection after our handshake: it holds a different cluster secret"
+            self._fail_all(reason, AuthenticationError(reason))
+            return
         self._fail_all(f"connection to {self.address} lost" + (f" ({exc})" if exc else ""))
 
-    def _fail_all(self, reason: str) -> None:
+    def _fail_all(self, reason: str, error: Exception | None = None) -> None:
+        if self.closed:  # the first reason stands (an abort, then its connection_lost)
+            return
+        self.failure = error or ConnectionError(reason)
+        if not self.ready.done():
+            self.ready.set_exception(self.failure)
         self.closed = True
         self.plane._forget(self)
         streams, self.streams = self.streams, {}
@@ -339,8 +421,12 @@ class TcpPlane(RequestPlane):
         port: int = 0,
         heartbeat_timeout: float = 5.0,
         advertise_host: str | None = None,
+        security: PlaneSecurity | None = None,
     ) -> None:
         super().__init__(heartbeat_timeout=heartbeat_timeout)
+        self.security = security if security is not None else current_security()
+        self._server_ssl = self.security.server_ssl()
+        self._client_ssl = self.security.client_ssl()
         self.host = host
         self.port = port
         self.advertise_host = advertise_host or host
@@ -369,7 +455,11 @@ class TcpPlane(RequestPlane):
             loop = asyncio.get_running_loop()
             try:
                 self._listener = await loop.create_server(
-                    lambda: _ServerConnection(self), self.host, self.port, reuse_address=True
+                    lambda: _ServerConnection(self),
+                    self.host,
+                    self.port,
+                    reuse_address=True,
+                    ssl=self._server_ssl,
                 )
             except OSError as exc:
                 raise ConfigError(
@@ -421,7 +511,7 @@ class TcpPlane(RequestPlane):
             pending.add_done_callback(functools.partial(self._connect_done, address))
         try:
             return await asyncio.shield(pending)
-        except (OSError, asyncio.TimeoutError, ConfigError) as exc:
+        except (OSError, asyncio.TimeoutError, ConfigError, AuthenticationError) as exc:
             raise instance_down(
                 instance, f"cannot connect to tcp://{address} ({type(exc).__name__}: {exc})"
             ) from None
@@ -436,9 +526,27 @@ class TcpPlane(RequestPlane):
     async def _connect(self, address: str) -> _ClientConnection:
         host, port = parse_tcp_address(address)
         loop = asyncio.get_running_loop()
+        tls = self._client_ssl
         _transport, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: _ClientConnection(self, address), host, port), CONNECT_TIMEOUT
+            loop.create_connection(
+                lambda: _ClientConnection(self, address),
+                host,
+                port,
+                ssl=tls,
+                server_hostname=host if tls else None,
+            ),
+            CONNECT_TIMEOUT,
         )
+        try:
+            await asyncio.wait_for(asyncio.shield(conn.ready), CONNECT_TIMEOUT)
+        except asyncio.TimeoutError:
+            conn.abort("no handshake")
+            raise AuthenticationError(
+                f"{address} did not start the cluster-secret handshake within {CONNECT_TIMEOUT:g} s: it runs "
+                "without the secret (or is not a dynamo_nb worker)"
+            ) from None
+        if conn.closed:  # e.g. its first bytes asked for a secret this process lacks
+            raise conn.failure or ConnectionError(f"connection to {address} closed at once")
         self._conns[address] = conn
         self._start_ticker()
         return conn
