@@ -130,19 +130,25 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         "--cluster-secret-file",
         default=_env("CLUSTER_SECRET_FILE", None),
         help="require peers of the TCP plane and the bootstrap server to know the secret in this file "
-        "(a keyed handshake; env DYN_NB_CLUSTER_SECRET_FILE, or the secret itself in DYN_NB_CLUSTER_SECRET)",
+        "(a keyed handshake; env DYN_NB_CLUSTER_SECRET_FILE, or the secret itself in DYN_NB_CLUSTER_SECRET; "
+        "default: %(default)s, no secret)",
     )
     group.add_argument(
         "--tls-cert",
         default=_env("TLS_CERT", None),
-        help="PEM certificate: the TCP plane and the bootstrap server speak TLS (env DYN_NB_TLS_CERT)",
+        help="PEM certificate: the TCP plane and the bootstrap server speak TLS (env DYN_NB_TLS_CERT; "
+        "default: %(default)s, no TLS)",
     )
-    group.add_argument("--tls-key", default=_env("TLS_KEY", None), help="its PEM key (env DYN_NB_TLS_KEY)")
+    group.add_argument(
+        "--tls-key",
+        default=_env("TLS_KEY", None),
+        help="its PEM key (env DYN_NB_TLS_KEY; default: %(default)s)",
+    )
     group.add_argument(
         "--tls-ca",
         default=_env("TLS_CA", None),
         help="PEM CA that peers' certificates must be signed by; with --tls-cert, clients need one too "
-        "(mutual TLS) (env DYN_NB_TLS_CA)",
+        "(mutual TLS) (env DYN_NB_TLS_CA; default: %(default)s)",
     )
     group.add_argument(
         "--system-host",

@@ -1,7 +1,8 @@
 """Workers check what they are sent: a request that reaches a worker's request-plane port
 without the frontend (a client of the endpoint, a stranger) is refused at once when it breaks
 the model's vocabulary or context — before any compute, with the same typed error the frontend
-would give (a million-token prompt sent straight to a prefill worker used to run for minutes)."""
+would give (a million-token prompt sent straight to a prefill worker used to run for minutes). The
+sampling and stop checks are the protocol's own (`dynamo_nb.llm.protocol`), shared with the frontend."""
 
 from __future__ import annotations
 
@@ -49,6 +50,18 @@ async def test_a_worker_refuses_what_the_frontend_would_before_any_compute(
         "a token past the vocabulary": ({"token_ids": [5, 10**6], "stop_conditions": stop}, "token_ids", "vocabulary"),
         "max_tokens past the context": (
             {"token_ids": [5] * 100, "stop_conditions": {"max_tokens": 1000}}, "max_tokens", "at most 924",
+        ),
+        "five stop strings": (
+            {"token_ids": [5], "stop_conditions": {**stop, "stop": ["a", "b", "c", "d", "e"]}}, "stop", "at most 4",
+        ),
+        "min_tokens over max_tokens": (
+            {"token_ids": [5], "stop_conditions": {"max_tokens": 1, "min_tokens": 3}}, "min_tokens", "lower min_tokens",
+        ),
+        "an empty stop string": (
+            {"token_ids": [5], "stop_conditions": {**stop, "stop": [""]}}, "stop", "non-empty",
+        ),
+        "a temperature out of range": (
+            {"token_ids": [5], "stop_conditions": stop, "sampling_options": {"temperature": 5}}, "temperature", "between 0 and 2",
         ),
     }  # fmt: skip
     for what, (request, param, says) in refused.items():

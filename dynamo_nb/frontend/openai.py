@@ -30,8 +30,6 @@ _SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 COMPLETIONS_DEFAULT_MAX_TOKENS = DEFAULT_MAX_TOKENS  # as OpenAI and vLLM
-MAX_STOP_SEQUENCES = 4  # as OpenAI
-SEED_RANGE = (-(2**63), 2**64 - 1)  # as vLLM
 
 
 @dataclass
@@ -162,19 +160,6 @@ def _unsupported(body: dict[str, Any]) -> None:
         )
 
 
-def _stop_strings(body: dict[str, Any]) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise _bad("stop must be a non-empty string or a list of them", "stop")
-    if len(stop) > MAX_STOP_SEQUENCES:
-        raise _bad(f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}", "stop")
-    return stop
-
-
 def _flag(body: dict[str, Any], name: str) -> bool:
     value = body.get(name, False)
     if value is None:
@@ -286,17 +271,10 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
             "max_tokens": max_tokens,
             "ignore_eos": _flag(body, "ignore_eos"),
             "min_tokens": body.get("min_tokens"),
+            "stop": body.get("stop"),
         }
-    )
-    stop.stop = _stop_strings(body)
-    if stop.max_tokens is not None and stop.min_tokens > stop.max_tokens:
-        raise _bad(
-            f"min_tokens ({stop.min_tokens}) is more than max_tokens ({stop.max_tokens}): lower min_tokens",
-            "min_tokens",
-        )
+    )  # the same checks a worker makes of what it is sent (`dynamo_nb.llm.protocol`)
     sampling = SamplingOptions.from_dict({k: body.get(k) for k in ("temperature", "top_p", "top_k", "seed")})
-    if sampling.seed is not None and not SEED_RANGE[0] <= sampling.seed <= SEED_RANGE[1]:
-        raise _bad(f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {sampling.seed}", "seed")
     request = OpenAIRequest(
         kind,
         model,

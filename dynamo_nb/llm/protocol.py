@@ -44,6 +44,10 @@ def _mapping(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
+MAX_STOP_SEQUENCES = 4  # as OpenAI
+SEED_RANGE = (-(2**63), 2**64 - 1)  # as vLLM
+
+
 def _opt_int(data: dict[str, Any], key: str, *, minimum: int | None = None) -> int | None:
     value = data.get(key)
     if value is None:
@@ -85,14 +89,25 @@ class StopConditions:
         stop = data.get("stop") or []
         if isinstance(stop, str):
             stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise InvalidRequestError("stop must be a string or a list of strings", param="stop")
-        return cls(
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise InvalidRequestError("stop must be a non-empty string or a list of them", param="stop")
+        if len(stop) > MAX_STOP_SEQUENCES:
+            raise InvalidRequestError(
+                f"stop takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stop)}", param="stop"
+            )
+        conditions = cls(
             max_tokens=_opt_int(data, "max_tokens", minimum=1),
             stop=stop,
             ignore_eos=bool(data.get("ignore_eos", False)),
             min_tokens=_opt_int(data, "min_tokens", minimum=0) or 0,
         )
+        if conditions.max_tokens is not None and conditions.min_tokens > conditions.max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({conditions.min_tokens}) is more than max_tokens ({conditions.max_tokens}): "
+                "lower min_tokens",
+                param="min_tokens",
+            )
+        return conditions
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"ignore_eos": self.ignore_eos, "min_tokens": self.min_tokens}
@@ -118,11 +133,16 @@ class SamplingOptions:
         top_k = _opt_int(data, "top_k", minimum=-1)
         if top_k == 0:
             raise InvalidRequestError("top_k must be -1 (off) or at least 1, got 0", param="top_k")
+        seed = _opt_int(data, "seed")
+        if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise InvalidRequestError(
+                f"seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]}, got {seed}", param="seed"
+            )
         return cls(
             temperature=_opt_float(data, "temperature", 0.0, 2.0),
             top_p=_opt_float(data, "top_p", 0.0, 1.0),
             top_k=None if top_k == -1 else top_k,
-            seed=_opt_int(data, "seed"),
+            seed=seed,
         )
 
     def to_dict(self) -> dict[str, Any]:

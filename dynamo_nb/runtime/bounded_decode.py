@@ -8,7 +8,8 @@ arrays and maps have no such bound. So:
 - `unpack_bounded` / `unpack_all_bounded` decode msgpack; when the data is larger than
   `SMALL_BYTES` every array and map is counted as it is built, and decoding stops with
   `dynamo_nb.errors.FrameTooLargeError` once they would take more than `CONTAINER_BYTES_PER_BYTE`
-  times the data's size (plus `SMALL_BYTES`). Nesting deeper than msgpack's stack is refused too.
+  times the data's size (plus `SMALL_BYTES`): a list costs its pointers, so a list of one-byte
+  integers (8×) passes and a frame of empty maps (72×) does not. Nesting deeper than msgpack's stack is refused too.
 - `json_nesting_problem` says, before `json.loads`, whether a JSON body holds more arrays and
   objects than the same budget allows (a cheap over-estimate: brackets inside strings count).
 
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 SMALL_BYTES = 64 * 1024
-CONTAINER_BYTES_PER_BYTE = 8
+CONTAINER_BYTES_PER_BYTE = 12  # a list of one-byte integers costs 8: its pointers
 _JSON_CONTAINER_BYTES = 64  # an empty list is 56 bytes, an empty dict 64, plus the parent's pointer
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # linear: no nested repeats
 
@@ -49,7 +50,8 @@ class _ContainerBudget:
         self.left = CONTAINER_BYTES_PER_BYTE * size + SMALL_BYTES
 
     def __call__(self, value: Any) -> Any:
-        self.left -= sys.getsizeof(value) + 8
+        # a list's pointers (not the spare room msgpack's appends left), a dict as it is
+        self.left -= (64 + 8 * len(value)) if isinstance(value, list) else sys.getsizeof(value) + 8
         if self.left < 0:
             raise FrameTooLargeError(
                 f"a message of {self.size} bytes holds arrays and maps that would take more than "
@@ -76,7 +78,7 @@ def unpack_bounded(data: bytes | memoryview, *, strict_map_key: bool = True) -> 
         >>> unpack_bounded(msgpack.packb([{}] * 200_000))
         Traceback (most recent call last):
         ...
-        dynamo_nb.errors.FrameTooLargeError: a message of 200005 bytes holds arrays and maps that would take more than 1665576 bytes to decode; it was refused
+        dynamo_nb.errors.FrameTooLargeError: a message of 200005 bytes holds arrays and maps that would take more than 2465596 bytes to decode; it was refused
     """
     try:
         return msgpack.unpackb(data, strict_map_key=strict_map_key, **_options(len(data)))
@@ -108,7 +110,7 @@ def json_nesting_problem(raw: bytes) -> str | None:
         >>> json_nesting_problem(b'{"prompt": "hi"}') is None
         True
         >>> json_nesting_problem(b"[" + b"[]," * 100_000 + b"[]]")
-        'the body holds 100002 arrays and objects in 300004 bytes: too many to decode (at most 38524); send fewer'
+        'the body holds 100002 arrays and objects in 300004 bytes: too many to decode (at most 57274); send fewer'
     """
     size = len(raw)
     if size <= SMALL_BYTES:
