@@ -199,7 +199,7 @@ async def test_every_port_bounds_the_memory_a_message_costs(services: Any, start
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"http://127.0.0.1:{http_port}/v1/completions",
-            json={"model": "tiny-llama", "prompt": "hello there", "max_tokens": 3},
+            json={"model": "tiny-llama", "prompt": "hello there", "max_tokens": 3, "ignore_eos": True},
             timeout=aiohttp.ClientTimeout(total=60),
         ) as response:
             assert response.status == 200, await response.text()

@@ -31,11 +31,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import AuthenticationError, ConfigError, DisaggregationError
-from ..runtime.addresses import AddressRule, is_wildcard
+from ..runtime.addresses import AddressRule, host_port, is_wildcard
 from ..runtime.bounded_decode import json_nesting_problem
 from ..runtime.planes.base import set_nodelay
 from ..runtime.security import (
+    BOOTSTRAP,
+    ClientHandshake,
     PlaneSecurity,
+    ServerHandshake,
     accept_peer,
     current_security,
     introduce_to_peer,
@@ -199,7 +202,10 @@ class BootstrapServer:
         try:
             if self.security.secret is not None:
                 try:
-                    await accept_peer(reader, writer, self.security.secret)
+                    handshake = ServerHandshake(
+                        self.security.secret, BOOTSTRAP, host_port(self.host, self.port)
+                    )
+                    await accept_peer(reader, writer, handshake)
                 except AuthenticationError as exc:
                     logger.warning(
                         "refused a bootstrap connection from %s: %s", writer.get_extra_info("peername"), exc
@@ -313,7 +319,8 @@ async def fetch_kv(
     try:
         if security.secret is not None:
             try:
-                await introduce_to_peer(reader, writer, security.secret, timeout=5.0)
+                handshake = ClientHandshake(security.secret, BOOTSTRAP, host_port(info.host, info.port))
+                await introduce_to_peer(reader, writer, handshake, timeout=5.0)
             except AuthenticationError as exc:
                 raise DisaggregationError(f"{where}: {exc}") from None
             except asyncio.TimeoutError:

@@ -51,6 +51,7 @@ from .ledger import (
 )
 from .logview import LogSink, log_sink
 from .process_group import OWN_PROCESS_GROUP, guarded_command, signal_group, stop_group
+from .reaper import GRACE_S
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -106,7 +107,8 @@ class ManagedProcess:
         self._ready_pattern: re.Pattern[str] | None = None
         self._changed = asyncio.Event()  # a ready line came, or the process exited
         self._exited = asyncio.Event()
-        self._exit_watched = False  # whether _exited is set the moment it exits (a pidfd)
+        self._exit_watcher: asyncio.AbstractEventLoop | None = None  # the loop a pidfd wakes
+        self._pidfd: int | None = None
         self._pump_task: asyncio.Task[None] | None = None
         self._stopped = False
 
@@ -151,10 +153,10 @@ class ManagedProcess:
             left = None if deadline is None else deadline - loop.time()
             if left is not None and left <= 0:
                 raise ProcessTimeoutError(f"{self.name} (pid {self.pid}) still runs after {timeout:g} s")
-            if self._exit_watched:
+            if self._exit_watcher is loop:  # woken at once; polled now and then all the same
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._exited.wait(), left)
-            else:
+                    await asyncio.wait_for(self._exited.wait(), min(left or 1.0, 1.0))
+            else:  # another event loop than launch's (a pidfd there could not wake this one)
                 await asyncio.sleep(0.05)
         await self._drain(0.2, cancel=False)  # children may still hold the pipe: keep reading them
         return code
@@ -163,16 +165,28 @@ class ManagedProcess:
         """Set `_exited` the moment the process exits (Linux pidfd); elsewhere `wait` polls."""
         try:
             fd = os.pidfd_open(self.pid)  # type: ignore[attr-defined,unused-ignore]
-            loop.add_reader(fd, self._on_exit, loop, fd)
-        except (AttributeError, OSError, NotImplementedError, RuntimeError):
+        except (AttributeError, OSError):
             return
-        self._exit_watched = True
+        try:
+            loop.add_reader(fd, self._on_exit)
+        except (OSError, NotImplementedError, RuntimeError):
+            os.close(fd)
+            return
+        self._exit_watcher, self._pidfd = loop, fd
 
-    def _on_exit(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
-        loop.remove_reader(fd)
-        os.close(fd)
+    def _on_exit(self) -> None:
+        self._unwatch_exit()
         self._exited.set()
         self._changed.set()
+
+    def _unwatch_exit(self) -> None:
+        """Close the pidfd (its loop may be closed already: then only the descriptor)."""
+        fd, self._pidfd = self._pidfd, None
+        if fd is None:
+            return
+        if self._exit_watcher is not None and not self._exit_watcher.is_closed():
+            self._exit_watcher.remove_reader(fd)
+        os.close(fd)
 
     async def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM the program, wait up to ``timeout`` s, then SIGKILL its group; its exit status.
@@ -183,6 +197,7 @@ class ManagedProcess:
         self._stopped = True
         code = await asyncio.to_thread(stop_group, self._process, timeout)
         ledger().forget(self.pid)
+        self._unwatch_exit()
         await self._drain()
         _LAUNCHED.pop(self.pid, None)
         return code
@@ -284,7 +299,7 @@ class ManagedProcess:
                     None,
                 )
             # discovery is polled; a line or an exit (when watched) wakes this at once
-            polling = client is not None or not self._exit_watched
+            polling = client is not None or self._exit_watcher is not loop
             try:
                 await asyncio.wait_for(self._changed.wait(), 0.05 if polling else deadline - loop.time())
             except asyncio.TimeoutError:
@@ -505,7 +520,7 @@ def adopt_leftovers() -> list[ManagedProcess]:
     """
     mark_settled()
     adopted = []
-    found = leftovers()
+    found = leftovers(wait_for_reapers=GRACE_S + 1.0)  # a dead owner's reaper still at work: its
     for leftover in found:
         process = _ForeignProcess(leftover)
         log_path = Path(leftover.log_path)
@@ -514,7 +529,7 @@ def adopt_leftovers() -> list[ManagedProcess]:
             managed._lines.extend(log_path.read_text(errors="replace").splitlines()[-200:])
         managed.ready_after = 0.0
         _LAUNCHED[leftover.pid] = managed
-        ledger().record(leftover.pid, leftover.name, leftover.command, leftover.log_path)
+        ledger().record(leftover.pid, leftover.name, leftover.command, leftover.log_path, leftover.start)
         adopted.append(managed)
     release(found)
     if adopted:

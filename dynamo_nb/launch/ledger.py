@@ -5,7 +5,7 @@ Every process group `launch` or `LocalServices` starts is recorded twice:
 - with this process's **reaper** (``reaper.py``, started with the first group, in a process
   group of its own): when this process dies in any way (a notebook kernel killed or restarted,
   SIGKILL included), the reaper stops every group still recorded within a few seconds;
-- in a **state file**, ``<tempdir>/dynamo_nb-<uid>/launched/<pid>.json``, with each group's
+- in a **state file**, ``<tempdir>/dynamo_nb-<uid>/launched/<pid>-<start>.json``, with each group's
   name, command, log and start time. If the reaper could not do its job (it was killed too),
   the next process's first `launch` finds the groups of dead owners there and stops them,
   saying so in one line (`settle_leftovers`), or `dynamo_nb.launch.adopt_leftovers` takes
@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
 from .reaper import GRACE_S, process_start, still_the_group, stop_groups
 
 __all__ = [
@@ -54,14 +56,20 @@ _REAPER = Path(__file__).with_name("reaper.py")
 
 
 def state_folder() -> Path:
-    """Where owners' state files live (``$DYN_NB_STATE_DIR``, else a per-user temp folder)."""
+    """Where owners' state files live (``$DYN_NB_STATE_DIR``, else a per-user temp folder),
+    checked to be this user's own: nobody else may plant a state file that makes a launch
+    signal processes of their choosing."""
     configured = os.environ.get("DYN_NB_STATE_DIR")
-    base = (
-        Path(configured)
-        if configured
-        else Path(tempfile.gettempdir()) / f"dynamo_nb-{os.getuid()}" / "launched"
-    )
+    user = Path(tempfile.gettempdir()) / f"dynamo_nb-{os.getuid()}"
+    base = Path(configured) if configured else user / "launched"
     base.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for folder in (base,) if configured else (user, base):
+        status = folder.lstat()
+        if stat.S_ISLNK(status.st_mode) or status.st_uid != os.getuid() or status.st_mode & 0o022:
+            raise ConfigError(
+                f"{folder} is not a folder of this user's that only it may write (a link, another "
+                "user's, or writable by others): remove it, or set DYN_NB_STATE_DIR to a private folder"
+            )
     return base
 
 
@@ -74,6 +82,7 @@ class Leftover:
         name, command, log_path: as the owner launched it.
         owner: the dead owner's pid.
         start: its leader's start time as recorded (`process_start`).
+        state_file: the dead owner's state file it was found in.
     """
 
     pid: int
@@ -82,6 +91,7 @@ class Leftover:
     log_path: str
     owner: int
     start: int | None
+    state_file: str = ""
 
 
 class _Ledger:
@@ -89,18 +99,23 @@ class _Ledger:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.path = state_folder() / f"{self.pid}.json"
+        self.path = (
+            state_folder() / f"{self.pid}-{process_start(self.pid)}.json"
+        )  # a reused pid: another file
         self.groups: dict[int, dict[str, Any]] = {}
         self.reaper: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()
 
-    def record(self, pid: int, name: str, command: list[str], log_path: str) -> None:
+    def record(
+        self, pid: int, name: str, command: list[str], log_path: str, start: int | None = None
+    ) -> None:
+        """Record group ``pid`` (its leader's ``start`` time: measured now unless given)."""
         with self.lock:
             self.groups[pid] = {
                 "name": name,
                 "command": command,
                 "log": log_path,
-                "start": process_start(pid),
+                "start": start if start is not None else process_start(pid),
             }
             self._save()
             self._tell(f"+{pid} {self.groups[pid]['start']}")
@@ -122,6 +137,7 @@ class _Ledger:
             "owner_start": process_start(self.pid),
             "argv": sys.argv[:3],
             "reaper": self.reaper.pid if self.reaper is not None else None,
+            "reaper_start": process_start(self.reaper.pid) if self.reaper is not None else None,
             "groups": {str(pid): group for pid, group in self.groups.items()},
         }
         temporary = self.path.with_suffix(".tmp")
@@ -160,6 +176,7 @@ class _Ledger:
 
 
 _LEDGER: _Ledger | None = None
+_SETTLING = threading.Lock()
 _SETTLED: set[int] = set()  # pids of the processes (this one, after forks) that settled leftovers
 
 
@@ -183,7 +200,7 @@ def _dead_owners() -> list[tuple[Path, dict[str, Any]]]:
             state = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(state, dict) and state.get("owner") != os.getpid() and not _owner_alive(state):
+        if isinstance(state, dict) and not _owner_alive(state):  # this process's own is alive
             found.append((path, state))
     return found
 
@@ -199,9 +216,14 @@ def leftovers(wait_for_reapers: float = 0.0) -> list[Leftover]:
     """
     found = []
     for path, state in _dead_owners():
-        reaper = state.get("reaper")
+        reaper, reaper_start = state.get("reaper"), state.get("reaper_start")
         deadline = time.monotonic() + wait_for_reapers
-        while isinstance(reaper, int) and process_start(reaper) is not None and time.monotonic() < deadline:
+        while (
+            isinstance(reaper, int)
+            and reaper_start is not None
+            and process_start(reaper) == reaper_start
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
         groups = state.get("groups") if isinstance(state.get("groups"), dict) else {}
         for key, group in groups.items():
@@ -219,6 +241,7 @@ def leftovers(wait_for_reapers: float = 0.0) -> list[Leftover]:
                     log_path=str(group.get("log", "")),
                     owner=int(state["owner"]),
                     start=group.get("start"),
+                    state_file=str(path),
                 )
             )
         if not any(leftover.owner == state["owner"] for leftover in found):
@@ -229,9 +252,9 @@ def leftovers(wait_for_reapers: float = 0.0) -> list[Leftover]:
 
 def release(found: list[Leftover]) -> None:
     """Remove the state files of the owners of ``found`` (their groups are handled now)."""
-    for owner in {leftover.owner for leftover in found}:
+    for state_file in {leftover.state_file for leftover in found}:
         with contextlib.suppress(OSError):
-            (state_folder() / f"{owner}.json").unlink()
+            Path(state_file).unlink()
 
 
 def settle_leftovers() -> list[Leftover]:
@@ -245,10 +268,16 @@ def settle_leftovers() -> list[Leftover]:
         settle_leftovers()  # the second call does nothing
         # []
     """
-    if settled() or sys.platform != "linux":
-        return []
-    _SETTLED.add(os.getpid())
-    found = leftovers(wait_for_reapers=GRACE_S + 1.0)
+    with _SETTLING:  # a second first launch (asyncio.gather) waits for this one
+        if settled() or sys.platform != "linux":
+            return []
+        found = leftovers(wait_for_reapers=GRACE_S + 1.0)
+        _stop_and_say(found)
+        _SETTLED.add(os.getpid())
+        return found
+
+
+def _stop_and_say(found: list[Leftover]) -> None:
     if found:
         stop_groups({leftover.pid: leftover.start for leftover in found})
         release(found)
@@ -260,7 +289,6 @@ def settle_leftovers() -> list[Leftover]:
             file=sys.stderr,
             flush=True,
         )
-    return found
 
 
 async def settle_leftovers_once() -> None:

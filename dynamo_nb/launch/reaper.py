@@ -55,14 +55,15 @@ def _signal(pgid: int, signum: int) -> None:
 def stop_groups(recorded: dict) -> None:
     """SIGTERM every group of ``recorded`` (pgid → leader start) that is still the one recorded,
     wait up to `GRACE_S` seconds for them together, SIGKILL what is left."""
-    groups = {pgid for pgid, start in recorded.items() if still_the_group(pgid, start)}
+    groups = {pgid: start for pgid, start in recorded.items() if still_the_group(pgid, start)}
     for pgid in groups:
         _signal(pgid, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_S
     while any(group_alive(pgid) for pgid in groups) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pgid in groups:
-        _signal(pgid, signal.SIGKILL)
+    for pgid, start in groups.items():
+        if still_the_group(pgid, start):  # checked again: the id may be another group's by now
+            _signal(pgid, signal.SIGKILL)
 
 
 def _read_commands(groups: dict, pending: bytes):  # -> (whether stdin is still open, the rest)

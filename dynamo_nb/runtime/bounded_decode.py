@@ -2,8 +2,8 @@
 
 msgpack and JSON turn a byte or two into a whole Python object: an empty map is one byte of
 msgpack and a 64-byte dict, so a 4 MB frame of empty maps would take about 270 MB to decode.
-Scalars cost at most ~30× their encoded size (a negative integer: one byte, a 28-byte int), but
-arrays and maps have no such bound. So:
+Scalars cost at most ~40× their encoded size (a small negative integer: one byte, a 28-byte int
+and its pointer), but arrays and maps have no such bound. So:
 
 - `unpack_bounded` / `unpack_all_bounded` decode msgpack; when the data is larger than
   `SMALL_BYTES` every array and map is counted as it is built, and decoding stops with
@@ -37,7 +37,9 @@ __all__ = [
 SMALL_BYTES = 64 * 1024
 CONTAINER_BYTES_PER_BYTE = 12  # a list of one-byte integers costs 8: its pointers
 _JSON_CONTAINER_BYTES = 64  # an empty list is 56 bytes, an empty dict 64, plus the parent's pointer
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # linear: no nested repeats
+# A string, or an unclosed one to the end: every match that starts at a quote succeeds, so the
+# scan is linear (a pattern that could fail there would rescan the rest from each quote).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
 
 
 class _ContainerBudget:

@@ -6,14 +6,19 @@ plane and the bootstrap server.
   A server then requires a handshake at connection time before it reads a single frame:
 
       server → client   MAGIC, server nonce (32 bytes)
-      client → server   client nonce (32), HMAC-SHA256(key, "client" + server nonce + client nonce)
-      server → client   HMAC-SHA256(key, "server" + client nonce + server nonce)
+      client → server   client nonce (32), HMAC-SHA256(key, "client", service, address, both nonces)
+      server → client   HMAC-SHA256(key, "server", service, address, both nonces)
 
   Both sides prove they hold the secret; the secret never crosses the wire and a recorded
-  handshake cannot be replayed (fresh nonces). A connection that fails it is closed.
+  handshake cannot be replayed (fresh nonces). The MACs name the service (the TCP plane or
+  the bootstrap server) and the server's advertised address, the one its clients dial, so an
+  answer made for one server is worth nothing at another: a stranger who registers an address
+  of its own in discovery cannot relay a client's handshake to a real worker. A connection
+  that fails it is closed.
 - **TLS** (`TlsFiles`): with a certificate and key the listeners speak TLS (standard library
-  `ssl`); with a CA, clients verify the server's certificate and servers require a client
-  certificate signed by it (mutual TLS). The handshake above then runs inside TLS.
+  `ssl`); clients always verify the server's certificate, against the CA given (else the
+  system's CAs), and with a CA servers require a client certificate signed by it (mutual
+  TLS). The handshake above then runs inside TLS.
 
 Without either (the default) nothing changes: the local zero-config path has no handshake. One
 process serves one cluster: `configure` sets what its runtimes, bootstrap servers and KV
@@ -21,7 +26,8 @@ fetches use; by default it is read from the environment (`PlaneSecurity.from_env
 
 Example:
     >>> secret = ClusterSecret(b"correct horse battery staple")
-    >>> server, client = ServerHandshake(secret), ClientHandshake(secret)
+    >>> server = ServerHandshake(secret, TCP_PLANE, "10.0.0.7:4000")
+    >>> client = ClientHandshake(secret, TCP_PLANE, "10.0.0.7:4000")
     >>> answer, done, rest = client.feed(server.hello())
     >>> proof, rest = server.feed(answer)
     >>> client.feed(proof)
@@ -37,12 +43,13 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import AuthenticationError, ConfigError
 
 __all__ = [
+    "BOOTSTRAP",
     "MAGIC",
+    "TCP_PLANE",
     "ClientHandshake",
     "ClusterSecret",
     "PlaneSecurity",
@@ -57,6 +64,8 @@ __all__ = [
 ]
 
 MAGIC = b"DNBAUTH1"
+TCP_PLANE = b"tcp request plane"
+BOOTSTRAP = b"bootstrap server"
 _NONCE = 32
 _MAC = 32
 HANDSHAKE_TIMEOUT = 10.0
@@ -96,7 +105,9 @@ class ClusterSecret:
             raise ConfigError(f"cannot read the cluster secret file {os.fspath(path)!r}: {exc}") from None
 
     def mac(self, *parts: bytes) -> bytes:
-        return hmac.new(self._key, b"".join(parts), hashlib.sha256).digest()
+        """HMAC-SHA256 of ``parts``, each length-prefixed (no two lists of parts read the same)."""
+        message = b"".join(len(part).to_bytes(4, "big") + part for part in parts)
+        return hmac.new(self._key, message, hashlib.sha256).digest()
 
     def __repr__(self) -> str:
         return "<ClusterSecret>"  # never the secret
@@ -222,28 +233,29 @@ def redact_url(url: str) -> str:
     messages: etcd and NATS URLs may carry credentials (``nats://user:password@host:4222``).
 
     Example:
-        >>> redact_url("nats://app:hunter22@nats:4222"), redact_url("etcd://127.0.0.1:2379")
-        ('nats://app:***@nats:4222', 'etcd://127.0.0.1:2379')
+        >>> redact_url("nats://app:hunter22@nats:4222"), redact_url("etcd://app:pa/ss@etcd:2379")
+        ('nats://app:***@nats:4222', 'etcd://app:***@etcd:2379')
+        >>> redact_url("etcd://127.0.0.1:2379")
+        'etcd://127.0.0.1:2379'
     """
-    try:
-        parts = urlsplit(url)
-    except ValueError:
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")  # not urlsplit: a password may hold / ? or #
+    if not sep or not at:
         return url
-    if "@" not in parts.netloc:
-        return url
-    userinfo, _, host = parts.netloc.rpartition("@")
     user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}" if user else f"***@{host}"))
+    return f"{scheme}://{user}:***@{host}" if user else f"{scheme}://***@{host}"
 
 
 # ----------------------------------------------------------------------------- the handshake
 
 
 class ServerHandshake:
-    """The listening side of the handshake (no I/O: feed it bytes, send what it returns)."""
+    """The listening side of the handshake (no I/O: feed it bytes, send what it returns), for
+    ``service`` (`TCP_PLANE`, `BOOTSTRAP`) at the ``address`` it advertises (``host:port``)."""
 
-    def __init__(self, secret: ClusterSecret) -> None:
+    def __init__(self, secret: ClusterSecret, service: bytes, address: str) -> None:
         self.secret = secret
+        self.bound = (service, address.encode())
         self.nonce = os.urandom(_NONCE)
         self._buffer = b""
 
@@ -259,16 +271,21 @@ class ServerHandshake:
             return None
         client_nonce, mac = self._buffer[:_NONCE], self._buffer[_NONCE : _NONCE + _MAC]
         rest = self._buffer[_NONCE + _MAC :]
-        if not hmac.compare_digest(mac, self.secret.mac(b"client", self.nonce, client_nonce)):
-            raise AuthenticationError(f"a peer does not know the cluster secret; {SECRET_HINT}")
-        return self.secret.mac(b"server", client_nonce, self.nonce), rest
+        if not hmac.compare_digest(mac, self.secret.mac(b"client", *self.bound, self.nonce, client_nonce)):
+            raise AuthenticationError(
+                f"a peer does not know the cluster secret (or dialed another address than "
+                f"{self.bound[1].decode()}); {SECRET_HINT}"
+            )
+        return self.secret.mac(b"server", *self.bound, self.nonce, client_nonce), rest
 
 
 class ClientHandshake:
-    """The connecting side of the handshake (no I/O)."""
+    """The connecting side of the handshake (no I/O), to ``service`` at ``address``: the
+    ``host:port`` it dials, as discovery advertises it."""
 
-    def __init__(self, secret: ClusterSecret) -> None:
+    def __init__(self, secret: ClusterSecret, service: bytes, address: str) -> None:
         self.secret = secret
+        self.bound = (service, address.encode())
         self.nonce = os.urandom(_NONCE)
         self._buffer = b""
         self._server_nonce: bytes | None = None
@@ -296,11 +313,13 @@ class ClientHandshake:
                 )
             self._server_nonce = self._buffer[len(MAGIC) : len(MAGIC) + _NONCE]
             self._buffer = self._buffer[len(MAGIC) + _NONCE :]
-            out = self.nonce + self.secret.mac(b"client", self._server_nonce, self.nonce)
+            out = self.nonce + self.secret.mac(b"client", *self.bound, self._server_nonce, self.nonce)
         if len(self._buffer) < _MAC:
             return out, False, b""
         proof, rest = self._buffer[:_MAC], self._buffer[_MAC:]
-        if not hmac.compare_digest(proof, self.secret.mac(b"server", self.nonce, self._server_nonce)):
+        if not hmac.compare_digest(
+            proof, self.secret.mac(b"server", *self.bound, self._server_nonce, self.nonce)
+        ):
             raise AuthenticationError(f"the server does not know the cluster secret; {SECRET_HINT}")
         return out, True, rest
 
@@ -321,11 +340,10 @@ def without_secret_hint(first_bytes: bytes) -> str | None:
 async def accept_peer(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    secret: ClusterSecret,
+    handshake: ServerHandshake,
     timeout: float = HANDSHAKE_TIMEOUT,
 ) -> None:
-    """The server side of the handshake on a stream; raises `AuthenticationError` (or a timeout)."""
-    handshake = ServerHandshake(secret)
+    """The server side of ``handshake`` on a stream; raises `AuthenticationError` (or a timeout)."""
     writer.write(handshake.hello())
     await writer.drain()
     answer = await asyncio.wait_for(reader.readexactly(_NONCE + _MAC), timeout)
@@ -338,17 +356,24 @@ async def accept_peer(
 async def introduce_to_peer(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
-    secret: ClusterSecret,
+    handshake: ClientHandshake,
     timeout: float = HANDSHAKE_TIMEOUT,
 ) -> None:
-    """The client side of the handshake on a stream; raises `AuthenticationError`, or
+    """The client side of ``handshake`` on a stream; raises `AuthenticationError`, or
     `asyncio.TimeoutError` when the server says nothing (it runs without the secret)."""
-    handshake = ClientHandshake(secret)
     hello = await asyncio.wait_for(reader.readexactly(len(MAGIC) + _NONCE), timeout)
     answer, _done, _rest = handshake.feed(hello)
     writer.write(answer)
     await writer.drain()
-    proof = await asyncio.wait_for(reader.readexactly(_MAC), timeout)
+    try:
+        proof = await asyncio.wait_for(reader.readexactly(_MAC), timeout)
+    except asyncio.IncompleteReadError:
+        raise AuthenticationError(
+            "the server closed the connection after our handshake: it holds a different cluster "
+            "secret, or advertises another address than the one dialed"
+        ) from None
+    except asyncio.TimeoutError:
+        raise AuthenticationError(f"the server did not answer the handshake within {timeout:g} s") from None
     _answer, done, _rest = handshake.feed(proof)
     if not done:
         raise AuthenticationError("the cluster-secret handshake did not complete")

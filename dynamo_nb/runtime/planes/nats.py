@@ -292,7 +292,7 @@ class NatsPlane(RequestPlane):
     def nc(self) -> NatsConnection:
         if self._nc is None:
             raise ServiceUnavailableError(
-                f"the NATS plane of {self.url} is not connected: use DistributedRuntime.create"
+                f"the NATS plane of {redact_url(self.url)} is not connected: use DistributedRuntime.create"
             )
         return self._nc
 

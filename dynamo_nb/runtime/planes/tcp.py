@@ -18,6 +18,7 @@ from ..addresses import host_port
 from ..instance import Instance
 from ..security import (
     HANDSHAKE_TIMEOUT,
+    TCP_PLANE,
     ClientHandshake,
     PlaneSecurity,
     ServerHandshake,
@@ -123,7 +124,9 @@ class _ServerConnection(asyncio.Protocol):
         self.last_sent = 0.0
         self.loop = asyncio.get_running_loop()
         secret = plane.security.secret
-        self.handshake = ServerHandshake(secret) if secret is not None else None
+        self.handshake = (
+            ServerHandshake(secret, TCP_PLANE, plane.advertised_address) if secret is not None else None
+        )
         self._handshake_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -285,7 +288,11 @@ class _ClientConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.last_seen = self.loop.time()
         secret = plane.security.secret
-        self.handshake = ClientHandshake(secret) if secret is not None else None
+        self.handshake = (
+            ClientHandshake(secret, TCP_PLANE, host_port(*parse_tcp_address(address)))
+            if secret is not None
+            else None
+        )
         self.ready: asyncio.Future[None] = self.loop.create_future()  # the server is proven
         self.ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # read by _connect
         if self.handshake is None:
@@ -379,7 +386,10 @@ class _ClientConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.handshake is not None and self.handshake.answered:
-            reason = f"{self.address} closed the connection after our handshake: it holds a different cluster secret"
+            reason = (
+                f"{self.address} closed the connection after our handshake: it holds a different cluster "
+                "secret, or advertises another address than the one dialed"
+            )
             self._fail_all(reason, AuthenticationError(reason))
             return
         self._fail_all(f"connection to {self.address} lost" + (f" ({exc})" if exc else ""))
@@ -437,6 +447,7 @@ class TcpPlane(RequestPlane):
         self._conns: dict[str, _ClientConnection] = {}
         self._connecting: dict[str, asyncio.Task[_ClientConnection]] = {}
         self._ticker: asyncio.Task[None] | None = None
+        self._closed = False
 
     @property
     def listen_address(self) -> str:
@@ -547,6 +558,9 @@ class TcpPlane(RequestPlane):
             ) from None
         if conn.closed:  # e.g. its first bytes asked for a secret this process lacks
             raise conn.failure or ConnectionError(f"connection to {address} closed at once")
+        if self._closed:  # closed while this connection was being made
+            conn.abort("the runtime shut down")
+            raise ConnectionError("the runtime shut down")
         self._conns[address] = conn
         self._start_ticker()
         return conn
@@ -577,6 +591,7 @@ class TcpPlane(RequestPlane):
             return False
 
     async def close(self) -> None:
+        self._closed = True
         if self._ticker is not None:
             self._ticker.cancel()
         for conn in list(self._conns.values()):
