@@ -14,12 +14,18 @@ nothing kept (``--routing-records 0``), one keeping routing decisions (the defau
 them and exporting OpenTelemetry spans (``DYN_NB_TRACE=jsonl:DIR``). The frontend process's CPU
 per request at concurrency 8, in interleaved rounds; the ratios to the first.
 
+Part 4 (per token, per request): the frontend on the echo worker and bare aiohttp streaming
+the same event template with nothing behind it (``_bare_sse.py``), each its own process, at
+concurrency 128: the server's CPU per request with 1-token streams (the fixed cost) and with
+256-token streams; per token = (256-token − 1-token) / 255. Interleaved rounds, medians.
+
     python benchmarks/frontend_overhead.py [--requests 40] [--out benchmarks/results/frontend_overhead.json]
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -209,6 +215,7 @@ async def main(requests: int) -> dict[str, Any]:
                 }
             )
         report["echo_throughput"] = rows
+        report["per_token"] = await per_token_cost(http, frontend, echo_url)
         report["observability"] = await observability_cost(http, etcd, echo_port)
     finally:
         await http.close()
@@ -224,6 +231,69 @@ async def main(requests: int) -> dict[str, Any]:
         "note": "client (this process), frontend and worker share the machine's cores",
     }
     return report
+
+
+LONG, SHORT = 256, 1  # tokens per stream of part 4
+PER_TOKEN_CONCURRENCY = 128
+
+
+async def stream_tokens(http: aiohttp.ClientSession, url: str, tokens: int) -> None:
+    """One streamed chat request of ``tokens`` tokens, read to its end (a token without text,
+    such as the echoed chat template's markers, sends no event)."""
+    body = {
+        "model": "tiny-llama",
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(await response.text())
+        last = b""
+        async for line in response.content:
+            last = line if line.strip() else last
+    if last.strip() != b"data: [DONE]":
+        raise RuntimeError(f"{url} ended a stream without [DONE]")
+
+
+async def per_token_cost(http: aiohttp.ClientSession, frontend: ManagedProcess, url: str) -> dict[str, Any]:
+    """Part 4: CPU per request (1-token streams) and per token, ours against bare aiohttp."""
+    port = free_port()
+    bare = await launch("benchmarks/_bare_sse.py", port, cwd=ROOT, show_logs=False, timeout=30)
+    servers = {"frontend": (frontend, url), "bare_aiohttp": (bare, f"http://127.0.0.1:{port}")}
+    samples: dict[str, dict[int, list[float]]] = {name: {LONG: [], SHORT: []} for name in servers}
+    try:
+        for _ in range(ROUNDS):
+            for name, (process, server_url) in servers.items():
+                for tokens, total in ((SHORT, 1024), (LONG, 256)):
+                    call = functools.partial(stream_tokens, http, server_url, tokens)
+                    await throughput(call, PER_TOKEN_CONCURRENCY, PER_TOKEN_CONCURRENCY)
+                    cpu = process.cpu_seconds()
+                    await throughput(call, PER_TOKEN_CONCURRENCY, total)
+                    samples[name][tokens].append((process.cpu_seconds() - cpu) / total * 1e3)
+    finally:
+        await bare.stop()
+    result: dict[str, Any] = {
+        "concurrency": PER_TOKEN_CONCURRENCY,
+        "rounds": ROUNDS,
+        "cpu_ms_rounds": samples,
+    }
+    for name in servers:
+        per_request = statistics.median(samples[name][SHORT])
+        per_long = statistics.median(samples[name][LONG])
+        result[name] = {
+            "cpu_ms_per_request": per_request,
+            "cpu_ms_per_256_token_request": per_long,
+            "cpu_us_per_token": (per_long - per_request) / (LONG - SHORT) * 1e3,
+        }
+    result["per_token_ratio"] = (
+        result["frontend"]["cpu_us_per_token"] / result["bare_aiohttp"]["cpu_us_per_token"]
+    )
+    result["per_request_ratio"] = (
+        result["frontend"]["cpu_ms_per_request"] / result["bare_aiohttp"]["cpu_ms_per_request"]
+    )
+    return result
 
 
 OBSERVED = 8  # concurrency of the observability comparison
@@ -287,6 +357,12 @@ def print_table(report: dict[str, Any]) -> None:
             f"{row['concurrency']:>11}{row['frontend_rps']:>11.1f}{row['direct_rps']:>10.1f}{row['ratio']:>8.2f}"
             f"{row['frontend_cpu_ms_per_request']:>22.3f}"
         )
+    cost = report["per_token"]
+    print(f"\nServer CPU, concurrency {cost['concurrency']}, median of {cost['rounds']} interleaved rounds")
+    print(f"{'server':<16}{'ms per request (1 token)':>26}{'µs per token (256)':>20}")
+    for name in ("frontend", "bare_aiohttp"):
+        print(f"{name:<16}{cost[name]['cpu_ms_per_request']:>26.3f}{cost[name]['cpu_us_per_token']:>20.2f}")
+    print(f"{'ratio':<16}{cost['per_request_ratio']:>26.2f}{cost['per_token_ratio']:>20.2f}")
     seen = report["observability"]
     print(f"\nWhat explaining requests costs: frontend CPU ms per request, concurrency {seen['concurrency']}, "
           f"median of {seen['rounds']} interleaved rounds")  # fmt: skip

@@ -19,6 +19,7 @@ from dynamo_nb.engines import EchoEngine
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.frontend.app import MAX_BODY_BYTES
 from dynamo_nb.llm import ModelTokenizer, serve_llm
+from dynamo_nb.llm.detokenize import StreamDetokenizer
 
 MODEL = "tiny"
 HI = [{"role": "user", "content": "Hello! How are you today?"}]
@@ -422,3 +423,62 @@ async def test_nvext_timing_says_when_the_request_arrived_waited_and_answered(
     )  # what the engine reused
     bad = await served.http.post(CHAT, json=GOOD, headers={"x-request-id": "has space"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "x-request-id"
+
+
+class BurstEngine(EchoEngine):
+    """The echo engine with every item ready at once (a worker far ahead of its frontend)."""
+
+    async def generate(self, request: Any, context: Any = None) -> Any:
+        outputs = [output async for output in super().generate(request, context)]
+        for output in outputs:
+            yield output
+
+
+def dechunk(raw: bytes) -> tuple[bytes, int]:
+    """The body of a chunked HTTP/1.1 response (headers included in ``raw``), and its chunk count."""
+    _, _, rest = raw.partition(b"\r\n\r\n")
+    body, chunks = b"", 0
+    while True:
+        size_line, _, rest = rest.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            return body, chunks
+        body, rest, chunks = body + rest[:size], rest[size + 2 :], chunks + 1
+
+
+async def test_ready_tokens_go_out_in_one_write_as_one_event_each(served: Served, tiny_path: Path) -> None:
+    """Tokens already received when the writer gets to them are sent in one write (fewer
+    syscalls and HTTP chunks per token); the client still sees one SSE event per token."""
+    server, _ = await serve_llm(
+        served.runtime.endpoint("fe.burst.generate"), BurstEngine().generate, tiny_path, model_name="burst"
+    )
+    try:
+        await served.frontend.wait_for_model("burst", timeout=5)
+        body = json.dumps({"model": "burst", "messages": HI, "max_tokens": 48, "stream": True}).encode()
+        host, port = served.frontend.url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        raw = await asyncio.wait_for(reader.read(-1), 30)
+        writer.close()
+        sse, chunks = dechunk(raw)
+        events = [line for line in sse.decode().split("\n\n") if line]
+        assert events[-1] == "data: [DONE]"
+        chunks_of = [json.loads(event.removeprefix("data: ")) for event in events[:-1]]
+        deltas = [
+            c["choices"][0]["delta"]
+            for c in chunks_of
+            if c["choices"] and c["choices"][0]["finish_reason"] is None
+        ]
+        assert deltas[0] == {"role": "assistant", "content": ""}
+        pieces = [delta["content"] for delta in deltas[1:]]
+        token_ids = chat_token_ids(served, HI)
+        detok = StreamDetokenizer(served.tokenizer, [])
+        expected = [detok.push(token_ids[i % len(token_ids)]) for i in range(48)]
+        assert pieces == [piece for piece in expected if piece]  # one event per token that has text
+        assert chunks < 10, chunks  # 48 ready tokens: a handful of writes, not 48
+    finally:
+        await server.stop()

@@ -83,8 +83,14 @@ async def write_stream(
         suffix = ',"logprobs":null,"finish_reason":null}]}\n\n'
     write = response.write
     dumps = json.dumps
+    events: list[str] = []  # one SSE event per piece, sent together while more are ready
     async for text in pieces:
-        await write(f"{prefix}{dumps(text)}{suffix}".encode())
+        events.append(f"{prefix}{dumps(text)}{suffix}")
+        if not getattr(outcome.stream, "ready", 0):  # the next piece would wait: send these now
+            await write((events[0] if len(events) == 1 else "".join(events)).encode())
+            events.clear()
+    if events:
+        await write("".join(events).encode())
     if outcome.error is not None:
         await write(f"data: {dumps(error_body(500, outcome.error))}\n\n".encode())
         await write(DONE)

@@ -69,6 +69,12 @@ class ResponseStream:
         return self.instance.instance_id
 
     @property
+    def ready(self) -> int:
+        """Items (or its end) received and not read yet: reading them does not wait. A writer
+        uses it to send what is ready in one write."""
+        return self._channel.ready
+
+    @property
     def request_id(self) -> str:
         return self.context.id
 

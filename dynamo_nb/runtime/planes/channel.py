@@ -92,6 +92,11 @@ class StreamChannel:
             )
         )
 
+    @property
+    def ready(self) -> int:
+        """Entries waiting to be read (`next` returns at once while there are some)."""
+        return len(self._entries)
+
     async def next(self) -> Any:
         """The next item; raises StopAsyncIteration at the end, or the stream's error."""
         entries = self._entries
