@@ -239,7 +239,7 @@ async def completion(url: str, model: str) -> dict[str, Any]:
     async with aiohttp.ClientSession() as session:
         async with session.post(
             f"{url}/v1/completions",
-            json={"model": model, "prompt": "hello there", "max_tokens": 4},
+            json={"model": model, "prompt": "hello there", "max_tokens": 4, "ignore_eos": True},
             timeout=aiohttp.ClientTimeout(total=60),
         ) as response:
             text = await response.text()
