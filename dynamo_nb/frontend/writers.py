@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 from aiohttp import web
@@ -83,9 +84,10 @@ async def write_stream(
         suffix = ',"logprobs":null,"finish_reason":null}]}\n\n'
     write = response.write
     dumps = json.dumps
+    quote = encode_basestring_ascii  # json.dumps of a str, byte for byte, without its overhead
     events: list[str] = []  # one SSE event per piece, sent together while more are ready
     async for text in pieces:
-        events.append(f"{prefix}{dumps(text)}{suffix}")
+        events.append(f"{prefix}{quote(text)}{suffix}")
         if not getattr(outcome.stream, "ready", 0):  # the next piece would wait: send these now
             await write((events[0] if len(events) == 1 else "".join(events)).encode())
             events.clear()
