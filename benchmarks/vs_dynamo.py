@@ -6,7 +6,8 @@ speedup 1 (``tiny-slow``), both with the same model folder (the recipe's 2000-to
 tokenizer: Dynamo's mocker emits token ids beyond our built-in model's 512). The same load
 generator (`dynamo_nb.bench`, this process) drives them in turn, alternating the systems at every
 level: concurrency 1, 8, 32 and 128, keep-alive connections and a new connection per request,
-32-token streams. Per level: requests/s, TTFT/ITL/E2E percentiles, and the CPU time of each
+32-token streams; at speedup 100 also 256-token streams at concurrency 32 and 128 (where the
+per-token cost decides). ``--runs N`` repeats the whole sweep; every run's rows are kept. Per level: requests/s, TTFT/ITL/E2E percentiles, and the CPU time of each
 system's frontend and mocker per request; ratios are ours / Dynamo's. At speedup 100 and
 concurrency 32 and 128 a third stack, our frontend as two processes on one port
 (``--http-workers 2``), measures capacity against the number of frontend processes.
@@ -15,7 +16,7 @@ Dynamo (``ai-dynamo==1.6.1``) runs from its own virtual environment: pass its Py
 ``--peer-python`` (recipe: ``../shared/peers/dynamo/README.md``). Without it the benchmark says
 so and exits.
 
-    python benchmarks/vs_dynamo.py --peer-python ~/dynpeer/venv/bin/python [--requests 1000]
+    python benchmarks/vs_dynamo.py --peer-python ~/dynpeer/venv/bin/python [--requests 1000] [--runs 2]
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dynamo_nb.models import tiny_model_path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 32
+LONG_TOKENS, LONG_LEVELS = 256, (32, 128)  # the long-stream levels, at speedup 100
 LEVELS = (1, 8, 32, 128)
 MODELS = {100.0: "tiny-fast", 1.0: "tiny-slow"}
 PROMPTS = bench.random_prompts(100, words=32)
@@ -124,12 +126,12 @@ class System:
 
 
 async def measure(
-    system: System, speedup: float, level: int, requests: int, new_connection: bool
+    system: System, speedup: float, level: int, requests: int, new_connection: bool, tokens: int = TOKENS
 ) -> dict[str, Any]:
     frontend_cpu, mocker_cpu = system.cpu(speedup)
     started = time.perf_counter()
     df = await bench.run(
-        system.url, MODELS[speedup], prompts=PROMPTS, concurrency=level, requests=requests, max_tokens=TOKENS,
+        system.url, MODELS[speedup], prompts=PROMPTS, concurrency=level, requests=requests, max_tokens=tokens,
         ignore_eos=True, worker_ids=False, new_connection=new_connection, progress=False,
     )  # fmt: skip
     wall = time.perf_counter() - started
@@ -180,27 +182,37 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for system in (ours, dynamo, ours_2):  # warm both: tokenizer caches, connections, JIT-free paths
             await bench.run(system.url, MODELS[100.0], prompts=PROMPTS, concurrency=8, requests=100,
                             max_tokens=TOKENS, ignore_eos=True, worker_ids=False, progress=False)  # fmt: skip
-        for speedup in (100.0, 1.0):
-            for new_connection in (False, True):
-                for level in LEVELS:
-                    count = requests_at(level, speedup, args.requests)
-                    first, second = (ours, dynamo) if len(rows) % 2 == 0 else (dynamo, ours)
-                    results = {
-                        s.name: await measure(s, speedup, level, count, new_connection)
-                        for s in (first, second)
-                    }
-                    row = {"speedup": speedup, "connection": "new" if new_connection else "keep-alive",
-                           "concurrency": level, "ours": results["ours"], "dynamo": results["dynamo"]}  # fmt: skip
-                    for key, name in RATIOS.items():
-                        theirs = results["dynamo"][key]
-                        row[f"ratio_{name}"] = results["ours"][key] / theirs if theirs else None
-                    if speedup >= 100 and level >= 32:  # capacity: our frontend as 2 processes too
-                        row["ours_2_frontends"] = await measure(ours_2, speedup, level, count, new_connection)
-                        row["ratio_rps_2_frontends"] = (
-                            row["ours_2_frontends"]["rps"] / results["dynamo"]["rps"]
-                        )
-                    rows.append(row)
-                    print_row(row)
+        sweep = [
+            (speedup, new_connection, tokens, level)
+            for speedup in (100.0, 1.0)
+            for new_connection in (False, True)
+            for tokens, levels in ((TOKENS, LEVELS), (LONG_TOKENS, LONG_LEVELS))
+            if tokens == TOKENS or speedup >= 100
+            for level in levels
+        ]
+        for run in range(args.runs):
+            for speedup, new_connection, tokens, level in sweep:
+                count = requests_at(level, speedup, args.requests)
+                if tokens != TOKENS:  # as many tokens as the 32-token level, in longer streams
+                    count = max(count * TOKENS // tokens, 2 * level)
+                first, second = (ours, dynamo) if len(rows) % 2 == 0 else (dynamo, ours)
+                results = {
+                    s.name: await measure(s, speedup, level, count, new_connection, tokens)
+                    for s in (first, second)
+                }
+                row = {"run": run, "speedup": speedup, "connection": "new" if new_connection else "keep-alive",
+                       "tokens": tokens, "concurrency": level, "ours": results["ours"],
+                       "dynamo": results["dynamo"]}  # fmt: skip
+                for key, name in RATIOS.items():
+                    theirs = results["dynamo"][key]
+                    row[f"ratio_{name}"] = results["ours"][key] / theirs if theirs else None
+                if speedup >= 100 and level >= 32:  # capacity: our frontend as 2 processes too
+                    row["ours_2_frontends"] = await measure(
+                        ours_2, speedup, level, count, new_connection, tokens
+                    )
+                    row["ratio_rps_2_frontends"] = row["ours_2_frontends"]["rps"] / results["dynamo"]["rps"]
+                rows.append(row)
+                print_row(row)
     finally:
         await asyncio.gather(ours.stop(), dynamo.stop(), ours_2.stop())
     return {
@@ -208,7 +220,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "setup": {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "peer": "ai-dynamo 1.6.1 frontend + mocker (its own venv)",
-            "tokens_per_stream": TOKENS,
+            "tokens_per_stream": [TOKENS, LONG_TOKENS],
+            "runs": args.runs,
             "note": "both systems and the load generator share the machine; systems alternate per level; "
             "ratios are ours / Dynamo's",
         },
@@ -216,7 +229,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 HEADER = (
-    f"{'speedup':>7} {'conn':>10} {'c':>4} │ {'req/s ours':>10} {'dynamo':>7} {'ratio':>6} │ "
+    f"{'run':>3} {'speedup':>7} {'conn':>10} {'tok':>4} {'c':>4} │ {'req/s ours':>10} {'dynamo':>7} {'ratio':>6} │ "
     f"{'TTFT p50 ours':>13} {'dynamo':>7} │ {'E2E p50 ours':>12} {'dynamo':>7} │ {'FE CPU ms/req':>13} {'dynamo':>7}"
     f" │ {'errors':>6} {'dynamo':>6}"
 )
@@ -229,7 +242,8 @@ def cell(value: float | None, width: int, digits: int) -> str:
 def print_row(row: dict[str, Any]) -> None:
     ours, theirs = row["ours"], row["dynamo"]
     print(
-        f"{row['speedup']:>7.0f} {row['connection']:>10} {row['concurrency']:>4} │ {cell(ours['rps'], 10, 0)} "
+        f"{row.get('run', 0):>3} {row['speedup']:>7.0f} {row['connection']:>10} {row.get('tokens', TOKENS):>4} "
+        f"{row['concurrency']:>4} │ {cell(ours['rps'], 10, 0)} "
         f"{cell(theirs['rps'], 7, 0)} {cell(row['ratio_rps'], 6, 2)} │ {cell(ours['ttft_p50_ms'], 13, 1)} "
         f"{cell(theirs['ttft_p50_ms'], 7, 1)} │ {cell(ours['e2e_p50_ms'], 12, 1)} {cell(theirs['e2e_p50_ms'], 7, 1)} │ "
         f"{cell(ours['frontend_cpu_ms_per_request'], 13, 2)} {cell(theirs['frontend_cpu_ms_per_request'], 7, 2)} │ "
@@ -242,7 +256,9 @@ def print_row(row: dict[str, Any]) -> None:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"\nOurs vs Dynamo 1.6.1: frontend + mocker, {TOKENS}-token streams (times in ms)")
+    print(
+        f"\nOurs vs Dynamo 1.6.1: frontend + mocker, {TOKENS}- and {LONG_TOKENS}-token streams (times in ms)"
+    )
     print(HEADER)
     for row in report["rows"]:
         print_row(row)
@@ -266,6 +282,12 @@ def cli() -> None:
     parser.add_argument("--model", default=None, help="the model folder both systems serve (default: the "
                         "recipe's tiny-llama beside the peer's venv; Dynamo's mocker emits ids our built-in "
                         "512-token vocabulary cannot decode)")  # fmt: skip
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=2,
+        help="whole sweeps, one after the other, all kept (default: %(default)s)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "vs_dynamo.json", help="where the JSON goes")
     args = parser.parse_args()
     if not args.peer_python or not Path(args.peer_python).exists():
