@@ -89,7 +89,7 @@ async def write_stream(
     async for text in pieces:
         events.append(f"{prefix}{quote(text)}{suffix}")
         if not getattr(outcome.stream, "ready", 0):  # the next piece would wait: send these now
-            await write((events[0] if len(events) == 1 else "".join(events)).encode())
+            await write("".join(events).encode())
             events.clear()
     if events:
         await write("".join(events).encode())

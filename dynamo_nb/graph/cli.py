@@ -97,11 +97,9 @@ def serve_main(argv: list[str]) -> int:
                 graph, image=args.image, namespace=args.namespace, cluster_secret=secret
             )
             if secret:  # a comment at the top of the YAML, and on stderr
-                print(f"# first: {secret_command(graph, args.namespace)}")
-                print(
-                    f"the components require a cluster secret; create it once: {secret_command(graph, args.namespace)}",
-                    file=sys.stderr,
-                )
+                command = secret_command(graph, args.namespace)
+                print(f"# first: {command}")
+                print(f"the components require a cluster secret; create it once: {command}", file=sys.stderr)
             print(manifests_yaml(manifests), end="")
             return 0
         if args.dry_run:

@@ -196,7 +196,6 @@ class ManagedProcess:
         """
         self._stopped = True
         code = await asyncio.to_thread(stop_group, self._process, timeout)
-        ledger().forget(self.pid)
         self._unwatch_exit()
         await self._drain()
         _LAUNCHED.pop(self.pid, None)
@@ -204,7 +203,6 @@ class ManagedProcess:
 
     def _stop_now(self, timeout: float) -> None:
         stop_group(self._process, timeout)
-        ledger().forget(self.pid)
 
     async def __aenter__(self) -> ManagedProcess:
         return self
@@ -520,7 +518,7 @@ def adopt_leftovers() -> list[ManagedProcess]:
     """
     mark_settled()
     adopted = []
-    found = leftovers(wait_for_reapers=GRACE_S + 1.0)  # a dead owner's reaper still at work: its
+    found = leftovers(wait_for_reapers=GRACE_S + 1.0)  # a dead owner's reaper may still be at work
     for leftover in found:
         process = _ForeignProcess(leftover)
         log_path = Path(leftover.log_path)

@@ -99,11 +99,11 @@ class _Ledger:
 
     def __init__(self) -> None:
         self.pid = os.getpid()
-        self.path = (
-            state_folder() / f"{self.pid}-{process_start(self.pid)}.json"
-        )  # a reused pid: another file
+        self.start = process_start(self.pid)
+        self.path = state_folder() / f"{self.pid}-{self.start}.json"  # a reused pid: another file
         self.groups: dict[int, dict[str, Any]] = {}
         self.reaper: subprocess.Popen[bytes] | None = None
+        self.reaper_start: int | None = None
         self.lock = threading.Lock()
 
     def record(
@@ -117,15 +117,15 @@ class _Ledger:
                 "log": log_path,
                 "start": start if start is not None else process_start(pid),
             }
-            self._save()
             self._tell(f"+{pid} {self.groups[pid]['start']}")
+            self._save()  # after: a reaper started just now is in it
 
     def forget(self, pid: int) -> None:
         with self.lock:
             if self.groups.pop(pid, None) is None:
                 return
-            self._save()
             self._tell(f"-{pid}")
+            self._save()
 
     def _save(self) -> None:
         if not self.groups:
@@ -134,10 +134,10 @@ class _Ledger:
             return
         state = {
             "owner": self.pid,
-            "owner_start": process_start(self.pid),
+            "owner_start": self.start,
             "argv": sys.argv[:3],
             "reaper": self.reaper.pid if self.reaper is not None else None,
-            "reaper_start": process_start(self.reaper.pid) if self.reaper is not None else None,
+            "reaper_start": self.reaper_start,
             "groups": {str(pid): group for pid, group in self.groups.items()},
         }
         temporary = self.path.with_suffix(".tmp")
@@ -162,7 +162,7 @@ class _Ledger:
             stderr=subprocess.DEVNULL,
             start_new_session=True,  # a kernel restart kills the kernel's process group: not this
         )
-        self._save()  # with the reaper's pid
+        self.reaper_start = process_start(self.reaper.pid)
         self._write("".join(f"+{pid} {group['start']}\n" for pid, group in self.groups.items()))
 
     def _write(self, text: str) -> None:

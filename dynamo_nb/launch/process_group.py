@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from .ledger import ledger
 from .reaper import process_start
 
 __all__ = ["OWN_PROCESS_GROUP", "guarded_command", "pid_alive", "signal_group", "stop_group"]
@@ -62,7 +63,8 @@ LEFTOVER_GRACE_S = 1.0
 
 def stop_group(process: subprocess.Popen[bytes], timeout: float = 5.0) -> int | None:
     """SIGTERM the leader ``process``, wait up to ``timeout`` s for it, SIGKILL the group if it
-    is still there; then what is left of the group: SIGTERM, `LEFTOVER_GRACE_S`, SIGKILL.
+    is still there; then what is left of the group: SIGTERM, `LEFTOVER_GRACE_S`, SIGKILL. The
+    group leaves this process's ledger (`dynamo_nb.launch.ledger`): nothing is left to reap.
 
     Blocks (run it with ``asyncio.to_thread`` from a coroutine). Returns the leader's exit status.
     """
@@ -84,6 +86,7 @@ def stop_group(process: subprocess.Popen[bytes], timeout: float = 5.0) -> int | 
         while signal_group(process.pid, 0) and time.monotonic() < deadline:
             time.sleep(0.02)
     signal_group(process.pid, signal.SIGKILL)
+    ledger().forget(process.pid)
     return process.returncode
 
 

@@ -132,12 +132,12 @@ class _Child:
     async def stop(self, timeout: float = 5.0) -> None:
         if self.process.poll() is None:
             await asyncio.to_thread(stop_group, self.process, timeout)
-        ledger().forget(self.process.pid)
+        else:
+            ledger().forget(self.process.pid)
 
     def stop_now(self, timeout: float = 5.0) -> None:
         """SIGTERM the process group, then SIGKILL it if it has not exited after ``timeout``."""
         stop_group(self.process, timeout)
-        ledger().forget(self.process.pid)
 
 
 class LocalServices:

@@ -9,9 +9,10 @@ and its pointer), but arrays and maps have no such bound. So:
   `SMALL_BYTES` every array and map is counted as it is built, and decoding stops with
   `dynamo_nb.errors.FrameTooLargeError` once they would take more than `CONTAINER_BYTES_PER_BYTE`
   times the data's size (plus `SMALL_BYTES`): a list costs its pointers, so a list of one-byte
-  integers (8×) passes and a frame of empty maps (72×) does not. Nesting deeper than msgpack's stack is refused too.
+  integers (8×) passes and a frame of empty maps (72×) does not. Nesting deeper than msgpack's
+  stack is refused too.
 - `json_nesting_problem` says, before `json.loads`, whether a JSON body holds more arrays and
-  objects than the same budget allows (a cheap over-estimate: brackets inside strings count).
+  objects than the same budget allows (counted outside strings when the brackets are many).
 
 Frames smaller than `SMALL_BYTES` decode at full speed: at worst they cost a few MB.
 """
@@ -23,6 +24,7 @@ import sys
 from typing import Any
 
 import msgpack
+from msgpack import unpackb
 
 from ..errors import FrameTooLargeError
 
@@ -62,11 +64,12 @@ class _ContainerBudget:
         return value
 
 
-def _options(size: int) -> dict[str, Any]:
+def _hooks(size: int) -> dict[str, Any]:
+    """msgpack's hooks that count a message of ``size`` bytes (none for a small one)."""
     if size <= SMALL_BYTES:
-        return {"raw": False}
+        return {}
     budget = _ContainerBudget(size)
-    return {"raw": False, "list_hook": budget, "object_hook": budget}
+    return {"list_hook": budget, "object_hook": budget}
 
 
 def unpack_bounded(data: bytes | memoryview, *, strict_map_key: bool = True) -> Any:
@@ -82,8 +85,11 @@ def unpack_bounded(data: bytes | memoryview, *, strict_map_key: bool = True) -> 
         ...
         dynamo_nb.errors.FrameTooLargeError: a message of 200005 bytes holds arrays and maps that would take more than 2465596 bytes to decode; it was refused
     """
+    size = len(data)
     try:
-        return msgpack.unpackb(data, strict_map_key=strict_map_key, **_options(len(data)))
+        if size <= SMALL_BYTES:  # the common case (a token's frame): msgpack at full speed
+            return unpackb(data, raw=False, strict_map_key=strict_map_key)
+        return unpackb(data, raw=False, strict_map_key=strict_map_key, **_hooks(size))
     except msgpack.StackError:
         raise FrameTooLargeError("a message nests arrays or maps too deeply; it was refused") from None
 
@@ -96,7 +102,7 @@ def unpack_all_bounded(data: bytes) -> list[Any]:
         >>> unpack_all_bounded(msgpack.packb([11, 7]) + msgpack.packb([10, 7, "x"]))
         [[11, 7], [10, 7, 'x']]
     """
-    unpacker = msgpack.Unpacker(max_buffer_size=max(len(data), 1), **_options(len(data)))
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1), **_hooks(len(data)))
     unpacker.feed(data)
     try:
         return list(unpacker)

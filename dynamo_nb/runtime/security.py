@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import hmac
 import os
@@ -123,7 +124,16 @@ class TlsFiles:
     ca: str | None = None
 
     def server_context(self) -> ssl.SSLContext | None:
-        """The listeners' context; None without a certificate."""
+        """The listeners' context (built once); None without a certificate."""
+        return self._server
+
+    def client_context(self) -> ssl.SSLContext | None:
+        """The connecting side's context (built once; verifies servers against the CA); None
+        without TLS."""
+        return self._client
+
+    @functools.cached_property
+    def _server(self) -> ssl.SSLContext | None:
         if not self.cert:
             return None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=self.ca)
@@ -132,8 +142,8 @@ class TlsFiles:
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
-    def client_context(self) -> ssl.SSLContext | None:
-        """The connecting side's context (verifies servers against the CA); None without TLS."""
+    @functools.cached_property
+    def _client(self) -> ssl.SSLContext | None:
         if not self.cert and not self.ca:
             return None
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.ca)

@@ -435,8 +435,6 @@ class TcpPlane(RequestPlane):
     ) -> None:
         super().__init__(heartbeat_timeout=heartbeat_timeout)
         self.security = security if security is not None else current_security()
-        self._server_ssl = self.security.server_ssl()
-        self._client_ssl = self.security.client_ssl()
         self.host = host
         self.port = port
         self.advertise_host = advertise_host or host
@@ -470,7 +468,7 @@ class TcpPlane(RequestPlane):
                     self.host,
                     self.port,
                     reuse_address=True,
-                    ssl=self._server_ssl,
+                    ssl=self.security.server_ssl(),
                 )
             except OSError as exc:
                 raise ConfigError(
@@ -537,7 +535,7 @@ class TcpPlane(RequestPlane):
     async def _connect(self, address: str) -> _ClientConnection:
         host, port = parse_tcp_address(address)
         loop = asyncio.get_running_loop()
-        tls = self._client_ssl
+        tls = self.security.client_ssl()
         _transport, conn = await asyncio.wait_for(
             loop.create_connection(
                 lambda: _ClientConnection(self, address),

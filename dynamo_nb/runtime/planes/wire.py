@@ -31,10 +31,9 @@ import struct
 from typing import Any
 
 import msgpack
-from msgpack import unpackb
 
 from ...errors import FrameTooLargeError
-from ..bounded_decode import SMALL_BYTES, unpack_bounded
+from ..bounded_decode import unpack_bounded
 
 __all__ = [
     "ACK",
@@ -165,8 +164,8 @@ class FrameDecoder:
                 end = offset + 4 + length
                 if end > size:
                     break
-                with view[offset + 4 : end] as body:  # a small frame (a token) at full speed
-                    frames.append(unpackb(body, raw=False) if length <= SMALL_BYTES else unpack_bounded(body))
+                with view[offset + 4 : end] as body:
+                    frames.append(unpack_bounded(body))
                 offset = end
         if offset:
             del buffer[:offset]
