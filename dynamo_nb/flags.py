@@ -292,6 +292,14 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         help="kv router: approximate mode, no KV events; routed blocks count as cached for a while (default: off)",
     )
     group.add_argument(
+        "--router-replica-sync",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="kv router: share routing decisions (load, pending prefixes) with the other frontends' routers "
+        "over the event plane, so N frontends route as well as one (default: on for --http-workers N with "
+        "--nats-url, else off)",
+    )
+    group.add_argument(
         "--static-endpoint",
         default=None,
         help="static mode: serve the model at this worker endpoint (ns.comp.ep) with no discovery; "

@@ -20,6 +20,7 @@ from dynamo_nb.frontend import Frontend
 from dynamo_nb.frontend.app import MAX_BODY_BYTES
 from dynamo_nb.llm import ModelTokenizer, serve_llm
 from dynamo_nb.llm.detokenize import StreamDetokenizer
+from dynamo_nb.llm.protocol import LLMEngineOutput
 
 MODEL = "tiny"
 HI = [{"role": "user", "content": "Hello! How are you today?"}]
@@ -444,6 +445,75 @@ def dechunk(raw: bytes) -> tuple[bytes, int]:
         if size == 0:
             return body, chunks
         body, rest, chunks = body + rest[:size], rest[size + 2 :], chunks + 1
+
+
+async def raw_stream(
+    url: str, model: str, max_tokens: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A streamed chat request on a raw socket (to see the HTTP chunks as the server wrote them)."""
+    body = json.dumps({"model": model, "messages": HI, "max_tokens": max_tokens, "stream": True}).encode()
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+        + body
+    )
+    return reader, writer
+
+
+async def test_a_short_stream_is_two_writes_and_the_role_chunk_does_not_wait(
+    served: Served, tiny_path: Path
+) -> None:
+    """A one-token stream goes out in at most two HTTP chunks: the headers, role chunk and token
+    in one, the finish chunk and ``[DONE]`` with the body's end in the last (together when the
+    stream's end is already received). When the first item has no
+    text, the role chunk still leaves at once: the second item comes only after the client saw it."""
+    text_id = served.tokenizer.encode("Hello", add_special_tokens=False)[0]
+    piece = StreamDetokenizer(served.tokenizer, []).push(text_id)
+    assert piece  # a token with text
+    gate = asyncio.Event()
+
+    async def quick(request: Any, context: Any = None) -> Any:
+        yield LLMEngineOutput([text_id], "length")
+
+    async def gated(request: Any, context: Any = None) -> Any:
+        yield LLMEngineOutput([])  # nothing to show yet
+        await gate.wait()
+        yield LLMEngineOutput([text_id], "length")
+
+    servers = [
+        (await serve_llm(served.runtime.endpoint(f"fe.{name}.generate"), engine, tiny_path, model_name=name))[
+            0
+        ]
+        for name, engine in (("quick", quick), ("gated", gated))
+    ]
+    try:
+        await served.frontend.wait_for_model("quick", timeout=5)
+        await served.frontend.wait_for_model("gated", timeout=5)
+        reader, writer = await raw_stream(served.frontend.url, "quick", 1)
+        raw = await asyncio.wait_for(reader.read(-1), 30)
+        writer.close()
+        sse, chunks = dechunk(raw)
+        events = [json.loads(e.removeprefix("data: ")) for e in sse.decode().split("\n\n")[:-2]]
+        assert [e["choices"][0]["delta"] for e in events][:2] == [
+            {"role": "assistant", "content": ""},
+            {"content": piece},
+        ]
+        assert sse.endswith(b"data: [DONE]\n\n") and chunks <= 2, (chunks, sse)  # 5 before
+
+        reader, writer = await raw_stream(served.frontend.url, "gated", 1)
+        seen = b""
+        while b'"role":"assistant"' not in seen:  # the role chunk comes before the gate opens
+            seen += await asyncio.wait_for(reader.read(4096), 10)
+        gate.set()
+        raw = seen + await asyncio.wait_for(reader.read(-1), 30)
+        writer.close()
+        sse, chunks = dechunk(raw)
+        assert sse.endswith(b"data: [DONE]\n\n") and chunks in (2, 3), (chunks, sse)  # the role chunk alone
+    finally:
+        for server in servers:
+            await server.stop()
 
 
 async def test_ready_tokens_go_out_in_one_write_as_one_event_each(served: Served, tiny_path: Path) -> None:

@@ -21,6 +21,7 @@ from dynamo_nb.router.kv import (
     ActiveLoad,
     KvEventPublisher,
     KvIndexer,
+    KvRouter,
     KvRouterConfig,
     RadixTree,
     block_hashes,
@@ -388,3 +389,97 @@ def test_kv_router_mode_across_processes_needs_nats_or_approximate_mode() -> Non
 
 def args_list(args: Any) -> list[str]:
     return ["--discovery", args.discovery, "--router-mode", "kv"]
+
+
+async def test_kv_routers_of_one_endpoint_share_their_decisions(services: LocalServices) -> None:
+    """Replica sync over real NATS: what one router routes counts as load and as a pending prefix
+    in the other, so the other sends the same prompt to the same worker; prefill done, free, a
+    router's stop and a router gone silent reach the other."""
+    make = lambda: DistributedRuntime.create(services.etcd_url, "tcp", services.nats_url)  # noqa: E731
+    workers = [await make() for _ in range(3)]
+    fronts = [await make() for _ in range(3)]
+
+    async def nothing(request: Any, context: Any = None) -> Any:
+        yield {}
+
+    try:
+        for runtime in workers:
+            await runtime.endpoint("rsync.backend.generate").serve(nothing)
+        routers = []
+        for runtime in fronts:
+            client = await runtime.endpoint("rsync.backend.generate").client()
+            await client.wait_for_instances(timeout=10)
+            assert await until(lambda c=client: len(c.instance_ids()) == 3)
+            component = runtime.namespace("rsync").component("backend")
+            config = KvRouterConfig(replica_sync=True)
+            routers.append(await KvRouter.create(client, 4, config, component=component))
+        a, b, c = routers
+        assert await until(lambda: all(len(r.sync.peers) == 2 for r in routers), timeout=10)  # heartbeats
+
+        prompt = list(range(300, 332))  # 8 blocks of 4
+        route = a.choose(prompt)
+        hashes = block_hashes(prompt, 4)
+        sequence = sequence_hashes(hashes)
+        held = lambda r: r.loads.get(route.instance_id, ActiveLoad())  # noqa: E731
+        for other in (b, c):
+            assert await until(lambda o=other: route.request_id in held(o).requests)
+            assert held(other).prefill_tokens == 32 and held(other).decode_blocks == 8
+            assert other.tree.find_matches(hashes).scores == {route.instance_id: 8}  # the pending prefix
+        a.first_token(route)  # its prefill is done: the worker holds the prompt and has time
+        assert await until(lambda: held(b).requests[route.request_id] == (0, tuple(sequence)))
+        again = b.choose(prompt)
+        assert again.instance_id == route.instance_id and again.overlap_blocks == 8  # routed as one would
+        assert await until(lambda: again.request_id in held(a).requests)
+        a.finished(route)
+        assert await until(lambda: route.request_id not in held(b).requests)
+        assert route.request_id not in held(c).requests
+
+        # a router that stops says so: its requests leave the others' loads
+        await b.stop()
+        assert await until(lambda: again.request_id not in held(a).requests)
+        assert b.sync.router_id not in a.sync.peers
+
+        # a router that goes silent (its process died: no bye) is dropped after `silence`
+        dead = c.choose(list(range(500, 532)))
+        running_on = lambda r: r.loads.get(dead.instance_id, ActiveLoad()).requests  # noqa: E731
+        assert await until(lambda: dead.request_id in running_on(a))
+        c.sync._beat.cancel()
+        c.sync._unsubscribe()
+        a.sync.silence = 0.5
+        assert await until(lambda: dead.request_id not in running_on(a), timeout=10)
+        assert a.sync.peers == {}
+        assert (a.sync.applied, a.sync.sent) == (2, 3)  # b's and c's adds; its add, prefill done, free
+        await a.stop()
+    finally:
+        for runtime in [*fronts, *workers]:
+            await runtime.shutdown()
+
+
+def test_replica_sync_flags() -> None:
+    """``--http-workers N`` with NATS shares decisions on its own; ``--router-replica-sync`` needs
+    the kv router and an event plane."""
+    from dynamo_nb.flags import frontend_parser
+    from dynamo_nb.frontend.options import validate_frontend_args
+
+    etcd = ["--discovery", "etcd://127.0.0.1:2379"]
+    nats = ["--nats-url", "nats://127.0.0.1:4222"]
+    parse = frontend_parser().parse_args
+    assert KvRouterConfig.from_args(
+        parse([*etcd, *nats, "--router-mode", "kv", "--http-workers", "2"])
+    ).replica_sync
+    assert KvRouterConfig.from_args(
+        parse([*etcd, *nats, "--router-mode", "kv", "--http-reuse-port"])
+    ).replica_sync
+    assert not KvRouterConfig.from_args(parse([*etcd, *nats, "--router-mode", "kv"])).replica_sync
+    assert not KvRouterConfig.from_args(parse([*etcd, "--no-kv-events", "--http-workers", "2"])).replica_sync
+    assert KvRouterConfig.from_args(
+        parse([*etcd, *nats, "--router-mode", "kv", "--router-replica-sync"])
+    ).replica_sync
+    two_unshared = [*etcd, *nats, "--router-mode", "kv", "--http-workers", "2", "--no-router-replica-sync"]
+    assert not KvRouterConfig.from_args(parse(two_unshared)).replica_sync
+    with pytest.raises(ConfigError, match="add --router-mode kv"):
+        validate_frontend_args(parse([*etcd, *nats, "--router-replica-sync"]))
+    with pytest.raises(ConfigError, match="event plane, NATS: add --nats-url"):
+        validate_frontend_args(
+            parse([*etcd, "--router-mode", "kv", "--no-kv-events", "--router-replica-sync"])
+        )

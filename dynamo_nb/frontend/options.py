@@ -57,6 +57,14 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
             "--router-mode kv follows the workers' KV events, which travel over NATS: add --nats-url "
             "nats://HOST:PORT, or --no-kv-events for approximate mode"
         )
+    if args.router_replica_sync and args.router_mode != "kv":
+        raise ConfigError(
+            f"--router-replica-sync shares the KV router's decisions: add --router-mode kv (not {args.router_mode})"
+        )
+    if args.router_replica_sync and not args.nats_url and args.discovery != "memory":
+        raise ConfigError(
+            "--router-replica-sync sends routing decisions over the event plane, NATS: add --nats-url nats://HOST:PORT"
+        )
     if args.static_endpoint is None:
         if args.discovery == "memory" and not args.static:
             raise ConfigError(

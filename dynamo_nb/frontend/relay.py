@@ -160,7 +160,7 @@ async def relay(
     migration: Migration,
 ) -> AsyncIterator[str]:
     """Text pieces of ``outcome.stream`` (its ``first`` item already read), as soon as they are
-    final; ``outcome`` holds how it ended. A worker that goes down mid-stream hands the rest to
+    final (the first may be ""); ``outcome`` holds how it ended. A worker that goes down mid-stream hands the rest to
     another (``migration``). ``itl`` is the model's inter-token latency histogram."""
     detok = StreamDetokenizer(model.tokenizer, request.stop_conditions.stop or [])
     push = detok.push
@@ -177,7 +177,7 @@ async def relay(
         if generated is not None:
             generated.extend(ids)
         text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
-        if text:
+        if text or item is first:  # "" for a first item without text: the writer sends its head
             yield text
         if detok.stopped:
             outcome.finish_reason = "stop"

@@ -3,8 +3,9 @@
 The first frontend listens with ``SO_REUSEPORT`` and starts the others with the same flags
 (``--http-workers N``): the kernel spreads new connections between the N listeners. Each
 process has its own runtime, discovery watch, model routers and KV event subscription, so all
-of them see the same workers, cards and cache contents; each KV router counts the load of its
-own requests only (the workers' KV events, which carry the cache contents, reach them all).
+of them see the same workers, cards and cache contents; with ``--nats-url`` their KV routers
+also share their decisions (load, routed prefixes: `dynamo_nb.router.kv.replica_sync`), so the
+N processes route as one would.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from .relay import Outcome
 __all__ = ["usage", "write_stream", "write_unary"]
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
-DONE = b"data: [DONE]\n\n"
+DONE = "data: [DONE]\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
@@ -58,7 +58,11 @@ async def write_stream(
 ) -> web.StreamResponse:
     """Send ``pieces`` as SSE chunks as they come, then the finish reason (and ``nvext``), the
     usage chunk when asked for (``stream_options.include_usage``) and ``[DONE]``; an error
-    mid-stream is an error event before ``[DONE]``."""
+    mid-stream is an error event before ``[DONE]``.
+
+    The events of all pieces already received go out in one write (the headers and the role
+    chunk with the first), and the last events with the end of the chunked body: a short
+    stream costs two socket writes, each event is still its own SSE event."""
     response = web.StreamResponse(headers={**SSE_HEADERS, **outcome.headers})
     await response.prepare(request)
     chat = parsed.kind == "chat"
@@ -72,12 +76,13 @@ async def write_stream(
         },
         separators=(",", ":"),
     )[:-1]
+    events: list[str] = []  # one SSE event per piece, sent together while more are ready
     if chat:
         prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'
         suffix = '},"logprobs":null,"finish_reason":null}]}\n\n'
-        await response.write(
+        events.append(  # the first item is here already (the pipeline opened the stream with it)
             f'data: {head},"choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},'
-            f'"logprobs":null,"finish_reason":null}}]}}\n\n'.encode()
+            f'"logprobs":null,"finish_reason":null}}]}}\n\n'
         )
     else:
         prefix = f'data: {head},"choices":[{{"index":0,"text":'
@@ -85,29 +90,27 @@ async def write_stream(
     write = response.write
     dumps = json.dumps
     quote = encode_basestring_ascii  # json.dumps of a str, byte for byte, without its overhead
-    events: list[str] = []  # one SSE event per piece, sent together while more are ready
     async for text in pieces:
-        events.append(f"{prefix}{quote(text)}{suffix}")
-        if not getattr(outcome.stream, "ready", 0):  # the next piece would wait: send these now
+        if text:
+            events.append(f"{prefix}{quote(text)}{suffix}")
+        if events and not getattr(outcome.stream, "ready", 0):  # the next piece would wait: send these now
             await write("".join(events).encode())
             events.clear()
-    if events:
-        await write("".join(events).encode())
     if outcome.error is not None:
-        await write(f"data: {dumps(error_body(500, outcome.error))}\n\n".encode())
-        await write(DONE)
-        return response
-    empty = '"delta":{}' if chat else '"text":""'
-    nvext = outcome.nvext
-    extension = f',"nvext":{dumps(nvext)}' if nvext else ""
-    await write(
-        f'data: {head},"choices":[{{"index":0,{empty},"logprobs":null,'
-        f'"finish_reason":"{outcome.finish_reason}"}}]{extension}}}\n\n'.encode()
-    )
-    if parsed.include_usage:
-        counts = usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
-        await write(f'data: {head},"choices":[],"usage":{dumps(counts)}}}\n\n'.encode())
-    await write(DONE)
+        events.append(f"data: {dumps(error_body(500, outcome.error))}\n\n")
+    else:
+        empty = '"delta":{}' if chat else '"text":""'
+        nvext = outcome.nvext
+        extension = f',"nvext":{dumps(nvext)}' if nvext else ""
+        events.append(
+            f'data: {head},"choices":[{{"index":0,{empty},"logprobs":null,'
+            f'"finish_reason":"{outcome.finish_reason}"}}]{extension}}}\n\n'
+        )
+        if parsed.include_usage:
+            counts = usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+            events.append(f'data: {head},"choices":[],"usage":{dumps(counts)}}}\n\n')
+    events.append(DONE)
+    await response.write_eof("".join(events).encode())  # the last events and the body's end
     return response
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from .hashing import HASH_SEED, block_hashes, sequence_hashes
 from .indexer import OverlapScores, RadixTree
 from .kv_events import KV_EVENTS_TOPIC, KV_SYNC_ENDPOINT, KvEventPublisher, KvIndexer
+from .replica_sync import SYNC_TOPIC_PREFIX, ReplicaSync
 from .router import KvRoute, KvRouter, KvRouterConfig
 from .selector import ActiveLoad, costs, pick
 
@@ -21,6 +22,7 @@ __all__ = [
     "HASH_SEED",
     "KV_EVENTS_TOPIC",
     "KV_SYNC_ENDPOINT",
+    "SYNC_TOPIC_PREFIX",
     "ActiveLoad",
     "KvEventPublisher",
     "KvIndexer",
@@ -29,6 +31,7 @@ __all__ = [
     "KvRouterConfig",
     "OverlapScores",
     "RadixTree",
+    "ReplicaSync",
     "block_hashes",
     "costs",
     "pick",

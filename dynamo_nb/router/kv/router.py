@@ -35,6 +35,7 @@ from ..decision import Candidate
 from .hashing import block_hashes, sequence_hashes
 from .indexer import RadixTree
 from .kv_events import KvIndexer
+from .replica_sync import ReplicaSync
 from .selector import ActiveLoad, cost_parts, pick
 
 if TYPE_CHECKING:
@@ -49,24 +50,31 @@ SEEN_BLOCKS = 1 << 20  # blocks a router remembers having routed (for the reuse 
 
 @dataclass(frozen=True)
 class KvRouterConfig:
-    """``--kv-overlap-score-weight``, ``--router-temperature``, ``--no-kv-events`` (approximate mode)."""
+    """``--kv-overlap-score-weight``, ``--router-temperature``, ``--no-kv-events`` (approximate mode),
+    ``--router-replica-sync`` (share decisions with the other routers of the endpoint,
+    `dynamo_nb.router.kv.replica_sync`)."""
 
     overlap_weight: float = 1.0
     temperature: float = 0.0
     use_kv_events: bool = True
     approx_ttl: float = 120.0
     pending_ttl: float = 5.0  # with events: a routed prompt counts as cached there until its event comes
+    replica_sync: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> KvRouterConfig:
         """The settings the frontend flags give (``--kv-overlap-score-weight``, ``--router-temperature``,
-        ``--no-kv-events``)."""
+        ``--no-kv-events``, ``--router-replica-sync``; the processes of ``--http-workers N`` share
+        their decisions whenever they have an event plane, ``--nats-url``)."""
         if args.router_temperature < 0:
             raise ConfigError(f"--router-temperature must be 0 or more, got {args.router_temperature}")
         return cls(
             overlap_weight=args.kv_overlap_score_weight,
             temperature=args.router_temperature,
             use_kv_events=not args.no_kv_events,
+            replica_sync=args.router_replica_sync
+            if args.router_replica_sync is not None
+            else (args.http_workers > 1 or args.http_reuse_port) and bool(args.nats_url),
         )
 
 
@@ -115,6 +123,7 @@ class KvRouter(Router):
         self.prompt_blocks_total = 0
         self._rng = rng or random.Random()
         self._seen: OrderedDict[int, None] = OrderedDict()  # blocks routed before, newest last (bounded)
+        self.sync: ReplicaSync | None = None  # set by `create` with ``config.replica_sync``
 
     @classmethod
     async def create(
@@ -125,10 +134,18 @@ class KvRouter(Router):
         *,
         component: Component | None = None,
     ) -> KvRouter:
-        """A router for ``client``'s endpoint; with KV events it listens to ``component``'s."""
+        """A router for ``client``'s endpoint; with KV events it listens to ``component``'s, and
+        with ``config.replica_sync`` it shares its decisions with the endpoint's other routers."""
         config = config or KvRouterConfig()
         indexer = await KvIndexer.start(component) if config.use_kv_events and component is not None else None
-        return cls(client, block_size, config, indexer)
+        router = cls(client, block_size, config, indexer)
+        if config.replica_sync:
+            if component is None:
+                raise ConfigError(
+                    "replica sync shares decisions over the component's event plane: give component="
+                )
+            router.sync = await ReplicaSync.start(component, router, client.endpoint.name)
+        return router
 
     def pick(self, request: PreprocessedRequest) -> KvRoute:
         """The worker for ``request``'s prompt; the request counts on it until `finished`."""
@@ -203,6 +220,8 @@ class KvRouter(Router):
         overlap = matches.scores.get(worker, 0)
         new_tokens = max(prompt_tokens - overlap * self.block_size, 0)
         self.loads.setdefault(worker, ActiveLoad()).add(request_id, new_tokens, sequence)
+        if self.sync is not None:
+            self.sync.added(request_id, worker, new_tokens, hashes, sequence)
         # the chosen worker will hold this prompt: count it now (approximate mode), or until the
         # worker's stored event confirms it (events mode), so the next same-prefix request follows
         ttl = self.config.pending_ttl if self.follows_events else self.config.approx_ttl
@@ -239,12 +258,16 @@ class KvRouter(Router):
         load = self.loads.get(route.instance_id)
         if load is not None:
             load.prefill_done(route.request_id)
+            if self.sync is not None:
+                self.sync.prefill_done(route.request_id, route.instance_id)
 
     def finished(self, route: Route) -> None:
         """The request ended (or failed) on its worker."""
         load = self.loads.get(route.instance_id)
         if load is not None:
             load.free(route.request_id)
+            if self.sync is not None:
+                self.sync.freed(route.request_id, route.instance_id)
 
     @property
     def hit_rate(self) -> float:
@@ -252,5 +275,7 @@ class KvRouter(Router):
         return self.hit_blocks / self.prompt_blocks_total if self.prompt_blocks_total else 0.0
 
     async def stop(self) -> None:
+        if self.sync is not None:
+            await self.sync.stop()
         if self.indexer is not None:
             await self.indexer.stop()
