@@ -3,7 +3,8 @@
 Both systems run on this machine at once, each over its own etcd and NATS (started here with
 `LocalServices`): a frontend and two mockers, one at speedup 100 (model ``tiny-fast``), one at
 speedup 1 (``tiny-slow``), both with the same model folder (the recipe's 2000-token
-tokenizer: Dynamo's mocker emits token ids beyond our built-in model's 512). The same load
+tokenizer: Dynamo's mocker emits token ids beyond our built-in model's 512) and the same KV
+pool (``KV_POOL``: 16384 blocks of 64 tokens, Dynamo's mocker's defaults). The same load
 generator (`dynamo_nb.bench`, this process) drives them in turn, alternating the systems at every
 level: concurrency 1, 8, 32 and 128, keep-alive connections and a new connection per request,
 32-token streams; at speedup 100 also 256-token streams at concurrency 32 and 128 (where the
@@ -41,6 +42,12 @@ TOKENS = 32
 LONG_TOKENS, LONG_LEVELS = 256, (32, 128)  # the long-stream levels, at speedup 100
 LEVELS = (1, 8, 32, 128)
 MODELS = {100.0: "tiny-fast", 1.0: "tiny-slow"}
+# The same simulated KV pool for both mockers, Dynamo's defaults: 16384 blocks of 64 tokens. Ours
+# defaults to vLLM's 16-token blocks, a pool a quarter the size in tokens, so the same requests
+# are 4x the KV load in the decode step-time model (-25.74p^2 + 54.01p + 5.74 ms) and a step at
+# c = 128 takes ~8 ms instead of ~6.3: that, not the scheduler, was the throughput gap at speedup 1.
+KV_POOL = {"ours": ("--kv-cache-block-size", "64", "--num-gpu-blocks", "16384"),
+           "dynamo": ("--block-size", "64", "--num-gpu-blocks-override", "16384")}  # fmt: skip
 PROMPTS = bench.random_prompts(100, words=32)
 
 
@@ -53,8 +60,11 @@ def requests_at(level: int, speedup: float, scale: int) -> int:
 class System:
     """One stack (ours or Dynamo's): etcd + NATS, two mockers and a frontend."""
 
-    def __init__(self, name: str, python: str, model: str, http_workers: int = 1) -> None:
+    def __init__(
+        self, name: str, python: str, model: str, http_workers: int = 1, mocker_flags: tuple[str, ...] = ()
+    ) -> None:
         self.name, self.python, self.model, self.http_workers = name, python, model, http_workers
+        self.mocker_flags = mocker_flags or KV_POOL["dynamo" if name == "dynamo" else "ours"]
         self.services: LocalServices | None = None
         self.frontend: Any = None
         self.mockers: dict[float, Any] = {}
@@ -88,14 +98,14 @@ class System:
                 self.mockers[speedup] = await launch(
                     self.python, "-m", "dynamo.mocker", "--model-path", model, "--model-name", name,
                     "--endpoint", f"dyn://dynamo.{name.replace('-', '_')}.generate",
-                    "--speedup-ratio", speedup, env=self._dynamo_env(), ready=None, **common,
+                    "--speedup-ratio", speedup, *self.mocker_flags, env=self._dynamo_env(), ready=None, **common,
                 )  # fmt: skip
             else:
                 self.mockers[speedup] = await launch(
                     ROOT / "components/mocker_worker.py", "--discovery", self.services.etcd_url,
                     "--nats-url", self.services.nats_url, "--model-path", model, "--model-name", name,
                     "--endpoint", f"dynamo.{name.replace('-', '_')}.generate", "--speedup-ratio", speedup,
-                    "--log-level", "WARNING", **common,
+                    "--log-level", "WARNING", *self.mocker_flags, **common,
                 )  # fmt: skip
         if self.name == "dynamo":
             self.frontend = await launch(
@@ -221,6 +231,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "peer": "ai-dynamo 1.6.1 frontend + mocker (its own venv)",
             "tokens_per_stream": [TOKENS, LONG_TOKENS],
+            "mocker_kv_pool": KV_POOL,
             "runs": args.runs,
             "note": "both systems and the load generator share the machine; systems alternate per level; "
             "ratios are ours / Dynamo's",

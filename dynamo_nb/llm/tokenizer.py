@@ -70,7 +70,9 @@ class ModelTokenizer:
         env.filters["tojson"] = lambda value, indent=None: json.dumps(
             value, indent=indent, ensure_ascii=False
         )
-        return env.from_string(self.chat_template)
+        template = env.from_string(self.chat_template)
+        template.globals = dict(template.globals)  # a ChainMap of globals costs ~7 µs per render
+        return template
 
     def render_chat(
         self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **extra: Any

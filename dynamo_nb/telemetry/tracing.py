@@ -151,17 +151,31 @@ def finished_spans() -> Sequence[Any]:
     return tuple(_memory.get_finished_spans()) if _memory is not None else ()
 
 
-@contextlib.contextmanager
+_NO_SPAN: contextlib.AbstractContextManager[None] = contextlib.nullcontext()  # stateless: shared
+
+
 def span(
     name: str, attributes: Mapping[str, Any] | None = None, *, parent: Mapping[str, Any] | None = None
-) -> Iterator[Any]:
-    """A span around the block (None when tracing is off). ``parent``: a request's context
-    metadata carrying the caller's ``traceparent`` (the span joins that trace); else the
-    current span is its parent."""
+) -> contextlib.AbstractContextManager[Any]:
+    """A span around the block (None when tracing is off, at the cost of a shared no-op).
+    ``parent``: a request's context metadata carrying the caller's ``traceparent`` (the span
+    joins that trace); else the current span is its parent.
+
+    Example::
+
+        with span("route", {"model": name}) as current:  # current is None when tracing is off
+            ...
+    """
     tracer = _tracer
     if tracer is None:
-        yield None
-        return
+        return _NO_SPAN
+    return _span(tracer, name, attributes, parent)
+
+
+@contextlib.contextmanager
+def _span(
+    tracer: Any, name: str, attributes: Mapping[str, Any] | None, parent: Mapping[str, Any] | None
+) -> Iterator[Any]:
     context = _propagator.extract(parent) if parent else None
     with tracer.start_as_current_span(name, context=context, attributes=dict(attributes or {})) as current:
         yield current

@@ -109,20 +109,44 @@ class _TcpSink:
         await self.conn.wait_writable()
 
 
-class _ServerConnection(asyncio.Protocol):
+class _CoalescingConnection(asyncio.Protocol):
+    """A connection whose frames queued in one loop iteration go out in one write (one
+    syscall: on loopback the kernel runs the receiver's TCP path inside each send)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.last_sent = 0.0
+        self._pending: list[bytes] = []
+        self._flush_scheduled = False
+
+    def send(self, data: bytes) -> None:
+        """Queue bytes; everything queued in one loop iteration goes out in one write."""
+        self._pending.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self.transport is None or self.transport.is_closing():
+            self._pending.clear()
+            return
+        pending, self._pending = self._pending, []
+        self.transport.write(b"".join(pending) if len(pending) > 1 else pending[0])
+        self.last_sent = self.loop.time()
+
+
+class _ServerConnection(_CoalescingConnection):
     """One client connection to this worker's listener."""
 
     def __init__(self, plane: TcpPlane) -> None:
+        super().__init__()
         self.plane = plane
         self.decoder = FrameDecoder(MAX_REQUEST_FRAME_BYTES)
         self.streams: dict[int, ServerStream] = {}
-        self.transport: asyncio.Transport | None = None
-        self._pending: list[bytes] = []
-        self._flush_scheduled = False
         self.paused = False
         self._writable: asyncio.Future[None] | None = None
-        self.last_sent = 0.0
-        self.loop = asyncio.get_running_loop()
         secret = plane.security.secret
         self.handshake = (
             ServerHandshake(secret, TCP_PLANE, plane.advertised_address) if secret is not None else None
@@ -214,22 +238,6 @@ class _ServerConnection(asyncio.Protocol):
                     )
                 )
 
-    def send(self, data: bytes) -> None:
-        """Queue bytes; everything queued in one loop iteration goes out in one write."""
-        self._pending.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self.transport is None or self.transport.is_closing():
-            self._pending.clear()
-            return
-        pending, self._pending = self._pending, []
-        self.transport.write(b"".join(pending) if len(pending) > 1 else pending[0])
-        self.last_sent = self.loop.time()
-
     def pause_writing(self) -> None:
         self.paused = True
 
@@ -273,19 +281,18 @@ class _TcpHandle:
         self.conn.streams.pop(self.sid, None)
 
 
-class _ClientConnection(asyncio.Protocol):
+class _ClientConnection(_CoalescingConnection):
     """This process's connection to one worker address."""
 
     def __init__(self, plane: TcpPlane, address: str) -> None:
+        super().__init__()
         self.plane = plane
         self.address = address
         self.decoder = FrameDecoder()
         self.streams: dict[int, StreamChannel] = {}
         self.pings: dict[int, asyncio.Future[bool]] = {}
-        self.transport: asyncio.Transport | None = None
         self.next_sid = 1
         self.closed = False
-        self.loop = asyncio.get_running_loop()
         self.last_seen = self.loop.time()
         secret = plane.security.secret
         self.handshake = (
@@ -305,8 +312,8 @@ class _ClientConnection(asyncio.Protocol):
         set_nodelay(transport)
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
+        if not self.closed:
+            self.send(data)  # with the other frames of this loop iteration
 
     def open(self, channel: StreamChannel, frame_tail: tuple[Any, ...]) -> _TcpHandle:
         sid = self.next_sid
