@@ -218,10 +218,8 @@ class MockerScheduler:
     def cancel(self, job: MockJob) -> None:
         """``job`` left: it leaves the queue now, or the running batch at the next step's end."""
         job.cancelled = True
-        try:
+        if job in self.waiting:  # (a deque's remove of a missing job formats its repr)
             self.waiting.remove(job)
-        except ValueError:
-            pass
 
     def plan_step(self) -> tuple[list[tuple[MockJob, int]], float]:
         """The next step: its prefill chunks (admitting waiting jobs) and how long it lasts, in seconds."""

@@ -28,6 +28,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from .loop_histogram import LoopHistogram
+
 if TYPE_CHECKING:
     from ..router.decision import RoutingDecision
     from .admission import Admission
@@ -83,12 +85,12 @@ class FrontendMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        self.itl = Histogram(
+        self.itl = LoopHistogram(  # observed per token: no lock per value
             "dynamo_frontend_inter_token_latency_seconds",
             "time between tokens",
             ("model",),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
+            registry,
         )
         self.duration = Histogram(
             "dynamo_frontend_request_duration_seconds",
