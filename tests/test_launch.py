@@ -225,3 +225,44 @@ def test_in_a_kernel_logs_go_to_a_widget_and_shutdown_stops_the_group() -> None:
         if manager.is_alive():
             manager.shutdown_kernel(now=True)
     assert asyncio.run(group_gone(pid)) and asyncio.run(pid_gone(grandchild))
+
+
+def test_a_program_runs_with_the_collector_tuned_for_serving() -> None:
+    """`run_program` freezes start-up's objects out of the cyclic collector and collects the young
+    generation less often; ``DYN_NB_GC=default`` keeps Python's settings."""
+    program = textwrap.dedent(
+        """
+        import gc
+        from dynamo_nb.runtime.program import run_program
+
+        async def main():
+            print(gc.get_threshold(), gc.get_freeze_count() > 0)
+            return 0
+
+        run_program(main)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DYN_NB_GC"}
+    tuned = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert tuned.stdout.strip() == "(10000, 50, 100) True", tuned.stderr
+    plain = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        env={**env, "DYN_NB_GC": "default"},
+        timeout=60,
+    )
+    assert plain.stdout.strip() == f"{gc_defaults()} False", plain.stderr
+
+
+def gc_defaults() -> tuple[int, int, int]:
+    """Python's own thresholds, read in a fresh interpreter."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import gc; print(tuple(gc.get_threshold()))"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return tuple(int(n) for n in out.stdout.strip("()\n").split(","))  # type: ignore[return-value]

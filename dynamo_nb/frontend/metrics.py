@@ -78,40 +78,40 @@ class FrontendMetrics:
         self.inflight = Gauge(
             "dynamo_frontend_inflight_requests", "requests running now", ("model",), registry=registry
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "dynamo_frontend_time_to_first_token_seconds",
             "time to the first token",
             ("model",),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
+            registry,
         )
-        self.itl = LoopHistogram(  # observed per token: no lock per value
+        self.itl = LoopHistogram(  # observed per token (these histograms: no lock per value)
             "dynamo_frontend_inter_token_latency_seconds",
             "time between tokens",
             ("model",),
             LATENCY_BUCKETS,
             registry,
         )
-        self.duration = Histogram(
+        self.duration = LoopHistogram(
             "dynamo_frontend_request_duration_seconds",
             "time of a whole request",
             ("model",),
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            LATENCY_BUCKETS,
+            registry,
         )
-        self.input_tokens = Histogram(
+        self.input_tokens = LoopHistogram(
             "dynamo_frontend_input_sequence_tokens",
             "prompt tokens per request",
             ("model",),
-            buckets=TOKEN_BUCKETS,
-            registry=registry,
+            TOKEN_BUCKETS,
+            registry,
         )
-        self.output_tokens = Histogram(
+        self.output_tokens = LoopHistogram(
             "dynamo_frontend_output_sequence_tokens",
             "generated tokens per request",
             ("model",),
-            buckets=TOKEN_BUCKETS,
-            registry=registry,
+            TOKEN_BUCKETS,
+            registry,
         )
         self.disagg_requests = Counter(
             "dynamo_frontend_disagg_requests",

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import atexit
 import functools
+import gc
 import logging
 import os
 import signal
@@ -53,6 +54,7 @@ __all__ = [
     "run_program",
     "runtime_from_args",
     "shutdown_on_signals",
+    "tune_gc_for_serving",
     "uses_uvloop",
 ]
 
@@ -170,15 +172,41 @@ def uses_uvloop(argv: Sequence[str] | None = None) -> bool:
     return True
 
 
+SERVING_GC_THRESHOLDS = (10_000, 50, 100)
+"""Python's cyclic collector in a serving program: the youngest generation every 10,000 net
+allocations instead of 700 (a streamed token allocates a handful of objects, so the default
+collected every hundred or so tokens)."""
+
+
+def tune_gc_for_serving() -> None:
+    """Set a long-running program's garbage collector as servers do: the objects that exist now
+    (modules, classes, what start-up built) are frozen out of every later collection, and the
+    young generation is collected less often (`SERVING_GC_THRESHOLDS`). `run_program` calls it;
+    ``DYN_NB_GC=default`` keeps Python's settings. Memory is still freed by reference counting
+    as soon as it is unused; only cycles wait longer. Measured: about 10 % less frontend CPU
+    per 32-token stream at concurrency 128, 5 % less mocker CPU (docs/benchmarks.md).
+
+    Example::
+
+        tune_gc_for_serving()  # in a program's entry point, never in a library or a kernel
+    """
+    if os.environ.get("DYN_NB_GC", "") == "default" or in_notebook():
+        return
+    gc.freeze()
+    gc.set_threshold(*SERVING_GC_THRESHOLDS)
+
+
 def run_program(main: Callable[[], Awaitable[int]]) -> int:
     """Run a component's ``async def main()`` as a program, on uvloop when it is installed (see
-    `uses_uvloop`): a `ConfigError` is one line and exit 2.
+    `uses_uvloop`), with the collector tuned for serving (`tune_gc_for_serving`): a
+    `ConfigError` is one line and exit 2.
 
     Example::
 
         if __name__ == "__main__":
             sys.exit(run_program(main))
     """
+    tune_gc_for_serving()
     try:
         if uses_uvloop():
             import uvloop
