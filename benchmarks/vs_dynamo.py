@@ -228,6 +228,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.gather(ours.stop(), dynamo.stop(), ours_2.stop())
     return {
         "rows": rows,
+        "targets": targets(rows),
         "setup": {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "peer": "ai-dynamo 1.6.1 frontend + mocker (its own venv)",
@@ -267,6 +268,52 @@ def print_row(row: dict[str, Any]) -> None:
     )
 
 
+def cost_split(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each frontend's CPU per token and fixed per request, where a run has a 32- and a 256-token
+    level at the same connection and concurrency (speedup 100): per token = (the 256-token
+    request's CPU - the 32-token one's) / 224; fixed = the 32-token request's - 32 tokens."""
+    by_level = {
+        (r["run"], r["connection"], r["concurrency"], r["tokens"]): r for r in rows if r["speedup"] >= 100
+    }
+    split = []
+    for (run, connection, concurrency, tokens), short in sorted(by_level.items()):
+        long = by_level.get((run, connection, concurrency, LONG_TOKENS))
+        if tokens != TOKENS or long is None:
+            continue
+        entry: dict[str, Any] = {"run": run, "connection": connection, "concurrency": concurrency}
+        for system in ("ours", "dynamo"):
+            cpu_short = short[system]["frontend_cpu_ms_per_request"]
+            per_token_ms = (long[system]["frontend_cpu_ms_per_request"] - cpu_short) / (LONG_TOKENS - TOKENS)
+            entry[system] = {
+                "per_token_us": per_token_ms * 1e3,
+                "fixed_ms": cpu_short - TOKENS * per_token_ms,
+            }
+        for key in ("per_token_us", "fixed_ms"):
+            theirs = entry["dynamo"][key]
+            entry[f"ratio_{key}"] = entry["ours"][key] / theirs if theirs > 0 else None
+        split.append(entry)
+    return split
+
+
+def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures the targets name, over every run: the lowest capacity ratio at speedup 100
+    (c = 32 and 128, both connections, 32- and 256-token streams), the highest TTFT and E2E p50
+    ratios at c = 1 (new connections: Dynamo's keep-alive carries a Nagle stall), and the
+    frontend's CPU per token and fixed per request at c = 128 (`cost_split`)."""
+    capacity = [r["ratio_rps"] for r in rows if r["speedup"] >= 100 and r["concurrency"] >= 32]
+    single = [r for r in rows if r["speedup"] >= 100 and r["concurrency"] == 1 and r["connection"] == "new"]
+    split = [e for e in cost_split(rows) if e["concurrency"] == 128]
+    worst = lambda values: max((v for v in values if v is not None), default=None)  # noqa: E731
+    return {
+        "capacity_ratio_min": min(capacity, default=None),
+        "ttft_p50_ratio_c1_max": worst(r["ratio_ttft_p50"] for r in single),
+        "e2e_p50_ratio_c1_max": worst(r["ratio_e2e_p50"] for r in single),
+        "per_token_ratio_c128_max": worst(e["ratio_per_token_us"] for e in split),
+        "fixed_per_request_ratio_c128_max": worst(e["ratio_fixed_ms"] for e in split),
+        "cost_split": cost_split(rows),
+    }
+
+
 def print_table(report: dict[str, Any]) -> None:
     print(
         f"\nOurs vs Dynamo 1.6.1: frontend + mocker, {TOKENS}- and {LONG_TOKENS}-token streams (times in ms)"
@@ -274,6 +321,15 @@ def print_table(report: dict[str, Any]) -> None:
     print(HEADER)
     for row in report["rows"]:
         print_row(row)
+    print("\nfrontend CPU per token (µs) and fixed per request (ms), ours / Dynamo's:")
+    for entry in report["targets"]["cost_split"]:
+        ours, theirs = entry["ours"], entry["dynamo"]
+        print(
+            f"run {entry['run']} {entry['connection']:>10} c={entry['concurrency']:<4} per token "
+            f"{ours['per_token_us']:6.1f} / {theirs['per_token_us']:6.1f}   fixed {ours['fixed_ms']:.3f} / "
+            f"{theirs['fixed_ms']:.3f}"
+        )
+    print({key: value for key, value in report["targets"].items() if key != "cost_split"})
 
 
 def cli() -> None:
