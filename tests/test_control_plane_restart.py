@@ -104,6 +104,7 @@ async def _has(http: httpx.AsyncClient, wanted: set[int]) -> bool:
         return False
 
 
+@pytest.mark.long  # ~18 s: kept out of the default run's budget; .ci/run's second step runs it
 async def test_nats_killed_and_restarted_under_its_request_plane_and_kv_events(
     private_services: LocalServices, tmp_path: Path
 ) -> None:
