@@ -327,3 +327,34 @@ def test_in_a_kernel_the_live_view_updates_one_display_and_charts_show_once() ->
     finally:
         kernel.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+def test_token_events_are_counted_from_their_bytes_as_decoding_would() -> None:
+    """`text_pieces` (no JSON decoding) agrees with decoding on every shape a server sends: ours,
+    Dynamo's and vLLM's chunks, spaces after colons, the role chunk, reasoning text, escaped
+    quotes, several choices; payloads with usage, nvext or an error, or not an object, are left
+    to the decoder."""
+    from dynamo_nb.bench.http_client import _read_event, text_pieces
+
+    payloads = [
+        {"id": "c", "choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        {"choices": [{"index": 0, "delta": {"content": None, "reasoning_content": "think"}}]},
+        {"choices": [{"index": 0, "delta": {"content": '"content":"x" \\"'}}]},
+        {"choices": [{"index": 0, "text": " robot"}, {"index": 1, "text": ""}, {"index": 2, "text": "a"}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+        {"choices": [{"index": 0, "delta": {"content": "\u00e9\U0001f600"}}]},
+    ]
+    for payload in payloads:
+        for separators in ((",", ":"), (", ", ": ")):
+            for ascii_only in (True, False):
+                data = json.dumps(payload, separators=separators, ensure_ascii=ascii_only).encode()
+                assert text_pieces(data) == _read_event(data, {}), data
+    for data in (
+        b'{"choices":[],"usage":{"completion_tokens":3}}',
+        b'{"choices":[{"delta":{"content":"x"}}],"nvext":{"worker_id":{}}}',
+        b'{"error":{"message":"boom"}}',
+        b'{"choices":[{"delta":{"content":"x"',
+        b"[1, 2]",
+    ):
+        assert text_pieces(data) is None, data
