@@ -3,7 +3,7 @@ floor of what a Python server's SSE costs on this machine, for `frontend_overhea
 
 It answers ``POST /v1/chat/completions`` with ``max_tokens`` events in our frontend's template
 (a role chunk, one content chunk per token, the finish chunk, ``[DONE]``), one write per event,
-on uvloop when installed, as our components run.
+on uvloop when installed and with the collector tuned, as our components run.
 
     python benchmarks/_bare_sse.py PORT
 """
@@ -16,6 +16,8 @@ import sys
 import time
 
 from aiohttp import web
+
+from dynamo_nb.runtime.program import run_tuned
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
 PIECES = [" robot", " in", " a", " quiet", " library", "."]
@@ -61,9 +63,4 @@ async def serve(port: int) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        import uvloop
-
-        uvloop.run(serve(int(sys.argv[1])))
-    except ImportError:
-        asyncio.run(serve(int(sys.argv[1])))
+    run_tuned(serve(int(sys.argv[1])))  # as our components run: uvloop, the tuned collector

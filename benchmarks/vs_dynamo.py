@@ -36,7 +36,7 @@ from _harness import RESULTS
 
 from dynamo_nb import LocalServices, bench, launch
 from dynamo_nb.models import tiny_model_path
-from dynamo_nb.runtime.program import tune_gc_for_serving, uses_uvloop
+from dynamo_nb.runtime.program import run_tuned
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 32
@@ -370,14 +370,7 @@ def cli() -> None:
             Path(os.path.abspath(args.peer_python)).parents[2] / "tiny-llama"
         )  # PEER/venv/bin/python
         args.model = str(recipe_model if (recipe_model / "tokenizer.json").exists() else tiny_model_path())
-    # the load generator runs as our components do (both systems gain alike): uvloop, a tuned collector
-    tune_gc_for_serving()
-    if uses_uvloop():
-        import uvloop
-
-        report = uvloop.run(main(args))
-    else:
-        report = asyncio.run(main(args))
+    report = run_tuned(main(args))  # the load generator runs as our components (both systems gain alike)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)

@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -52,6 +52,7 @@ __all__ = [
     "parse_ready_line",
     "ready_line",
     "run_program",
+    "run_tuned",
     "runtime_from_args",
     "shutdown_on_signals",
     "tune_gc_for_serving",
@@ -196,23 +197,34 @@ def tune_gc_for_serving() -> None:
     gc.set_threshold(*SERVING_GC_THRESHOLDS)
 
 
+def run_tuned(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run ``coroutine`` to its end as our components run: the collector tuned for serving
+    (`tune_gc_for_serving`), on uvloop when it is installed (`uses_uvloop`). For a program's
+    entry point (a benchmark's load generator, a baseline server), never a library.
+
+    Example::
+
+        report = run_tuned(main(args))
+    """
+    tune_gc_for_serving()
+    if uses_uvloop():
+        import uvloop
+
+        return uvloop.run(coroutine)
+    return asyncio.run(coroutine)
+
+
 def run_program(main: Callable[[], Awaitable[int]]) -> int:
-    """Run a component's ``async def main()`` as a program, on uvloop when it is installed (see
-    `uses_uvloop`), with the collector tuned for serving (`tune_gc_for_serving`): a
-    `ConfigError` is one line and exit 2.
+    """Run a component's ``async def main()`` as a program (`run_tuned`: on uvloop when it is
+    installed, the collector tuned for serving): a `ConfigError` is one line and exit 2.
 
     Example::
 
         if __name__ == "__main__":
             sys.exit(run_program(main))
     """
-    tune_gc_for_serving()
     try:
-        if uses_uvloop():
-            import uvloop
-
-            return uvloop.run(main())
-        return asyncio.run(main())
+        return run_tuned(main())  # type: ignore[arg-type]
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

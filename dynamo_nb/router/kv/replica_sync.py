@@ -200,9 +200,12 @@ class ReplicaSync:
         """Drop the requests of router ``sender`` (it stopped or went silent)."""
         self.peers.pop(sender, None)
         for request_id, (worker, _) in self._remote.pop(sender, {}).items():
-            load = self.router.loads.get(worker)
-            if load is not None:
-                load.free(request_id)
+            self._free(request_id, worker)
+
+    def _free(self, request_id: str, worker: int) -> None:
+        load = self.router.loads.get(worker)
+        if load is not None:
+            load.free(request_id)
 
     def sweep(self) -> None:
         """Drop routers silent for ``silence`` s and remote requests older than ``max_age`` s."""
@@ -216,9 +219,7 @@ class ReplicaSync:
             for request_id, (worker, when) in list(requests.items()):
                 if now - when > self.max_age:
                     del requests[request_id]
-                    load = self.router.loads.get(worker)
-                    if load is not None:
-                        load.free(request_id)
+                    self._free(request_id, worker)
 
     async def stop(self) -> None:
         """Stop listening and tell the others this router's requests are gone (once)."""

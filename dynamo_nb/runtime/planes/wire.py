@@ -31,7 +31,6 @@ import struct
 from typing import Any
 
 import msgpack
-from msgpack import unpackb
 
 from ...errors import FrameTooLargeError
 from ..bounded_decode import SMALL_BYTES, unpack_bounded
@@ -172,12 +171,7 @@ class FrameDecoder:
             if end > size:
                 break
             if length <= SMALL_BYTES:  # a token's frame: copying its bytes beats a memoryview
-                try:
-                    append(unpackb(buffer[offset + 4 : end], raw=False))
-                except msgpack.StackError:
-                    raise FrameTooLargeError(
-                        "a frame nests arrays or maps too deeply; it was refused"
-                    ) from None
+                append(unpack_bounded(buffer[offset + 4 : end]))
             else:
                 with memoryview(buffer) as view, view[offset + 4 : end] as body:
                     append(unpack_bounded(body))
