@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP frontend (aiohttp): the app, its routes and the error envelope.
+"""The OpenAI-compatible HTTP frontend: its routes and the error envelope, on the HTTP/1.1
+server of `dynamo_nb.frontend.http1`.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE with ``stream: true``,
 ending in ``data: [DONE]``; else one JSON body), ``GET /v1/models``, ``GET /health`` (the
@@ -19,11 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from aiohttp import web
 
 from ..errors import ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
 from ..llm.card import ModelCard
@@ -39,9 +37,9 @@ from .connections import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS,
     ConnectionGuard,
-    GuardedSite,
 )
-from .error_envelope import error_body, http_error
+from .error_envelope import http_error
+from .http1 import Handler, HttpRequest, HttpResponse, HttpServer, StreamedResponse, json_response
 from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
 from .openai import check_text, parse_request
@@ -85,7 +83,7 @@ class Frontend:
         self.migration_limit = migration_limit
         self.overload_status = 503  # a request refused because a limit was hit (or 529)
         self.pipeline = RequestPipeline(manager, self.metrics, migration_limit)
-        self._runner: web.AppRunner | None = None
+        self._server: HttpServer | None = None
         self.connections = ConnectionGuard()
         """The header timeout and connection cap, with their counters (`ConnectionGuard`)."""
         self.idle_timeout = DEFAULT_IDLE_TIMEOUT
@@ -246,49 +244,37 @@ class Frontend:
         return self._url or f"http://{host_port(self.host, self.port)}"
 
     async def _listen(self, reuse_port: bool = False) -> None:
-        app = web.Application(middlewares=[self._errors], client_max_size=MAX_BODY_BYTES)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/v1/models", self._list_models)
-        app.router.add_get("/health", self._health)
-        app.router.add_get("/live", self._live)
-        app.router.add_get("/metrics", self._metrics)
-        # a client that leaves cancels its handler: the decode and its prefill stop at once,
-        # even before the first token (aiohttp otherwise notices only at the next write)
-        self._runner = web.AppRunner(
-            app,
-            access_log=None,
-            handle_signals=False,
-            handler_cancellation=True,
-            keepalive_timeout=self.idle_timeout,
-        )
-        await self._runner.setup()
-        site = GuardedSite(
-            self._runner, self.connections, self.host, self.port, reuse_port=reuse_port or None
-        )
+        routes: dict[str, dict[str, Handler]] = {
+            "/v1/chat/completions": {"POST": self._errors(self._chat)},
+            "/v1/completions": {"POST": self._errors(self._completions)},
+            "/v1/models": {"GET": self._errors(self._list_models)},
+            "/health": {"GET": self._errors(self._health)},
+            "/live": {"GET": self._errors(self._live)},
+            "/metrics": {"GET": self._errors(self._metrics)},
+        }
+        server = HttpServer(routes, self.connections, idle_timeout=self.idle_timeout, max_body=MAX_BODY_BYTES)
         try:
-            await site.start()
+            await server.start(self.host, self.port, reuse_port=reuse_port)
         except OSError as exc:
-            await self._runner.cleanup()
             raise ConfigError(
                 f"the frontend cannot listen on {self.host}:{self.port} ({exc.strerror or exc}): pick another "
                 "--http-port (0 = a free one)"
             ) from None
-        if self.port == 0:
-            self.port = self._runner.addresses[0][1]
+        self._server = server
+        self.port = server.port
         try:
             host = (await self.runtime.addresses.resolve()).advertise(self.host, what=None)
         except BaseException:
-            await self._runner.cleanup()
+            await server.stop()
             raise
         self._url = f"http://{host_port(host, self.port)}"
         logger.info("frontend listening on %s", self.url)
 
     async def stop(self) -> None:
         """Stop the HTTP server and the KV routers (the runtime stays up)."""
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
         await self.models.close()
         if self.pipeline.trace is not None:
             self.pipeline.trace.close()
@@ -304,40 +290,28 @@ class Frontend:
 
     # -- plumbing
 
-    @web.middleware
-    async def _errors(
-        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except DynamoNBError as exc:
-            status, body = http_error(exc)
-            if isinstance(exc, OverloadedError):  # expected under load: no warning per request
-                return web.json_response(
-                    body, status=self.overload_status, headers={"Retry-After": str(exc.retry_after)}
-                )
-            if status >= 500:
-                logger.warning("%s %s answered %d: %s", request.method, request.path, status, exc)
-            return web.json_response(body, status=status)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            message = {
-                404: f"no route {request.method} {request.path}: see /v1/models, /v1/chat/completions, "
-                "/v1/completions, /health, /live, /metrics",
-                405: f"{request.method} is not allowed on {request.path}",
-                413: f"the request body is larger than {MAX_BODY_BYTES} bytes",
-            }.get(exc.status, exc.reason)
-            return web.json_response(error_body(exc.status, message), status=exc.status)
-        except Exception:
-            logger.exception("internal error on %s %s", request.method, request.path)
-            return web.json_response(
-                error_body(500, "internal error in the frontend; see its log"), status=500
-            )
+    def _errors(self, handler: Handler) -> Handler:
+        """``handler`` with our errors answered in OpenAI's envelope (their status), anything
+        else a 500 that says to look at the log."""
+
+        async def answer(request: HttpRequest) -> HttpResponse | StreamedResponse:
+            try:
+                return await handler(request)
+            except DynamoNBError as exc:
+                status, body = http_error(exc)
+                if isinstance(exc, OverloadedError):  # expected under load: no warning per request
+                    return json_response(
+                        body, status=self.overload_status, headers={"Retry-After": str(exc.retry_after)}
+                    )
+                if status >= 500:
+                    logger.warning("%s %s answered %d: %s", request.method, request.path, status, exc)
+                return json_response(body, status=status)
+
+        return answer
 
     @staticmethod
-    async def _json(request: web.Request) -> Any:
-        raw = await request.read()
+    def _json(request: HttpRequest) -> Any:
+        raw = request.body
         problem = json_nesting_problem(raw)
         if problem is not None:
             raise InvalidRequestError(problem)
@@ -356,20 +330,20 @@ class Frontend:
 
     # -- routes
 
-    async def _live(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "live"})
+    async def _live(self, request: HttpRequest) -> HttpResponse:
+        return json_response({"status": "live"})
 
-    async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
+    async def _metrics(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
-    async def _list_models(self, request: web.Request) -> web.Response:
+    async def _list_models(self, request: HttpRequest) -> HttpResponse:
         data = [
             {"id": m.name, "object": "model", "created": m.created, "owned_by": "dynamo_nb"}
             for m in sorted(self.models.live_models(), key=lambda m: m.name)
         ]
-        return web.json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def _health(self, request: HttpRequest) -> HttpResponse:
         instances = [
             {
                 "model": m.name,
@@ -392,10 +366,10 @@ class Frontend:
             "instances": instances,
             "prefill_instances": prefill,
         }
-        return web.json_response(body, status=200 if healthy else 503)
+        return json_response(body, status=200 if healthy else 503)
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
-        return await self.pipeline.serve(request, parse_request(await self._json(request), "chat"))
+    async def _chat(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        return await self.pipeline.serve(request, parse_request(self._json(request), "chat"))
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.pipeline.serve(request, parse_request(await self._json(request), "completions"))
+    async def _completions(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        return await self.pipeline.serve(request, parse_request(self._json(request), "completions"))

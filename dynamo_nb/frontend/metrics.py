@@ -170,6 +170,7 @@ class FrontendMetrics:
         )
         self._queues_watched: set[str] = set()
         self._models: dict[str, ModelMetrics] = {}
+        self._request_counters: dict[tuple[str, str, str, str], Any] = {}  # labels() costs µs a call
 
     def of(self, model: str) -> ModelMetrics:
         """The series of ``model`` (made on first use, then cached)."""
@@ -219,7 +220,11 @@ class FrontendMetrics:
 
     def count_request(self, model: str, endpoint: str, request_type: str, status: str) -> None:
         """One finished HTTP request (``status``: success, error or cancelled)."""
-        self.requests.labels(model, endpoint, request_type, status).inc()
+        key = (model, endpoint, request_type, status)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self._request_counters[key] = self.requests.labels(*key)
+        counter.inc()
 
     def render(self) -> bytes:
         """Every series in the Prometheus text format."""

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from ..errors import (
     DisaggregationError,
     EngineError,
@@ -51,6 +49,7 @@ from ..runtime.context import Context
 from ..runtime.ids import new_request_id
 from ..telemetry.request_ids import set_request_id
 from ..telemetry.tracing import inject_trace, span
+from .http1 import HttpRequest, HttpResponse, StreamedResponse
 from .metrics import FrontendMetrics
 from .migration import Migration
 from .openai import OpenAIRequest
@@ -110,7 +109,7 @@ def check_context(model: ServedModel, parsed: OpenAIRequest, prompt_tokens: int)
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
-def request_id_of(http_request: web.Request) -> str:
+def request_id_of(http_request: HttpRequest) -> str:
     """The request's id: the client's ``x-request-id`` header (as Dynamo takes it), else a new one.
     It names the answer (``chatcmpl-ID``, the ``x-request-id`` header), travels to the worker as
     the request's context id, and keys its routing decisions."""
@@ -196,7 +195,9 @@ class RequestPipeline:
         )
         return model, request
 
-    async def serve(self, http_request: web.Request, parsed: OpenAIRequest) -> web.StreamResponse:
+    async def serve(
+        self, http_request: HttpRequest, parsed: OpenAIRequest
+    ) -> HttpResponse | StreamedResponse:
         """Every step for ``parsed``, answered on ``http_request``; metrics counted whatever the end."""
         started = time.perf_counter()
         received_ms = time.time() * 1000
@@ -209,13 +210,13 @@ class RequestPipeline:
 
     async def _serve(
         self,
-        http_request: web.Request,
+        http_request: HttpRequest,
         parsed: OpenAIRequest,
         request_id: str,
         started: float,
         root: Any,
         received_ms: float,
-    ) -> web.StreamResponse:
+    ) -> HttpResponse | StreamedResponse:
         model, request = self.preprocess(parsed)
         metrics = self.metrics.of(model.name)
         status = "error"
@@ -268,7 +269,7 @@ class RequestPipeline:
             )
             status = "success" if outcome.error is None else "error"
             return response
-        except asyncio.CancelledError:  # the client left (aiohttp cancels its handler)
+        except asyncio.CancelledError:  # the client left (the server cancels its request's task)
             status = "cancelled"
             raise
         finally:

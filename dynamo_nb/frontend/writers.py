@@ -15,17 +15,16 @@ from collections.abc import AsyncIterator
 from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
-from aiohttp import web
-
 from ..errors import EngineError
 from ..runtime.ids import new_request_id
 from .error_envelope import error_body
+from .http1 import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .openai import OpenAIRequest
 from .relay import Outcome
 
 __all__ = ["usage", "write_stream", "write_unary"]
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DONE = "data: [DONE]\n\n"
 
 
@@ -50,12 +49,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None 
 
 
 async def write_stream(
-    request: web.Request,
+    request: HttpRequest,
     parsed: OpenAIRequest,
     pieces: AsyncIterator[str],
     outcome: Outcome,
     prompt_tokens: int,
-) -> web.StreamResponse:
+) -> StreamedResponse:
     """Send ``pieces`` as SSE chunks as they come, then the finish reason (and ``nvext``), the
     usage chunk when asked for (``stream_options.include_usage``) and ``[DONE]``; an error
     mid-stream is an error event before ``[DONE]``.
@@ -63,19 +62,15 @@ async def write_stream(
     The events of all pieces already received go out in one write (the headers and the role
     chunk with the first), and the last events with the end of the chunked body: a short
     stream costs two socket writes, each event is still its own SSE event."""
-    response = web.StreamResponse(headers={**SSE_HEADERS, **outcome.headers})
-    await response.prepare(request)
+    response = request.stream({**SSE_HEADERS, **outcome.headers})
     chat = parsed.kind == "chat"
     request_id = ("chatcmpl-" if chat else "cmpl-") + (outcome.request_id or new_request_id())
-    head = json.dumps(
-        {
-            "id": request_id,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": int(time.time()),
-            "model": parsed.model,
-        },
-        separators=(",", ":"),
-    )[:-1]
+    quote = encode_basestring_ascii  # json.dumps of a str, byte for byte, without its overhead
+    # the chunk's head as json.dumps(..., separators=(",", ":")) writes it, without its closing brace
+    head = (
+        f'{{"id":{quote(request_id)},"object":"{"chat.completion.chunk" if chat else "text_completion"}",'
+        f'"created":{int(time.time())},"model":{quote(parsed.model)}'
+    )
     events: list[str] = []  # one SSE event per piece, sent together while more are ready
     if chat:
         prefix = f'data: {head},"choices":[{{"index":0,"delta":{{"content":'
@@ -89,7 +84,6 @@ async def write_stream(
         suffix = ',"logprobs":null,"finish_reason":null}]}\n\n'
     write = response.write
     dumps = json.dumps
-    quote = encode_basestring_ascii  # json.dumps of a str, byte for byte, without its overhead
     async for text in pieces:
         if text:
             events.append(f"{prefix}{quote(text)}{suffix}")
@@ -116,7 +110,7 @@ async def write_stream(
 
 async def write_unary(
     parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: Outcome, prompt_tokens: int
-) -> web.Response:
+) -> HttpResponse:
     """The whole answer as one JSON body; an error mid-stream is an `EngineError` (a 500)."""
     text = "".join([piece async for piece in pieces])
     if outcome.error is not None:
@@ -139,4 +133,4 @@ async def write_unary(
     nvext = outcome.nvext
     if nvext:
         body["nvext"] = nvext
-    return web.json_response(body, headers=outcome.headers)
+    return json_response(body, headers=outcome.headers)

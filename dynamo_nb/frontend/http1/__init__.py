@@ -1,0 +1,31 @@
+"""The frontend's HTTP/1.1 server: requests read strictly (``parser``), handlers given an
+`HttpRequest` and answering with an `HttpResponse` or a `StreamedResponse` (``messages``),
+connections with timeouts, a cap, pipelining and flow control (``server``).
+
+Lean on purpose: a request costs a fraction of what a general web framework spends on it
+(`benchmarks/frontend_overhead.py` part 4 measures it against bare aiohttp).
+
+Example::
+
+    async def live(request: HttpRequest) -> HttpResponse:
+        return json_response({"status": "live"})
+
+    server = HttpServer({"/live": {"GET": live}}, ConnectionGuard())
+    await server.start("127.0.0.1", 0)
+"""
+
+from __future__ import annotations
+
+from .messages import HttpRequest, HttpResponse, StreamedResponse, json_response
+from .parser import HttpError
+from .server import Handler, HttpServer
+
+__all__ = [
+    "Handler",
+    "HttpError",
+    "HttpRequest",
+    "HttpResponse",
+    "HttpServer",
+    "StreamedResponse",
+    "json_response",
+]

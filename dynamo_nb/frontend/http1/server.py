@@ -1,0 +1,416 @@
+"""A small HTTP/1.1 server on asyncio's protocols: the frontend's listener.
+
+One `HttpConnection` per TCP connection reads requests (`parser`), runs each in its own task
+(one at a time per connection, pipelined requests in order) and writes its answer. What it
+guards against, with the limits of a `ConnectionGuard`:
+
+- a connection whose first request's head is not in within ``header_timeout`` is closed
+  (a slowloris), and so is one whose body stalls for ``idle_timeout``;
+- a keep-alive connection idle for ``idle_timeout`` between requests is closed;
+- beyond ``max_connections`` a new connection gets a 503 in OpenAI's envelope and is closed;
+- a body over ``max_body`` bytes is a 413, a head over 64 KiB a 431;
+- a client that leaves cancels its request's task at once (the worker's stream with it), and
+  a client that stops reading holds a write for at most ``idle_timeout``.
+
+Unknown paths are 404s, known paths with another method 405s (``HEAD`` is served where
+``GET`` is), all in OpenAI's error envelope.
+
+Example::
+
+    async def live(request: HttpRequest) -> HttpResponse:
+        return json_response({"status": "live"})
+
+    server = HttpServer({"/live": {"GET": live}}, ConnectionGuard(), idle_timeout=60)
+    await server.start("127.0.0.1", 0)
+    server.port          # the port it listens on
+    await server.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ..connections import ConnectionGuard
+from ..error_envelope import error_body
+from .messages import HttpRequest, HttpResponse, StreamedResponse, json_response
+from .parser import MAX_HEAD_BYTES, ChunkedDecoder, HttpError, RequestHead, parse_head
+
+__all__ = ["Handler", "HttpConnection", "HttpServer"]
+
+logger = logging.getLogger("dynamo_nb.frontend.http")
+
+Handler = Callable[[HttpRequest], Awaitable["HttpResponse | StreamedResponse"]]
+"""A route's handler: the request in, its answer out."""
+
+_READ_AHEAD = 1 << 20  # bytes buffered for the next request while one is served, before reading pauses
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_LINGER = 2.0  # seconds a refused client has to read its answer
+BACKLOG = 1024
+"""Connections the kernel queues before they are accepted (asyncio's default, 100, drops the
+SYNs of a burst of new connections: each waits a second for its retry)."""
+
+
+class HttpServer:
+    """Routes (``{path: {method: handler}}``) served over HTTP/1.1 on one listening socket.
+
+    Args:
+        routes: the handlers by path and method.
+        guard: the header timeout and connection cap, and their counters.
+        idle_timeout: seconds a keep-alive connection may idle between requests (and a body
+            stall, and a write wait on a client that does not read).
+        max_body: the largest request body taken, in bytes.
+    """
+
+    def __init__(
+        self,
+        routes: Mapping[str, Mapping[str, Handler]],
+        guard: ConnectionGuard,
+        *,
+        idle_timeout: float = 60.0,
+        max_body: int = 32 * 1024 * 1024,
+    ) -> None:
+        self.routes = routes
+        self.guard = guard
+        self.idle_timeout = idle_timeout
+        self.max_body = max_body
+        self.connections: set[HttpConnection] = set()
+        self.stopping = False
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self.loop_time: Callable[[], float] = time.monotonic
+        self.port = 0
+
+    async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
+        """Listen on ``host:port`` (port 0: a free one, then in `port`)."""
+        loop = asyncio.get_running_loop()
+        self.loop_time = loop.time
+        self._server = await loop.create_server(
+            lambda: HttpConnection(self),
+            host,
+            port,
+            reuse_address=True,
+            reuse_port=reuse_port or None,
+            backlog=BACKLOG,
+        )
+        self.port = self._server.sockets[0].getsockname()[1] if self._server.sockets else port
+        self._sweeper = loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Every quarter of the shortest timeout (at most a second), end the waits that ran out."""
+        period = min(1.0, self.guard.header_timeout / 4, self.idle_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = self.loop_time()
+            for connection in [c for c in self.connections if 0 < c.deadline <= now]:
+                connection.deadline = 0.0
+                try:
+                    connection.on_deadline()
+                except Exception:  # the sweep goes on for the others
+                    logger.exception("closing a timed-out connection failed")
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop listening, let requests under way finish for ``grace`` seconds, cancel the rest
+        and close every connection."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        busy = [c.task for c in self.connections if c.task is not None]
+        for connection in list(self.connections):
+            if connection.task is None:
+                connection.close()
+        if busy:
+            _, pending = await asyncio.wait(busy, timeout=grace)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=grace)
+        for connection in list(self.connections):
+            connection.close()
+
+    def handler(self, request: HttpRequest) -> Handler:
+        """The handler of ``request``'s path and method; an `HttpError` (404, 405) when none."""
+        methods = self.routes.get(request.path)
+        if methods is None:
+            raise HttpError(404, f"no route {request.method} {request.path}: see {', '.join(self.routes)}")
+        handler = methods.get(request.method)
+        if handler is None and request.method == "HEAD":
+            handler = methods.get("GET")
+        if handler is None:
+            error = HttpError(405, f"{request.method} is not allowed on {request.path}")
+            error.allow = sorted({*methods, "HEAD"} if "GET" in methods else methods)
+            raise error
+        return handler
+
+
+def error_response(exc: HttpError) -> HttpResponse:
+    """A request the server refuses, in OpenAI's error envelope (its type from the status)."""
+    headers = {"Allow": ", ".join(exc.allow)} if exc.allow else None
+    return json_response(error_body(exc.http_status, str(exc)), status=exc.http_status, headers=headers)
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: its requests read, served one at a time, answered in order."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.buffer: bytes | bytearray = b""
+        self.head: RequestHead | None = None  # read, its body not yet in
+        self.chunks: ChunkedDecoder | None = None
+        self.task: asyncio.Task[None] | None = None  # the request being served
+        self.deadline = 0.0  # the loop time the pending wait ends at (0: none); the server's sweep checks it
+        self.on_deadline: Callable[[], None] = self.abort
+        self.first = True  # no request read yet: the header timeout applies
+        self.counted = False
+        self.closed = False
+        self.discarding = False  # refused: what the client still sends is dropped
+        self.reading_paused = False
+        self.write_paused = False
+        self.started = False  # the current answer's first bytes went out
+        self._drain: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+        guard = self.server.guard
+        if guard.open >= guard.max_connections or self.server.stopping:
+            guard.refused_total += 1
+            refused = error_body(503, "the frontend has too many open connections; retry later")
+            response = json_response(refused, status=503, headers={"Retry-After": "1"})
+            transport.write(response.encode(close=True))
+            transport.close()
+            self.closed = True
+            return
+        guard.open += 1
+        self.counted = True
+        self.server.connections.add(self)
+        self._time(guard.header_timeout, self._slow)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self.discarding:
+            return
+        if self.buffer:
+            self.buffer += data
+        else:
+            self.buffer = data
+        if self.task is not None:  # the next request waits for this one's answer
+            if len(self.buffer) > _READ_AHEAD and not self.reading_paused:
+                self.reading_paused = True
+                self.transport.pause_reading()  # type: ignore[union-attr]
+            return
+        self._next()
+
+    def eof_received(self) -> bool:
+        """The client closed its side: taken as the client gone (a request under way is
+        cancelled), since a closed socket and a half-closed one look alike from here."""
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._untime()
+        if self.counted:
+            self.counted = False
+            self.server.guard.open -= 1
+            self.server.connections.discard(self)
+        if self.task is not None and not self.task.done():
+            self.task.cancel()  # the client left: its request stops (the worker's stream with it)
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_exception(ConnectionResetError("the client closed the connection"))
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self._drain is not None and not self._drain.done():
+            self._drain.set_result(None)
+
+    # -- writing
+
+    def send(self, data: bytes) -> None:
+        """Write ``data`` to the client; `ConnectionResetError` once it left."""
+        if self.closed or self.transport is None or self.transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
+        self.started = True
+        self.transport.write(data)
+
+    async def drained(self) -> None:
+        """Wait until the client read enough of what was written (at most the idle timeout)."""
+        if not self.write_paused:
+            return
+        if self.closed:
+            raise ConnectionResetError("the client closed the connection")
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(self._drain, self.server.idle_timeout)
+        except asyncio.TimeoutError:
+            self.abort()
+            raise ConnectionResetError(
+                f"the client read nothing for {self.server.idle_timeout} s; closed"
+            ) from None
+
+    def close(self) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- timers
+
+    def _time(self, seconds: float, then: Callable[[], None]) -> None:
+        """Call ``then`` if nothing else is timed within ``seconds`` (one timer for all
+        connections, the server's sweep: cheaper than a timer per request)."""
+        self.deadline = self.server.loop_time() + seconds
+        self.on_deadline = then
+
+    def _untime(self) -> None:
+        self.deadline = 0.0
+
+    def _slow(self) -> None:
+        """The head (first request) or a body did not come in time."""
+        if not self.closed:
+            self.server.guard.timed_out_total += 1
+            self.abort()
+
+    def _idle(self) -> None:
+        if self.task is None:
+            self.close()
+
+    # -- reading
+
+    def _next(self) -> None:
+        """Start serving the next request once its head and body are in."""
+        try:
+            request = self._read()
+        except HttpError as exc:
+            self._refuse(exc)
+            return
+        if request is None:
+            return
+        self._untime()
+        self.first = False
+        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+
+    def _read(self) -> HttpRequest | None:
+        if self.head is None:
+            buffer = self.buffer
+            if buffer[:2] == b"\r\n":  # empty lines before a request line are ignored
+                buffer = self.buffer = bytes(buffer).lstrip(b"\r\n")
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0 or end > MAX_HEAD_BYTES:
+                if len(buffer) > MAX_HEAD_BYTES:
+                    raise HttpError(431, f"the request's head is larger than {MAX_HEAD_BYTES} bytes")
+                return None
+            head = self.head = parse_head(bytes(buffer[:end]))
+            self.buffer = buffer[end + 4 :]
+            if head.content_length is not None and head.content_length > self.server.max_body:
+                raise HttpError(413, f"the request body is larger than {self.server.max_body} bytes")
+            if head.chunked:
+                self.chunks = ChunkedDecoder(self.server.max_body)
+                self.buffer = bytearray(self.buffer)
+            if head.expect_continue and not self._body_in(head):
+                self.send(_CONTINUE)
+                self.started = False
+        head = self.head
+        if not self._body_in(head):
+            self._time(self.server.idle_timeout, self._slow)  # restarted while the body comes
+            return None
+        if self.chunks is not None:
+            body = bytes(self.chunks.body)
+            self.chunks = None
+        else:
+            length = head.content_length or 0
+            body = bytes(self.buffer[:length])
+            self.buffer = self.buffer[length:]
+        self.head = None
+        return HttpRequest(
+            self, head.method, head.path, head.query, head.version, head.headers, body, head.keep_alive
+        )
+
+    def _body_in(self, head: RequestHead) -> bool:
+        if self.chunks is not None:
+            return self.chunks.feed(self.buffer)  # type: ignore[arg-type]  # a bytearray
+        return len(self.buffer) >= (head.content_length or 0)
+
+    def _refuse(self, exc: HttpError) -> None:
+        """Answer a request that could not be read, and close once the client had time to
+        read the answer: what it still sends meanwhile is dropped (a lingering close), so a
+        client still sending a body too large sees the 413 rather than a reset."""
+        self.head = self.chunks = None
+        self.discarding = True
+        self.buffer = b""
+        if not self.closed and not self.started:
+            try:
+                self.send(error_response(exc).encode(close=True))
+            except ConnectionResetError:
+                pass
+        transport = self.transport
+        if transport is not None and not transport.is_closing() and transport.can_write_eof():
+            transport.write_eof()
+            self._time(_LINGER, self.abort)
+        else:
+            self.close()
+
+    # -- serving
+
+    async def _serve(self, request: HttpRequest) -> None:
+        response: HttpResponse | StreamedResponse
+        try:
+            try:
+                response = await self.server.handler(request)(request)
+            except HttpError as exc:
+                response = error_response(exc)
+            if isinstance(response, StreamedResponse):
+                await response.write_eof()
+            else:
+                self.send(response.encode(self.closing(request), head_only=request.method == "HEAD"))
+        except asyncio.CancelledError:
+            self.abort()
+            raise
+        except ConnectionResetError:
+            self.abort()
+            return
+        except Exception:
+            logger.exception("internal error on %s %s", request.method, request.path)
+            if self.started:  # the answer is under way: the client sees it cut short
+                self.abort()
+                return
+            body = error_body(500, "internal error in the frontend; see its log")
+            try:
+                self.send(json_response(body, status=500).encode(self.closing(request)))
+            except ConnectionResetError:
+                return
+        finally:
+            self.task = None
+        self._done(request)
+
+    def closing(self, request: HttpRequest) -> bool:
+        """Whether the connection closes after ``request``'s answer."""
+        return not request.keep_alive or self.server.stopping
+
+    def _done(self, request: HttpRequest) -> None:
+        """The answer is out: close, or wait for the next request."""
+        self.started = False
+        if self.closed:
+            return
+        if self.closing(request):
+            self.close()
+            return
+        if self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        self._time(self.server.idle_timeout, self._idle)
+        if self.buffer:
+            self._next()

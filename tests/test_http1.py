@@ -1,0 +1,330 @@
+"""The frontend's HTTP/1.1 server on raw sockets: strict parsing (each malformed request gets
+its status and an envelope), chunked bodies, ``Expect: 100-continue``, pipelining, ``HEAD``,
+HTTP/1.0, a client that leaves (its handler cancelled), a client that does not read (its
+writes end after the idle timeout), an error in a handler, and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from dynamo_nb.frontend.connections import ConnectionGuard
+from dynamo_nb.frontend.http1 import (
+    HttpError,
+    HttpRequest,
+    HttpResponse,
+    HttpServer,
+    StreamedResponse,
+    json_response,
+)
+from dynamo_nb.frontend.http1.parser import MAX_HEAD_BYTES, ChunkedDecoder, parse_head
+
+# -- the parser
+
+
+def test_a_head_is_read_with_its_framing_and_connection() -> None:
+    head = parse_head(
+        b"POST /v1/chat/completions?a=1 HTTP/1.1\r\nHost: x\r\nX-Tag: a\r\nx-tag: b\r\n"
+        b"Content-Length: 12\r\nConnection: close"
+    )
+    assert (head.method, head.path, head.query, head.version) == (
+        "POST",
+        "/v1/chat/completions",
+        "a=1",
+        "1.1",
+    )
+    assert head.headers["x-tag"] == "a, b" and head.content_length == 12
+    assert not head.keep_alive and not head.chunked and not head.expect_continue
+    assert parse_head(b"GET / HTTP/1.0").keep_alive is False
+    assert parse_head(b"GET / HTTP/1.0\r\nConnection: keep-alive").keep_alive is True
+    assert parse_head(b"GET http://host:80/v1/models?x HTTP/1.1").path == "/v1/models"
+    chunked = parse_head(b"POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nExpect: 100-continue")
+    assert chunked.chunked and chunked.expect_continue and chunked.content_length is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "says"),
+    [
+        (b"GARBAGE", 400, "malformed request line"),
+        (b"GET /x HTTP/2.0", 505, "HTTP/2.0 is not supported"),
+        (b"GET x HTTP/1.1", 400, "must be a path"),
+        (b"GET / HTTP/1.1\r\nNo colon here", 400, "malformed header line"),
+        (b"GET / HTTP/1.1\r\nHost : x", 400, "malformed header line"),
+        (b"GET / HTTP/1.1\r\n Folded: x", 400, "malformed header line"),
+        (b"GET / HTTP/1.1\r\nX-A: a\x01b", 400, "control character"),
+        (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked", 400, "both"),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip", 501, "not supported"),
+        (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4", 400, "one number"),
+        (b"POST / HTTP/1.1\r\nContent-Length: -3", 400, "one number"),
+        (b"POST / HTTP/1.1\r\nContent-Length: 0x10", 400, "one number"),
+        (b"POST / HTTP/1.1\r\nExpect: magic", 417, "cannot be met"),
+        (b"GET / HTTP/1.1" + b"\r\nX: y" * 101, 431, "more than 100 headers"),
+    ],
+)
+def test_a_malformed_head_is_an_error_with_its_status(raw: bytes, status: int, says: str) -> None:
+    with pytest.raises(HttpError, match=says) as caught:
+        parse_head(raw)
+    assert caught.value.http_status == status
+
+
+def test_the_same_content_length_twice_is_one() -> None:
+    assert parse_head(b"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5").content_length == 5
+
+
+def test_a_chunked_body_is_read_however_it_is_split() -> None:
+    raw = b"4;ext=1\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nTrailer: x\r\n\r\nNEXT"
+    for step in (1, 2, 3, 7, len(raw)):
+        decoder, buffer, done = ChunkedDecoder(limit=100), bytearray(), False
+        for start in range(0, len(raw), step):
+            assert not done
+            buffer += raw[start : start + step]
+            done = decoder.feed(buffer)
+            if done:
+                break
+        assert done and bytes(decoder.body) == b"Wikipedia in\r\n\r\nchunks."
+        assert b"NEXT".startswith(bytes(buffer))  # what follows the body stays (a pipelined request)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "says"),
+    [
+        (b"zz\r\n", 400, "malformed chunk size"),
+        (b"3\r\nabcdef\r\n", 400, "longer than its size"),
+        (b"65\r\n", 413, "larger than 100 bytes"),
+        (b"f" * 5000, 400, "longer than 4096"),
+    ],
+)
+def test_a_malformed_or_large_chunked_body_is_an_error(raw: bytes, status: int, says: str) -> None:
+    with pytest.raises(HttpError, match=says) as caught:
+        ChunkedDecoder(limit=100).feed(bytearray(raw))
+    assert caught.value.http_status == status
+
+
+# -- the server, on raw sockets
+
+
+class Handlers:
+    """Test routes, and what they saw."""
+
+    def __init__(self) -> None:
+        self.cancelled = asyncio.Event()
+        self.write_error: BaseException | None = None
+        self.write_failed = asyncio.Event()
+
+    async def echo(self, request: HttpRequest) -> HttpResponse:
+        return json_response(
+            {"body": request.body.decode(), "query": request.query, "tag": request.headers.get("x-tag")}
+        )
+
+    async def hang(self, request: HttpRequest) -> HttpResponse:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return json_response({})
+
+    async def flood(self, request: HttpRequest) -> StreamedResponse:
+        response = request.stream({"Content-Type": "text/plain"})
+        try:
+            for _ in range(10_000):  # 640 MiB if nobody stops it
+                await response.write(b"x" * 65536)
+        except ConnectionResetError as exc:
+            self.write_error = exc
+            self.write_failed.set()
+            raise
+        return response
+
+    async def events(self, request: HttpRequest) -> StreamedResponse:
+        response = request.stream({"Content-Type": "text/event-stream"})
+        await response.write(b"data: 1\n\n")
+        await response.write_eof(b"data: 2\n\n")
+        return response
+
+    async def broken(self, request: HttpRequest) -> HttpResponse:
+        raise KeyError("a bug")
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[HttpServer, Handlers]]:
+    handlers = Handlers()
+    routes: dict[str, Any] = {
+        "/echo": {"POST": handlers.echo, "GET": handlers.echo},
+        "/hang": {"GET": handlers.hang},
+        "/flood": {"GET": handlers.flood},
+        "/events": {"GET": handlers.events},
+        "/broken": {"GET": handlers.broken},
+    }
+    server = HttpServer(routes, ConnectionGuard(header_timeout=2.0), idle_timeout=1.0, max_body=1000)
+    await server.start("127.0.0.1", 0)
+    yield server, handlers
+    await server.stop()
+
+
+async def exchange(port: int, raw: bytes, *, until_close: bool = True) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(raw)
+    try:
+        return await asyncio.wait_for(reader.read(-1) if until_close else reader.read(65536), 10)
+    finally:
+        writer.close()
+
+
+def responses(raw: bytes) -> list[tuple[str, dict[str, str], bytes]]:
+    """Status lines, headers and bodies of ``raw`` (Content-Length or chunked framing)."""
+    found = []
+    while raw:
+        head, _, raw = raw.partition(b"\r\n\r\n")
+        status, *lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
+        if "content-length" in headers:
+            length = int(headers["content-length"])
+            body, raw = raw[:length], raw[length:]
+        elif headers.get("transfer-encoding") == "chunked":
+            body = b""
+            while True:
+                size_line, _, raw = raw.partition(b"\r\n")
+                size = int(size_line, 16)
+                body, raw = body + raw[:size], raw[size + 2 :]
+                if size == 0:
+                    break
+        else:
+            body, raw = raw, b""
+        found.append((status, headers, body))
+    return found
+
+
+async def test_pipelined_requests_are_answered_in_order(served: tuple[HttpServer, Handlers]) -> None:
+    server, _ = served
+    raw = (
+        b"POST /echo?n=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none"
+        b"\r\n"  # a stray line end between requests is ignored
+        b"POST /echo?n=2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\ntwo\r\n0\r\n\r\n"
+        b"GET /echo?n=3 HTTP/1.1\r\nHost: x\r\nX-Tag: last\r\nConnection: close\r\n\r\n"
+    )
+    answers = responses(await exchange(server.port, raw))
+    assert [json.loads(body) for _, _, body in answers] == [
+        {"body": "one", "query": "n=1", "tag": None},
+        {"body": "two", "query": "n=2", "tag": None},
+        {"body": "", "query": "n=3", "tag": "last"},
+    ]
+    assert all(status == "HTTP/1.1 200 OK" for status, _, _ in answers)
+    assert answers[-1][1]["connection"] == "close" and "date" in answers[0][1]
+
+
+async def test_expect_100_continue_gets_its_interim_answer(served: tuple[HttpServer, Handlers]) -> None:
+    server, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
+    assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    writer.write(b"body")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200")
+    writer.close()
+
+
+async def test_head_and_http_1_0(served: tuple[HttpServer, Handlers]) -> None:
+    server, _ = served
+    raw = await exchange(server.port, b"HEAD /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"Content-Length: " in head and body == b""
+    # HTTP/1.0: no chunked framing, the body ends with the connection
+    raw = await exchange(server.port, b"GET /events HTTP/1.0\r\n\r\n")
+    [(status, headers, body)] = responses(raw)
+    assert status.startswith("HTTP/1.1 200") and "transfer-encoding" not in headers
+    assert body == b"data: 1\n\ndata: 2\n\n" and headers["connection"] == "close"
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "says"),
+    [
+        (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", 404, "no route GET /nowhere: see /echo"),
+        (b"DELETE /events HTTP/1.1\r\nHost: x\r\n\r\n", 405, "DELETE is not allowed on /events"),
+        (b"POST /echo HTTP/1.1\r\nContent-Length: 1001\r\n\r\n", 413, "larger than 1000 bytes"),
+        (b"GET /echo HTTP/1.1\r\nX: " + b"y" * MAX_HEAD_BYTES + b"\r\n\r\n", 431, "larger than"),
+        (b"GET /echo HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400, "one number"),
+        (b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n", 500, "internal error"),
+    ],
+)
+async def test_refused_requests_get_an_envelope(
+    served: tuple[HttpServer, Handlers], raw: bytes, status: int, says: str
+) -> None:
+    server, _ = served
+    answer = await exchange(server.port, raw, until_close=status != 500)
+    [(status_line, headers, body)] = responses(answer)
+    assert status_line.startswith(f"HTTP/1.1 {status} ")
+    error = json.loads(body)["error"]
+    assert error["code"] == status and says in error["message"], error
+    if status == 405:
+        assert headers["allow"] == "GET, HEAD"
+
+
+async def test_a_413_is_read_by_a_client_still_sending_its_body(served: tuple[HttpServer, Handlers]) -> None:
+    server, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /echo HTTP/1.1\r\nContent-Length: 300000\r\n\r\n")
+    for _ in range(30):  # the body, sent on after the answer was written
+        writer.write(b"z" * 10_000)
+        await writer.drain()
+    raw = await asyncio.wait_for(reader.read(-1), 10)
+    writer.close()
+    assert raw.startswith(b"HTTP/1.1 413 ")
+
+
+async def test_a_client_that_leaves_cancels_its_handler(served: tuple[HttpServer, Handlers]) -> None:
+    server, handlers = served
+    _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    writer.close()
+    await asyncio.wait_for(handlers.cancelled.wait(), 5)
+    assert await _eventually(lambda: server.guard.open == 0)
+
+
+async def test_a_client_that_does_not_read_ends_the_writes(served: tuple[HttpServer, Handlers]) -> None:
+    """The server's writes wait for the client, for the idle timeout at most: then the
+    connection is closed and the handler's write raises."""
+    server, handlers = served
+    _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n")
+    await asyncio.wait_for(handlers.write_failed.wait(), 15)
+    assert isinstance(handlers.write_error, ConnectionResetError)
+    writer.close()
+
+
+async def test_keep_alive_is_served_then_closed_when_idle(served: tuple[HttpServer, Handlers]) -> None:
+    server, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    for n in range(3):
+        writer.write(b"GET /echo?n=%d HTTP/1.1\r\nHost: x\r\n\r\n" % n)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        assert json.loads(await reader.readexactly(length))["query"] == f"n={n}"
+    assert await asyncio.wait_for(reader.read(), 5) == b""  # closed after the 1 s idle timeout
+    writer.close()
+
+
+async def test_stop_cancels_what_is_still_running(served: tuple[HttpServer, Handlers]) -> None:
+    server, handlers = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    await asyncio.sleep(0.2)
+    await asyncio.wait_for(server.stop(grace=0.2), 5)
+    assert handlers.cancelled.is_set()
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    writer.close()
+
+
+async def _eventually(check: Any, seconds: float = 5.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
