@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .messages import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .parser import HttpError
-from .server import Handler, HttpServer
+from .http_server import Handler, HttpServer
 
 __all__ = [
     "Handler",

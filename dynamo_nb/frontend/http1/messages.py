@@ -23,7 +23,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .server import HttpConnection
+    from .http_server import HttpConnection
 
 __all__ = ["HttpRequest", "HttpResponse", "StreamedResponse", "json_response"]
 
