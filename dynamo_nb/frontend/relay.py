@@ -79,6 +79,7 @@ class Outcome:
             ``usage.prompt_tokens_details.cached_tokens``).
         error: why it ended early, when it did.
         migrations: how often another worker carried it on.
+        ending: the relay has the stream's last item (what it yields now is the last text).
     """
 
     stream: ResponseStream
@@ -93,6 +94,7 @@ class Outcome:
     cached_tokens: int | None = None
     error: str | None = None
     migrations: int = 0
+    ending: bool = False
 
     def __post_init__(self) -> None:
         if self.plan is not None:
@@ -177,12 +179,14 @@ async def relay(
         if generated is not None:
             generated.extend(ids)
         text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
+        finish = item.get("finish_reason")
+        if finish is not None or detok.stopped:
+            outcome.ending = True  # this text is the last: the writer sends it with the stream's end
         if text or item is first:  # "" for a first item without text: the writer sends its head
             yield text
         if detok.stopped:
             outcome.finish_reason = "stop"
             break
-        finish = item.get("finish_reason")
         if finish is not None:
             outcome.finish_reason = _FINISH.get(finish, "stop")
             usage = item.get("completion_usage")

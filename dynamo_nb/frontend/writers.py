@@ -60,8 +60,9 @@ async def write_stream(
     mid-stream is an error event before ``[DONE]``.
 
     The events of all pieces already received go out in one write (the headers and the role
-    chunk with the first), and the last events with the end of the chunked body: a short
-    stream costs two socket writes, each event is still its own SSE event."""
+    chunk with the first), and the last piece's with the finish chunk and the end of the
+    chunked body: a stream whose first item is its last costs one socket write, each event is
+    still its own SSE event."""
     response = request.stream({**SSE_HEADERS, **outcome.headers})
     chat = parsed.kind == "chat"
     request_id = ("chatcmpl-" if chat else "cmpl-") + (outcome.request_id or new_request_id())
@@ -87,7 +88,8 @@ async def write_stream(
     async for text in pieces:
         if text:
             events.append(f"{prefix}{quote(text)}{suffix}")
-        if events and not getattr(outcome.stream, "ready", 0):  # the next piece would wait: send these now
+        if events and not outcome.ending and not getattr(outcome.stream, "ready", 0):
+            # the next piece would wait: send these now (the last ones go with the stream's end)
             await write("".join(events).encode())
             events.clear()
     if outcome.error is not None:

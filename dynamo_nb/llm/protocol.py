@@ -159,6 +159,9 @@ class SamplingOptions:
         return self.temperature == 0 or self.top_k == 1
 
 
+_INT = {int}
+
+
 @dataclass
 class PreprocessedRequest:
     """A tokenized request, as a frontend sends it to a worker endpoint.
@@ -187,7 +190,8 @@ class PreprocessedRequest:
         if (
             not isinstance(token_ids, list)
             or not token_ids
-            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in token_ids)
+            or set(map(type, token_ids)) != _INT  # ints only (not bools), checked at C speed
+            or min(token_ids) < 0
         ):
             raise InvalidRequestError(
                 "token_ids must be a non-empty list of token ids (ints ≥ 0)", "token_ids"

@@ -39,7 +39,7 @@ from .program import (
     shutdown_on_signals,
 )
 from .security import ClusterSecret, PlaneSecurity, TlsFiles
-from .http_server import EndpointServer, Handler
+from .server import EndpointServer, Handler
 
 __all__ = [
     "Client",

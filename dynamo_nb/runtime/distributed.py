@@ -20,7 +20,7 @@ from .planes.event_plane import EventPlane, event_subject, make_event_plane
 from .planes.nats import static_subject
 from .planes.tcp import parse_tcp_address
 from .security import PlaneSecurity
-from .http_server import STOP_GRACE_SECONDS, EndpointServer, Handler
+from .server import STOP_GRACE_SECONDS, EndpointServer, Handler
 
 __all__ = ["Component", "DistributedRuntime", "Endpoint", "Namespace"]
 
