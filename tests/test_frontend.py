@@ -510,7 +510,10 @@ async def test_a_short_stream_is_two_writes_and_the_role_chunk_does_not_wait(
         raw = seen + await asyncio.wait_for(reader.read(-1), 30)
         writer.close()
         sse, chunks = dechunk(raw)
-        assert sse.endswith(b"data: [DONE]\n\n") and chunks == 2, (chunks, sse)  # the role chunk alone, then the rest
+        assert sse.endswith(b"data: [DONE]\n\n") and chunks == 2, (
+            chunks,
+            sse,
+        )  # the role chunk alone, then the rest
     finally:
         for server in servers:
             await server.stop()

@@ -87,6 +87,8 @@ def test_a_chunked_body_is_read_however_it_is_split() -> None:
                 break
         assert done and bytes(decoder.body) == b"Wikipedia in\r\n\r\nchunks."
         assert b"NEXT".startswith(bytes(buffer))  # what follows the body stays (a pipelined request)
+        buffer += b"\r\nGET / HTTP/1.1\r\n\r\n"
+        assert decoder.feed(buffer) and buffer.endswith(b"GET / HTTP/1.1\r\n\r\n")  # fed again: untouched
 
 
 @pytest.mark.parametrize(
@@ -203,7 +205,8 @@ async def test_pipelined_requests_are_answered_in_order(served: tuple[HttpServer
     raw = (
         b"POST /echo?n=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\none"
         b"\r\n"  # a stray line end between requests is ignored
-        b"POST /echo?n=2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3\r\ntwo\r\n0\r\n\r\n"
+        b"POST /echo?n=2 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n"
+        b"3\r\ntwo\r\n0\r\n\r\n"  # the body is in already: no 100 Continue
         b"GET /echo?n=3 HTTP/1.1\r\nHost: x\r\nX-Tag: last\r\nConnection: close\r\n\r\n"
     )
     answers = responses(await exchange(server.port, raw))

@@ -16,9 +16,9 @@ Example::
 
 from __future__ import annotations
 
+from .http_server import Handler, HttpServer
 from .messages import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .parser import HttpError
-from .http_server import Handler, HttpServer
 
 __all__ = [
     "Handler",

@@ -181,8 +181,11 @@ class ChunkedDecoder:
         self.body = bytearray()
         self._left = -1  # bytes left in the current chunk; -1: a size line comes next
         self._trailers = False
+        self.done = False
 
     def feed(self, buffer: bytearray) -> bool:
+        if self.done:  # what follows is the next request's
+            return True
         while True:
             if self._trailers:  # lines until an empty one
                 end = buffer.find(b"\r\n")
@@ -191,6 +194,7 @@ class ChunkedDecoder:
                     return False
                 del buffer[: end + 2]
                 if end == 0:
+                    self.done = True
                     return True
             elif self._left < 0:
                 end = buffer.find(b"\r\n")
