@@ -8,7 +8,8 @@ pool (``KV_POOL``: 16384 blocks of 64 tokens, Dynamo's mocker's defaults). The s
 generator (`dynamo_nb.bench`, this process) drives them in turn, alternating the systems at every
 level: concurrency 1, 8, 32 and 128, keep-alive connections and a new connection per request,
 32-token streams; at speedup 100 also 256-token streams at concurrency 32 and 128 (where the
-per-token cost decides). ``--runs N`` repeats the whole sweep; every run's rows are kept. Per level: requests/s, TTFT/ITL/E2E percentiles, and the CPU time of each
+per-token cost decides) and one-token streams there (each frontend's fixed cost per request,
+measured: `cost_split`). ``--runs N`` repeats the whole sweep; every run's rows are kept. Per level: requests/s, TTFT/ITL/E2E percentiles, and the CPU time of each
 system's frontend and mocker per request; ratios are ours / Dynamo's. At speedup 100 and
 concurrency 32 and 128 a third stack, our frontend as two processes on one port
 (``--http-workers 2``), measures capacity against the number of frontend processes.
@@ -41,6 +42,7 @@ from dynamo_nb.runtime.program import run_tuned
 ROOT = Path(__file__).resolve().parents[1]
 TOKENS = 32
 LONG_TOKENS, LONG_LEVELS = 256, (32, 128)  # the long-stream levels, at speedup 100
+SHORT_TOKENS = 1  # one-token streams at the long levels: each frontend's fixed CPU per request, measured
 LEVELS = (1, 8, 32, 128)
 MODELS = {100.0: "tiny-fast", 1.0: "tiny-slow"}
 # The same simulated KV pool for both mockers, Dynamo's defaults: 16384 blocks of 64 tokens. Ours
@@ -197,14 +199,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             (speedup, new_connection, tokens, level)
             for speedup in (100.0, 1.0)
             for new_connection in (False, True)
-            for tokens, levels in ((TOKENS, LEVELS), (LONG_TOKENS, LONG_LEVELS))
+            for tokens, levels in ((TOKENS, LEVELS), (LONG_TOKENS, LONG_LEVELS), (SHORT_TOKENS, LONG_LEVELS))
             if tokens == TOKENS or speedup >= 100
             for level in levels
         ]
         for run in range(args.runs):
             for speedup, new_connection, tokens, level in sweep:
                 count = requests_at(level, speedup, args.requests)
-                if tokens != TOKENS:  # as many tokens as the 32-token level, in longer streams
+                if tokens == LONG_TOKENS:  # as many tokens as the 32-token level, in longer streams
                     count = max(count * TOKENS // tokens, 2 * level)
                 first, second = (ours, dynamo) if len(rows) % 2 == 0 else (dynamo, ours)
                 results = {
@@ -217,7 +219,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 for key, name in RATIOS.items():
                     theirs = results["dynamo"][key]
                     row[f"ratio_{name}"] = results["ours"][key] / theirs if theirs else None
-                if speedup >= 100 and level >= 32:  # capacity: our frontend as 2 processes too
+                if speedup >= 100 and level >= 32 and tokens != SHORT_TOKENS:  # capacity: 2 processes too
                     row["ours_2_frontends"] = await measure(
                         ours_2, speedup, level, count, new_connection, tokens
                     )
@@ -232,7 +234,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "setup": {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "peer": "ai-dynamo 1.6.1 frontend + mocker (its own venv)",
-            "tokens_per_stream": [TOKENS, LONG_TOKENS],
+            "tokens_per_stream": [SHORT_TOKENS, TOKENS, LONG_TOKENS],
             "mocker_kv_pool": KV_POOL,
             "runs": args.runs,
             "note": "both systems and the load generator share the machine; systems alternate per level; "
@@ -269,24 +271,27 @@ def print_row(row: dict[str, Any]) -> None:
 
 
 def cost_split(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each frontend's CPU per token and fixed per request, where a run has a 32- and a 256-token
-    level at the same connection and concurrency (speedup 100): per token = (the 256-token
-    request's CPU - the 32-token one's) / 224; fixed = the 32-token request's - 32 tokens."""
+    """Each frontend's CPU per token and fixed per request, where a run has a 1- and a 256-token
+    level at the same connection and concurrency (speedup 100): fixed = the one-token request's
+    CPU (measured, one token's share aside), per token = (the 256-token request's CPU - the
+    one-token one's) / 255."""
     by_level = {
         (r["run"], r["connection"], r["concurrency"], r["tokens"]): r for r in rows if r["speedup"] >= 100
     }
     split = []
     for (run, connection, concurrency, tokens), short in sorted(by_level.items()):
         long = by_level.get((run, connection, concurrency, LONG_TOKENS))
-        if tokens != TOKENS or long is None:
+        if tokens != SHORT_TOKENS or long is None:
             continue
         entry: dict[str, Any] = {"run": run, "connection": connection, "concurrency": concurrency}
         for system in ("ours", "dynamo"):
             cpu_short = short[system]["frontend_cpu_ms_per_request"]
-            per_token_ms = (long[system]["frontend_cpu_ms_per_request"] - cpu_short) / (LONG_TOKENS - TOKENS)
+            per_token_ms = (long[system]["frontend_cpu_ms_per_request"] - cpu_short) / (
+                LONG_TOKENS - SHORT_TOKENS
+            )
             entry[system] = {
                 "per_token_us": per_token_ms * 1e3,
-                "fixed_ms": cpu_short - TOKENS * per_token_ms,
+                "fixed_ms": cpu_short - SHORT_TOKENS * per_token_ms,
             }
         for key in ("per_token_us", "fixed_ms"):
             theirs = entry["dynamo"][key]
@@ -300,7 +305,11 @@ def targets(rows: list[dict[str, Any]]) -> dict[str, Any]:
     (c = 32 and 128, both connections, 32- and 256-token streams), the highest TTFT and E2E p50
     ratios at c = 1 (new connections: Dynamo's keep-alive carries a Nagle stall), and the
     frontend's CPU per token and fixed per request at c = 128 (`cost_split`)."""
-    capacity = [r["ratio_rps"] for r in rows if r["speedup"] >= 100 and r["concurrency"] >= 32]
+    capacity = [
+        r["ratio_rps"]
+        for r in rows
+        if r["speedup"] >= 100 and r["concurrency"] >= 32 and r["tokens"] in (TOKENS, LONG_TOKENS)
+    ]
     single = [r for r in rows if r["speedup"] >= 100 and r["concurrency"] == 1 and r["connection"] == "new"]
     split = [e for e in cost_split(rows) if e["concurrency"] == 128]
     worst = lambda values: max((v for v in values if v is not None), default=None)  # noqa: E731

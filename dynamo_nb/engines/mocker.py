@@ -206,14 +206,12 @@ class MockerEngine(BootstrapRole):
         """Events that rebuild the KV pool's index from empty (for a KV router's re-sync)."""
         return self.kv.snapshot()
 
-    async def generate(
+    def generate(
         self, request: PreprocessedRequest, context: Context | None = None
     ) -> AsyncIterator[LLMEngineOutput]:
-        """Exactly ``max_tokens`` tokens (default `DEFAULT_MAX_TOKENS`, 16), the last output with usage."""
-        job = _Request(request.token_ids, token_budget(request, None))
-        async with contextlib.aclosing(self._stream(job, context)) as items:
-            async for item in items:
-                yield item
+        """Exactly ``max_tokens`` tokens (default `DEFAULT_MAX_TOKENS`, 16), the last output with
+        usage (the job's own stream: no generator in between, per token)."""
+        return self._stream(_Request(request.token_ids, token_budget(request, None)), context)
 
     async def _prefill_handoff(
         self, request: PreprocessedRequest, context: Context | None

@@ -233,9 +233,8 @@ async def serve_llm(
     card = llm_card(endpoint, model_path, **options)
     # a request past the model's vocabulary or context is refused before the engine sees it
     limits = RequestLimits.of_model(model_path, card.context_length)
-    gate = ReadinessGate(
-        engine_handler(method, limits)
-    )  # requests that come before the card is out wait for it
+    handler = engine_handler(method, limits)
+    gate = ReadinessGate(handler)  # requests that come before the card is out wait for it
     server = await endpoint.serve(gate.handle)
     try:
         await publish_card(endpoint, card)
@@ -243,6 +242,7 @@ async def serve_llm(
         await server.stop(grace=0)
         raise
     gate.open()
+    server.serve_with(handler)  # the gate has nothing more to hold: new requests skip it
     return server, card
 
 

@@ -152,6 +152,17 @@ class EndpointServer:
         self.cancelled_total = 0
         self.errors_total = 0
 
+    def serve_with(self, handler: Handler) -> None:
+        """Run ``handler`` for the requests that come from now on; those under way finish with
+        the handler they started with (`dynamo_nb.llm.serve_llm` drops its readiness gate so,
+        once the model card is out: one generator less per streamed item).
+
+        Example::
+
+            server.serve_with(engine_handler(engine.generate))
+        """
+        self._call = adapt_handler(handler)
+
     @property
     def instance_id(self) -> int:
         """This instance's 64-bit id (with etcd: the runtime's lease id)."""
