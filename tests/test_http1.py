@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -42,6 +43,7 @@ def test_a_head_is_read_with_its_framing_and_connection() -> None:
     assert parse_head(b"GET / HTTP/1.0").keep_alive is False
     assert parse_head(b"GET / HTTP/1.0\r\nConnection: keep-alive").keep_alive is True
     assert parse_head(b"GET http://host:80/v1/models?x HTTP/1.1").path == "/v1/models"
+    assert not parse_head(b"POST / HTTP/1.0\r\nExpect: magic").expect_continue  # 1.0: ignored
     chunked = parse_head(b"POST / HTTP/1.1\r\nTransfer-Encoding: Chunked\r\nExpect: 100-continue")
     assert chunked.chunked and chunked.expect_continue and chunked.content_length is None
 
@@ -63,6 +65,7 @@ def test_a_head_is_read_with_its_framing_and_connection() -> None:
         (b"POST / HTTP/1.1\r\nContent-Length: 0x10", 400, "one number"),
         (b"POST / HTTP/1.1\r\nExpect: magic", 417, "cannot be met"),
         (b"GET / HTTP/1.1" + b"\r\nX: y" * 101, 431, "more than 100 headers"),
+        (b"POST / HTTP/1.1\r\nContent-Length: " + b"1" * 5000, 413, "larger than this server takes"),
     ],
 )
 def test_a_malformed_head_is_an_error_with_its_status(raw: bytes, status: int, says: str) -> None:
@@ -98,6 +101,10 @@ def test_a_chunked_body_is_read_however_it_is_split() -> None:
         (b"3\r\nabcdef\r\n", 400, "longer than its size"),
         (b"65\r\n", 413, "larger than 100 bytes"),
         (b"f" * 5000, 400, "longer than 4096"),
+        (b"3;ext=\x01\r\nabc\r\n", 400, "malformed chunk size"),
+        (b"0\r\nX: y\n\r\n", 400, "malformed trailer"),  # a bare LF: where would the body end?
+        (b"0\r\nNo colon\r\n", 400, "malformed trailer"),
+        (b"0\r\n" + b"X: yyyyyyyy\r\n" * 700, 431, "trailers are larger"),
     ],
 )
 def test_a_malformed_or_large_chunked_body_is_an_error(raw: bytes, status: int, says: str) -> None:
@@ -150,6 +157,14 @@ class Handlers:
     async def broken(self, request: HttpRequest) -> HttpResponse:
         raise KeyError("a bug")
 
+    async def big(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(b"x" * (8 << 20))
+
+    async def mixed(self, request: HttpRequest) -> HttpResponse:
+        response = request.stream({"Content-Type": "text/plain"})
+        await response.write(b"started")
+        return json_response({"error": "too late for a new answer"}, status=500)
+
 
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[HttpServer, Handlers]]:
@@ -160,6 +175,8 @@ async def served() -> AsyncIterator[tuple[HttpServer, Handlers]]:
         "/flood": {"GET": handlers.flood},
         "/events": {"GET": handlers.events},
         "/broken": {"GET": handlers.broken},
+        "/big": {"GET": handlers.big},
+        "/mixed": {"GET": handlers.mixed},
     }
     server = HttpServer(routes, ConnectionGuard(header_timeout=2.0), idle_timeout=1.0, max_body=1000)
     await server.start("127.0.0.1", 0)
@@ -331,3 +348,80 @@ async def _eventually(check: Any, seconds: float = 5.0) -> bool:
             return False
         await asyncio.sleep(0.05)
     return True
+
+
+async def test_head_has_no_body_and_http_1_0_keeps_alive_when_asked(
+    served: tuple[HttpServer, Handlers],
+) -> None:
+    server, _ = served
+    for path in (b"/broken", b"/events"):  # an error answer and a streamed one: the head only
+        raw = await exchange(
+            server.port, b"HEAD " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 ") and body == b"", raw
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    for n in range(2):  # the same connection twice
+        writer.write(b"GET /echo?n=%d HTTP/1.0\r\nConnection: keep-alive\r\n\r\n" % n)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert b"Connection: keep-alive" in head
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        assert json.loads(await reader.readexactly(length))["query"] == f"n={n}"
+    writer.close()
+
+
+async def test_a_body_in_many_pieces_and_one_that_stalls(served: tuple[HttpServer, Handlers]) -> None:
+    server, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n")
+    for _ in range(9):
+        writer.write(b"b" * 100)
+        await writer.drain()
+        await asyncio.sleep(0.01)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+    assert json.loads(await reader.readexactly(length))["body"] == "b" * 900
+    # a body that trickles in is held to the idle timeout (1 s) as a whole, not per byte
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\n\r\n")
+    closed = False
+    for _ in range(50):
+        try:
+            writer.write(b"b")
+            await writer.drain()
+            if await asyncio.wait_for(reader.read(1), 0.2) == b"":
+                closed = True
+                break
+        except asyncio.TimeoutError:
+            continue
+        except ConnectionError:
+            closed = True
+            break
+    writer.close()
+    assert closed, "a trickling body held its connection for 10 s"
+
+
+async def test_a_client_that_never_reads_is_cut_off(served: tuple[HttpServer, Handlers]) -> None:
+    """An answer the client does not read holds its connection for the idle timeout at most,
+    whether it stays open or closes after the answer; and stop leaves nothing open."""
+    server, _ = served
+    sockets = []
+    for request in (
+        b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /big HTTP/1.1\r\nConnection: close\r\n\r\n",
+    ):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", server.port))
+        sock.sendall(request)
+        sockets.append(sock)
+    assert await _eventually(lambda: server.guard.open == 2)
+    assert await _eventually(lambda: server.guard.open == 0, seconds=8), server.guard.open
+    for sock in sockets:
+        sock.close()
+
+
+async def test_an_answer_after_a_stream_started_cuts_the_stream(served: tuple[HttpServer, Handlers]) -> None:
+    server, _ = served
+    raw = await exchange(server.port, b"GET /mixed HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert raw.count(b"HTTP/1.1 ") == 1 and b"started" in raw and b"too late" not in raw
+    assert not raw.endswith(b"0\r\n\r\n")  # the chunked body never ends: the client sees it cut short

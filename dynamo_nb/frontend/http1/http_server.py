@@ -29,6 +29,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -48,6 +49,8 @@ Handler = Callable[[HttpRequest], Awaitable["HttpResponse | StreamedResponse"]]
 
 _READ_AHEAD = 1 << 20  # bytes buffered for the next request while one is served, before reading pauses
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_CLOSE = b"Connection: close\r\n"
+_KEEP_ALIVE = b"Connection: keep-alive\r\n"
 _LINGER = 2.0  # seconds a refused client has to read its answer
 BACKLOG = 1024
 """Connections the kernel queues before they are accepted (asyncio's default, 100, drops the
@@ -81,6 +84,7 @@ class HttpServer:
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._emptied: asyncio.Event | None = None  # set when the last connection is gone (stop)
         self.loop_time: Callable[[], float] = time.monotonic
         self.port = 0
 
@@ -119,9 +123,6 @@ class HttpServer:
         if self._server is not None:
             self._server.close()
             self._server = None
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            self._sweeper = None
         busy = [c.task for c in self.connections if c.task is not None]
         for connection in list(self.connections):
             if connection.task is None:
@@ -134,6 +135,21 @@ class HttpServer:
                 await asyncio.wait(pending, timeout=grace)
         for connection in list(self.connections):
             connection.close()
+        if self.connections:  # the answers written go out, to clients that read them
+            self._emptied = asyncio.Event()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._emptied.wait(), grace)
+        for connection in list(self.connections):
+            connection.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    def forget(self, connection: HttpConnection) -> None:
+        """``connection`` is closed."""
+        self.connections.discard(connection)
+        if self._emptied is not None and not self.connections:
+            self._emptied.set()
 
     def handler(self, request: HttpRequest) -> Handler:
         """The handler of ``request``'s path and method; an `HttpError` (404, 405) when none."""
@@ -186,7 +202,7 @@ class HttpConnection(asyncio.Protocol):
             guard.refused_total += 1
             refused = error_body(503, "the frontend has too many open connections; retry later")
             response = json_response(refused, status=503, headers={"Retry-After": "1"})
-            transport.write(response.encode(close=True))
+            transport.write(response.encode(_CLOSE))
             transport.close()
             self.closed = True
             return
@@ -199,6 +215,8 @@ class HttpConnection(asyncio.Protocol):
         if self.closed or self.discarding:
             return
         if self.buffer:
+            if type(self.buffer) is bytes:  # appended to from now on: in place, not copied each time
+                self.buffer = bytearray(self.buffer)
             self.buffer += data
         else:
             self.buffer = data
@@ -211,7 +229,9 @@ class HttpConnection(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         """The client closed its side: taken as the client gone (a request under way is
-        cancelled), since a closed socket and a half-closed one look alike from here."""
+        cancelled at once), since a closed socket and a half-closed one look alike from here."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -220,7 +240,7 @@ class HttpConnection(asyncio.Protocol):
         if self.counted:
             self.counted = False
             self.server.guard.open -= 1
-            self.server.connections.discard(self)
+            self.server.forget(self)
         if self.task is not None and not self.task.done():
             self.task.cancel()  # the client left: its request stops (the worker's stream with it)
         if self._drain is not None and not self._drain.done():
@@ -233,6 +253,8 @@ class HttpConnection(asyncio.Protocol):
         self.write_paused = False
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
+        elif self.task is None and self.buffer and not self.closed and not self.discarding:
+            self._next()  # a pipelined request waited for the client to read the last answer
 
     # -- writing
 
@@ -260,8 +282,12 @@ class HttpConnection(asyncio.Protocol):
             ) from None
 
     def close(self) -> None:
+        """Close once what was written is sent: a client that does not read it within the idle
+        timeout is cut off (the connection never lingers)."""
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+        if not self.closed:
+            self._time(self.server.idle_timeout, self.abort)
 
     def abort(self) -> None:
         if self.transport is not None:
@@ -297,6 +323,9 @@ class HttpConnection(asyncio.Protocol):
         except HttpError as exc:
             self._refuse(exc)
             return
+        except ValueError as exc:  # a parser's gap: still the client's request, still a 400
+            self._refuse(HttpError(400, f"the request could not be read: {exc}"[:200]))
+            return
         if request is None:
             return
         self._untime()
@@ -320,12 +349,14 @@ class HttpConnection(asyncio.Protocol):
             if head.chunked:
                 self.chunks = ChunkedDecoder(self.server.max_body)
                 self.buffer = bytearray(self.buffer)
-            if head.expect_continue and not self._body_in(head):
-                self.send(_CONTINUE)
-                self.started = False
+            if not self._body_in(head):  # the whole body within the idle timeout of its head
+                self._time(self.server.idle_timeout, self._slow)
+                if head.expect_continue:
+                    self.send(_CONTINUE)
+                    self.started = False
+                return None
         head = self.head
         if not self._body_in(head):
-            self._time(self.server.idle_timeout, self._slow)  # restarted while the body comes
             return None
         if self.chunks is not None:
             body = bytes(self.chunks.body)
@@ -353,7 +384,7 @@ class HttpConnection(asyncio.Protocol):
         self.buffer = b""
         if not self.closed and not self.started:
             try:
-                self.send(error_response(exc).encode(close=True))
+                self.send(error_response(exc).encode(_CLOSE))
             except ConnectionResetError:
                 pass
         transport = self.transport
@@ -374,8 +405,17 @@ class HttpConnection(asyncio.Protocol):
                 response = error_response(exc)
             if isinstance(response, StreamedResponse):
                 await response.write_eof()
+            elif self.started:  # an answer in the middle of a stream under way: cut it short
+                logger.warning(
+                    "%s %s: an answer after the stream had started; closed", request.method, request.path
+                )
+                self.abort()
+                return
             else:
-                self.send(response.encode(self.closing(request), head_only=request.method == "HEAD"))
+                self.send(
+                    response.encode(self.connection_header(request), head_only=request.method == "HEAD")
+                )
+                await self.drained()
         except asyncio.CancelledError:
             self.abort()
             raise
@@ -389,7 +429,11 @@ class HttpConnection(asyncio.Protocol):
                 return
             body = error_body(500, "internal error in the frontend; see its log")
             try:
-                self.send(json_response(body, status=500).encode(self.closing(request)))
+                self.send(
+                    json_response(body, status=500).encode(
+                        self.connection_header(request), head_only=request.method == "HEAD"
+                    )
+                )
             except ConnectionResetError:
                 return
         finally:
@@ -399,6 +443,13 @@ class HttpConnection(asyncio.Protocol):
     def closing(self, request: HttpRequest) -> bool:
         """Whether the connection closes after ``request``'s answer."""
         return not request.keep_alive or self.server.stopping
+
+    def connection_header(self, request: HttpRequest) -> bytes:
+        """The answer's ``Connection`` line: ``close``, ``keep-alive`` for an HTTP/1.0 client
+        that asked for it, else none (HTTP/1.1 keeps connections by default)."""
+        if self.closing(request):
+            return _CLOSE
+        return _KEEP_ALIVE if request.version == "1.0" else b""
 
     def _done(self, request: HttpRequest) -> None:
         """The answer is out: close, or wait for the next request."""
@@ -412,5 +463,5 @@ class HttpConnection(asyncio.Protocol):
             self.reading_paused = False
             self.transport.resume_reading()  # type: ignore[union-attr]
         self._time(self.server.idle_timeout, self._idle)
-        if self.buffer:
+        if self.buffer and not self.write_paused:  # else once the client read the last answer
             self._next()

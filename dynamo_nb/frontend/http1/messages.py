@@ -47,15 +47,18 @@ def http_date() -> bytes:
     return _date[1]
 
 
-def response_head(status: int, headers: Mapping[str, str], framing: bytes, close: bool) -> bytes:
+def response_head(status: int, headers: Mapping[str, str], framing: bytes, connection: bytes) -> bytes:
     """A response's status line and headers, ``framing`` (a ``Content-Length`` or
-    ``Transfer-Encoding`` line, or nothing) included, through the blank line."""
+    ``Transfer-Encoding`` line, or nothing) and ``connection`` (its ``Connection`` line, or
+    nothing) included, through the blank line. A header with a line break is refused (it
+    would start a header of its own)."""
     lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
-    lines.extend(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items())
-    lines.append(b"Date: " + http_date() + b"\r\n" + framing)
-    if close:
-        lines.append(b"Connection: close\r\n")
-    lines.append(b"\r\n")
+    for name, value in headers.items():
+        line = f"{name}: {value}\r\n"
+        if line.count("\n") != 1 or "\r" in line[:-2]:
+            raise ValueError(f"the response header {name!r} has a line break in its name or value")
+        lines.append(line.encode("latin-1"))
+    lines.append(b"Date: " + http_date() + b"\r\n" + framing + connection + b"\r\n")
     return b"".join(lines)
 
 
@@ -115,9 +118,11 @@ class HttpResponse:
     ) -> None:
         self.body, self.status, self.headers = body, status, headers or {}
 
-    def encode(self, close: bool, head_only: bool = False) -> bytes:
-        """The response's bytes: head and body (only the head for a ``HEAD`` request)."""
-        head = response_head(self.status, self.headers, b"Content-Length: %d\r\n" % len(self.body), close)
+    def encode(self, connection: bytes = b"", head_only: bool = False) -> bytes:
+        """The response's bytes: head (with its ``connection`` line) and body (only the head
+        for a ``HEAD`` request)."""
+        length = b"Content-Length: %d\r\n" % len(self.body)
+        head = response_head(self.status, self.headers, length, connection)
         return head if head_only else head + self.body
 
 
@@ -142,12 +147,13 @@ class StreamedResponse:
     `ConnectionResetError`.
     """
 
-    __slots__ = ("_chunked", "_connection", "_head", "_request", "ended", "headers", "status")
+    __slots__ = ("_chunked", "_connection", "_head", "_head_only", "_request", "ended", "headers", "status")
 
     def __init__(self, request: HttpRequest, status: int, headers: Mapping[str, str]) -> None:
         self._request, self._connection = request, request._connection
         self.status, self.headers = status, headers
         self._chunked = request.version == "1.1"
+        self._head_only = request.method == "HEAD"  # the head alone, no body
         if not self._chunked:
             request.keep_alive = False  # an HTTP/1.0 client reads the body to the connection's close
         self._head: bytes | None = None  # sent with the first write
@@ -159,12 +165,13 @@ class StreamedResponse:
         return self._head is not None
 
     def _framed(self, data: bytes) -> bytes:
+        if self._head_only:
+            data = b""
         body = b"%x\r\n%s\r\n" % (len(data), data) if self._chunked and data else data
         if self._head is None:
             framing = b"Transfer-Encoding: chunked\r\n" if self._chunked else b""
-            self._head = response_head(
-                self.status, self.headers, framing, self._connection.closing(self._request)
-            )
+            connection = self._connection.connection_header(self._request)
+            self._head = response_head(self.status, self.headers, framing, connection)
             return self._head + body
         return body
 
@@ -183,6 +190,6 @@ class StreamedResponse:
             return
         self.ended = True
         framed = self._framed(data)
-        self._connection.send(framed + b"0\r\n\r\n" if self._chunked else framed)
+        self._connection.send(framed + b"0\r\n\r\n" if self._chunked and not self._head_only else framed)
         if self._connection.write_paused:
             await self._connection.drained()

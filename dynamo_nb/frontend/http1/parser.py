@@ -35,7 +35,8 @@ _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([^\x00-\x20\x7f]+) HTTP/(\d\.\d)")
 _HEADER_NAME = re.compile(_TOKEN)
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(;.*)?")
+_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,15})[ \t]*(;[^\x00-\x08\x0a-\x1f\x7f]*)?")
+_MAX_TRAILER_BYTES = 8192
 
 
 class HttpError(InvalidRequestError):
@@ -128,7 +129,7 @@ def parse_head(raw: bytes) -> RequestHead:
                 501, f"Transfer-Encoding {coding!r} is not supported: send Content-Length or chunked"
             )
         chunked = True
-    expect = headers.get("expect")
+    expect = headers.get("expect") if version == b"1.1" else None  # HTTP/1.0 has no expectations
     if expect is not None and expect.strip().lower() != "100-continue":
         raise HttpError(417, f"Expect: {expect!r} cannot be met: only 100-continue is")
     path, _, query = _origin_form(target).partition("?")
@@ -150,6 +151,8 @@ def _content_length(values: set[bytes]) -> int | None:
         return None
     if len(values) > 1 or not all(part.strip().isdigit() for part in next(iter(values)).split(b",")):
         raise HttpError(400, "the Content-Length header must be one number of bytes")
+    if any(len(part.strip()) > 18 for part in next(iter(values)).split(b",")):
+        raise HttpError(413, "the request body is larger than this server takes")
     parts = {int(part) for part in next(iter(values)).split(b",")}
     if len(parts) > 1:
         raise HttpError(400, "the Content-Length header must be one number of bytes")
@@ -181,21 +184,24 @@ class ChunkedDecoder:
         self.body = bytearray()
         self._left = -1  # bytes left in the current chunk; -1: a size line comes next
         self._trailers = False
+        self._trailer_bytes = 0
         self.done = False
 
     def feed(self, buffer: bytearray) -> bool:
         if self.done:  # what follows is the next request's
             return True
         while True:
-            if self._trailers:  # lines until an empty one
+            if self._trailers:  # header lines until an empty one
                 end = buffer.find(b"\r\n")
                 if end < 0:
                     self._check_line(buffer)
                     return False
-                del buffer[: end + 2]
                 if end == 0:
+                    del buffer[:2]
                     self.done = True
                     return True
+                self._trailer(bytes(buffer[:end]))
+                del buffer[: end + 2]
             elif self._left < 0:
                 end = buffer.find(b"\r\n")
                 if end < 0:
@@ -225,6 +231,15 @@ class ChunkedDecoder:
                 self.body += buffer[: self._left]
                 del buffer[: self._left + 2]
                 self._left = -1
+
+    def _trailer(self, line: bytes) -> None:
+        """A trailer line, held to a header's rules (and all of them to 8 KiB)."""
+        self._trailer_bytes += len(line) + 2
+        if self._trailer_bytes > _MAX_TRAILER_BYTES:
+            raise HttpError(431, f"the request's trailers are larger than {_MAX_TRAILER_BYTES} bytes")
+        name, colon, value = line.partition(b":")
+        if not colon or _HEADER_NAME.fullmatch(name) is None or _BAD_VALUE.search(value) is not None:
+            raise HttpError(400, f"malformed trailer line {line[:80]!r}: send 'Name: value'")
 
     @staticmethod
     def _check_line(buffer: bytearray) -> None:
