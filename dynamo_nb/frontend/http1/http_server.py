@@ -184,7 +184,6 @@ class HttpConnection(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None  # the request being served
         self.deadline = 0.0  # the loop time the pending wait ends at (0: none); the server's sweep checks it
         self.on_deadline: Callable[[], None] = self.abort
-        self.first = True  # no request read yet: the header timeout applies
         self.counted = False
         self.closed = False
         self.discarding = False  # refused: what the client still sends is dropped
@@ -329,7 +328,6 @@ class HttpConnection(asyncio.Protocol):
         if request is None:
             return
         self._untime()
-        self.first = False
         self.task = asyncio.get_running_loop().create_task(self._serve(request))
 
     def _read(self) -> HttpRequest | None:
@@ -352,8 +350,7 @@ class HttpConnection(asyncio.Protocol):
             if not self._body_in(head):  # the whole body within the idle timeout of its head
                 self._time(self.server.idle_timeout, self._slow)
                 if head.expect_continue:
-                    self.send(_CONTINUE)
-                    self.started = False
+                    self.transport.write(_CONTINUE)  # type: ignore[union-attr]  # not the answer: no `send`
                 return None
         head = self.head
         if not self._body_in(head):
@@ -412,10 +409,7 @@ class HttpConnection(asyncio.Protocol):
                 self.abort()
                 return
             else:
-                self.send(
-                    response.encode(self.connection_header(request), head_only=request.method == "HEAD")
-                )
-                await self.drained()
+                await self._send_whole(request, response)
         except asyncio.CancelledError:
             self.abort()
             raise
@@ -429,16 +423,17 @@ class HttpConnection(asyncio.Protocol):
                 return
             body = error_body(500, "internal error in the frontend; see its log")
             try:
-                self.send(
-                    json_response(body, status=500).encode(
-                        self.connection_header(request), head_only=request.method == "HEAD"
-                    )
-                )
+                await self._send_whole(request, json_response(body, status=500))
             except ConnectionResetError:
                 return
         finally:
             self.task = None
         self._done(request)
+
+    async def _send_whole(self, request: HttpRequest, response: HttpResponse) -> None:
+        """``response`` in one write (its head alone for ``HEAD``), waited on while the client reads."""
+        self.send(response.encode(self.connection_header(request), head_only=request.method == "HEAD"))
+        await self.drained()
 
     def closing(self, request: HttpRequest) -> bool:
         """Whether the connection closes after ``request``'s answer."""

@@ -90,10 +90,6 @@ class HttpRequest:
         self.method, self.path, self.query, self.version = method, path, query, version
         self.headers, self.body, self.keep_alive = headers, body, keep_alive
 
-    def json(self) -> Any:
-        """The body as JSON (``json.loads``; its errors are the caller's)."""
-        return json.loads(self.body)
-
     def stream(self, headers: Mapping[str, str] | None = None, status: int = 200) -> StreamedResponse:
         """A response whose body is written as it comes (chunked); its head goes out with the
         first write."""
@@ -158,11 +154,6 @@ class StreamedResponse:
             request.keep_alive = False  # an HTTP/1.0 client reads the body to the connection's close
         self._head: bytes | None = None  # sent with the first write
         self.ended = False
-
-    @property
-    def started(self) -> bool:
-        """Whether the head went out."""
-        return self._head is not None
 
     def _framed(self, data: bytes) -> bytes:
         if self._head_only:

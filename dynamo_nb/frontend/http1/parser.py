@@ -149,14 +149,15 @@ def parse_head(raw: bytes) -> RequestHead:
 def _content_length(values: set[bytes]) -> int | None:
     if not values:
         return None
-    if len(values) > 1 or not all(part.strip().isdigit() for part in next(iter(values)).split(b",")):
+    parts = [part.strip() for part in next(iter(values)).split(b",")]  # repeated: "5, 5"
+    if len(values) > 1 or not all(part.isdigit() for part in parts):
         raise HttpError(400, "the Content-Length header must be one number of bytes")
-    if any(len(part.strip()) > 18 for part in next(iter(values)).split(b",")):
+    if any(len(part) > 18 for part in parts):
         raise HttpError(413, "the request body is larger than this server takes")
-    parts = {int(part) for part in next(iter(values)).split(b",")}
-    if len(parts) > 1:
+    lengths = {int(part) for part in parts}
+    if len(lengths) > 1:
         raise HttpError(400, "the Content-Length header must be one number of bytes")
-    return parts.pop()
+    return lengths.pop()
 
 
 def _origin_form(target: bytes) -> str:
