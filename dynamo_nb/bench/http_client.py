@@ -17,7 +17,7 @@ import re
 from time import perf_counter
 from typing import Any
 
-import aiohttp
+from .lean_http import HttpAnswer, LeanHttpClient
 
 __all__ = ["RECORD_COLUMNS", "send_request", "text_pieces"]
 
@@ -134,13 +134,13 @@ def _read_event(data: bytes, record: dict[str, Any]) -> int:
     return pieces
 
 
-async def _read_stream(response: aiohttp.ClientResponse, record: dict[str, Any]) -> list[float]:
+async def _read_stream(answer: HttpAnswer, record: dict[str, Any]) -> list[float]:
     """Token event times; fills usage, workers and errors into ``record``. A payload that
     carries only tokens is counted from its bytes (`text_pieces`), the rest is decoded."""
     times: list[float] = []
     append = times.append
     pending = b""
-    async for chunk in response.content.iter_any():
+    async for chunk in answer:
         now = perf_counter()
         if b"\r" in chunk:
             chunk = chunk.replace(b"\r\n", b"\n")
@@ -161,16 +161,45 @@ async def _read_stream(response: aiohttp.ClientResponse, record: dict[str, Any])
     return times
 
 
-async def _read_unary(response: aiohttp.ClientResponse, record: dict[str, Any]) -> list[float]:
-    body = await response.json(content_type=None)
+async def _read_unary(answer: HttpAnswer, record: dict[str, Any]) -> list[float]:
+    body = json.loads(await answer.read())
+    if not isinstance(body, dict):
+        raise ValueError(f"the answer is not a JSON object: {body!r:.80}")
     _usage(record, body.get("usage") or {})
     if "nvext" in body:
         _worker_ids(record, body["nvext"])
     return [perf_counter()]
 
 
+class _Deadline:
+    """Cancels the task that entered it once ``seconds`` have passed; `expired` says it did
+    (``asyncio.timeout`` for Python 3.10 too, one timer and no task)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    def __enter__(self) -> _Deadline:
+        self._task = asyncio.current_task()
+        self._timer = asyncio.get_running_loop().call_later(self.seconds, self._expire)
+        return self
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self.expired and self._task is not None and hasattr(self._task, "uncancel"):
+            self._task.uncancel()
+
+
 async def send_request(
-    session: aiohttp.ClientSession,
+    client: LeanHttpClient,
     url: str,
     payload: bytes,
     record: dict[str, Any],
@@ -182,27 +211,35 @@ async def send_request(
     """POST ``payload`` to ``url`` and fill ``record``'s timing columns (never raises for the server).
 
     ``origin`` is the run's start (``perf_counter``); a request that fails keeps its error
-    text in ``record["error"]`` and NaN for the times it did not reach.
+    text in ``record["error"]`` and NaN for the times it did not reach. ``timeout`` bounds
+    the whole request, the body's reading included.
     """
     start = perf_counter()
     record["sent_s"] = start - origin
     times: list[float] = []
+    deadline = _Deadline(timeout)
+    answer = None
     try:
-        limit = aiohttp.ClientTimeout(total=timeout)  # the whole request, the body's reading included
-        async with session.post(url, data=payload, headers=_JSON_HEADERS, timeout=limit) as response:
-            record["status"] = response.status
-            record["request_id"] = response.headers.get("x-request-id")
-            route = response.headers.get("x-dynamo-path")  # our frontend: fast, fallback or aggregated
+        with deadline:
+            answer = await client.request("POST", url, payload, _JSON_HEADERS)
+            record["status"] = answer.status
+            record["request_id"] = answer.headers.get("x-request-id")
+            route = answer.headers.get("x-dynamo-path")  # our frontend: fast, fallback or aggregated
             if route:
                 record["path"] = route
-            if response.status != 200:
-                record["error"] = _error_text(response.status, await response.read())
+            if answer.status != 200:
+                record["error"] = _error_text(answer.status, await answer.read())
             else:
-                times = await (_read_stream if stream else _read_unary)(response, record)
-    except asyncio.TimeoutError:
+                times = await (_read_stream if stream else _read_unary)(answer, record)
+    except asyncio.CancelledError:
+        if not deadline.expired:
+            raise
         record["error"] = f"no complete answer within {timeout:g} s"
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
+    except (OSError, ValueError) as exc:
         record["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        if answer is not None:
+            answer.close()
     end = perf_counter()
     record["e2e_s"] = end - start
     if times:

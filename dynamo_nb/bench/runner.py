@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..errors import ConfigError, NoInstancesError
 from .http_client import RECORD_COLUMNS, send_request
+from .lean_http import LeanHttpClient
 from .progress import progress_bar
 from .prompts import Prompt, as_prompts
 
@@ -166,8 +167,7 @@ async def run(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     records: list[dict[str, Any]] = []
 
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, force_close=new_connection)
-    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+    async with LeanHttpClient(new_connection=new_connection, headers=headers) as client:
         origin = perf_counter()
 
         async def one(index: int, level: float) -> dict[str, Any]:
@@ -179,7 +179,7 @@ async def run(
                 record["rate"] = level
             payload = payloads[index % len(payloads)]
             return await send_request(
-                session, target, payload, record, stream=stream, timeout=timeout, origin=origin
+                client, target, payload, record, stream=stream, timeout=timeout, origin=origin
             )
 
         for i in range(warmup):

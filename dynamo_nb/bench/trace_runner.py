@@ -23,10 +23,9 @@ import json
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from ..errors import ConfigError
 from .http_client import RECORD_COLUMNS, send_request
+from .lean_http import LeanHttpClient
 from .progress import progress_bar
 from .runner import ENDPOINTS, _base_url, records_frame
 from .traces import in_arrival_order, trace_token_ids
@@ -82,8 +81,7 @@ async def run_trace(
         sends.append(((float(at_ms) - origin_ms) / 1000.0 / speedup, json.dumps(body).encode()))
     records: list[dict[str, Any]] = []
     bar = progress_bar(total=len(sends), desc=f"{label + ' · ' if label else ''}trace", enabled=progress)
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with LeanHttpClient() as client:
         loop = asyncio.get_running_loop()
         origin = perf_counter()
         start = loop.time()
@@ -91,7 +89,7 @@ async def run_trace(
         async def send(index: int, payload: bytes) -> None:
             record: dict[str, Any] = dict.fromkeys(RECORD_COLUMNS)
             record.update(label=label, rate=offered, index=index)
-            await send_request(session, base + ENDPOINTS["completions"], payload, record,
+            await send_request(client, base + ENDPOINTS["completions"], payload, record,
                                stream=True, timeout=timeout, origin=origin)  # fmt: skip
             records.append(record)
             bar.update(1)
