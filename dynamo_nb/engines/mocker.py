@@ -76,12 +76,14 @@ def _special_token_ids(model_path: str) -> frozenset[int]:
 
 class _Inbox:
     """One job's tokens (or its error) on their way from the engine loop to its stream: a
-    deque and a future, a third of an ``asyncio.Queue``'s cost per token."""
+    deque and a future, a third of an ``asyncio.Queue``'s cost per token. It keeps its loop:
+    ``asyncio.get_running_loop()`` is a ``getpid`` system call each time on Python 3.11."""
 
-    __slots__ = ("items", "waiter")
+    __slots__ = ("items", "loop", "waiter")
 
     def __init__(self) -> None:
         self.items: deque[Any] = deque()
+        self.loop: asyncio.AbstractEventLoop | None = None  # the first wait's
         self.waiter: asyncio.Future[None] | None = None
 
     def put(self, item: Any) -> None:
@@ -93,7 +95,9 @@ class _Inbox:
     async def get(self) -> Any:
         items = self.items
         while not items:
-            self.waiter = asyncio.get_running_loop().create_future()
+            if self.loop is None:
+                self.loop = asyncio.get_running_loop()
+            self.waiter = self.loop.create_future()
             try:
                 await self.waiter
             finally:

@@ -45,10 +45,11 @@ class StreamChannel:
     Planes call the ``push_*`` methods from their receive path; the caller awaits `next`.
     """
 
-    __slots__ = ("_entries", "_waiter", "closed", "instance", "last_seen")
+    __slots__ = ("_entries", "_loop", "_waiter", "closed", "instance", "last_seen")
 
     def __init__(self, instance: Instance) -> None:
         self.instance = instance
+        self._loop: asyncio.AbstractEventLoop | None = None  # kept: asking is a getpid system call (3.11)
         self._entries: deque[tuple[int, Any]] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self.closed = False  # an end or error was pushed
@@ -103,7 +104,9 @@ class StreamChannel:
         while not entries:
             if self.closed:  # the end or error was already consumed
                 raise StopAsyncIteration
-            self._waiter = asyncio.get_running_loop().create_future()
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._waiter = self._loop.create_future()
             try:
                 await self._waiter
             finally:
