@@ -4,10 +4,10 @@ A stub OpenAI server (`dynamo_nb.bench.stub_server`, its own process: every answ
 precomputed write) answers streamed 32-token chat requests. In the same run, at each
 concurrency, this process drives it two ways:
 
-- ``bench.run``: the real load generator (aiohttp, SSE parsing, a record per request with
-  TTFT, every inter-token gap, usage and worker ids);
-- baseline 1, aiohttp alone: the same HTTP client posting the same bodies and reading each
-  whole answer, with no SSE parsing and no records (what bench's own work costs on top);
+- ``bench.run``: the real load generator (its own HTTP/1.1 client, ``bench.lean_http``, SSE
+  parsing, a record per request with TTFT, every inter-token gap, usage and worker ids);
+- baseline 1, aiohttp alone: aiohttp's client posting the same bodies and reading each whole
+  answer, with no SSE parsing and no records (what `bench.run` used before its own client);
 - baseline 2, a bare client: raw asyncio streams, keep-alive, read to the end of the chunked
   body (about the most a Python client gets from this server).
 
