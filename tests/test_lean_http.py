@@ -1,12 +1,16 @@
 """The load generator's HTTP/1.1 client against raw socket servers: each way an answer's body
 can end (chunked, a length, the close), interim answers, kept-alive connections reused or a new
 one each, what it sends, a stale kept-alive connection retried once, an early close, bytes that
-are not HTTP, a body read in pieces as it comes, and a bounded wait."""
+are not HTTP, a body read in pieces as it comes, a bounded wait, and TLS."""
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 
 import pytest
 
@@ -265,3 +269,44 @@ async def test_a_cancelled_request_closes_its_connection(client: LeanHttpClient)
             await task
         await asyncio.sleep(0.01)
         assert not client._open
+
+
+def _self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, made by the ``openssl`` command."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a test certificate")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return cert, key
+
+
+@pytest.mark.processes  # openssl makes the certificate
+async def test_https_goes_through_tls_with_the_given_context(tmp_path: Path) -> None:
+    cert, key = _self_signed(tmp_path)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+    heads: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/x"
+    try:
+        trusted = ssl.create_default_context(cafile=str(cert))
+        async with LeanHttpClient(ssl=trusted) as client:
+            assert await (await client.request("POST", url, b"{}")).read() == b"secret"
+        assert heads[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
+        async with LeanHttpClient() as client:  # the system's trust store does not know it
+            with pytest.raises(ServerAnswerError, match=r"could not connect.*CERTIFICATE_VERIFY_FAILED"):
+                await client.request("POST", url, b"{}")
+    finally:
+        server.close()

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-import ssl
+import ssl as _ssl
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from urllib.parse import urlsplit
@@ -309,6 +309,7 @@ class LeanHttpClient:
         new_connection: a new connection for every request, closed after its answer (the
             request says ``Connection: close``).
         headers: sent with every request (an ``Authorization`` header, say).
+        ssl: the TLS context for ``https://`` (default: the system's trusted certificates).
 
     Example::
 
@@ -317,12 +318,18 @@ class LeanHttpClient:
             print(answer.status, await answer.read())
     """
 
-    def __init__(self, *, new_connection: bool = False, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        new_connection: bool = False,
+        headers: Mapping[str, str] | None = None,
+        ssl: _ssl.SSLContext | None = None,
+    ) -> None:
         self.new_connection = new_connection
         self._headers = _header_lines(headers)
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self._open: set[_Connection] = set()
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl = ssl
         self._heads: dict[tuple[str, str, str], bytes] = {}
 
     async def __aenter__(self) -> LeanHttpClient:
@@ -412,10 +419,10 @@ class LeanHttpClient:
             ):
                 connection.reused = True
                 return connection
-        tls: ssl.SSLContext | None = None
+        tls: _ssl.SSLContext | None = None
         if key[2]:
             if self._ssl is None:
-                self._ssl = ssl.create_default_context()
+                self._ssl = _ssl.create_default_context()
             tls = self._ssl
         try:
             _, connection = await loop.create_connection(
