@@ -1,6 +1,7 @@
 """The load generator's HTTP/1.1 client against raw socket servers: each way an answer's body
 can end (chunked, a length, the close), interim answers, kept-alive connections reused or a new
-one each, what it sends, a stale kept-alive connection retried once, an early close, bytes that
+one each, what it sends, a closed idle connection dropped, a request lost on a kept-alive
+connection as it closed sent again once, an early close, bytes that
 are not HTTP, a body read in pieces as it comes, a bounded wait, and TLS."""
 
 from __future__ import annotations
@@ -154,9 +155,9 @@ async def test_headers_given_to_the_client_and_to_a_request_are_sent() -> None:
         LeanHttpClient(headers={"X": "a\r\nInjected: b"})
 
 
-async def test_a_stale_kept_alive_connection_is_retried_once_on_a_new_one(client: LeanHttpClient) -> None:
-    """The server closes an idle connection as the next request goes out on it: the request is
-    sent again on a new connection, once."""
+async def test_an_idle_connection_the_server_closed_is_not_reused(client: LeanHttpClient) -> None:
+    """The server said keep-alive but closed: once its close arrives the connection leaves the
+    pool, and the next request opens a new one."""
     served = 0
 
     async def answer_then_close_quietly(
