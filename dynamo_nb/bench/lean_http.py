@@ -10,7 +10,8 @@ proxies or compression: a benchmark wants none of them.
 
 A connection that was reused and closes before any byte of its answer (the server's idle
 timeout met our request on the wire) is retried once on a new connection, as browsers do.
-Every wait is bounded by the caller (`asyncio.timeout` around the request).
+Every wait is bounded by the caller: `dynamo_nb.bench.http_client.send_request` puts one timer
+around a whole request, its body included.
 
 Example::
 
@@ -355,8 +356,8 @@ class LeanHttpClient:
         """Send a request; its answer once the head is in (the body is read from it).
 
         Raises `ServerAnswerError` (a `ConnectionError`) when the connection fails or closes early,
-        and `ConfigError` for a URL that is not ``http://`` or ``https://``. Bound the wait
-        with `asyncio.timeout`.
+        and `ConfigError` for a URL that is not ``http://`` or ``https://``. It waits as long
+        as the server takes: bound it (``asyncio.wait_for``, or a timer as `send_request` sets).
         """
         key, path = self._target(url)
         request = self._request_bytes(method, key, path, body, headers)
