@@ -31,12 +31,18 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, DynamoNBError
-from ..frontend.http1.parser import MAX_HEAD_BYTES, ChunkedDecoder, HttpError
+from ..frontend.http1.parser import (
+    MAX_HEAD_BYTES,
+    ChunkedDecoder,
+    HttpError,
+    keeps_alive,
+    read_content_length,
+    read_header_lines,
+)
 
 __all__ = ["HttpAnswer", "LeanHttpClient", "ServerAnswerError"]
 
 _STATUS_LINE = re.compile(rb"HTTP/(\d)\.(\d) (\d{3})(?: [^\r\n]*)?")
-_DIGITS = re.compile(rb"\d{1,18}")
 _UNLIMITED = 1 << 62  # the de-chunked body is handed over as it comes, never held whole
 _PAUSE_ABOVE = 1 << 20  # body bytes not yet read by the caller before reading pauses
 
@@ -248,38 +254,27 @@ class _Connection(asyncio.Protocol):
             if 100 <= status < 200:
                 continue
             break
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip():
-                raise ServerAnswerError(f"malformed header line {line[:80]!r}")
-            key, text = name.decode("latin-1").lower(), value.strip().decode("latin-1")
-            headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        headers, lengths = read_header_lines(lines[1:])
         answer = self._answer
         assert answer is not None and self._head is not None
         answer.status, answer.headers = status, headers
-        http10 = match.group(1) == b"1" and match.group(2) == b"0"
-        connection = headers.get("connection", "").lower()
-        self._keep_alive = "close" not in connection and (not http10 or "keep-alive" in connection)
-        self._frame(status, headers)
+        self._keep_alive = keeps_alive(match.group(1, 2) != (b"1", b"0"), headers)
+        self._frame(status, headers, read_content_length(lengths))
         head, self._head = self._head, None
         if not head.done():
             head.set_result(answer)
         return True
 
-    def _frame(self, status: int, headers: dict[str, str]) -> None:
+    def _frame(self, status: int, headers: dict[str, str], length: int | None) -> None:
         """How the body ends: chunked, a length, or the connection's close (RFC 9112 §6.3)."""
         self._chunked, self._left = None, -1
         if status in (204, 304):
             self._left = 0
         elif "chunked" in headers.get("transfer-encoding", "").lower():
             self._chunked = ChunkedDecoder(limit=_UNLIMITED)
-            self._keep_alive = self._keep_alive and "content-length" not in headers
-        elif "content-length" in headers:
-            values = {v.strip() for v in headers["content-length"].split(",")}
-            if len(values) != 1 or _DIGITS.fullmatch(next(iter(values)).encode()) is None:
-                raise ServerAnswerError(f"bad Content-Length {headers['content-length']!r}")
-            self._left = int(values.pop())
+            self._keep_alive = self._keep_alive and length is None
+        elif length is not None:
+            self._left = length
         else:
             self._keep_alive = False
 

@@ -24,7 +24,16 @@ from dataclasses import dataclass
 
 from ...errors import InvalidRequestError
 
-__all__ = ["MAX_HEAD_BYTES", "ChunkedDecoder", "HttpError", "RequestHead", "parse_head"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "ChunkedDecoder",
+    "HttpError",
+    "RequestHead",
+    "keeps_alive",
+    "parse_head",
+    "read_content_length",
+    "read_header_lines",
+]
 
 MAX_HEAD_BYTES = 64 * 1024
 """The request line and headers together, at most (a longer head is a 431)."""
@@ -93,32 +102,9 @@ def parse_head(raw: bytes) -> RequestHead:
     method, target, version = match.groups()
     if version not in (b"1.1", b"1.0"):
         raise HttpError(505, f"HTTP/{version.decode()} is not supported: use HTTP/1.1")
-    headers: dict[str, str] = {}
-    lengths: set[bytes] = set()
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or _HEADER_NAME.fullmatch(name) is None:
-            raise HttpError(400, f"malformed header line {line[:80]!r}: send 'Name: value'")
-        value = value.strip(b" \t")
-        if _BAD_VALUE.search(value) is not None:
-            raise HttpError(400, f"the {name.decode()} header has a control character in its value")
-        key = name.decode("ascii").lower()
-        text = value.decode("latin-1")
-        if key == "content-length":
-            lengths.add(value)
-        if key in headers:
-            headers[key] += ", " + text
-        else:
-            headers[key] = text
-    keep_alive = version == b"1.1"
-    connection = headers.get("connection")
-    if connection is not None:
-        options = {option.strip().lower() for option in connection.split(",")}
-        if "close" in options:
-            keep_alive = False
-        elif "keep-alive" in options:
-            keep_alive = True
-    content_length = _content_length(lengths)
+    headers, lengths = read_header_lines(lines[1:])
+    keep_alive = keeps_alive(version == b"1.1", headers)
+    content_length = read_content_length(lengths)
     chunked = False
     coding = headers.get("transfer-encoding")
     if coding is not None:
@@ -146,14 +132,52 @@ def parse_head(raw: bytes) -> RequestHead:
     )
 
 
-def _content_length(values: set[bytes]) -> int | None:
+def read_header_lines(lines: list[bytes]) -> tuple[dict[str, str], set[bytes]]:
+    """Header lines (of a request or an answer), strictly: lower-case names to values (a repeated
+    header's joined with ", "), and the ``Content-Length`` values as sent."""
+    headers: dict[str, str] = {}
+    lengths: set[bytes] = set()
+    for line in lines:
+        name, colon, value = line.partition(b":")
+        if not colon or _HEADER_NAME.fullmatch(name) is None:
+            raise HttpError(400, f"malformed header line {line[:80]!r}: send 'Name: value'")
+        value = value.strip(b" \t")
+        if _BAD_VALUE.search(value) is not None:
+            raise HttpError(400, f"the {name.decode()} header has a control character in its value")
+        key = name.decode("ascii").lower()
+        text = value.decode("latin-1")
+        if key == "content-length":
+            lengths.add(value)
+        if key in headers:
+            headers[key] += ", " + text
+        else:
+            headers[key] = text
+    return headers, lengths
+
+
+def keeps_alive(http11: bool, headers: dict[str, str]) -> bool:
+    """Whether the connection stays open after this message: HTTP/1.1's default, or its
+    ``Connection`` header's ``close`` / ``keep-alive``."""
+    connection = headers.get("connection")
+    if connection is not None:
+        options = {option.strip().lower() for option in connection.split(",")}
+        if "close" in options:
+            return False
+        if "keep-alive" in options:
+            return True
+    return http11
+
+
+def read_content_length(values: set[bytes]) -> int | None:
+    """The body's length from the ``Content-Length`` values of `read_header_lines` (None: none
+    sent); repeated, they must agree."""
     if not values:
         return None
     parts = [part.strip() for part in next(iter(values)).split(b",")]  # repeated: "5, 5"
     if len(values) > 1 or not all(part.isdigit() for part in parts):
         raise HttpError(400, "the Content-Length header must be one number of bytes")
     if any(len(part) > 18 for part in parts):
-        raise HttpError(413, "the request body is larger than this server takes")
+        raise HttpError(413, "the body is larger than this server takes")
     lengths = {int(part) for part in parts}
     if len(lengths) > 1:
         raise HttpError(400, "the Content-Length header must be one number of bytes")
