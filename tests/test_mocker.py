@@ -17,10 +17,10 @@ from dynamo_nb.disagg.decode import DecodeHandler
 from dynamo_nb.engines import MockerEngine
 from dynamo_nb.engines.kv_cache.blocks import KvBlockManager
 from dynamo_nb.engines.mocker import decode_ms, prefill_ms
-from dynamo_nb.errors import InvalidRequestError
-from dynamo_nb.llm import PreprocessedRequest, StopConditions, engine_handler
+from dynamo_nb.errors import InvalidRequestError, RemoteHandlerError
+from dynamo_nb.llm import EmittingStream, PreprocessedRequest, StopConditions, engine_handler
 from dynamo_nb.router.kv import RadixTree, block_hashes
-from dynamo_nb.runtime import parse_ready_line
+from dynamo_nb.runtime import Context, parse_ready_line
 
 MOCKER = ROOT / "components" / "mocker_worker.py"
 
@@ -175,6 +175,72 @@ async def test_engine_streams_exactly_max_tokens_and_reuses_the_cache() -> None:
     cached = [items[-1]["completion_usage"]["prompt_tokens_details"]["cached_tokens"] for items in both]
     assert cached == [32, 0]  # and says so: 8 blocks of 4
     assert [next(iter(e)) for e in published] == ["stored", "stored"] and engine.active == 0
+    await engine.close()
+
+
+@pytest.mark.parametrize("mode", ["memory-tcp", "memory-inproc"])
+async def test_a_served_mocker_sends_each_token_from_its_step_the_items_iterating_gives(
+    make_runtime: Any, mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Served with `engine_handler`, the mocker's step sends each token through the server's
+    ``context.emit`` (its stream is an `EmittingStream`): the caller gets exactly the items that
+    iterating the engine gives, ends and refusals included."""
+    request = {"token_ids": list(range(1, 41)), "stop_conditions": {"max_tokens": 6}}
+    expected = await collect(MockerEngine(block_size=4, speedup_ratio=1000.0).generate(req(request)))
+    assert [len(i["token_ids"]) for i in expected] == [1] * 6 and expected[-1]["finish_reason"] == "length"
+
+    engine = MockerEngine(block_size=4, num_blocks=16, speedup_ratio=1000.0)
+    assert isinstance(engine.generate(req(request)), EmittingStream)
+
+    def not_iterated(*args: Any) -> Any:
+        raise AssertionError("a served mocker's stream was iterated, not emitted")
+
+    monkeypatch.setattr(engine, "_stream", not_iterated)
+    server_rt, client_rt = await make_runtime(mode), await make_runtime(mode)
+    await server_rt.endpoint("test.emit.generate").serve(engine_handler(engine.generate))
+    client = await client_rt.endpoint("test.emit.generate").client()
+    await client.wait_for_instances(timeout=10)
+    assert await collect(client.round_robin(request)) == expected
+    again = await collect(client.round_robin(request))  # the same again, its prompt now cached
+    assert again[:-1] == expected[:-1]
+    assert again[-1]["completion_usage"]["prompt_tokens_details"] == {"cached_tokens": 40}
+
+    with pytest.raises(RemoteHandlerError, match=r"InvalidRequestError.*num-gpu-blocks"):  # 20 of 16 blocks
+        await collect(client.round_robin({**request, "token_ids": list(range(80))}))
+
+    slow = {"token_ids": [7] * 8, "stop_conditions": {"max_tokens": 100_000}}
+    context = Context()
+    seen: list[Any] = []
+    async for item in client.round_robin(slow, context=context):
+        seen.append(item)
+        if len(seen) == 3:
+            context.stop_generating()
+    assert seen[-1]["finish_reason"] == "cancelled" and len(seen) < 100
+    assert seen[-1]["completion_usage"]["completion_tokens"] == len(seen) - 1
+    for _ in range(100):
+        if engine.active == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.active == 0
+    await engine.close()
+
+
+async def test_an_emitted_stream_whose_items_cannot_be_sent_fails_alone() -> None:
+    """An ``emit`` that raises (its plane cannot encode the item) ends that stream with the
+    error; the engine's step goes on for the others."""
+    engine = MockerEngine(block_size=4, speedup_ratio=1000.0)
+    request = req({"token_ids": list(range(1, 9)), "stop_conditions": {"max_tokens": 4}})
+
+    def refuse(item: Any) -> None:
+        raise TypeError("cannot encode")
+
+    sent: list[Any] = []
+    results = await asyncio.gather(
+        engine.generate(request).emit_to(refuse), engine.generate(request).emit_to(sent.append),
+        return_exceptions=True,
+    )  # fmt: skip
+    assert isinstance(results[0], TypeError) and results[1] is None
+    assert len(sent) == 4 and sent[-1]["finish_reason"] == "length" and engine.active == 0
     await engine.close()
 
 

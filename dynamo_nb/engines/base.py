@@ -25,7 +25,10 @@ outside. An engine that serves disaggregated requests is also a
 ``handoff_endpoint`` and ``kv_timeout`` (usually by mixing in `dynamo_nb.disagg.prefill.BootstrapRole`).
 
 `dynamo_nb.llm.engine_handler` turns ``engine.generate`` (or ``prefill`` / ``decode``) into an
-endpoint handler, and `dynamo_nb.llm.serve_llm` serves it with its model card.
+endpoint handler, and `dynamo_nb.llm.serve_llm` serves it with its model card. An engine that
+makes every request's tokens in one step of its own (the mocker) may return a
+`dynamo_nb.llm.protocol.EmittingStream` from ``generate``: served, its step then sends each
+output itself instead of waking each request's task per token.
 
 Example:
     >>> from dynamo_nb.engines import DisaggregatedEngine, EchoEngine, MockerEngine

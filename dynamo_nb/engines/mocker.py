@@ -40,7 +40,7 @@ import contextlib
 import dataclasses
 import functools
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from typing import Any
 from ..disagg.decode import fetch_prompt_kv
 from ..disagg.prefill import BootstrapRole
 from ..errors import DisaggregationError
-from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..llm.protocol import EmittingStream, LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from .base import KvEvent, KvEventSink, token_budget
 from .kv_cache.blocks import KvBlockManager, publish_kv_events
@@ -109,6 +109,36 @@ class _Inbox:
 class _Request(MockJob):
     output: list[int] = field(default_factory=list)  # the ids it streams, cycled
     queue: _Inbox = field(default_factory=_Inbox)
+    context: Context | None = None
+    # an emitted stream's: where its outputs go (None once it ended), and its end
+    emit: Callable[[dict[str, Any]], None] | None = None
+    done: asyncio.Future[None] | None = None
+
+
+class _Outputs(EmittingStream):
+    """What `MockerEngine.generate` returns: its outputs as an async iterator, or sent from the
+    engine's step by `emit_to` (an `EmittingStream`: what its worker does, no task woken per
+    token). It queues the job at the first ``__anext__`` or ``emit_to``."""
+
+    __slots__ = ("_context", "_engine", "_iterator", "_job")
+
+    def __init__(self, engine: MockerEngine, job: _Request, context: Context | None) -> None:
+        self._engine = engine
+        self._job = job
+        self._context = context
+        self._iterator: AsyncGenerator[LLMEngineOutput, None] | None = None
+
+    def __anext__(self) -> Awaitable[LLMEngineOutput]:
+        if self._iterator is None:
+            self._iterator = self._engine._stream(self._job, self._context)
+        return self._iterator.__anext__()
+
+    async def aclose(self) -> None:
+        if self._iterator is not None:
+            await self._iterator.aclose()
+
+    async def emit_to(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        await self._engine._emit(self._job, self._context, emit)
 
 
 class MockerEngine(BootstrapRole):
@@ -136,11 +166,7 @@ class MockerEngine(BootstrapRole):
     ) -> None:
         settings = MockerSettings(block_size, num_blocks, max_num_batched_tokens, max_num_seqs, speedup_ratio,
                                   decode_speedup_ratio)  # fmt: skip
-        self.scheduler = MockerScheduler(
-            settings,
-            on_token=self._deliver,
-            on_reject=lambda job, error: job.queue.put(error),  # type: ignore[attr-defined]
-        )
+        self.scheduler = MockerScheduler(settings, on_token=self._deliver, on_reject=self._reject)
         self.block_size = block_size
         self.max_num_seqs: int | None = max_num_seqs
         self.context_length = context_length  # published in the card; the simulation refuses nothing
@@ -214,8 +240,8 @@ class MockerEngine(BootstrapRole):
         self, request: PreprocessedRequest, context: Context | None = None
     ) -> AsyncIterator[LLMEngineOutput]:
         """Exactly ``max_tokens`` tokens (default `DEFAULT_MAX_TOKENS`, 16), the last output with
-        usage (the job's own stream: no generator in between, per token)."""
-        return self._stream(_Request(request.token_ids, token_budget(request, None)), context)
+        usage; an `EmittingStream`, so its worker has the engine's step send each token."""
+        return _Outputs(self, _Request(request.token_ids, token_budget(request, None)), context)
 
     async def _prefill_handoff(
         self, request: PreprocessedRequest, context: Context | None
@@ -259,11 +285,14 @@ class MockerEngine(BootstrapRole):
             async for item in items:
                 yield item
 
-    async def _stream(self, job: _Request, context: Context | None) -> AsyncIterator[LLMEngineOutput]:
-        """Queue ``job`` and stream its tokens; leaving early (cancel, close) frees it."""
+    def _queue(self, job: _Request) -> None:
         job.output = [t for t in job.prompt if t not in self.skip_token_ids] or job.prompt or [0]
         self.scheduler.add(job)
         self._ensure_loop()
+
+    async def _stream(self, job: _Request, context: Context | None) -> AsyncGenerator[LLMEngineOutput, None]:
+        """Queue ``job`` and stream its tokens; leaving early (cancel, close) frees it."""
+        self._queue(job)
         received = job.emitted  # a decode's first token came from its prefill
         try:
             while True:
@@ -309,11 +338,66 @@ class MockerEngine(BootstrapRole):
             scheduler.finish_step(chunks)
             await self._publish_events()
 
-    @staticmethod
-    def _deliver(job: MockJob) -> None:
-        """The scheduler gave ``job`` a token: stream the next of its ids."""
+    async def _emit(
+        self, job: _Request, context: Context | None, emit: Callable[[dict[str, Any]], None]
+    ) -> None:
+        """Queue ``job`` and wait until `_deliver` has sent its last output through ``emit``;
+        leaving early (cancel) frees it."""
+        job.context, job.emit = context, emit
+        job.done = asyncio.get_running_loop().create_future()
+        self._queue(job)
+        try:
+            await job.done
+        finally:
+            job.emit = None
+            self.scheduler.cancel(job)
+
+    def _deliver(self, job: MockJob) -> None:
+        """The scheduler gave ``job`` a token: stream the next of its ids (to its queue, or
+        sent at once with its ``emit``: the outputs `_stream` would give)."""
         assert isinstance(job, _Request)
-        job.queue.put(job.output[(job.emitted - 1) % len(job.output)])
+        token = job.output[(job.emitted - 1) % len(job.output)]
+        emit = job.emit
+        if emit is None:
+            job.queue.put(token)
+            return
+        try:
+            if job.emitted >= job.max_tokens:
+                emit(self._final(job, [token], "length"))
+            elif job.context is not None and job.context.is_stopped():
+                emit({"token_ids": [token]})
+                emit(self._final(job, [], "cancelled"))
+            else:
+                emit({"token_ids": [token]})
+                return
+            self._end(job, None)
+        except (TypeError, ValueError) as exc:  # (its plane could not encode it)
+            self._end(job, exc)
+
+    @staticmethod
+    def _final(job: _Request, tokens: list[int], reason: str) -> dict[str, Any]:
+        return LLMEngineOutput.final(
+            tokens, reason, prompt_tokens=len(job.prompt), completion_tokens=job.emitted,
+            cached_tokens=job.cached_tokens,
+        ).to_dict()  # fmt: skip
+
+    def _end(self, job: _Request, error: Exception | None) -> None:
+        """An emitted stream is over: nothing more is sent, and `_emit` returns (or raises ``error``)."""
+        job.emit = None
+        self.scheduler.cancel(job)
+        if job.done is not None and not job.done.done():
+            if error is None:
+                job.done.set_result(None)
+            else:
+                job.done.set_exception(error)
+
+    def _reject(self, job: MockJob, error: Exception) -> None:
+        """The scheduler can never run ``job``: its stream raises ``error``."""
+        assert isinstance(job, _Request)
+        if job.emit is None:
+            job.queue.put(error)
+        else:
+            self._end(job, error)
 
     async def _publish_events(self) -> None:
         await publish_kv_events(self.kv_events, self.kv.drain_events())

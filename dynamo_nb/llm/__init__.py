@@ -22,7 +22,7 @@ from .bootstrap_info import BootstrapInfo, PrefillResult
 from .card import CARD_PREFIX, MODEL_KINDS, ModelCard, ModelRuntimeConfig, card_from_folder, check_model_dir
 from .detokenize import StreamDetokenizer
 from .limits import RequestLimits
-from .protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
+from .protocol import EmittingStream, LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
 from .register import (
     EngineMethod,
     ReadinessGate,
@@ -38,6 +38,7 @@ __all__ = [
     "CARD_PREFIX",
     "MODEL_KINDS",
     "BootstrapInfo",
+    "EmittingStream",
     "EngineMethod",
     "LLMEngineOutput",
     "ModelCard",

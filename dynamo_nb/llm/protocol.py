@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+import abc
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,6 +25,7 @@ from .bootstrap_info import BootstrapInfo, PrefillResult
 __all__ = [
     "DEFAULT_MAX_TOKENS",
     "FINISH_REASONS",
+    "EmittingStream",
     "LLMEngineOutput",
     "PreprocessedRequest",
     "SamplingOptions",
@@ -332,3 +335,40 @@ class LLMEngineOutput:
         if self.error is not None:
             out["error"] = self.error
         return out
+
+
+class EmittingStream(abc.ABC):
+    """An engine's output stream that can also send its outputs itself (a base class: the
+    check is one ``isinstance`` per request).
+
+    ``await stream.emit_to(emit)`` calls ``emit(output.to_dict())`` for each `LLMEngineOutput`
+    as the engine produces it (from the engine's own step: no task woken per token) and returns
+    after the last one, or raises what iterating would have raised. The items are exactly those
+    iterating the stream gives. `dynamo_nb.llm.engine_handler` uses it when the server gave the
+    handler's context an ``emit``; everything else iterates the stream.
+
+    Example:
+        >>> from dynamo_nb.engines import EchoEngine, MockerEngine
+        >>> request = PreprocessedRequest([1, 2])
+        >>> isinstance(MockerEngine().generate(request), EmittingStream)
+        True
+        >>> isinstance(EchoEngine().generate(request), EmittingStream)
+        False
+    """
+
+    __slots__ = ()
+
+    def __aiter__(self) -> EmittingStream:
+        return self
+
+    @abc.abstractmethod
+    def __anext__(self) -> Awaitable[LLMEngineOutput]:
+        """The next output, as iterating any engine stream gives it."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Leave early: the engine frees the request."""
+
+    @abc.abstractmethod
+    async def emit_to(self, emit: Callable[[dict[str, Any]], None]) -> None:
+        """Send every output's dict through ``emit`` as the engine produces it; return after the last."""

@@ -36,7 +36,7 @@ from .card import (
     check_model_dir,
 )
 from .limits import RequestLimits
-from .protocol import LLMEngineOutput, PreprocessedRequest
+from .protocol import EmittingStream, LLMEngineOutput, PreprocessedRequest
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -70,7 +70,8 @@ def engine_handler(
     the engine sees it), each output → its dict.
 
     Closing the stream (the caller left, or cancelled) closes the engine's stream at once, so
-    the engine frees the request's state.
+    the engine frees the request's state. An engine whose stream is an `EmittingStream` sends its
+    outputs through the server's ``context.emit`` itself.
 
     Example:
         >>> import asyncio
@@ -87,6 +88,10 @@ def engine_handler(
         if limits is not None:
             limits.check(parsed)
         async with contextlib.aclosing(method(parsed, context)) as outputs:
+            emit = context.emit if context is not None else None
+            if emit is not None and isinstance(outputs, EmittingStream):
+                await outputs.emit_to(emit)  # the engine sends each output itself
+                return
             async for output in outputs:
                 yield output.to_dict()
 

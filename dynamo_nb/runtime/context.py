@@ -19,6 +19,11 @@ class Context:
     the parent stops every linked child, across processes. Its ``metadata`` (a dict of
     JSON-able values) reaches the handler's context too.
 
+    A server sets ``emit`` on the context it hands a handler: ``emit(item)`` sends one stream
+    item to the caller at once, in order with what the handler yields. Code that produces items
+    outside the handler's task (an engine's step) sends them with it, instead of waking that
+    task for each one; it is None outside a server.
+
     Example:
         >>> ctx = Context()
         >>> child = Context(parent=ctx)
@@ -27,7 +32,7 @@ class Context:
         True
     """
 
-    __slots__ = ("_callbacks", "_event", "_id", "_parent_unlink", "_stopped", "metadata")
+    __slots__ = ("_callbacks", "_event", "_id", "_parent_unlink", "_stopped", "emit", "metadata")
 
     def __init__(
         self, id: str | None = None, *, parent: Context | None = None, metadata: dict[str, Any] | None = None
@@ -37,6 +42,8 @@ class Context:
         self.metadata: dict[str, Any] = dict(
             metadata if metadata is not None else parent.metadata if parent else {}
         )
+        #: set by the server running the handler: sends one stream item now (see the class docstring)
+        self.emit: Callable[[Any], None] | None = None
         self._stopped = False
         self._event: asyncio.Event | None = None
         self._callbacks: list[Callable[[], object]] = []

@@ -191,7 +191,9 @@ class EndpointServer:
         if self._closing:
             sink.error(ErrorCode.NO_INSTANCE, "InstanceStopped", "the instance is shutting down")
             return None
-        stream = ServerStream(Context(request_id, metadata=metadata), sink, self.stop_grace)
+        context = Context(request_id, metadata=metadata)
+        context.emit = sink.item
+        stream = ServerStream(context, sink, self.stop_grace)
         self._streams.add(stream)
         self.requests_total += 1
         stream.task = asyncio.get_running_loop().create_task(self._drive(stream, body))
