@@ -13,6 +13,7 @@ import pytest
 from helpers import FRONTEND, ROOT, collect, free_port, req
 
 from dynamo_nb import DisaggregationError, DistributedRuntime, LocalServices, bench
+from dynamo_nb.compat.runtime import Context as CompatContext
 from dynamo_nb.disagg.decode import DecodeHandler
 from dynamo_nb.engines import MockerEngine
 from dynamo_nb.engines.kv_cache.blocks import KvBlockManager
@@ -205,6 +206,9 @@ async def test_a_served_mocker_sends_each_token_from_its_step_the_items_iteratin
     assert again[:-1] == expected[:-1]
     assert again[-1]["completion_usage"]["prompt_tokens_details"] == {"cached_tokens": 40}
 
+    monkeypatch.undo()  # a compat (Dynamo-style) context wraps ours: the stream is iterated
+    iterated = await collect(engine_handler(engine.generate)(request, CompatContext("c-1")))
+    assert iterated == [*expected[:-1], again[-1]]
     with pytest.raises(RemoteHandlerError, match=r"InvalidRequestError.*num-gpu-blocks"):  # 20 of 16 blocks
         await collect(client.round_robin({**request, "token_ids": list(range(80))}))
 

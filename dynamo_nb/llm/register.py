@@ -88,7 +88,9 @@ def engine_handler(
         if limits is not None:
             limits.check(parsed)
         async with contextlib.aclosing(method(parsed, context)) as outputs:
-            emit = context.emit if context is not None else None
+            # (a context of our own, set by a server; `dynamo_nb.compat`'s wraps one and keeps
+            # Dynamo's stop semantics by iterating)
+            emit = context.emit if type(context) is Context else None
             if emit is not None and isinstance(outputs, EmittingStream):
                 await outputs.emit_to(emit)  # the engine sends each output itself
                 return
