@@ -24,7 +24,6 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
-    Histogram,
     generate_latest,
 )
 
@@ -143,20 +142,20 @@ class FrontendMetrics:
             ("model", "reason"),
             registry=registry,
         )
-        self.cached_tokens = Histogram(
+        self.cached_tokens = LoopHistogram(  # observed per request, from the event loop
             "dynamo_frontend_cached_tokens",
             "prompt tokens the engine found cached, per request (usage.prompt_tokens_details.cached_tokens)",
             ("model",),
-            buckets=CACHED_TOKEN_BUCKETS,
-            registry=registry,
+            CACHED_TOKEN_BUCKETS,
+            registry,
         )
         self.routing_overhead = {
-            phase: Histogram(
+            phase: LoopHistogram(  # observed per routing decision
                 f"dynamo_router_overhead_{phase}_ms",
                 f"time the router spent in {phase.replace('_', ' ')}, in milliseconds",
                 ("model", "worker_type"),
-                buckets=OVERHEAD_MS_BUCKETS,
-                registry=registry,
+                OVERHEAD_MS_BUCKETS,
+                registry,
             )
             for phase in ROUTING_PHASES
         }
