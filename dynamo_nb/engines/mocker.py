@@ -275,10 +275,7 @@ class MockerEngine(BootstrapRole):
         job = _Request(request.token_ids, token_budget(request, None), emitted=1, transferred=True)
         job.cached_tokens = int(header.get("cached_tokens") or 0)  # what the prefill found cached
         if job.max_tokens <= 1:
-            yield LLMEngineOutput.final(
-                [header["first_token"]], "length", prompt_tokens=len(job.prompt), completion_tokens=1,
-                cached_tokens=job.cached_tokens,
-            )  # fmt: skip
+            yield self._final(job, [header["first_token"]], "length", completed=1)
             return
         yield LLMEngineOutput([header["first_token"]])
         async with contextlib.aclosing(self._stream(job, context)) as items:
@@ -301,17 +298,11 @@ class MockerEngine(BootstrapRole):
                     raise token
                 received += 1
                 if received >= job.max_tokens:
-                    yield LLMEngineOutput.final(
-                        [token], "length", prompt_tokens=len(job.prompt), completion_tokens=received,
-                        cached_tokens=job.cached_tokens,
-                    )  # fmt: skip
+                    yield self._final(job, [token], "length", received)
                     return
                 yield LLMEngineOutput([token])
                 if context is not None and context.is_stopped():
-                    yield LLMEngineOutput.final(
-                        [], "cancelled", prompt_tokens=len(job.prompt), completion_tokens=received,
-                        cached_tokens=job.cached_tokens,
-                    )  # fmt: skip
+                    yield self._final(job, [], "cancelled", received)
                     return
         finally:
             self.scheduler.cancel(job)
@@ -349,8 +340,9 @@ class MockerEngine(BootstrapRole):
         try:
             await job.done
         finally:
-            job.emit = None
-            self.scheduler.cancel(job)
+            if job.emit is not None:  # left before its end (`_end` frees an ended one)
+                job.emit = None
+                self.scheduler.cancel(job)
 
     def _deliver(self, job: MockJob) -> None:
         """The scheduler gave ``job`` a token: stream the next of its ids (to its queue, or
@@ -363,10 +355,10 @@ class MockerEngine(BootstrapRole):
             return
         try:
             if job.emitted >= job.max_tokens:
-                emit(self._final(job, [token], "length"))
+                emit(self._final(job, [token], "length", job.emitted).to_dict())
             elif job.context is not None and job.context.is_stopped():
                 emit({"token_ids": [token]})
-                emit(self._final(job, [], "cancelled"))
+                emit(self._final(job, [], "cancelled", job.emitted).to_dict())
             else:
                 emit({"token_ids": [token]})
                 return
@@ -375,11 +367,12 @@ class MockerEngine(BootstrapRole):
             self._end(job, exc)
 
     @staticmethod
-    def _final(job: _Request, tokens: list[int], reason: str) -> dict[str, Any]:
+    def _final(job: _Request, tokens: list[int], reason: str, completed: int) -> LLMEngineOutput:
+        """``job``'s last output: ``tokens``, why it ended, usage with ``completed`` tokens."""
         return LLMEngineOutput.final(
-            tokens, reason, prompt_tokens=len(job.prompt), completion_tokens=job.emitted,
+            tokens, reason, prompt_tokens=len(job.prompt), completion_tokens=completed,
             cached_tokens=job.cached_tokens,
-        ).to_dict()  # fmt: skip
+        )  # fmt: skip
 
     def _end(self, job: _Request, error: Exception | None) -> None:
         """An emitted stream is over: nothing more is sent, and `_emit` returns (or raises ``error``)."""
