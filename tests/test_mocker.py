@@ -18,7 +18,7 @@ from dynamo_nb.disagg.decode import DecodeHandler
 from dynamo_nb.engines import MockerEngine
 from dynamo_nb.engines.kv_cache.blocks import KvBlockManager
 from dynamo_nb.engines.mocker import decode_ms, prefill_ms
-from dynamo_nb.errors import InvalidRequestError, RemoteHandlerError
+from dynamo_nb.errors import EngineError, InvalidRequestError, RemoteHandlerError
 from dynamo_nb.llm import EmittingStream, PreprocessedRequest, StopConditions, engine_handler
 from dynamo_nb.router.kv import RadixTree, block_hashes
 from dynamo_nb.runtime import Context, parse_ready_line
@@ -183,9 +183,10 @@ async def test_engine_streams_exactly_max_tokens_and_reuses_the_cache() -> None:
 async def test_a_served_mocker_sends_each_token_from_its_step_the_items_iterating_gives(
     make_runtime: Any, mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Served with `engine_handler`, the mocker's step sends each token through the server's
-    ``context.emit`` (its stream is an `EmittingStream`): the caller gets exactly the items that
-    iterating the engine gives, ends and refusals included."""
+    """Served with `engine_handler(..., emit=True)` (as `serve_llm` serves), the mocker's step
+    sends each token through the server's ``context.emit`` (its stream is an `EmittingStream`):
+    the caller gets exactly the items that iterating the engine gives, ends and refusals
+    included. A handler served without ``emit`` (e.g. inside a wrapper) iterates."""
     request = {"token_ids": list(range(1, 41)), "stop_conditions": {"max_tokens": 6}}
     expected = await collect(MockerEngine(block_size=4, speedup_ratio=1000.0).generate(req(request)))
     assert [len(i["token_ids"]) for i in expected] == [1] * 6 and expected[-1]["finish_reason"] == "length"
@@ -198,10 +199,25 @@ async def test_a_served_mocker_sends_each_token_from_its_step_the_items_iteratin
 
     monkeypatch.setattr(engine, "_stream", not_iterated)
     server_rt, client_rt = await make_runtime(mode), await make_runtime(mode)
-    await server_rt.endpoint("test.emit.generate").serve(engine_handler(engine.generate))
+    await server_rt.endpoint("test.emit.generate").serve(engine_handler(engine.generate, emit=True))
     client = await client_rt.endpoint("test.emit.generate").client()
     await client.wait_for_instances(timeout=10)
     assert await collect(client.round_robin(request)) == expected
+    monkeypatch.undo()
+
+    seen_by_wrapper: list[Any] = []
+
+    async def counting(request: Any, context: Context) -> Any:  # a user's wrapper reads the items
+        async for item in engine_handler(engine.generate)(request, context):
+            seen_by_wrapper.append(item)
+            yield item
+
+    await server_rt.endpoint("test.wrapped.generate").serve(counting)
+    wrapped = await client_rt.endpoint("test.wrapped.generate").client()
+    await wrapped.wait_for_instances(timeout=10)
+    assert await collect(wrapped.round_robin(request)) == seen_by_wrapper
+    assert [i["token_ids"] for i in seen_by_wrapper] == [i["token_ids"] for i in expected]
+    monkeypatch.setattr(engine, "_stream", not_iterated)
     again = await collect(client.round_robin(request))  # the same again, its prompt now cached
     assert again[:-1] == expected[:-1]
     assert again[-1]["completion_usage"]["prompt_tokens_details"] == {"cached_tokens": 40}
@@ -245,7 +261,40 @@ async def test_an_emitted_stream_whose_items_cannot_be_sent_fails_alone() -> Non
     )  # fmt: skip
     assert isinstance(results[0], TypeError) and results[1] is None
     assert len(sent) == 4 and sent[-1]["finish_reason"] == "length" and engine.active == 0
+
+    def too_large(item: Any) -> None:  # any error, not only an encoder's
+        raise OverflowError("frame too large")
+
+    sent.clear()
+    results = await asyncio.wait_for(asyncio.gather(
+        engine.generate(request).emit_to(too_large), engine.generate(request).emit_to(sent.append),
+        return_exceptions=True,
+    ), timeout=10)  # fmt: skip
+    assert isinstance(results[0], OverflowError) and results[1] is None and len(sent) == 4
     await engine.close()
+
+
+async def test_closing_the_mocker_ends_the_streams_still_running_with_an_error() -> None:
+    """`close` while streams run (emitted and iterated, one still waiting for a slot): each ends
+    with an `EngineError` that says the engine closed, none waits forever."""
+    engine = MockerEngine(block_size=4, speedup_ratio=1.0, max_num_seqs=2)  # a token every ~6 ms
+    long = req({"token_ids": list(range(1, 9)), "stop_conditions": {"max_tokens": 100_000}})
+    sent: list[Any] = []
+    emitted = asyncio.ensure_future(engine.generate(long).emit_to(sent.append))
+    iterated_items: list[Any] = []
+
+    async def iterate() -> None:
+        async for item in engine.generate(long):
+            iterated_items.append(item)
+
+    iterated = asyncio.ensure_future(iterate())
+    waiting = asyncio.ensure_future(collect(engine.generate(long)))  # no slot: max_num_seqs=2
+    while len(sent) < 3 or len(iterated_items) < 3:
+        await asyncio.sleep(0.01)
+    await engine.close()
+    results = await asyncio.wait_for(asyncio.gather(emitted, iterated, waiting, return_exceptions=True), 5)
+    assert all(isinstance(r, EngineError) and "closed" in str(r) for r in results), results
+    assert engine.active == 0
 
 
 async def test_kv_routing_over_processes_and_nats_sends_a_repeated_prefix_back(

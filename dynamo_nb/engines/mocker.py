@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -47,12 +48,14 @@ from typing import Any
 
 from ..disagg.decode import fetch_prompt_kv
 from ..disagg.prefill import BootstrapRole
-from ..errors import DisaggregationError
+from ..errors import DisaggregationError, EngineError
 from ..llm.protocol import EmittingStream, LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from .base import KvEvent, KvEventSink, token_budget
 from .kv_cache.blocks import KvBlockManager, publish_kv_events
 from .mocker_scheduler import MockerScheduler, MockerSettings, MockJob, decode_ms, prefill_ms
+
+logger = logging.getLogger("dynamo_nb.engines.mocker")
 
 __all__ = ["MOCK_KV_FORMAT", "MockerEngine", "decode_ms", "prefill_ms"]
 
@@ -313,6 +316,20 @@ class MockerEngine(BootstrapRole):
             self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="dynamo_nb-mocker")
 
     async def _run(self) -> None:
+        """The engine's steps while jobs wait or run; if a step fails, every job's stream ends
+        with that error (none is left waiting for a step that will not come)."""
+        try:
+            await self._steps()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception(
+                "the mocker's step failed; its %d jobs end with the error", self.scheduler.active
+            )
+            self._fail_all(EngineError(f"the mocker's step failed: {type(exc).__name__}: {exc}"))
+            raise
+
+    async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
         scheduler = self.scheduler
         deadline: float | None = None  # when the current step ends, on the loop's clock
@@ -328,6 +345,12 @@ class MockerEngine(BootstrapRole):
             await asyncio.sleep(max(0.0, deadline - loop.time()))
             scheduler.finish_step(chunks)
             await self._publish_events()
+
+    def _fail_all(self, error: Exception) -> None:
+        """End the stream of every job waiting or running with ``error``."""
+        for job in self.scheduler.clear():
+            if isinstance(job, _Request) and (job.emit is not None or job.queue.waiter is not None):
+                self._reject(job, error)  # (a stream still reading it)
 
     async def _emit(
         self, job: _Request, context: Context | None, emit: Callable[[dict[str, Any]], None]
@@ -363,7 +386,7 @@ class MockerEngine(BootstrapRole):
                 emit({"token_ids": [token]})
                 return
             self._end(job, None)
-        except (TypeError, ValueError) as exc:  # (its plane could not encode it)
+        except Exception as exc:  # (e.g. its plane could not encode it): that stream fails alone
             self._end(job, exc)
 
     @staticmethod
@@ -396,10 +419,12 @@ class MockerEngine(BootstrapRole):
         await publish_kv_events(self.kv_events, self.kv.drain_events())
 
     async def close(self) -> None:
+        """Stop the engine: the streams still running end with an `EngineError` that says so."""
         await self.stop_bootstrap()
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)
+        self._fail_all(EngineError("the mocker engine was closed while this request ran"))
 
     def __repr__(self) -> str:
         return f"<MockerEngine block_size={self.block_size} {self.active} active, {self.kv.used_blocks} blocks cached>"

@@ -221,6 +221,19 @@ class MockerScheduler:
         if job in self.waiting:  # (a deque's remove of a missing job formats its repr)
             self.waiting.remove(job)
 
+    def clear(self) -> list[MockJob]:
+        """Every job waiting or running leaves at once, its blocks freed (the engine stopped);
+        returns them."""
+        jobs = [*self.waiting, *self.running]
+        for job in jobs:
+            job.cancelled = True
+            if job.allocation is not None:
+                self.kv.release(job.allocation)
+                job.allocation = None
+        self.waiting.clear()
+        self.running = []
+        return jobs
+
     def plan_step(self) -> tuple[list[tuple[MockJob, int]], float]:
         """The next step: its prefill chunks (admitting waiting jobs) and how long it lasts, in seconds."""
         decoding = sum(1 for job in self.running if job.prefilled and not job.cancelled)

@@ -343,9 +343,11 @@ class EmittingStream(abc.ABC):
 
     ``await stream.emit_to(emit)`` calls ``emit(output.to_dict())`` for each `LLMEngineOutput`
     as the engine produces it (from the engine's own step: no task woken per token) and returns
-    after the last one, or raises what iterating would have raised. The items are exactly those
-    iterating the stream gives. `dynamo_nb.llm.engine_handler` uses it when the server gave the
-    handler's context an ``emit``; everything else iterates the stream.
+    after the last one, or raises what iterating would have raised (or what ``emit`` raised:
+    that stream ends, the others go on). The items are exactly those iterating the stream gives.
+    `dynamo_nb.llm.engine_handler` with ``emit=True`` (as `dynamo_nb.llm.serve_llm` serves)
+    uses it when a server of ours gave the handler's context an ``emit``; everything else
+    iterates the stream.
 
     Example:
         >>> from dynamo_nb.engines import EchoEngine, MockerEngine

@@ -63,15 +63,19 @@ EngineMethod = Callable[[PreprocessedRequest, "Context | None"], AsyncIterator[L
 
 
 def engine_handler(
-    method: EngineMethod, limits: RequestLimits | None = None
+    method: EngineMethod, limits: RequestLimits | None = None, *, emit: bool = False
 ) -> Callable[..., AsyncIterator[dict[str, Any]]]:
     """The endpoint handler of an engine method: request dict → `PreprocessedRequest` (a bad one,
     or one past ``limits``, is an `InvalidRequestError`: a 400 at the frontend, raised before
     the engine sees it), each output → its dict.
 
     Closing the stream (the caller left, or cancelled) closes the engine's stream at once, so
-    the engine frees the request's state. An engine whose stream is an `EmittingStream` sends its
-    outputs through the server's ``context.emit`` itself.
+    the engine frees the request's state.
+
+    ``emit=True`` (what `serve_llm` serves): an engine whose stream is an `EmittingStream` sends
+    its outputs through the server's ``context.emit`` from its own step, and the handler yields
+    nothing. Only for a handler the server drives itself: a wrapper that reads the handler's
+    items would see none, so the default iterates every engine's stream.
 
     Example:
         >>> import asyncio
@@ -90,9 +94,9 @@ def engine_handler(
         async with contextlib.aclosing(method(parsed, context)) as outputs:
             # (a context of our own, set by a server; `dynamo_nb.compat`'s wraps one and keeps
             # Dynamo's stop semantics by iterating)
-            emit = context.emit if type(context) is Context else None
-            if emit is not None and isinstance(outputs, EmittingStream):
-                await outputs.emit_to(emit)  # the engine sends each output itself
+            send = context.emit if emit and type(context) is Context else None
+            if send is not None and isinstance(outputs, EmittingStream):
+                await outputs.emit_to(send)  # the engine sends each output itself
                 return
             async for output in outputs:
                 yield output.to_dict()
@@ -240,7 +244,7 @@ async def serve_llm(
     card = llm_card(endpoint, model_path, **options)
     # a request past the model's vocabulary or context is refused before the engine sees it
     limits = RequestLimits.of_model(model_path, card.context_length)
-    handler = engine_handler(method, limits)
+    handler = engine_handler(method, limits, emit=True)
     gate = ReadinessGate(handler)  # requests that come before the card is out wait for it
     server = await endpoint.serve(gate.handle)
     try:

@@ -159,7 +159,7 @@ class EndpointServer:
 
         Example::
 
-            server.serve_with(engine_handler(engine.generate))
+            server.serve_with(engine_handler(engine.generate, emit=True))
         """
         self._call = adapt_handler(handler)
 
