@@ -289,8 +289,11 @@ async def test_closing_the_mocker_ends_the_streams_still_running_with_an_error()
 
     iterated = asyncio.ensure_future(iterate())
     waiting = asyncio.ensure_future(collect(engine.generate(long)))  # no slot: max_num_seqs=2
-    while len(sent) < 3 or len(iterated_items) < 3:
+    for _ in range(1000):  # both streams under way (10 s at most)
+        if len(sent) >= 3 and len(iterated_items) >= 3:
+            break
         await asyncio.sleep(0.01)
+    assert len(sent) >= 3 and len(iterated_items) >= 3
     await engine.close()
     results = await asyncio.wait_for(asyncio.gather(emitted, iterated, waiting, return_exceptions=True), 5)
     assert all(isinstance(r, EngineError) and "closed" in str(r) for r in results), results
