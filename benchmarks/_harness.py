@@ -5,11 +5,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import platform
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> str:
+    """The machine a result was measured on, for its JSON: architecture, processor model, cores,
+    Python (figures move between processors; ratios measured in one run are what compare)."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(
+                (line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model
+            )
+    except OSError:
+        pass
+    return f"{platform.machine()} ({model}), {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def run_benchmark(

@@ -18,13 +18,11 @@ p50/p99 (ms), and the ratio fast/fallback TTFT.
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pandas as pd
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 
 from dynamo_nb import LocalServices, ManagedProcess, bench, launch, launched
 
@@ -113,7 +111,7 @@ async def main(requests: int) -> dict[str, Any]:
         await services.stop()
     report = by_path(df)
     report["setup"] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "prompt_words": 200,
         "tokens_per_request": TOKENS,
         "note": "one request at a time; client, frontend and four workers share the machine",

@@ -20,11 +20,9 @@ one-way delay) per millisecond of delay; the report gives the measured growth in
 
 from __future__ import annotations
 
-import os
-import platform
 from typing import Any
 
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 from disagg import PATHS, TOKENS, by_path, measure, start_graph
 
 from dynamo_nb.launch.hosts import HostNetwork, netns_unavailable
@@ -63,7 +61,7 @@ async def main(requests: int) -> dict[str, Any]:
     report["advantage_growth_in_round_trips"] = growth
     report["grows_by_at_least_one_round_trip"] = growth >= 1.0
     report["setup"] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "hosts": "etcd, frontend, four hf workers and the client, each in a network namespace of its own",
         "prompt_words": 200,
         "tokens_per_request": TOKENS,

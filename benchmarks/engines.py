@@ -20,12 +20,10 @@ Needs vLLM (``pip install -e ".[vllm]"``).
 
 from __future__ import annotations
 
-import os
-import platform
 from typing import Any
 
 import pandas as pd
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 
 from dynamo_nb import LocalServices, bench, launch, launched
 from dynamo_nb.bench.stats import level_summary
@@ -127,7 +125,7 @@ async def main(requests: int) -> dict[str, Any]:
         "ttft_p50_le_1_2": at32["ttft_p50"] <= 1.2,
     }
     report["setup"] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "model": "built-in tiny model (trained Llama, 1.57 M parameters, 2048-token vocabulary)",
         "tokens_per_request": TOKENS,
         "rounds": ROUNDS,

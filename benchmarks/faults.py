@@ -18,14 +18,12 @@ sent after the kill; none: the frontend stopped at once).
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import signal
 import time
 from typing import Any
 
 import httpx
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamo_nb import LocalServices, bench, launch, launched
@@ -124,7 +122,7 @@ async def main(requests: int) -> dict[str, Any]:
         on["complete_with_all_tokens"] == on["requests"] and report["migration off"]["hung"] == 0
     )
     report["setup"] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "workload": f"{requests} streaming requests of {TOKENS} tokens at concurrency {CONCURRENCY}, "
         "two mocker workers (speedup 1), one SIGKILLed when half have finished",
     }

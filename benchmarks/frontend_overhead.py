@@ -27,8 +27,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
-import platform
 import socket
 import statistics
 import tempfile
@@ -37,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 
 from dynamo_nb import DistributedRuntime, LocalServices, ManagedProcess, launch
 from dynamo_nb.llm import ModelTokenizer
@@ -225,7 +223,7 @@ async def main(requests: int) -> dict[str, Any]:
         await services.stop()
 
     report["setup"] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "requests_sequential": requests,
         "tokens_per_stream": TOKENS,
         "note": "client (this process), frontend and worker share the machine's cores",

@@ -11,12 +11,10 @@ the server still serves afterwards, and requests per second through the whole ch
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import time
 from typing import Any
 
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 
 from dynamo_nb import launch
 from dynamo_nb.bench import fuzz
@@ -36,7 +34,7 @@ async def main(requests: int) -> dict[str, Any]:
     report["requests_per_s"] = report["examples"] / elapsed
     report["meets_target"] = report["problem_count"] == 0 and report["alive"]
     report["setup"] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "server": "python -m dynamo_nb run --in http --out echo (the built-in tiny model's tokenizer)",
     }
     return report

@@ -14,12 +14,10 @@ concurrency 1 to 8.
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import time
 from typing import Any
 
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 
 from dynamo_nb.engines import HFEngine
 from dynamo_nb.llm import ModelTokenizer, PreprocessedRequest, SamplingOptions, StopConditions
@@ -85,7 +83,7 @@ async def main(requests: int) -> dict[str, Any]:
         "batched_c8_over_c1": by_level[8]["batched_tok_per_s"] / by_level[1]["batched_tok_per_s"],
         "one_by_one_c8_over_c1": by_level[8]["one_by_one_tok_per_s"] / by_level[1]["one_by_one_tok_per_s"],
         "setup": {
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+            "machine": machine(),
             "model": "the built-in tiny model (float32, CPU)",
             "tokens_per_request": TOKENS,
         },

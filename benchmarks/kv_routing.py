@@ -25,14 +25,12 @@ prompt, find_matches, costs, pick), measured in this process.
 
 from __future__ import annotations
 
-import os
-import platform
 import random
 import statistics
 import time
 from typing import Any
 
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 
 from dynamo_nb import DistributedRuntime, LocalServices, bench, launch, launched
 from dynamo_nb.router.kv import KvRouter, KvRouterConfig
@@ -191,7 +189,7 @@ async def main(requests: int) -> dict[str, Any]:
     }
     report["meets_decision_target"] = report["router_decision"]["decision_us"] <= 200
     report["setup"] = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "workload": f"{GROUPS} system prompts of {SYSTEM_WORDS} words, user turns of {USER_WORDS} words, "
         f"{TOKENS} output tokens, concurrency {CONCURRENCY}; {', '.join(REPEATED)}: the mean of {ROUNDS} rounds",
         "mocker": " ".join(MOCKER_FLAGS),

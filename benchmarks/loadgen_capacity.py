@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import platform
 import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from _harness import run_benchmark
+from _harness import machine, run_benchmark
 
 from dynamo_nb import bench, launch
 
@@ -157,7 +155,7 @@ async def main(requests: int) -> dict[str, Any]:
         "target_rps": TARGET_RPS,
         "meets_target": best >= TARGET_RPS,
         "setup": {
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+            "machine": machine(),
             "tokens_per_stream": TOKENS,
             "note": "the load generator (this process) and the stub server (another) share the machine",
         },

@@ -27,13 +27,12 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _harness import RESULTS
+from _harness import RESULTS, machine
 
 from dynamo_nb import LocalServices, bench, launch
 from dynamo_nb.models import tiny_model_path
@@ -232,7 +231,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "targets": targets(rows),
         "setup": {
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+            "machine": machine(),
             "peer": "ai-dynamo 1.6.1 frontend + mocker (its own venv)",
             "tokens_per_stream": [SHORT_TOKENS, TOKENS, LONG_TOKENS],
             "mocker_kv_pool": KV_POOL,
