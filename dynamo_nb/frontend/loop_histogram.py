@@ -1,7 +1,8 @@
-"""A Prometheus histogram for values observed many times a request, from the event loop only.
+"""A Prometheus histogram for values observed on the hot path, from the event loop only.
 
 `prometheus_client.Histogram.observe` takes a lock per bucket and per sum (~2 µs); the
-frontend observes every inter-token gap, so that was a few per cent of its CPU. A
+frontend observes every inter-token gap, so that was a few per cent of its CPU (the cached
+tokens and the router's overhead, once a request or a decision, use it too). A
 `LoopHistogram` child keeps plain counts (one bisect and two additions per value, no lock: the
 event loop is its only writer) and the registry reads them as a standard histogram family.
 
