@@ -327,7 +327,7 @@ class MockerEngine(BootstrapRole):
                 "the mocker's step failed; its %d jobs end with the error", self.scheduler.active
             )
             self._fail_all(EngineError(f"the mocker's step failed: {type(exc).__name__}: {exc}"))
-            raise
+            # (logged once here; the next request starts a new loop)
 
     async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
@@ -348,9 +348,8 @@ class MockerEngine(BootstrapRole):
 
     def _fail_all(self, error: Exception) -> None:
         """End the stream of every job waiting or running with ``error``."""
-        for job in self.scheduler.clear():
-            if isinstance(job, _Request) and (job.emit is not None or job.queue.waiter is not None):
-                self._reject(job, error)  # (a stream still reading it)
+        for job in self.scheduler.clear():  # (a stream that already left never reads its error)
+            self._reject(job, error)
 
     async def _emit(
         self, job: _Request, context: Context | None, emit: Callable[[dict[str, Any]], None]
