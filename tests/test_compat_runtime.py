@@ -5,10 +5,12 @@ cancellation examples), in one process and as processes over etcd + TCP, etcd + 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,28 +180,55 @@ async def test_the_hello_world_worker_serves_the_hello_world_client(
         await worker.stop(timeout=10)
 
 
+@contextlib.contextmanager
+def sigint_ignored(ignored: bool) -> Iterator[None]:
+    """This process ignores SIGINT while the block runs (when ``ignored``), as a Jupyter kernel
+    does and as every background job of a non-interactive shell starts (``python -m pytest &``)."""
+    if not ignored:
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+@pytest.mark.parametrize(
+    ("signum", "launcher_ignores_sigint"),
+    [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)],
+    ids=["ctrl-c", "ctrl-c-launched-by-a-process-ignoring-it", "sigterm"],
+)
 async def test_a_signal_ends_a_looping_dynamo_client(
-    services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, signum: int
+    services: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    signum: int,
+    launcher_ignores_sigint: bool,
 ) -> None:
     """As on Dynamo 1.6.1, whose runtime installs no signal handler: Ctrl-C (KeyboardInterrupt)
-    and SIGTERM end a client whose loop never returns by itself, within seconds."""
+    and SIGTERM end a client whose loop never returns by itself, within seconds; also when the
+    process that launched it ignores SIGINT (an ignored signal is inherited, and Python turns
+    only a default SIGINT into KeyboardInterrupt: the launcher gives its programs the defaults)."""
     env = use_environment(monkeypatch, services, tmp_path, mode, DYN_TEST_HELLO_WORLD_WORD_DELAY_SEC="0.01")
     worker = await serve_program(SHAPED / "hello_world.py", "hello_world.backend.generate", env, tmp_path)
-    client = await asyncio.create_subprocess_exec(
-        sys.executable, str(SHAPED / "looping_client.py"), cwd=ROOT, env={**os.environ, **env},
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
     try:
-        assert (await asyncio.wait_for(client.stdout.readline(), 60)).decode().strip() == "Hello world!"
-        client.send_signal(signum)
-        returncode = await asyncio.wait_for(client.wait(), 5)  # Dynamo 1.6.1: 0.3 s
-        assert returncode in (-signum, 1, 128 + signum), returncode  # ended by the signal, not by itself
+        with sigint_ignored(launcher_ignores_sigint):
+            client = await launch(
+                SHAPED / "looping_client.py", env=env, cwd=ROOT, log_dir=tmp_path, show_logs=False,
+                ready=r"^Hello world!$", timeout=60,
+            )  # fmt: skip
+        try:
+            client.send_signal(signum)
+            returncode = await client.wait(timeout=5)  # Dynamo 1.6.1: 0.3 s
+            assert returncode in (-signum, 1, 128 + signum), returncode  # ended by the signal, not by itself
+            if signum == signal.SIGINT:
+                assert any("KeyboardInterrupt" in line for line in client.logs()), client.tail()
+        finally:
+            await client.stop(timeout=5)
     finally:
-        if client.returncode is None:
-            client.kill()
-            await client.wait()
         await worker.stop(timeout=10)
 
 

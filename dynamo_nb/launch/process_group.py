@@ -91,13 +91,18 @@ def stop_group(process: subprocess.Popen[bytes], timeout: float = 5.0) -> int | 
 
 
 def guarded_command(command: list[str]) -> list[str]:
-    """``command`` wrapped so that it gets SIGTERM if this process dies without stopping it.
+    """``command`` wrapped so that it starts with SIGINT and SIGQUIT at their defaults (as from a
+    terminal, also where this process ignores them: a Jupyter kernel, a background job of a
+    script) and gets SIGTERM if this process dies without stopping it.
 
-    On Linux the wrapper sets the parent-death signal and then execs ``command`` (same pid,
-    nothing stays in between). The signal is tied to the thread that forks, so the wrapper
-    is used only from the main thread; elsewhere, and off Linux, ``command`` is returned as
-    it is (clean-up at exit still stops it).
+    The wrapper (``parent_guard.py``) resets the two signals, on Linux sets the parent-death
+    signal, and then execs ``command`` (same pid, nothing stays in between). The parent-death
+    signal is tied to the thread that forks, so it is set only from the main thread on Linux;
+    elsewhere clean-up at exit still stops the command.
+
+    Example:
+        >>> guarded_command(["etcd"])[-1], guarded_command(["etcd"])[2]
+        ('etcd', '-S')
     """
-    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
-        return command
-    return [sys.executable, "-I", "-S", str(_PARENT_GUARD), str(os.getpid()), *command]
+    guard = sys.platform == "linux" and threading.current_thread() is threading.main_thread()
+    return [sys.executable, "-I", "-S", str(_PARENT_GUARD), str(os.getpid() if guard else 0), *command]
