@@ -46,7 +46,7 @@ def _cuda() -> bool:
 
 
 NEEDS: dict[str, tuple[Callable[[], bool], str | Callable[[], str]]] = {
-    "vllm": (lambda: extra_installed("vllm"), "vLLM is not installed (pip install -e '.[vllm]')"),
+    "vllm": (lambda: extra_installed("vllm"), "vLLM is not installed (python3 -m dynamo_nb install vllm)"),
     "sglang": (
         lambda: extra_installed("sglang"),
         "SGLang is not installed (pip install --no-deps sglang==0.5.23 reads its API; "

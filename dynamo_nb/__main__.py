@@ -5,6 +5,7 @@ Commands:
     run           serve an LLM: frontend + worker in one process, or either alone (see run --help)
     demo          the runtime demo: serve and call endpoints in one process, then across processes
     demo-worker   the demo's worker (started by ``demo``; runtime flags as every component)
+    install       install an extra (vllm) and leave an environment where it imports (see install --help)
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def main(argv: list[str] | None = None) -> int:
         from .graph.cli import serve_main
 
         return serve_main(argv[1:])
+    if argv[:1] == ["install"]:
+        from .install import main as install_main
+
+        return install_main(argv[1:])
     if argv[:1] == ["demo-worker"]:  # its own flags: the runtime flags every component takes
         from .demo import serve_worker
 
@@ -32,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dynamo_nb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=("serve", "run", "demo", "demo-worker"))
+    parser.add_argument("command", choices=("serve", "run", "demo", "demo-worker", "install"))
     parser.add_argument(
         "--in-process-only", action="store_true", help="demo: skip the part that starts etcd/NATS"
     )

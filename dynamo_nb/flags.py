@@ -24,6 +24,7 @@ from collections.abc import Callable
 from functools import partial
 
 from .disagg.modes import WORKER_MODES, WorkerRole
+from .extras import broken_extra_error
 from .frontend.settings import FrontendConfig
 from .router import ROUTER_MODES
 from .router.kv.router import KvRouterConfig
@@ -601,6 +602,8 @@ def add_vllm_args(parser: argparse.ArgumentParser) -> None:
     except ImportError:  # not installed: the flags the worker reads, enough to check a graph
         _add_declared_flags(parser, "vLLM", VLLM_FLAGS)
         return
+    except Exception as exc:  # installed, but a package it imports does not load: say which
+        raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
     from .engines.vllm import cpu_engine_defaults
 
     AsyncEngineArgs.add_cli_args(parser)  # its --log-level is ours too: one level for both
@@ -612,7 +615,7 @@ def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None
     """Every flag of the vLLM worker (components/vllm_worker.py): ours (runtime, ``--model-path``,
     ``--model-name``, ``--endpoint``, ``--mode``) and **vLLM's own engine arguments**
     (`add_vllm_args`). Without vLLM it parses the flags its worker and graphs use (`VLLM_FLAGS`),
-    so graphs are checked and manifests written; running the worker needs ``pip install -e ".[vllm]"``.
+    so graphs are checked and manifests written; running the worker needs ``python3 -m dynamo_nb install vllm``.
 
     Example:
         >>> args = vllm_worker_parser().parse_args(["--mode", "prefill", "--max-model-len", "1024"])
@@ -623,6 +626,8 @@ def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None
         from vllm.utils.argparse_utils import FlexibleArgumentParser as parser_class
     except ImportError:
         parser_class = argparse.ArgumentParser
+    except Exception as exc:  # installed, but a package it imports does not load: say which
+        raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
     parser = parser_class(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -28,9 +28,13 @@ def without_vllm(code: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_require_extra_names_the_pip_install() -> None:
     require_extra("json", "the demo")  # importable: nothing happens
-    with pytest.raises(MissingExtraError, match=r'pip install -e "\.\[vllm\]"') as caught:
-        require_extra("no_such_module_here", "the vLLM worker", extra="vllm")
+    with pytest.raises(MissingExtraError, match=r'pip install -e "\.\[browser\]"') as caught:
+        require_extra("no_such_module_here", "the browser test", extra="browser")
     assert isinstance(caught.value, ConfigError) and "\n" not in str(caught.value)
+    with pytest.raises(
+        MissingExtraError, match=r"needs no_such_module_here, .*: python3 -m dynamo_nb install vllm$"
+    ):
+        require_extra("no_such_module_here", "the vLLM worker", extra="vllm")  # pip alone is not enough
     assert extra_installed("json") and not extra_installed("no_such_module_here")
 
 
@@ -42,8 +46,7 @@ def test_the_vllm_worker_without_vllm_says_which_extra_in_one_line() -> None:
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        'error: the vLLM worker needs vllm, which is not installed here: pip install -e ".[vllm]" '
-        '(in a checkout) or pip install "dynamo-nb[vllm]"'
+        "error: the vLLM worker needs vllm, which is not installed here: python3 -m dynamo_nb install vllm"
     ]
 
 

@@ -2,7 +2,7 @@
 between them) behind the frontend; greedy disaggregated output equals aggregated, the model card
 carries vLLM's block size, vLLM's KV events reach a KV router, a SIGKILLed worker fails its stream.
 
-Skips (with the reason) when vLLM is not installed: ``pip install -e ".[vllm]"``.
+Skips (with the reason) when vLLM is not installed: ``python3 -m dynamo_nb install vllm``.
 """
 
 from __future__ import annotations

@@ -70,7 +70,7 @@ memory, is refused on a shared machine)."""
 
 
 def vllm_available() -> bool:
-    """Whether vLLM imports here (``pip install -e ".[vllm]"``)."""
+    """Whether vLLM imports here (``python3 -m dynamo_nb install vllm``)."""
     try:
         import vllm  # noqa: F401
     except ImportError:
