@@ -51,6 +51,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from .declarations import pick_declaration
 from .errors import ConfigError
 from .flags import add_endpoint_arg, add_engine_args, add_model_args, component_parser
 from .runtime.program import (
@@ -224,7 +225,9 @@ class EngineProgram(ComponentProgram):
     """An `dynamo_nb.engines.Engine` class served as an LLM worker (see the module docstring).
 
     Its flags are every engine worker's (``--model-path``, ``--model-name``, ``--endpoint``,
-    ``--max-num-seqs``, ``--kv-cache-block-size``, ``--mode`` …) and its own; the engine is
+    ``--max-num-seqs``, ``--kv-cache-block-size``, ``--mode`` …), the engine class's own (its
+    classmethod ``add_args(parser)`` where it has one: `dynamo_nb.engines.HFEngine`'s ``--device``,
+    ``--dtype`` …, so a subclass of it takes them too) and the program's; the engine is
     built with ``await engine_class.from_args(args, model_path, kv_events=sink)``, and served
     in its ``--mode`` role by `dynamo_nb.engines.engine_worker.serve_engine`. It prints
     ``READY <endpoint> instance=<id> address=<address> model=<name>``.
@@ -255,6 +258,9 @@ class EngineProgram(ComponentProgram):
     def _add_kind_flags(self, parser: argparse.ArgumentParser) -> None:
         add_model_args(parser)
         add_engine_args(parser)
+        add_own_args = getattr(self.engine_class, "add_args", None)
+        if callable(add_own_args):  # the engine's flags: HFEngine's --device, …, inherited by a subclass
+            add_own_args(parser)
         if self.model_name is not None:
             parser.set_defaults(model_name=self.model_name)
 
@@ -322,47 +328,26 @@ class RoutingPolicy(ComponentProgram):
         )
 
 
-_WANTED = {None: "component", True: "worker (HandlerProgram or EngineProgram)", False: "RoutingPolicy"}
-
-
 def find_component(
     namespace: Mapping[str, Any], where: str, *, runnable: bool | None = None, name: str | None = None
 ) -> ComponentProgram:
-    """The one `ComponentProgram` among ``namespace``'s values (a module's globals), or the one
-    called ``name``; ``runnable`` asks for a program (handler, engine) or a routing policy.
+    """The `ComponentProgram` among ``namespace``'s values (a module's globals) that is wanted:
+    ``name``, else the one of its kind (``runnable``: True a handler or engine, False a routing
+    policy, None any), by `pick_declaration`'s rule.
 
-    A `ConfigError` names ``where`` (the notebook or file) and what it lacks: no declaration, two
-    where one is expected, or one of the other kind.
+    A `ConfigError` names ``where`` (the notebook or file) and what to change.
     """
-    if name is not None:
-        found = namespace.get(name)
-        if found is None:
-            raise ConfigError(f"{where} defines no {name!r}")
-        candidates = {name: found}
-    else:
-        candidates = {}
-        for key, value in namespace.items():
-            if isinstance(value, ComponentProgram) and not key.startswith("_"):
-                if all(value is not seen for seen in candidates.values()):
-                    candidates[key] = value
-    wanted = _WANTED[runnable]
-    if not candidates:
+    if name is not None and name in namespace and not isinstance(namespace[name], ComponentProgram):
         raise ConfigError(
-            f"{where} defines no {wanted}: declare one in a cell that is exported (not tagged "
-            "notebook-only), e.g. worker = EngineProgram(MyEngine, deployment=DEPLOYMENT)"
+            f"{where}: {name} is a {type(namespace[name]).__name__}, not a component declaration "
+            "(HandlerProgram, EngineProgram or RoutingPolicy)"
         )
-    if len(candidates) > 1:
-        listed = ", ".join(f"{key} ({value.kind})" for key, value in candidates.items())
-        raise ConfigError(
-            f"{where} declares {len(candidates)} components ({listed}) where one is expected: keep one "
-            "per notebook (or name it, FILE:NAME)"
-        )
-    ((key, component),) = candidates.items()
-    if not isinstance(component, ComponentProgram):
-        raise ConfigError(f"{where}: {key} is a {type(component).__name__}, not a component declaration")
-    if runnable is not None and component.runnable != runnable:
-        raise ConfigError(
-            f"{where}: {key} is a {component.kind}; a {wanted} is expected here"
-            + (" (a frontend loads a routing policy with --router-policy)" if not component.runnable else "")
-        )
-    return component
+    declared: dict[str, ComponentProgram] = {}
+    for key, value in namespace.items():
+        if isinstance(value, ComponentProgram) and (key == name or not key.startswith("_")):
+            if all(value is not seen for seen in declared.values()):  # one object under two names: once
+                declared[key] = value
+    picked = pick_declaration(
+        {key: value.kind for key, value in declared.items()}, where, runnable=runnable, name=name
+    )
+    return declared[picked]

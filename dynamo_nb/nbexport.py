@@ -2,10 +2,13 @@
 when a notebook becomes a script.
 
 Installing dynamo_nb puts ``jupyter-config/jupyter_nbconvert_config.json`` into the
-environment's ``etc/jupyter``; it adds this preprocessor to the Python exporter only, so a
-plain ``jupyter nbconvert --to script notebooks/01_runtime_basics.ipynb`` (from any folder)
-writes a runnable program, while HTML and notebook exports keep every cell. (Jupyter no
-longer reads config files from the working folder, so the file is installed, not found.)
+environment's ``etc/jupyter``; it adds `RemoveNotebookOnlyCells` to the Python exporter and
+`PythonScriptWithoutLanguageInfo` to the plain script exporter, so a plain ``jupyter nbconvert
+--to script notebooks/01_runtime_basics.ipynb`` (from any folder) writes a runnable ``.py``
+program — also for a notebook that never ran in a kernel (written with ``nbformat``: no
+``language_info``, which nbconvert reads to pick the Python exporter) — while HTML and notebook
+exports keep every cell. (Jupyter no longer reads config files from the working folder, so the
+file is installed, not found.)
 
 Example:
     jupyter nbconvert --to script notebooks/01_runtime_basics.ipynb
@@ -19,7 +22,7 @@ from nbconvert.preprocessors import Preprocessor
 
 from .notebook import NOTEBOOK_ONLY_TAG
 
-__all__ = ["RemoveNotebookOnlyCells", "kept_cells"]
+__all__ = ["PythonScriptWithoutLanguageInfo", "RemoveNotebookOnlyCells", "is_python_notebook", "kept_cells"]
 
 
 class RemoveNotebookOnlyCells(Preprocessor):
@@ -30,6 +33,30 @@ class RemoveNotebookOnlyCells(Preprocessor):
     def preprocess(self, nb: Any, resources: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         nb.cells = kept_cells(nb.cells)
         return nb, resources
+
+
+class PythonScriptWithoutLanguageInfo(Preprocessor):
+    """For the plain script exporter, which nbconvert uses when a notebook has no
+    ``language_info`` (it never ran in a kernel): a notebook whose kernel spec is Python, or that
+    names none, is exported as Python — a ``.py`` file (not ``.txt``) without its ``notebook-only``
+    cells. Other languages are left as they are."""
+
+    def preprocess(self, nb: Any, resources: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        if is_python_notebook(nb.get("metadata", {})):
+            nb.cells = kept_cells(nb.cells)
+            resources["output_extension"] = ".py"
+        return nb, resources
+
+
+def is_python_notebook(metadata: dict[str, Any]) -> bool:
+    """Whether a notebook's metadata says Python, or says no language at all.
+
+    Example:
+        >>> is_python_notebook({}), is_python_notebook({"kernelspec": {"name": "ir", "language": "R"}})
+        (True, False)
+    """
+    language = metadata.get("language_info", {}).get("name") or metadata.get("kernelspec", {}).get("language")
+    return language in (None, "", "python")
 
 
 def _interactive(cell: Any) -> bool:

@@ -19,7 +19,7 @@ The cache key is a hash of the cells' code and tags (outputs do not count). The 
 Example:
     >>> source = 'worker = EngineProgram(Shout)\\nif __name__ == "__main__":\\n    sys.exit(worker.run())'
     >>> check_program_source(source, "shout.ipynb")
-    ['worker']
+    'worker'
     >>> check_program_source("x = 1", "empty.ipynb")
     Traceback (most recent call last):
     ...
@@ -40,6 +40,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from .declarations import DECLARED_KINDS, RUNNABLE_KINDS, pick_declaration, split_reference
 from .errors import ConfigError
 from .extras import require_extra
 
@@ -47,7 +48,9 @@ if TYPE_CHECKING:
     from .component_program import ComponentProgram
 
 __all__ = [
+    "check_exported_cells",
     "check_program_source",
+    "declarations",
     "export_cache",
     "export_command",
     "export_notebook",
@@ -56,8 +59,6 @@ __all__ = [
     "program_file",
 ]
 
-WORKER_DECLARATIONS = ("HandlerProgram", "EngineProgram")
-POLICY_DECLARATIONS = ("RoutingPolicy",)
 _MODULES: dict[Path, ModuleType] = {}
 
 
@@ -90,6 +91,7 @@ def export_notebook(notebook: str | os.PathLike[str]) -> Path:
     if target.is_file():
         return target
     require_extra("nbconvert", f"exporting {path.name}", extra="notebook")
+    check_exported_cells(path)
     target.parent.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent.parent) as scratch:
         command = [sys.executable, "-m", *export_command(path.resolve(), Path(scratch))]
@@ -98,6 +100,14 @@ def export_notebook(notebook: str | os.PathLike[str]) -> Path:
         except subprocess.TimeoutExpired:
             raise ConfigError(f"exporting {path} took over 120 s: {' '.join(command)}") from None
         written = Path(scratch) / f"{path.stem}.py"
+        others = sorted(p.name for p in Path(scratch).iterdir() if p.stem == path.stem)
+        if done.returncode == 0 and not written.is_file() and others:
+            raise ConfigError(
+                f"jupyter nbconvert --to script {path} wrote {others[0]}, not {path.stem}.py: the notebook "
+                "names no language (it never ran in a kernel) and dynamo_nb's nbconvert config, which "
+                "exports such a notebook as Python, is not installed in this environment: reinstall "
+                'dynamo_nb (pip install -e .), or add "language_info": {"name": "python"} to its metadata'
+            )
         if done.returncode != 0 or not written.is_file():
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
             raise ConfigError(f"jupyter nbconvert --to script {path} failed:\n{tail}")
@@ -116,58 +126,116 @@ def export_notebook(notebook: str | os.PathLike[str]) -> Path:
     return target
 
 
+def check_exported_cells(notebook: Path) -> None:
+    """Refuse a notebook whose script export would not be plain Python: a code cell that is kept
+    (not tagged ``notebook-only``) and awaits at top level (or uses ``async with``/``async for``
+    there), which only a kernel runs. The `ConfigError` names the cell (its number, counting every
+    cell from 1, and its first line) and the tag to add. IPython's ``%``/``!`` lines are skipped
+    here, as the Python exporter turns them into calls."""
+    from .nbexport import kept_cells
+
+    cells = _cells(notebook)
+    kept = {id(cell) for cell in kept_cells(cells)}
+    for number, cell in enumerate(cells, 1):
+        if cell.get("cell_type") != "code" or id(cell) not in kept:
+            continue
+        source = _source(cell)
+        if source.lstrip().startswith("%%"):  # a cell magic: the whole cell is IPython's
+            continue
+        code = "\n".join(
+            "pass" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
+        )
+        try:
+            compile(code, f"{notebook.name}, cell {number}", "exec")
+        except SyntaxError as exc:
+            first = source.strip().splitlines()[0] if source.strip() else ""
+            if "outside" in (exc.msg or "") and (
+                "await" in exc.msg or "async" in exc.msg or "asynchronous" in exc.msg
+            ):
+                raise ConfigError(
+                    f"{notebook}: cell {number} ({first!r}) awaits at top level, which only a kernel "
+                    f'runs: tag that cell notebook-only (View > Cell Toolbar > Tags, or metadata "tags": '
+                    f'["notebook-only"]) so its export leaves it out, or move the await into a function'
+                ) from None
+            raise ConfigError(
+                f"{notebook}: cell {number} ({first!r}) is not valid Python: {exc.msg} (line {exc.lineno})"
+            ) from None
+
+
+def _cells(notebook: Path) -> list[dict]:
+    """A notebook file's cells (its JSON), or a `ConfigError` naming the file."""
+    try:
+        return json.loads(notebook.read_text()).get("cells", [])
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{notebook} is not a notebook (JSON): {exc}") from None
+
+
+def _source(cell: dict) -> str:
+    """A cell's source: nbformat stores it as one string or as a list of lines."""
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
 def _code_digest(notebook: Path) -> str:
     """A hash of what the export is made of: the cells' types, sources and tags (not their outputs,
     so re-running a notebook keeps its export)."""
-    try:
-        cells = json.loads(notebook.read_text()).get("cells", [])
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{notebook} is not a notebook (JSON): {exc}") from None
     parts = [
-        (c.get("cell_type"), "".join(c.get("source", "")), c.get("metadata", {}).get("tags", []))
-        for c in cells
+        (c.get("cell_type"), _source(c), c.get("metadata", {}).get("tags", [])) for c in _cells(notebook)
     ]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
 
 
-def check_program_source(source: str, where: str, *, runnable: bool = True) -> list[str]:
-    """The names of the module-level component declarations in ``source`` (nothing is run), after
-    checking that it has what a worker program (``runnable``) or a routing policy needs:
-    exactly one declaration of that kind (a hand-written component's ``build_parser()`` counts),
-    and for a worker, an ``if __name__ == "__main__":`` entry point. Else a `ConfigError`
-    naming ``where`` and what is missing."""
+def declarations(source: str, where: str) -> dict[str, str]:
+    """The module-level component declarations in ``source`` (nothing is run): name → kind
+    (``"handler"``, ``"engine"``, ``"routing policy"``).
+
+    Example:
+        >>> source = "worker = EngineProgram(Shout)" + chr(10) + "policy = RoutingPolicy(pick)"
+        >>> declarations(source, "mine.ipynb")
+        {'worker': 'engine', 'policy': 'routing policy'}
+    """
     tree = ast.parse(source, filename=where)
-    wanted = WORKER_DECLARATIONS if runnable else POLICY_DECLARATIONS
     declared: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             called = node.value.func
             name = called.id if isinstance(called, ast.Name) else getattr(called, "attr", None)
-            if name in (*WORKER_DECLARATIONS, *POLICY_DECLARATIONS):
+            if name in DECLARED_KINDS:
                 for target in node.targets:
                     if isinstance(target, ast.Name):
-                        declared[target.id] = name
-    matching = [key for key, kind in declared.items() if kind in wanted]
+                        declared[target.id] = DECLARED_KINDS[name]
+    return declared
+
+
+def check_program_source(source: str, where: str, *, runnable: bool = True, name: str | None = None) -> str:
+    """The name of the declaration in ``source`` that a worker program (``runnable``) or a routing
+    policy reference picks (`dynamo_nb.declarations.pick_declaration`: ``name``, else the only
+    one of that kind), read without running anything. A worker also needs an ``if __name__ ==
+    "__main__":`` entry point that runs it; a hand-written component's ``build_parser()`` stands in
+    for a declaration. Else a `ConfigError` naming ``where`` and what to change."""
+    tree = ast.parse(source, filename=where)
+    declared = declarations(source, where)
     hand_written = any(isinstance(n, ast.FunctionDef) and n.name == "build_parser" for n in tree.body)
-    what = "worker (HandlerProgram or EngineProgram)" if runnable else "RoutingPolicy"
-    if not matching and not (runnable and hand_written):
-        others = [f"{key} = {kind}(...)" for key, kind in declared.items()]
-        also = f" (it declares {', '.join(others)})" if others else ""
-        raise ConfigError(
-            f"{where} defines no {what}{also}: declare one in a cell that is exported (not tagged "
-            f"notebook-only), e.g. worker = {wanted[-1]}(...)"
+    if runnable and hand_written and name is None and not any(k in RUNNABLE_KINDS for k in declared.values()):
+        picked = "main"
+    else:
+        picked = pick_declaration(declared, where, runnable=runnable, name=name)
+    if runnable:
+        guards = [node for node in tree.body if _is_main_guard(node)]
+        if not guards:
+            raise ConfigError(
+                f'{where} has no entry point: end it with a cell `if __name__ == "__main__" and not '
+                f"in_notebook(): sys.exit({picked}.run())`"
+            )
+        run_by_guard = {n.id for guard in guards for n in ast.walk(guard) if isinstance(n, ast.Name)} & set(
+            declared
         )
-    if len(matching) > 1:
-        raise ConfigError(
-            f"{where} declares {len(matching)} components ({', '.join(matching)}) where one is expected: "
-            "keep one per notebook"
-        )
-    if runnable and not any(_is_main_guard(node) for node in tree.body):
-        raise ConfigError(
-            f'{where} has no entry point: end it with a cell `if __name__ == "__main__" and not '
-            f"in_notebook(): sys.exit({matching[0] if matching else 'main'}.run())`"
-        )
-    return matching
+        if name is not None and name not in run_by_guard:
+            raise ConfigError(
+                f"{where}:{name}: its entry point runs {', '.join(sorted(run_by_guard)) or 'something else'}, "
+                f"not {name}: run {name} there (sys.exit({name}.run())), or name that one"
+            )
+    return picked
 
 
 def _is_main_guard(node: ast.stmt) -> bool:
@@ -176,13 +244,16 @@ def _is_main_guard(node: ast.stmt) -> bool:
     return "__name__" in test and "__main__" in test
 
 
-def program_file(path: Path, *, where: str | None = None) -> Path:
+def program_file(path: Path, *, where: str | None = None, name: str | None = None) -> Path:
     """What runs for ``path``: a notebook's checked export (`export_notebook`, then
-    `check_program_source` for a worker), anything else as it is."""
+    `check_program_source` for a worker, ``name`` if one is given), a ``.py`` file as it is
+    (checked too when ``name`` is given)."""
     if path.suffix != ".ipynb":
+        if name is not None:
+            check_program_source(path.read_text(), f"{where or path}", name=name)
         return path
     exported = export_notebook(path)
-    check_program_source(exported.read_text(), where or str(path))
+    check_program_source(exported.read_text(), where or str(path), name=name)
     return exported
 
 
@@ -191,6 +262,7 @@ def load_component(
 ) -> ComponentProgram:
     """The component ``FILE`` or ``FILE:NAME`` declares (FILE a ``.py`` file or a notebook, found
     as `dynamo_nb.launch` finds programs), imported once; its ``__main__`` part does not run.
+    Errors name the notebook (not its export) and say what to change.
 
     Example::
 
@@ -199,13 +271,13 @@ def load_component(
     from .component_program import find_component
     from .launch.launcher import resolve_program
 
-    file, _, name = reference.partition(":")
+    file, name = split_reference(reference)
     path = resolve_program(file, cwd or Path.cwd())
     source_path = export_notebook(path) if path.suffix == ".ipynb" else path
-    if not name and runnable is not None:
-        check_program_source(source_path.read_text(), file, runnable=runnable)
+    if runnable is not None:  # checked in the source first: nothing runs for a wrong reference
+        pick_declaration(declarations(source_path.read_text(), file), file, runnable=runnable, name=name)
     module = import_program(source_path, file)
-    return find_component(vars(module), file, runnable=runnable, name=name or None)
+    return find_component(vars(module), file, runnable=runnable, name=name)
 
 
 def import_program(path: Path, where: str) -> ModuleType:

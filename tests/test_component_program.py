@@ -82,23 +82,30 @@ def test_find_component_names_what_is_missing_or_doubled() -> None:
     assert find_component({"worker": one, "alias": one, "words": words}, "nb.ipynb") is one
     with pytest.raises(ConfigError, match=r"nb.ipynb defines no component"):
         find_component({"words": words}, "nb.ipynb")
-    with pytest.raises(ConfigError, match=r"declares 2 components \(a \(handler\), b \(handler\)\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"declares 2 of the kind wanted here \(a \(handler\), b \(handler\)\): name one, nb\.ipynb:a$",
+    ):
         find_component({"a": one, "b": two}, "nb.ipynb")
-    with pytest.raises(ConfigError, match="is a routing policy; a worker"):
+    with pytest.raises(ConfigError, match=r"defines no worker .*\(it declares p \(routing policy\)\)"):
         find_component({"p": RoutingPolicy(min)}, "nb.ipynb", runnable=True)
+    with pytest.raises(ConfigError, match="p is a routing policy; a worker"):
+        find_component({"p": RoutingPolicy(min)}, "nb.ipynb", runnable=True, name="p")
 
 
 def test_the_static_check_reads_declarations_without_running_them() -> None:
     worker = "worker = EngineProgram(Engine)\n"
     entry = 'if __name__ == "__main__" and not in_notebook():\n    sys.exit(worker.run())\n'
-    assert check_program_source(worker + entry, "a.ipynb") == ["worker"]
+    assert check_program_source(worker + entry, "a.ipynb") == "worker"
     with pytest.raises(ConfigError, match="has no entry point"):
         check_program_source(worker, "a.ipynb")
-    with pytest.raises(ConfigError, match=r"declares 2 components \(worker, second\)"):
+    with pytest.raises(
+        ConfigError, match=r"declares 2 of the kind wanted here \(worker \(engine\), second \(handler\)\)"
+    ):
         check_program_source(worker + "second = HandlerProgram(h, endpoint='a.b.c')\n" + entry, "a.ipynb")
-    with pytest.raises(ConfigError, match=r"defines no worker .*it declares policy = RoutingPolicy"):
+    with pytest.raises(ConfigError, match=r"defines no worker .*it declares policy \(routing policy\)"):
         check_program_source("policy = RoutingPolicy(pick)\n" + entry, "a.ipynb")
-    assert check_program_source("policy = RoutingPolicy(pick)", "a.ipynb", runnable=False) == ["policy"]
+    assert check_program_source("policy = RoutingPolicy(pick)", "a.ipynb", runnable=False) == "policy"
 
 
 def test_a_handler_program_serves_in_process_and_parses_its_flags() -> None:
@@ -130,7 +137,7 @@ def test_a_notebook_without_a_component_is_a_clear_error_in_a_graph(tmp_path: Pa
     untagged = write_notebook(tmp_path / "untagged.ipynb", "await something()")
     with pytest.raises(
         ConfigError,
-        match=r"not plain Python \('await' outside function: 'await something\(\)'\): tag the cell",
+        match=r"untagged.ipynb: cell 1 \('await something\(\)'\) awaits at top level, which only a kernel runs",
     ):
         export_notebook(untagged)
 
@@ -241,9 +248,12 @@ def test_a_policy_is_loaded_from_a_notebook_and_a_py_file(tmp_path: Path) -> Non
     assert isinstance(loaded, RoutingPolicy) and loaded(short, [5, 3]) == 3
     assert load_component(f"{notebook}:policy", runnable=False) is loaded
     (tmp_path / "two.py").write_text(POLICY_CELL + "\nother = RoutingPolicy(by_length)\n")
-    with pytest.raises(ConfigError, match=r"declares 2 components \(policy, other\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"declares 2 of the kind wanted here \(policy \(routing policy\), other \(routing policy\)\)",
+    ):
         load_component(str(tmp_path / "two.py"), runnable=False)
-    with pytest.raises(ConfigError, match="defines no 'nope'"):
+    with pytest.raises(ConfigError, match="declares no 'nope'"):
         load_component(f"{tmp_path / 'two.py'}:nope", runnable=False)
 
 

@@ -18,8 +18,9 @@ import pytest
 from helpers import FRONTEND, MOCKER_WORKER, ROOT, collect, exported_code
 
 from dynamo_nb import DistributedRuntime, LocalServices, bench, launch
+from dynamo_nb.declarations import DECLARED_KINDS
 from dynamo_nb.launch import ManagedProcess
-from dynamo_nb.notebook_programs import POLICY_DECLARATIONS, WORKER_DECLARATIONS, export_notebook
+from dynamo_nb.notebook_programs import export_notebook
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 
@@ -37,7 +38,7 @@ TALKS = {"role": "user", "content": "Tell me about the frontend and the workers.
 def declarations(notebook: Path) -> list[str]:
     """What the cells a script export keeps declare at module level (HandlerProgram, …)."""
     code = exported_code(notebook)
-    kinds = {*WORKER_DECLARATIONS, *POLICY_DECLARATIONS}
+    kinds = set(DECLARED_KINDS)
     return [
         node.value.func.id
         for node in ast.parse(code).body

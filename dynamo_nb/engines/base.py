@@ -17,7 +17,10 @@ enough to write one (``EchoEngine`` in ``echo.py`` is the smallest; the conforma
   ``active`` (see `Engine`);
 - ``from_args``: a classmethod coroutine, ``await MyEngine.from_args(args, model_path,
   kv_events=sink)``, that builds it whole from its worker's parsed flags (nothing is set on it
-  afterwards); a worker program passes it to `dynamo_nb.engines.engine_worker.serve_engine`.
+  afterwards); a worker program passes it to `dynamo_nb.engines.engine_worker.serve_engine`;
+- optionally ``add_args(parser)``, a classmethod adding the flags ``from_args`` reads: an
+  `dynamo_nb.EngineProgram` of the class (or of a subclass: a subclass of ``HFEngine`` takes
+  ``--device``, ``--dtype`` …) puts them in its parser.
 
 Its KV events go to the `KvEventSink` handed to its constructor (``kv_events=``), never set from
 outside. An engine that serves disaggregated requests is also a

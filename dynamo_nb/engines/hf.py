@@ -161,6 +161,14 @@ class HFEngine(BootstrapRole):
         )
 
     @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
+        """Add the flags `from_args` reads (``--device``, ``--dtype``, the prefix cache,
+        ``--kv-timeout``): an `dynamo_nb.EngineProgram` of this class or a subclass gets them."""
+        from ..flags import add_hf_args
+
+        add_hf_args(parser)
+
+    @classmethod
     async def from_args(
         cls, args: argparse.Namespace, model_path: str | Path, *, kv_events: KvEventSink | None = None
     ) -> HFEngine:
@@ -446,7 +454,8 @@ class HFEngine(BootstrapRole):
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def __repr__(self) -> str:
-        return f"<HFEngine {self.model.config.model_type} on {self.device}, {self.active} active>"
+        name = type(self).__name__ if type(self) is HFEngine else f"{type(self).__name__}(HFEngine)"
+        return f"<{name} {self.model.config.model_type} on {self.device}, {self.active} active>"
 
 
 def _check_finish(seq: _Sequence, token: int) -> None:

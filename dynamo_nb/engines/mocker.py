@@ -216,6 +216,14 @@ class MockerEngine(BootstrapRole):
         }
 
     @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
+        """Add the flags `from_args` reads (the KV pool, scheduler limits, speed): an
+        `dynamo_nb.EngineProgram` of this class or a subclass gets them."""
+        from ..flags import add_mocker_args
+
+        add_mocker_args(parser)
+
+    @classmethod
     async def from_args(
         cls,
         args: argparse.Namespace,

@@ -47,6 +47,13 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
             f"--router-policy routes with your policy instead of --router-mode {args.router_mode}: "
             "give one of the two"
         )
+    if args.router_policy:  # found, exported and checked now, before any runtime starts
+        from ..notebook_programs import load_component
+
+        try:
+            load_component(args.router_policy, runnable=False)
+        except ConfigError as exc:
+            raise ConfigError(f"--router-policy {args.router_policy}: {exc}") from None
     if (
         args.router_mode == "kv"
         and not args.no_kv_events

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..component_program import find_component
+from ..declarations import split_reference
 from ..errors import ConfigError
 from ..launch.launcher import resolve_program
 from ..notebook_programs import export_command, import_program, program_file
@@ -31,14 +32,14 @@ __all__ = [
     "ReplicaCommand",
     "apply_overrides",
     "check_graph",
-    "component_options",
     "dry_run",
     "flag_argv",
     "notebook_of",
     "service_argv",
+    "service_parser",
 ]
 
-_PARSERS: dict[Path, argparse.ArgumentParser] = {}
+_PARSERS: dict[tuple[Path, str | None], argparse.ArgumentParser] = {}
 
 
 @dataclass
@@ -112,26 +113,32 @@ def apply_overrides(graph: Graph, overrides: list[str]) -> None:
             graph.services[service].flags[key] = yaml.safe_load(raw)
 
 
-def component_parser(program: Path) -> argparse.ArgumentParser:
+def component_parser(
+    program: Path, *, where: str | None = None, name: str | None = None
+) -> argparse.ArgumentParser:
     """The component's own parser, from its file loaded without running ``main``: its
-    ``build_parser()``, else the parser of the one component it declares
-    (`dynamo_nb.component_program`, e.g. a notebook's export)."""
-    if program not in _PARSERS:
+    ``build_parser()``, else the parser of the worker it declares (``name``, else its one worker:
+    `dynamo_nb.component_program`, e.g. a notebook's export). Errors name ``where`` (the
+    notebook a graph names, not its export)."""
+    if (program, name) not in _PARSERS:
+        where = where or str(program)
         try:
-            module = import_program(program, str(program))
-            if hasattr(module, "build_parser"):
-                _PARSERS[program] = module.build_parser()
+            module = import_program(program, where)
+            if hasattr(module, "build_parser") and name is None:
+                _PARSERS[program, name] = module.build_parser()
             else:
-                _PARSERS[program] = find_component(vars(module), str(program), runnable=True).build_parser()
+                _PARSERS[program, name] = find_component(
+                    vars(module), where, runnable=True, name=name
+                ).build_parser()
         except GraphError:
             raise
         except ConfigError as exc:
             raise GraphError(str(exc)) from None
-    return _PARSERS[program]
+    return _PARSERS[program, name]
 
 
 def _check(service: Service, program: Path, argv: list[str]) -> None:
-    parser = component_parser(program)
+    parser = service_parser(service, program)
     options = {option: action for action in parser._actions for option in action.option_strings}
     where = f"components.{service.name}.flags"
     for key in service.flags:
@@ -245,12 +252,15 @@ def service_argv(
     (``{"--tcp-host": "0.0.0.0"}``) are added, each only where the component has the flag and the
     service does not set it.
     """
-    try:  # a notebook runs as its export, checked for its one worker declaration
-        program = program_file(resolve_program(service.component, cwd), where=service.component)
+    file, name = split_reference(service.component)
+    try:  # a notebook runs as its export, checked for its one worker declaration (or the one named)
+        program = program_file(resolve_program(file, cwd), where=file, name=name)
     except ConfigError as exc:
         raise GraphError(f"components.{service.name}.component: {exc}") from None
     argv = flag_argv(service.flags)
-    options = component_options(program)
+    options = {
+        option for action in service_parser(service, program)._actions for option in action.option_strings
+    }
     given = {"--" + str(k).replace("_", "-") for k in service.flags}
     added = {
         flag: urls[key] for flag, key in (("--discovery", "etcd"), ("--nats-url", "nats")) if key in urls
@@ -264,12 +274,15 @@ def service_argv(
 
 def notebook_of(service: Service, cwd: Path) -> Path | None:
     """The notebook a service names (its program is the notebook's export), else None."""
-    return resolve_program(service.component, cwd) if service.component.endswith(".ipynb") else None
+    file, _ = split_reference(service.component)
+    return resolve_program(file, cwd) if file.endswith(".ipynb") else None
 
 
-def component_options(program: Path) -> set[str]:
-    """The ``--flags`` a component's parser knows."""
-    return {option for action in component_parser(program)._actions for option in action.option_strings}
+def service_parser(service: Service, program: Path) -> argparse.ArgumentParser:
+    """The parser of the component a service names (``FILE`` or ``FILE:NAME``), whose program is
+    ``program`` (a notebook's export); errors name the service's file."""
+    file, name = split_reference(service.component)
+    return component_parser(program, where=file, name=name)
 
 
 def visible_gpus() -> list[str]:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..notebook_programs import export_command
-from .commands import component_parser, notebook_of, resources_of, service_argv
+from .commands import notebook_of, resources_of, service_argv, service_parser
 from .defaults import component_defaults
 from .model import Graph, GraphError, Resources, Service
 
@@ -186,7 +186,7 @@ def _component(
         "--system-port": str(SYSTEM_PORT),
     }
     program, argv = service_argv(service, urls, cwd, extra)
-    values = component_parser(program).parse_args(argv)
+    values = service_parser(service, program).parse_args(argv)
     http_port = getattr(values, "http_port", None)
     if http_port is not None:  # a frontend: probes and its Service on the HTTP port
         port_name, port = "http", http_port or 8000

@@ -37,6 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..declarations import split_reference
 from ..errors import ConfigError, LaunchError, ProcessTimeoutError
 from ..notebook import in_notebook
 from ..runtime.program import parse_ready_line
@@ -339,7 +340,10 @@ def resolve_program(program: str, cwd: Path) -> Path:
         if candidate.is_file():
             return candidate
     where = ", ".join(str(c.parent) for c in candidates)
-    raise ConfigError(f"{program} not found (looked in {where}); pass an absolute path or set cwd=")
+    raise ConfigError(
+        f"{program} not found (looked in {where}): give an absolute path, or one relative to the "
+        "working folder (in Python, launch()'s cwd=)"
+    )
 
 
 def _command(program: str, args: list[str], cwd: Path) -> tuple[str, list[str]]:
@@ -362,12 +366,14 @@ def _workdir(cwd: str | os.PathLike[str] | None) -> Path:
     return Path(os.path.abspath(cwd if cwd is not None else os.curdir))
 
 
-def _exported(notebook: str, cwd: str | os.PathLike[str] | None) -> Path:
-    """The checked export of ``notebook`` (resolved as `launch` resolves programs), exported into
-    the cache unless its code was exported before (`dynamo_nb.notebook_programs.program_file`)."""
+def _checked_program(reference: str, cwd: str | os.PathLike[str] | None) -> Path:
+    """What runs for ``FILE`` or ``FILE:NAME`` (resolved as `launch` resolves programs): a
+    notebook's checked export, exported into the cache unless its code was exported before, or a
+    ``.py`` file checked to run NAME (`dynamo_nb.notebook_programs.program_file`)."""
     from ..notebook_programs import program_file
 
-    return program_file(resolve_program(notebook, _workdir(cwd)), where=notebook)
+    file, name = split_reference(reference)
+    return program_file(resolve_program(file, _workdir(cwd)), where=file, name=name)
 
 
 def _start(
@@ -425,7 +431,8 @@ async def launch(
         program: a ``.py`` file (run on this Python; relative paths are also looked up in
             the parents of the working folder, see `resolve_program`), a notebook that declares
             a worker (its plain nbconvert export runs, see `dynamo_nb.notebook_programs`),
-            ``"-m"`` followed by a module in ``args``, or an executable.
+            either as ``FILE:NAME`` to name the worker its entry point runs, ``"-m"`` followed
+            by a module in ``args``, or an executable.
         args: its flags; numbers and paths are turned into strings.
         name: a short name for logs (default: the script's stem).
         ready: a regular expression; ready once a line matches it (default ``^READY``).
@@ -455,8 +462,9 @@ async def launch(
         raise ConfigError("instance= needs runtime= (the runtime whose discovery to watch)")
     if instance is not None and runtime is not None and runtime.is_static:
         raise ConfigError("instance= needs a runtime with discovery (memory or etcd), not a static one")
-    if os.fspath(program).endswith(".ipynb"):  # a notebook runs as its export, made off the event loop
-        program = await asyncio.to_thread(_exported, os.fspath(program), cwd)
+    file, declared = split_reference(os.fspath(program))
+    if file.endswith(".ipynb") or declared is not None:  # a notebook runs as its export, made off the loop
+        program = await asyncio.to_thread(_checked_program, os.fspath(program), cwd)
     await settle_leftovers_once()
     managed = _start(program, args, name=name, env=env, cwd=cwd, log_dir=log_dir, host=host)
     managed._watch_exit(asyncio.get_running_loop())

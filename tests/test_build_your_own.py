@@ -1,0 +1,313 @@
+"""Build your own, as a new user meets it: a notebook written with ``nbformat`` (no kernel ever ran
+it, so it has no ``language_info``) declares an engine that subclasses the hf engine *and* a
+routing policy. One rule finds either (graph, ``--router-policy``, `launch`, the export check),
+``FILE:NAME`` works for every kind, the plain ``jupyter nbconvert --to script`` gives a ``.py``,
+and the worker runs for real behind the frontend, routed by the policy of the same notebook,
+aggregated and as a prefill + decode pair."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import nbformat
+import pytest
+import yaml
+from helpers import ROOT
+
+from dynamo_nb import ConfigError, EngineProgram, LocalServices, RoutingPolicy, bench, launch
+from dynamo_nb.component_program import find_component
+from dynamo_nb.engines import EchoEngine
+from dynamo_nb.graph import Graph, check_graph
+from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
+from dynamo_nb.notebook_programs import check_exported_cells, check_program_source
+
+pytestmark = pytest.mark.timeout(300)
+
+IMPORTS = """\
+import sys
+import contextlib
+
+from dynamo_nb import EngineProgram, RoutingPolicy, in_notebook
+from dynamo_nb.engines.hf import HFEngine
+from dynamo_nb.llm import LLMEngineOutput
+"""
+
+ENGINE = '''\
+ANSWER_TOKENS = 3
+
+
+async def first_tokens(request, stream):
+    """The inner stream's items until ANSWER_TOKENS tokens, the last one a final item: the
+    stream is ended early (and the inner one closed, which frees its sequence)."""
+    sent = 0
+    async with contextlib.aclosing(stream) as items:
+        async for item in items:
+            tokens = item.token_ids[: ANSWER_TOKENS - sent]
+            sent += len(tokens)
+            if sent >= ANSWER_TOKENS:
+                yield LLMEngineOutput.final(
+                    tokens, "stop", prompt_tokens=len(request.token_ids), completion_tokens=sent
+                )
+                return
+            yield item
+
+
+class ShortAnswers(HFEngine):
+    """The hf engine, every answer ended after its first three tokens: aggregated and as decode."""
+
+    async def generate(self, request, context=None):
+        async for item in first_tokens(request, super().generate(request, context)):
+            yield item
+
+    async def decode(self, request, context=None):
+        async for item in first_tokens(request, super().decode(request, context)):
+            yield item
+'''
+
+POLICY = '''\
+def long_prompts_apart(request, instance_ids):
+    """Prompts of over 40 tokens to the highest instance id, the others to the lowest."""
+    ids = sorted(instance_ids)
+    return ids[-1] if len(request.token_ids) > 40 else ids[0]
+
+
+policy = RoutingPolicy(long_prompts_apart)
+'''
+
+DECLARATION = """\
+DEPLOYMENT = {"name": "short-worker", "namespace": "dynamo", "resources": {"cpu": 1, "memory": "2Gi"}}
+
+worker = EngineProgram(ShortAnswers, deployment=DEPLOYMENT, model_name="short")
+"""
+
+TRY_IT = "answer = await worker.serve(runtime)"
+
+ENTRY = """\
+if __name__ == "__main__" and not in_notebook():
+    sys.exit(worker.run())
+"""
+
+
+def write_unrun_notebook(path: Path, *cells: str | tuple[str, str]) -> Path:
+    """A notebook as ``nbformat`` writes it: no kernel spec, no ``language_info``."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells.append(nbformat.v4.new_markdown_cell("# Short answers"))
+    for cell in cells:
+        source, tag = cell if isinstance(cell, tuple) else (cell, None)
+        made = nbformat.v4.new_code_cell(source)
+        if tag:
+            made.metadata["tags"] = [tag]
+        notebook.cells.append(made)
+    nbformat.write(notebook, path)
+    assert "language_info" not in nbformat.read(path, as_version=4).metadata
+    return path
+
+
+@pytest.fixture
+def notebook(tmp_path: Path) -> Path:
+    return write_unrun_notebook(
+        tmp_path / "short.ipynb", IMPORTS, ENGINE, POLICY, DECLARATION, (TRY_IT, NOTEBOOK_ONLY_TAG), ENTRY
+    )
+
+
+# ----------------------------------------------------------------------------- one rule for lookups
+
+
+def test_a_worker_and_a_policy_in_one_file_are_each_found_by_kind() -> None:
+    worker = EngineProgram(EchoEngine)
+    policy = RoutingPolicy(min)
+    module = {"worker": worker, "policy": policy}
+    assert find_component(module, "nb.ipynb", runnable=True) is worker
+    assert find_component(module, "nb.ipynb", runnable=False) is policy
+    assert find_component(module, "nb.ipynb", runnable=False, name="policy") is policy
+    with pytest.raises(ConfigError, match=r"nb.ipynb: worker is a engine; a RoutingPolicy is expected"):
+        find_component(module, "nb.ipynb", runnable=False, name="worker")
+    with pytest.raises(
+        ConfigError, match=r"declares 2 of the kind wanted here .*: name one, nb.ipynb:worker$"
+    ):
+        find_component(module, "nb.ipynb")  # any kind: two candidates
+    with pytest.raises(
+        ConfigError, match=r"nb.ipynb declares no 'nope' \(it declares worker \(engine\), policy"
+    ):
+        find_component(module, "nb.ipynb", name="nope")
+
+
+def test_the_static_check_follows_the_same_rule_and_the_entry_point() -> None:
+    source = "worker = EngineProgram(E)\npolicy = RoutingPolicy(p)\n" + ENTRY
+    assert check_program_source(source, "nb.ipynb") == "worker"
+    assert check_program_source(source, "nb.ipynb", name="worker") == "worker"
+    assert check_program_source(source, "nb.ipynb", runnable=False) == "policy"
+    with pytest.raises(
+        ConfigError, match=r"policy is a routing policy; a worker .* --router-policy FILE:NAME"
+    ):
+        check_program_source(source, "nb.ipynb", name="policy")
+    two = "worker = EngineProgram(E)\nother = EngineProgram(F)\n" + ENTRY
+    with pytest.raises(ConfigError, match=r"nb.ipynb:other: its entry point runs worker, not other"):
+        check_program_source(two, "nb.ipynb", name="other")
+
+
+# ----------------------------------------------------------------------------- export
+
+
+def test_a_cell_that_awaits_at_top_level_is_named_with_its_number(tmp_path: Path) -> None:
+    path = write_unrun_notebook(tmp_path / "awaits.ipynb", IMPORTS, "x = 1\nawait start()", ENTRY)
+    with pytest.raises(ConfigError) as caught:
+        check_exported_cells(path)
+    message = str(caught.value)
+    assert "cell 3 ('x = 1') awaits at top level" in message and "tag that cell notebook-only" in message
+    tagged = write_unrun_notebook(tmp_path / "tagged.ipynb", IMPORTS, ("await start()", NOTEBOOK_ONLY_TAG))
+    check_exported_cells(tagged)  # the tagged cell is left out of the export: nothing to refuse
+
+
+@pytest.mark.processes
+def test_plain_nbconvert_exports_an_unrun_notebook_as_python(notebook: Path, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "script", str(notebook), "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["short.py"]
+    source = (tmp_path / "out" / "short.py").read_text()
+    compile(source, "short.py", "exec")  # plain Python: the notebook-only cell is gone
+    assert "await worker.serve" not in source and "class ShortAnswers(HFEngine)" in source
+
+
+# ----------------------------------------------------------------------------- graph and frontend
+
+
+def graph_yaml(notebook: Path, worker: str, policy: str) -> str:
+    return yaml.safe_dump(
+        {
+            "name": "short",
+            "services": {"etcd": "local"},
+            "components": {
+                "short": {"component": worker, "flags": {"max-num-seqs": 4}},
+                "frontend": {
+                    "component": "components/frontend.py",
+                    "flags": {"http-port": 8000, "router-policy": policy},
+                    "depends_on": ["short"],
+                },
+            },
+        }
+    )
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("named", [False, True], ids=["one-of-its-kind", "FILE:NAME"])
+def test_a_graph_names_the_notebook_as_worker_and_its_policy(
+    notebook: Path, tmp_path: Path, named: bool
+) -> None:
+    worker, policy = (f"{notebook}:worker", f"{notebook}:policy") if named else (str(notebook), str(notebook))
+    text = graph_yaml(notebook, worker, policy)
+    commands = check_graph(Graph.from_yaml(text), cwd=ROOT)
+    [short] = [c for c in commands if c.service == "short"]
+    assert short.program.suffix == ".py" and short.notebook == notebook
+    assert short.argv[-2:] == ["--max-num-seqs", "4"]
+    (tmp_path / "short.yaml").write_text(text)
+    dry = subprocess.run(
+        [sys.executable, "-m", "dynamo_nb", "serve", str(tmp_path / "short.yaml"), "--dry-run"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert f"--router-policy {policy}" in dry.stdout and f"{short.program}" in dry.stdout
+
+
+@pytest.mark.processes
+def test_a_router_policy_that_is_not_there_fails_before_anything_starts(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "components/frontend.py", "--discovery", "etcd://127.0.0.1:1", "--router-policy", "nowhere.ipynb:policy"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("error: --router-policy nowhere.ipynb:policy: nowhere.ipynb not found (looked in")
+    assert "give an absolute path, or one relative to the working folder" in line
+
+
+async def ask(url: str, prompt: str) -> dict:
+    """A greedy completion, with the worker that served it (``nvext.worker_id``)."""
+    body = {
+        "model": "short",
+        "prompt": prompt,
+        "max_tokens": 20,
+        "temperature": 0,
+        "nvext": {"extra_fields": ["worker_id"]},
+    }
+    async with httpx.AsyncClient(timeout=120) as client:
+        answer = await client.post(f"{url}/v1/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+@pytest.mark.processes
+async def test_the_notebook_serves_behind_the_frontend_routed_by_its_own_policy(
+    notebook: Path, services: LocalServices, tmp_path: Path
+) -> None:
+    """Two replicas of the notebook's worker (``FILE:NAME``), a frontend routing with the same
+    notebook's policy (``FILE``, the one of its kind): answers end after three tokens (the
+    subclass), long prompts go to one replica and short ones to the other (the policy)."""
+    etcd = ["--discovery", str(services.etcd_url)]
+    started = []
+    try:
+        for _ in range(2):
+            started.append(
+                await launch(f"{notebook}:worker", *etcd, log_dir=tmp_path, show_logs=False, timeout=120)
+            )
+        front = await launch(
+            "components/frontend.py", *etcd, "--http-port", 0, "--router-policy", str(notebook),
+            cwd=ROOT, log_dir=tmp_path, show_logs=False,
+        )  # fmt: skip
+        started.append(front)
+        await bench.wait_for_model(front.url, "short", instances=2, timeout=60)
+        low, high = sorted(worker.instance_id for worker in started[:2])
+        for prompt, expected in (("hello there", low), ("tell me a story " * 12, high), ("hi", low)):
+            answer = await ask(front.url, prompt)
+            assert answer["usage"]["completion_tokens"] == 3, answer  # the subclass ended it
+            assert answer["choices"][0]["finish_reason"] == "stop", answer
+            assert answer["nvext"]["worker_id"]["decode_worker_id"] == expected, (prompt, answer["nvext"])
+    finally:
+        for process in reversed(started):
+            await process.stop()
+
+
+@pytest.mark.processes
+async def test_the_subclass_holds_as_a_prefill_and_decode_pair(
+    notebook: Path, services: LocalServices, tmp_path: Path
+) -> None:
+    """The same notebook as ``--mode prefill`` + ``--mode decode`` (the decode runs the subclass's
+    ``decode``): the same three-token greedy text as the notebook's aggregated worker."""
+    etcd = ["--discovery", str(services.etcd_url)]
+    started = []
+    try:
+        for flags in (
+            ["--model-name", "short-agg", "--endpoint", "dynamo.agg.generate"],
+            ["--mode", "prefill"],
+            ["--mode", "decode"],
+        ):
+            started.append(
+                await launch(notebook, *etcd, *flags, log_dir=tmp_path, show_logs=False, timeout=120)
+            )
+        front = await launch(
+            "components/frontend.py", *etcd, "--http-port", 0, cwd=ROOT, log_dir=tmp_path, show_logs=False
+        )
+        started.append(front)
+        await bench.wait_for_model(front.url, "short", instances=1, timeout=60)
+        await bench.wait_for_model(front.url, "short-agg", instances=1, timeout=60)
+        prompt = "the frontend and the workers"
+        async with httpx.AsyncClient(timeout=120) as client:
+            texts = {}
+            for model in ("short-agg", "short"):
+                body = {"model": model, "prompt": prompt, "max_tokens": 20, "temperature": 0,
+                        "nvext": {"extra_fields": ["worker_id"]}}  # fmt: skip
+                answer = (await client.post(f"{front.url}/v1/completions", json=body)).json()
+                assert answer["usage"]["completion_tokens"] == 3, answer
+                texts[model] = answer["choices"][0]["text"]
+                if model == "short":  # the disaggregated path ran: a prefill worker took part
+                    assert answer["nvext"]["worker_id"]["prefill_worker_id"] == started[1].instance_id, answer
+        assert texts["short"] == texts["short-agg"], texts
+    finally:
+        for process in reversed(started):
+            await process.stop()
