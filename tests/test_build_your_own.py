@@ -311,3 +311,15 @@ async def test_the_subclass_holds_as_a_prefill_and_decode_pair(
     finally:
         for process in reversed(started):
             await process.stop()
+
+
+async def test_the_engine_written_from_scratch_in_the_docs_conforms() -> None:
+    """docs/your-own-component.md's first example, run as written, passes the conformance suite."""
+    from dynamo_nb.engines import check_engine
+
+    page = (ROOT / "docs" / "your-own-component.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict = {}
+    exec(compile(code, "docs/your-own-component.md", "exec"), namespace)
+    report = await check_engine(namespace["Reverse"]())
+    assert report.passed, report
