@@ -19,9 +19,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 from collections.abc import Callable
 from functools import partial
+from typing import NoReturn
 
 from .disagg.modes import WORKER_MODES, WorkerRole
 from .extras import broken_extra_error
@@ -531,9 +533,43 @@ def add_mocker_args(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(max_num_seqs=256)
 
 
+class SuggestFlags:
+    """An `argparse.ArgumentParser` mix-in: a flag it does not know gets the known flags close to
+    it, as the graph checker suggests them (``--max-num-seq: did you mean --max-num-seqs?``)."""
+
+    def error(self, message: str) -> NoReturn:
+        prefix = "unrecognized arguments: "
+        if message.startswith(prefix):
+            known = [option for action in self._actions for option in action.option_strings]  # type: ignore[attr-defined]
+            hints = []
+            for word in message[len(prefix) :].split():
+                flag = word.split("=", 1)[0]
+                close = difflib.get_close_matches(flag, known, n=2) if flag.startswith("--") else []
+                if close:
+                    hints.append(f"{flag}: did you mean {' or '.join(close)}?")
+            if hints:
+                message += " (" + "; ".join(hints) + ")"
+        super().error(message)  # type: ignore[misc]
+
+
+class FlagParser(SuggestFlags, argparse.ArgumentParser):
+    """The parser of every component: `argparse.ArgumentParser` that suggests close flags.
+
+    Example:
+        >>> import contextlib, io
+        >>> parser = FlagParser(prog="demo")
+        >>> _ = parser.add_argument("--max-num-seqs", type=int)
+        >>> err = io.StringIO()
+        >>> with contextlib.redirect_stderr(err), contextlib.suppress(SystemExit):
+        ...     parser.parse_args(["--max-num-sequences", "4"])
+        >>> err.getvalue().splitlines()[-1]
+        'demo: error: unrecognized arguments: --max-num-sequences 4 (--max-num-sequences: did you mean --max-num-seqs?)'
+    """
+
+
 def component_parser(prog: str, description: str | None, *groups: AddFlags) -> argparse.ArgumentParser:
     """A component's parser: the runtime flags, then ``groups``, then ``--log-level``."""
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_runtime_args(parser)
@@ -622,10 +658,13 @@ def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None
         >>> args.mode, args.max_model_len
         ('prefill', 1024)
     """
+    parser_class: type[argparse.ArgumentParser]
     try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser as parser_class
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        parser_class = type("VllmFlagParser", (SuggestFlags, FlexibleArgumentParser), {})
     except ImportError:
-        parser_class = argparse.ArgumentParser
+        parser_class = FlagParser
     except Exception as exc:  # installed, but a package it imports does not load: say which
         raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
     parser = parser_class(
@@ -722,7 +761,7 @@ def sglang_worker_parser(
         >>> args.disaggregation_mode, args.disaggregation_bootstrap_port, args.model_path
         ('prefill', 8998, None)
     """
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_runtime_args(parser)

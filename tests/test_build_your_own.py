@@ -212,7 +212,8 @@ def test_a_graph_names_the_notebook_as_worker_and_its_policy(
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
-    assert f"--router-policy {policy}" in dry.stdout and f"{short.program}" in dry.stdout
+    assert f"--router-policy {policy}" in dry.stdout
+    assert f"python3 {short.program} " in dry.stdout and "../" not in dry.stdout  # absolute: can be pasted
 
 
 @pytest.mark.processes
@@ -323,3 +324,79 @@ async def test_the_engine_written_from_scratch_in_the_docs_conforms() -> None:
     exec(compile(code, "docs/your-own-component.md", "exec"), namespace)
     report = await check_engine(namespace["Reverse"]())
     assert report.passed, report
+
+
+# ----------------------------------------------------------------------------- errors that say what to change
+
+
+async def test_an_engine_yielding_dicts_is_told_to_yield_llm_engine_outputs() -> None:
+    from dynamo_nb.engines import check_engine
+
+    class Dicts(EchoEngine):
+        async def generate(self, request, context=None):
+            yield {"token_ids": [1], "finish_reason": "stop"}
+
+    report = await check_engine(Dicts())
+    assert not report.passed
+    failed = [row.detail for row in report.results if row.status == "failed"]
+    assert any(
+        "generate yielded a dict" in detail and "LLMEngineOutput.final(...)" in detail for detail in failed
+    ), failed
+
+
+async def test_a_policy_reading_the_request_as_a_dict_is_told_its_type_and_hex_ids_are_taken() -> None:
+    from dynamo_nb import DistributedRuntime
+    from dynamo_nb.errors import RoutingError
+    from dynamo_nb.llm import PreprocessedRequest
+    from dynamo_nb.router.function import FunctionRouter
+
+    async def echo(request, context=None):
+        yield {"echo": request}
+
+    async with await DistributedRuntime.create() as runtime:
+        server = await runtime.endpoint("byo.policy.generate").serve(echo)
+        client = await runtime.endpoint("byo.policy.generate").client()
+        await client.wait_for_instances(timeout=10)
+        request = PreprocessedRequest(token_ids=[1, 2, 3])
+
+        def as_dict(request, instance_ids):
+            return instance_ids[0] if len(request["token_ids"]) > 2 else instance_ids[-1]
+
+        with pytest.raises(
+            RoutingError,
+            match=r"is a PreprocessedRequest, not a dict; read its attributes \(request.token_ids",
+        ):
+            FunctionRouter(client, as_dict).pick(request)
+        hex_id = f"{server.instance_id:x}"  # as READY lines and /health show it
+        assert (
+            FunctionRouter(client, lambda request, ids: hex_id).pick(request).instance_id
+            == server.instance_id
+        )
+
+
+def test_a_flag_typo_on_the_command_line_gets_the_close_flags() -> None:
+    import contextlib
+    import io
+
+    from dynamo_nb.flags import hf_worker_parser
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit):
+        hf_worker_parser().parse_args(["--max-num-sequences", "4"])
+    assert (
+        err.getvalue()
+        .splitlines()[-1]
+        .endswith(
+            "unrecognized arguments: --max-num-sequences 4 (--max-num-sequences: did you mean --max-num-seqs?)"
+        )
+    )
+
+
+@pytest.mark.processes
+async def test_the_frontend_logs_its_shutdown_under_its_own_name(tmp_path: Path) -> None:
+    front = await launch(
+        "components/frontend.py", "--discovery", f"file://{tmp_path / 'discovery'}", "--http-port", 0,
+        cwd=ROOT, log_dir=tmp_path, show_logs=False,
+    )  # fmt: skip
+    assert await front.stop() == 0
+    assert any(" frontend: received SIGTERM; shutting down" in line for line in front.logs()), front.tail()

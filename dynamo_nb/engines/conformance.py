@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequestError
-from ..llm.protocol import PreprocessedRequest, SamplingOptions, StopConditions
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
 from ..runtime.context import Context
 from .base import Engine
 
@@ -125,7 +125,14 @@ class _Checks:
 
     async def run(self, request: PreprocessedRequest, context: Context | None = None) -> list[Any]:
         async with contextlib.aclosing(self.engine.generate(request, context)) as stream:
-            return [item async for item in stream]
+            items = [item async for item in stream]
+        for item in items:
+            if not isinstance(item, LLMEngineOutput):
+                raise AssertionError(
+                    f"generate yielded a {type(item).__name__} ({item!r:.80}): yield LLMEngineOutput(token_ids=[...]) "
+                    "(from dynamo_nb.llm) for each new token, and LLMEngineOutput.final(...) last"
+                )
+        return items
 
     async def idle(self, timeout: float = 10.0) -> None:
         loop = asyncio.get_running_loop()

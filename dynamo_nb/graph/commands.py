@@ -59,11 +59,12 @@ class ReplicaCommand:
         return self.service if self.index < 0 else f"{self.service}-{self.index}"
 
     def shell(self) -> str:
-        """The command line, as `--dry-run` prints it (the program relative to the working folder)."""
+        """The command line, as `--dry-run` prints it, ready to paste (the program relative to the
+        working folder when it is inside it, else absolute: a notebook's export in the cache)."""
         import shlex
 
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        line = shlex.join(["python3", os.path.relpath(self.program), *self.argv])
+        line = shlex.join(["python3", shown_path(self.program), *self.argv])
         return f"{env} {line}" if env else line
 
     def export_step(self) -> str | None:
@@ -72,7 +73,19 @@ class ReplicaCommand:
 
         if self.notebook is None:
             return None
-        return shlex.join(export_command(Path(os.path.relpath(self.notebook)), self.program.parent))
+        return shlex.join(export_command(Path(shown_path(self.notebook)), self.program.parent))
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as a command line shows it: relative to the working folder when inside it, else
+    absolute (never ``../../..``, which breaks when pasted elsewhere).
+
+    Example:
+        >>> shown_path(Path.cwd() / "components" / "frontend.py"), shown_path(Path("/opt/x.py"))
+        ('components/frontend.py', '/opt/x.py')
+    """
+    relative = os.path.relpath(path)
+    return str(Path(path).resolve()) if relative.startswith("..") else relative
 
 
 def flag_argv(flags: dict[str, Any]) -> list[str]:

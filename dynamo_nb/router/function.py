@@ -59,7 +59,22 @@ class FunctionRouter(Router):
         try:
             chosen = self.function(request, list(ids))
         except Exception as exc:
-            raise RoutingError(f"the routing function {name} raised {type(exc).__name__}: {exc}") from exc
+            hint = ""
+            if isinstance(exc, (TypeError, KeyError)) and (
+                "subscriptable" in str(exc) or isinstance(exc, KeyError)
+            ):
+                hint = (
+                    ": the request is a PreprocessedRequest, not a dict; read its attributes "
+                    "(request.token_ids, request.stop_conditions.max_tokens, request.routing …)"
+                )
+            raise RoutingError(
+                f"the routing function {name} raised {type(exc).__name__}: {exc}{hint}"
+            ) from exc
+        if isinstance(chosen, str):  # an id as people read it (READY lines, /health): hex
+            try:
+                chosen = int(chosen, 16)
+            except ValueError:
+                pass
         if chosen not in ids:
             raise RoutingError(
                 f"the routing function {name} returned {chosen!r}, not one of the instances {[f'{i:x}' for i in ids]}"

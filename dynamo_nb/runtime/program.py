@@ -62,7 +62,6 @@ __all__ = [
 READY = "READY"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-logger = logging.getLogger("dynamo_nb.worker")
 
 T = TypeVar("T")
 
@@ -116,6 +115,21 @@ def _nothing() -> None:
     return None
 
 
+def program_name() -> str:
+    """This process's program as its log lines name it: the script's stem (``frontend``,
+    ``hf_worker``, a notebook export's name), or ``python`` for ``python -c``/an interactive one.
+
+    Example:
+        >>> isinstance(program_name(), str)
+        True
+    """
+    path = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    stem = os.path.basename(path).removesuffix(".py")
+    if stem == "__main__":  # python -m package
+        stem = os.path.basename(os.path.dirname(path))
+    return stem if stem and stem not in ("-c", "-m") else "python"
+
+
 def shutdown_on_signals(*runtimes: DistributedRuntime) -> Callable[[], None]:
     """Make SIGINT and SIGTERM shut ``runtimes`` down; returns a function that undoes it.
 
@@ -133,8 +147,10 @@ def shutdown_on_signals(*runtimes: DistributedRuntime) -> Callable[[], None]:
     installed = []
     shutting_down: set[asyncio.Task[None]] = set()
 
+    program = logging.getLogger(program_name())
+
     def on_signal(signum: int) -> None:
-        logger.info("received %s; shutting down", signal.Signals(signum).name)
+        program.info("received %s; shutting down", signal.Signals(signum).name)
         for runtime in runtimes:
             if not runtime.is_shutdown:
                 task = loop.create_task(runtime.shutdown())
