@@ -102,3 +102,26 @@ def example_graphs() -> list[Any]:
         )
         for path in sorted((ROOT / "graphs").glob("*.yaml"))
     ]
+
+
+def write_notebook(path: Path, *cells: str | tuple[str, str], ran_in_kernel: bool = True) -> Path:
+    """A notebook of code cells; a ``(source, tag)`` pair is a tagged cell. ``ran_in_kernel``:
+    with the ``language_info`` a Python kernel writes (nbconvert's script export picks the Python
+    exporter by it); False: as ``nbformat`` writes a notebook that never ran, without it."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    if ran_in_kernel:
+        notebook.metadata["language_info"] = {
+            "name": "python",
+            "file_extension": ".py",
+            "nbconvert_exporter": "python",
+        }
+    for cell in cells:
+        source, tag = cell if isinstance(cell, tuple) else (cell, None)
+        made = nbformat.v4.new_code_cell(source)
+        if tag:
+            made.metadata["tags"] = [tag]
+        notebook.cells.append(made)
+    nbformat.write(notebook, path)
+    return path

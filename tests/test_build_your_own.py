@@ -15,7 +15,7 @@ import httpx
 import nbformat
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, write_notebook
 
 from dynamo_nb import ConfigError, EngineProgram, LocalServices, RoutingPolicy, bench, launch
 from dynamo_nb.component_program import find_component
@@ -93,15 +93,7 @@ if __name__ == "__main__" and not in_notebook():
 
 def write_unrun_notebook(path: Path, *cells: str | tuple[str, str]) -> Path:
     """A notebook as ``nbformat`` writes it: no kernel spec, no ``language_info``."""
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells.append(nbformat.v4.new_markdown_cell("# Short answers"))
-    for cell in cells:
-        source, tag = cell if isinstance(cell, tuple) else (cell, None)
-        made = nbformat.v4.new_code_cell(source)
-        if tag:
-            made.metadata["tags"] = [tag]
-        notebook.cells.append(made)
-    nbformat.write(notebook, path)
+    write_notebook(path, *cells, ran_in_kernel=False)
     assert "language_info" not in nbformat.read(path, as_version=4).metadata
     return path
 
@@ -157,7 +149,7 @@ def test_a_cell_that_awaits_at_top_level_is_named_with_its_number(tmp_path: Path
     with pytest.raises(ConfigError) as caught:
         check_exported_cells(path)
     message = str(caught.value)
-    assert "cell 3 ('x = 1') awaits at top level" in message and "tag that cell notebook-only" in message
+    assert "cell 2 ('x = 1') awaits at top level" in message and "tag that cell notebook-only" in message
     tagged = write_unrun_notebook(tmp_path / "tagged.ipynb", IMPORTS, ("await start()", NOTEBOOK_ONLY_TAG))
     check_exported_cells(tagged)  # the tagged cell is left out of the export: nothing to refuse
 

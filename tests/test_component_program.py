@@ -16,7 +16,7 @@ from typing import Any
 import nbformat
 import pytest
 import yaml
-from helpers import ROOT
+from helpers import ROOT, write_notebook
 
 from dynamo_nb import ConfigError, EngineProgram, HandlerProgram, LocalServices, RoutingPolicy, bench, launch
 from dynamo_nb.component_program import find_component
@@ -34,25 +34,6 @@ GRAPH = ROOT / "graphs" / "notebook_engine.yaml"
 
 async def words(request: Any, context: Any = None) -> Any:
     yield {"word": request}
-
-
-def write_notebook(path: Path, *cells: str | tuple[str, str]) -> Path:
-    """A notebook of code cells; a ``(source, tag)`` pair is a tagged cell."""
-    notebook = nbformat.v4.new_notebook()
-    # as a Python kernel writes it: nbconvert's script export picks the Python exporter by it
-    notebook.metadata["language_info"] = {
-        "name": "python",
-        "file_extension": ".py",
-        "nbconvert_exporter": "python",
-    }
-    for cell in cells:
-        source, tag = cell if isinstance(cell, tuple) else (cell, None)
-        made = nbformat.v4.new_code_cell(source)
-        if tag:
-            made.metadata["tags"] = [tag]
-        notebook.cells.append(made)
-    nbformat.write(notebook, path)
-    return path
 
 
 # ----------------------------------------------------------------------------- declarations
