@@ -392,3 +392,43 @@ async def test_the_frontend_logs_its_shutdown_under_its_own_name(tmp_path: Path)
     )  # fmt: skip
     assert await front.stop() == 0
     assert any(" frontend: received SIGTERM; shutting down" in line for line in front.logs()), front.tail()
+
+
+@pytest.mark.processes
+def test_your_own_image_holds_the_notebook_and_the_manifests_run_it(notebook: Path, tmp_path: Path) -> None:
+    """``--emit k8s --image NAME --build-context DIR``: DIR holds a Dockerfile on the kit's image
+    with the notebook (worker and policy) at the path the graph names, and the schema-valid
+    manifests run that image: the init container exports the notebook, the frontend loads its policy."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[dev]'")
+    (tmp_path / "short.yaml").write_text(graph_yaml(notebook, "short.ipynb:worker", "short.ipynb:policy"))
+    serve = [sys.executable, "-m", "dynamo_nb", "serve", "short.yaml", "--emit", "k8s"]
+    done = subprocess.run(
+        [*serve, "--image", "registry.example/short:1", "--build-context", "image"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "wrote image: docker build -t registry.example/short:1 image" in done.stderr
+    assert (tmp_path / "image" / "Dockerfile").read_text().splitlines()[1:] == [
+        "FROM dynamo-nb:0.1.0",
+        "WORKDIR /app",
+        "COPY short.ipynb /app/short.ipynb",  # the worker's file and the policy's: one file, copied once
+    ]
+    assert (tmp_path / "image" / "short.ipynb").read_bytes() == notebook.read_bytes()
+    manifests = list(yaml.safe_load_all(done.stdout))
+    for manifest in manifests:
+        kubernetes_validate.validate(manifest, "1.33", strict=True)
+    pods = {
+        m["metadata"]["name"]: m["spec"]["template"]["spec"] for m in manifests if m["kind"] == "Deployment"
+    }
+    worker, frontend = pods["short-short"], pods["short-frontend"]
+    assert (
+        worker["containers"][0]["image"] == frontend["containers"][0]["image"] == "registry.example/short:1"
+    )
+    assert worker["initContainers"][0]["command"][-3:] == ["short.ipynb", "--output-dir", "/exported"]
+    assert worker["containers"][0]["command"] == ["python3", "/exported/short.py"]
+    args = frontend["containers"][0]["args"]
+    assert args[args.index("--router-policy") + 1] == "short.ipynb:policy"
+    unnamed = subprocess.run(
+        [*serve, "--build-context", "image"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert unnamed.returncode == 2 and "name it with --image" in unnamed.stderr

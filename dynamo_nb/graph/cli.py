@@ -5,6 +5,7 @@ Example::
     python -m dynamo_nb serve graphs/disagg_hf.yaml --dry-run
     python -m dynamo_nb serve graphs/disagg_hf.yaml --set frontend.http-port=8001 --set prefill.replicas=1
     python -m dynamo_nb serve graphs/disagg_hf.yaml --emit k8s --image registry.example/dynamo-nb:0.1 > k8s.yaml
+    python -m dynamo_nb serve short.yaml --emit k8s --image registry.example/short:1 --build-context image > k8s.yaml
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .commands import apply_overrides, dry_run
+from .image import write_build_context
 from .kubernetes import DEFAULT_IMAGE, kubernetes_manifests, manifests_yaml, secret_command
 from .model import Graph
 from .serve import serve
@@ -50,6 +52,19 @@ def serve_parser() -> argparse.ArgumentParser:
         "--image",
         default=DEFAULT_IMAGE,
         help="image holding dynamo_nb and the components (default: %(default)s)",
+    )
+    kubernetes.add_argument(
+        "--build-context",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write the build context of your own image (a Dockerfile FROM --base-image with the "
+        "graph's notebooks, programs and policy files) into DIR; name that image with --image",
+    )
+    kubernetes.add_argument(
+        "--base-image",
+        default=DEFAULT_IMAGE,
+        help="the kit's image your own image is built on (default: %(default)s)",
     )
     kubernetes.add_argument("--namespace", default=None, help="Kubernetes namespace of the objects")
     kubernetes.add_argument(
@@ -91,7 +106,20 @@ def serve_main(argv: list[str]) -> int:
     try:
         graph = Graph.from_yaml(args.graph)
         apply_overrides(graph, args.overrides)
+        if args.build_context is not None and args.emit != "k8s":
+            raise ConfigError("--build-context goes with --emit k8s (the manifests run the image it builds)")
         if args.emit == "k8s":
+            if args.build_context is not None:
+                if args.image == args.base_image:
+                    raise ConfigError(
+                        "--build-context builds your own image on --base-image: name it with --image "
+                        "(e.g. --image registry.example/my-graph:1), which the manifests then run"
+                    )
+                dockerfile = write_build_context(graph, args.build_context, base_image=args.base_image)
+                print(
+                    f"wrote {dockerfile.parent}: docker build -t {args.image} {dockerfile.parent}",
+                    file=sys.stderr,
+                )
             secret = not args.no_cluster_secret
             manifests = kubernetes_manifests(
                 graph, image=args.image, namespace=args.namespace, cluster_secret=secret

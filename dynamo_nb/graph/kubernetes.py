@@ -29,6 +29,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..declarations import split_reference
 from ..notebook_programs import export_command
 from .commands import notebook_of, resources_of, service_argv, service_parser
 from .defaults import component_defaults
@@ -211,11 +212,12 @@ def _component(
         *([_secret_env(secret)] if secret is not None else []),
         *({"name": k, "value": v} for k, v in service.env.items()),
     ]
+    written, _ = split_reference(service.component)  # FILE of FILE:NAME: the file in the image
     container: dict[str, Any] = {
         "name": _dns_name(service.name, f"components.{service.name}"),
         "image": image,
         "workingDir": workdir,
-        "command": ["python3", _program_in_image(service.component, program, cwd)],
+        "command": ["python3", _program_in_image(written, program, cwd)],
         "args": argv,
         "env": env,
         "ports": [{"name": port_name, "containerPort": port}],
@@ -232,9 +234,7 @@ def _component(
     pod: dict[str, Any] = {"containers": [container]}
     notebook = notebook_of(service, cwd)
     if notebook is not None:  # an init container exports the notebook; the container runs the export
-        pod |= _exported_notebook(
-            container, _program_in_image(service.component, notebook, cwd), image, workdir
-        )
+        pod |= _exported_notebook(container, _program_in_image(written, notebook, cwd), image, workdir)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
