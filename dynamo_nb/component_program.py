@@ -139,8 +139,13 @@ class ComponentProgram:
             raise ConfigError(
                 f"{self.name}: the flag {exc.argument_name or ''} is defined twice ({exc.message}); "
                 f"define each flag once (every {self.kind} program already has the runtime flags"
-                f"{' and the model and engine flags' if self.kind == 'engine' else ''}: see --help)"
+                f"{' and the model and engine flags' if self.kind == 'engine' else ''}{self._engine_flags_note()}: "
+                "see --help)"
             ) from None
+
+    def _engine_flags_note(self) -> str:
+        """For an engine whose class adds flags of its own: which, so the user drops a copy."""
+        return ""
 
     def parse_args(self, argv: Argv | None = None) -> argparse.Namespace:
         """The parsed flags (``argv``: strings, numbers or paths; None: the command line's)."""
@@ -255,6 +260,12 @@ class EngineProgram(ComponentProgram):
     def name(self) -> str:
         return str(self.deployment.get("name") or self.engine_class.__name__)
 
+    def _engine_flags_note(self) -> str:
+        name = getattr(self.engine_class, "__name__", "the engine")
+        if not callable(getattr(self.engine_class, "add_args", None)):
+            return ""
+        return f", and {name}.add_args adds the engine's own (drop flags= that adds them again, e.g. add_hf_args)"
+
     def _add_kind_flags(self, parser: argparse.ArgumentParser) -> None:
         add_model_args(parser)
         add_engine_args(parser)
@@ -337,11 +348,17 @@ def find_component(
 
     A `ConfigError` names ``where`` (the notebook or file) and what to change.
     """
-    if name is not None and name in namespace and not isinstance(namespace[name], ComponentProgram):
-        raise ConfigError(
-            f"{where}: {name} is a {type(namespace[name]).__name__}, not a component declaration "
-            "(HandlerProgram, EngineProgram or RoutingPolicy)"
-        )
+    if name is not None and name in namespace:
+        named = namespace[name]
+        if not isinstance(named, ComponentProgram):
+            raise ConfigError(
+                f"{where}: {name} is a {type(named).__name__}, not a component declaration "
+                "(HandlerProgram, EngineProgram or RoutingPolicy)"
+            )
+        pick_declaration(
+            {name: named.kind}, where, runnable=runnable, name=name
+        )  # its kind is the one wanted
+        return named
     declared: dict[str, ComponentProgram] = {}
     for key, value in namespace.items():
         if isinstance(value, ComponentProgram) and (key == name or not key.startswith("_")):

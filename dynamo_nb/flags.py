@@ -26,7 +26,7 @@ from functools import partial
 from typing import NoReturn
 
 from .disagg.modes import WORKER_MODES, WorkerRole
-from .extras import broken_extra_error
+from .extras import broken_extra_error, extra_installed
 from .frontend.settings import FrontendConfig
 from .router import ROUTER_MODES
 from .router.kv.router import KvRouterConfig
@@ -635,7 +635,9 @@ def add_vllm_args(parser: argparse.ArgumentParser) -> None:
     try:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
-    except ImportError:  # not installed: the flags the worker reads, enough to check a graph
+    except ImportError as exc:  # not installed: the flags the worker reads, enough to check a graph
+        if extra_installed("vllm"):  # installed, but something it imports is missing: say what
+            raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
         _add_declared_flags(parser, "vLLM", VLLM_FLAGS)
         return
     except Exception as exc:  # installed, but a package it imports does not load: say which
@@ -663,7 +665,9 @@ def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None
         from vllm.utils.argparse_utils import FlexibleArgumentParser
 
         parser_class = type("VllmFlagParser", (SuggestFlags, FlexibleArgumentParser), {})
-    except ImportError:
+    except ImportError as exc:
+        if extra_installed("vllm"):  # installed, but something it imports is missing: say what
+            raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
         parser_class = FlagParser
     except Exception as exc:  # installed, but a package it imports does not load: say which
         raise broken_extra_error("vllm", "the vLLM worker", exc) from exc

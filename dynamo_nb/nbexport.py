@@ -43,7 +43,12 @@ class PythonScriptWithoutLanguageInfo(Preprocessor):
 
     def preprocess(self, nb: Any, resources: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         if is_python_notebook(nb.get("metadata", {})):
+            from nbconvert.filters import ipython2python
+
             nb.cells = kept_cells(nb.cells)
+            for cell in nb.cells:  # %magic and !shell lines become calls, as the Python exporter makes them
+                if cell.get("cell_type") == "code":
+                    cell.source = ipython2python(cell.source)
             resources["output_extension"] = ".py"
         return nb, resources
 
@@ -56,7 +61,7 @@ def is_python_notebook(metadata: dict[str, Any]) -> bool:
         (True, False)
     """
     language = metadata.get("language_info", {}).get("name") or metadata.get("kernelspec", {}).get("language")
-    return language in (None, "", "python")
+    return str(language or "python").lower() == "python"
 
 
 def _interactive(cell: Any) -> bool:

@@ -117,9 +117,9 @@ def export_notebook(notebook: str | os.PathLike[str]) -> Path:
         except SyntaxError as exc:
             line = source.splitlines()[(exc.lineno or 1) - 1].strip()
             raise ConfigError(
-                f"{path}: its export is not plain Python ({exc.msg}: {line!r}): tag the cell "
-                "that awaits at top level notebook-only (and check that dynamo_nb is installed, which "
-                "installs the nbconvert config that drops those cells)"
+                f"{path}: its export is not plain Python ({exc.msg}: {line!r}): fix that line, or tag "
+                "its cell notebook-only if only a kernel runs it (and check that dynamo_nb is installed, "
+                "which installs the nbconvert config that drops those cells)"
             ) from None
         target.parent.mkdir(exist_ok=True)
         os.replace(written, target)  # atomic: a reader never sees half a file
@@ -131,7 +131,8 @@ def check_exported_cells(notebook: Path) -> None:
     (not tagged ``notebook-only``) and awaits at top level (or uses ``async with``/``async for``
     there), which only a kernel runs. The `ConfigError` names the cell (its number, counting every
     cell from 1, and its first line) and the tag to add. IPython's ``%``/``!`` lines are skipped
-    here, as the Python exporter turns them into calls."""
+    here (the export turns them into calls), and so is any other syntax error: the compile of the
+    export reports it."""
     from .nbexport import kept_cells
 
     cells = _cells(notebook)
@@ -143,23 +144,21 @@ def check_exported_cells(notebook: Path) -> None:
         if source.lstrip().startswith("%%"):  # a cell magic: the whole cell is IPython's
             continue
         code = "\n".join(
-            "pass" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()
+            line[: len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!")) else line
+            for line in source.splitlines()
         )
         try:
             compile(code, f"{notebook.name}, cell {number}", "exec")
         except SyntaxError as exc:
-            first = source.strip().splitlines()[0] if source.strip() else ""
-            if "outside" in (exc.msg or "") and (
-                "await" in exc.msg or "async" in exc.msg or "asynchronous" in exc.msg
-            ):
+            message = exc.msg or ""
+            if "outside" in message and any(word in message for word in ("await", "async", "asynchronous")):
+                first = source.strip().splitlines()[0]
                 raise ConfigError(
                     f"{notebook}: cell {number} ({first!r}) awaits at top level, which only a kernel "
                     f'runs: tag that cell notebook-only (View > Cell Toolbar > Tags, or metadata "tags": '
                     f'["notebook-only"]) so its export leaves it out, or move the await into a function'
                 ) from None
-            raise ConfigError(
-                f"{notebook}: cell {number} ({first!r}) is not valid Python: {exc.msg} (line {exc.lineno})"
-            ) from None
+            # other syntax (IPython's own, say) is left to the exporter and the compile of its output
 
 
 def _cells(notebook: Path) -> list[dict]:
@@ -196,14 +195,26 @@ def declarations(source: str, where: str) -> dict[str, str]:
     """
     tree = ast.parse(source, filename=where)
     declared: dict[str, str] = {}
+
+    def called(node: ast.expr | None) -> str | None:
+        target = node.func if isinstance(node, ast.Call) else node
+        return target.id if isinstance(target, ast.Name) else getattr(target, "attr", None)
+
     for node in tree.body:
+        targets: list[ast.expr] = []
+        kind = None
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            called = node.value.func
-            name = called.id if isinstance(called, ast.Name) else getattr(called, "attr", None)
-            if name in DECLARED_KINDS:
-                for target in node.targets:
-                    if isinstance(target, ast.Name):
-                        declared[target.id] = DECLARED_KINDS[name]
+            targets, kind = node.targets, called(node.value)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.value, ast.Call):
+            targets, kind = [node.target], called(node.value)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):  # @RoutingPolicy def pick(...)
+            kinds = [called(decorator) for decorator in node.decorator_list]
+            kind = next((k for k in kinds if k in DECLARED_KINDS), None)
+            targets = [ast.Name(id=node.name)]
+        if kind in DECLARED_KINDS:
+            for target in targets:
+                if isinstance(target, ast.Name) and not target.id.startswith("_"):
+                    declared[target.id] = DECLARED_KINDS[kind]
     return declared
 
 
@@ -274,8 +285,9 @@ def load_component(
     file, name = split_reference(reference)
     path = resolve_program(file, cwd or Path.cwd())
     source_path = export_notebook(path) if path.suffix == ".ipynb" else path
-    if runnable is not None:  # checked in the source first: nothing runs for a wrong reference
-        pick_declaration(declarations(source_path.read_text(), file), file, runnable=runnable, name=name)
+    declared = declarations(source_path.read_text(), file)
+    if runnable is not None and (name is None or name in declared):  # checked before anything runs
+        pick_declaration(declared, file, runnable=runnable, name=name)
     module = import_program(source_path, file)
     return find_component(vars(module), file, runnable=runnable, name=name)
 

@@ -22,7 +22,13 @@ from dynamo_nb.component_program import find_component
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.graph import Graph, check_graph
 from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
-from dynamo_nb.notebook_programs import check_exported_cells, check_program_source
+from dynamo_nb.notebook_programs import (
+    check_exported_cells,
+    check_program_source,
+    declarations,
+    export_notebook,
+    load_component,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -432,3 +438,50 @@ def test_your_own_image_holds_the_notebook_and_the_manifests_run_it(notebook: Pa
         [*serve, "--build-context", "image"], capture_output=True, text=True, timeout=120, cwd=tmp_path
     )
     assert unnamed.returncode == 2 and "name it with --image" in unnamed.stderr
+
+
+def test_declarations_written_other_ways_are_found_by_name_and_by_kind(tmp_path: Path) -> None:
+    """An annotated declaration, a decorated function and a second name for one policy: each
+    found (``FILE:NAME`` loads what the module holds under that name)."""
+    source = (
+        "from dynamo_nb import RoutingPolicy\n"
+        "def pick(request, ids):\n    return ids[0]\n"
+        "policy: RoutingPolicy = RoutingPolicy(pick)\n"
+        "first = policy\n"
+        "@RoutingPolicy\ndef last(request, ids):\n    return ids[-1]\n"
+        "_private = RoutingPolicy(pick)\n"
+    )
+    assert declarations(source, "p.py") == {"policy": "routing policy", "last": "routing policy"}
+    (tmp_path / "p.py").write_text(source)
+    assert load_component(f"{tmp_path / 'p.py'}:first", runnable=False)(None, [3, 5]) == 3
+    assert load_component(f"{tmp_path / 'p.py'}:last", runnable=False)(None, [3, 5]) == 5
+    with pytest.raises(ConfigError, match=r"declares 2 of the kind wanted here \(policy .*, last"):
+        load_component(str(tmp_path / "p.py"), runnable=False)
+
+
+@pytest.mark.processes
+def test_ipython_lines_in_a_kept_cell_are_not_refused_and_export_as_calls(tmp_path: Path) -> None:
+    path = write_unrun_notebook(tmp_path / "shell.ipynb", "for name in ['a']:\n    !echo $name\n%env X=1")
+    check_exported_cells(path)  # indented, and a line magic: the export turns both into calls
+    exported = export_notebook(path).read_text()
+    assert "get_ipython().system" in exported and "get_ipython().run_line_magic" in exported
+
+
+async def test_a_policy_returning_what_is_no_instance_is_told_what_it_returned() -> None:
+    from dynamo_nb import DistributedRuntime
+    from dynamo_nb.errors import RoutingError
+    from dynamo_nb.llm import PreprocessedRequest
+    from dynamo_nb.router.function import FunctionRouter
+
+    async def echo(request, context=None):
+        yield {"echo": request}
+
+    async with await DistributedRuntime.create() as runtime:
+        await runtime.endpoint("byo.wrong.generate").serve(echo)
+        client = await runtime.endpoint("byo.wrong.generate").client()
+        await client.wait_for_instances(timeout=10)
+        with pytest.raises(
+            RoutingError,
+            match=r"returned 'zz', not one of the instances \['[0-9a-f]+'\] \(an int, or its hex",
+        ):
+            FunctionRouter(client, lambda request, ids: "zz").pick(PreprocessedRequest(token_ids=[1]))

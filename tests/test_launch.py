@@ -266,3 +266,26 @@ def gc_defaults() -> tuple[int, int, int]:
         timeout=30,
     )
     return tuple(int(n) for n in out.stdout.strip("()\n").split(","))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("launcher_ignores_sigint", [False, True], ids=["", "launcher-ignoring-sigint"])
+async def test_a_launched_program_starts_with_the_signal_dispositions_of_a_terminal(
+    tmp_path: Path, launcher_ignores_sigint: bool
+) -> None:
+    """SIGINT and SIGQUIT (which a kernel or a background job ignores) and SIGPIPE and SIGXFSZ
+    (which every Python ignores, the launcher's wrapper too) are at their defaults in the program."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if launcher_ignores_sigint else None
+    try:
+        shell = await launch(
+            "sh", "-c", "grep SigIgn /proc/$$/status; echo READY; sleep 60", log_dir=tmp_path, show_logs=False
+        )
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
+    try:
+        [line] = [line for line in shell.logs() if line.startswith("SigIgn:")]
+        ignored = int(line.split()[1], 16)
+        for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGPIPE, signal.SIGXFSZ):
+            assert not ignored & (1 << (signum - 1)), (signal.Signals(signum).name, line)
+    finally:
+        await shell.stop()

@@ -162,8 +162,9 @@ class HFEngine(BootstrapRole):
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
-        """Add the flags `from_args` reads (``--device``, ``--dtype``, the prefix cache,
-        ``--kv-timeout``): an `dynamo_nb.EngineProgram` of this class or a subclass gets them."""
+        """Add the hf engine's own flags that `from_args` reads (``--device``, ``--dtype``, the
+        prefix cache; ``--kv-timeout`` comes with every engine worker): an `dynamo_nb.EngineProgram`
+        of this class or a subclass gets them."""
         from ..flags import add_hf_args
 
         add_hf_args(parser)

@@ -31,7 +31,20 @@ __all__ = ["start_frontend", "validate_frontend_args"]
 
 
 def validate_frontend_args(args: argparse.Namespace) -> None:
-    """Reject flag combinations that cannot work, naming the flag and the fix (before anything starts)."""
+    """Reject flag combinations that cannot work, naming the flag and the fix, then load
+    ``--router-policy`` (found, exported and checked): all before anything starts."""
+    _check_flag_combinations(args)
+    if args.router_policy:
+        from ..notebook_programs import load_component
+
+        try:
+            load_component(args.router_policy, runnable=False)
+        except ConfigError as exc:
+            raise ConfigError(f"--router-policy {args.router_policy}: {exc}") from None
+
+
+def _check_flag_combinations(args: argparse.Namespace) -> None:
+    """The cheap checks of `validate_frontend_args` (no file is read)."""
     if args.http_workers < 1:
         raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
     if args.max_queue is not None and args.max_queue < 0:
@@ -47,13 +60,6 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
             f"--router-policy routes with your policy instead of --router-mode {args.router_mode}: "
             "give one of the two"
         )
-    if args.router_policy:  # found, exported and checked now, before any runtime starts
-        from ..notebook_programs import load_component
-
-        try:
-            load_component(args.router_policy, runnable=False)
-        except ConfigError as exc:
-            raise ConfigError(f"--router-policy {args.router_policy}: {exc}") from None
     if (
         args.router_mode == "kv"
         and not args.no_kv_events

@@ -85,7 +85,8 @@ def shown_path(path: Path) -> str:
         ('components/frontend.py', '/opt/x.py')
     """
     relative = os.path.relpath(path)
-    return str(Path(path).resolve()) if relative.startswith("..") else relative
+    outside = relative == os.pardir or relative.startswith(os.pardir + os.sep)
+    return str(Path(path).resolve()) if outside else relative
 
 
 def flag_argv(flags: dict[str, Any]) -> list[str]:
@@ -161,7 +162,7 @@ def _check(service: Service, program: Path, argv: list[str]) -> None:
             hint = (
                 f"; did you mean {', '.join(close)}?"
                 if close
-                else f"; see python3 {service.component} --help"
+                else f"; see python3 {shown_path(program)} --help"
             )
             raise GraphError(f"{where}: {key!r} is not a flag of {service.component}{hint}")
         action = options[option]

@@ -2,7 +2,8 @@
 process that launched it dies.
 
 Run as a script, not imported: ``python -I -S parent_guard.py PARENT_PID command...``.
-It puts SIGINT and SIGQUIT back to their defaults, sets ``PR_SET_PDEATHSIG`` (kept across
+It puts SIGINT and SIGQUIT back to their defaults (and SIGPIPE and SIGXFSZ, which this Python
+ignores as every Python does), sets ``PR_SET_PDEATHSIG`` (kept across
 exec) and checks the parent is still the launcher, then replaces itself with the command, so
 the command keeps this pid. ``PARENT_PID`` 0 skips the parent-death signal (where it cannot be
 tied to the launcher: off Linux, or from a thread other than the main one).
@@ -25,8 +26,11 @@ PR_SET_PDEATHSIG = 1
 
 def main() -> None:
     parent, command = int(sys.argv[1]), sys.argv[2:]
-    for signum in (signal.SIGINT, signal.SIGQUIT):
-        signal.signal(signum, signal.SIG_DFL)  # what a program started from a terminal gets
+    for name in ("SIGINT", "SIGQUIT", "SIGPIPE", "SIGXFSZ"):  # Python itself ignores the last two
+        if hasattr(signal, name):
+            signal.signal(
+                getattr(signal, name), signal.SIG_DFL
+            )  # what a program started from a terminal gets
     if parent:
         try:
             libc = ctypes.CDLL(None, use_errno=True)

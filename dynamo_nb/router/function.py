@@ -60,9 +60,7 @@ class FunctionRouter(Router):
             chosen = self.function(request, list(ids))
         except Exception as exc:
             hint = ""
-            if isinstance(exc, (TypeError, KeyError)) and (
-                "subscriptable" in str(exc) or isinstance(exc, KeyError)
-            ):
+            if isinstance(exc, TypeError) and "PreprocessedRequest" in str(exc):
                 hint = (
                     ": the request is a PreprocessedRequest, not a dict; read its attributes "
                     "(request.token_ids, request.stop_conditions.max_tokens, request.routing …)"
@@ -70,6 +68,7 @@ class FunctionRouter(Router):
             raise RoutingError(
                 f"the routing function {name} raised {type(exc).__name__}: {exc}{hint}"
             ) from exc
+        returned = chosen
         if isinstance(chosen, str):  # an id as people read it (READY lines, /health): hex
             try:
                 chosen = int(chosen, 16)
@@ -77,7 +76,8 @@ class FunctionRouter(Router):
                 pass
         if chosen not in ids:
             raise RoutingError(
-                f"the routing function {name} returned {chosen!r}, not one of the instances {[f'{i:x}' for i in ids]}"
+                f"the routing function {name} returned {returned!r}, not one of the instances "
+                f"{[f'{i:x}' for i in ids]} (an int, or its hex string)"
             )
         self.picks[chosen] = self.picks.get(chosen, 0) + 1
         decision = self.decision(chosen, f"returned by your function {name}")
