@@ -77,16 +77,21 @@ class ReplicaCommand:
 
 
 def shown_path(path: Path) -> str:
-    """``path`` as a command line shows it: relative to the working folder when inside it, else
-    absolute (never ``../../..``, which breaks when pasted elsewhere).
+    """``path`` as a command line shows it: relative to the working folder when inside it or one
+    level up (``../components/x.py`` from ``notebooks/``), else absolute (never ``../../..`` into
+    a cache folder, which breaks when pasted elsewhere).
 
     Example:
         >>> shown_path(Path.cwd() / "components" / "frontend.py"), shown_path(Path("/opt/x.py"))
         ('components/frontend.py', '/opt/x.py')
     """
     relative = os.path.relpath(path)
-    outside = relative == os.pardir or relative.startswith(os.pardir + os.sep)
-    return str(Path(path).resolve()) if outside else relative
+    climbs = 0
+    for part in Path(relative).parts:
+        if part != os.pardir:
+            break
+        climbs += 1
+    return str(Path(path).resolve()) if climbs > 1 else relative
 
 
 def flag_argv(flags: dict[str, Any]) -> list[str]:
