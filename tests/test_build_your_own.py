@@ -273,6 +273,7 @@ async def test_the_notebook_serves_behind_the_frontend_routed_by_its_own_policy(
 
 
 @pytest.mark.processes
+@pytest.mark.long  # four processes on 2 cores: CI's second step runs it (-m long)
 async def test_the_subclass_holds_as_a_prefill_and_decode_pair(
     notebook: Path, services: LocalServices, tmp_path: Path
 ) -> None:

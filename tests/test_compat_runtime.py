@@ -194,11 +194,24 @@ def sigint_ignored(ignored: bool) -> Iterator[None]:
         signal.signal(signal.SIGINT, before)
 
 
-@pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
 @pytest.mark.parametrize(
-    ("signum", "launcher_ignores_sigint"),
-    [(signal.SIGINT, False), (signal.SIGINT, True), (signal.SIGTERM, False)],
-    ids=["ctrl-c", "ctrl-c-launched-by-a-process-ignoring-it", "sigterm"],
+    ("mode", "signum", "launcher_ignores_sigint"),
+    [
+        *(
+            (mode, signum, False)
+            for mode in ("etcd-tcp", "etcd-nats", "file-tcp")
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        ),
+        ("file-tcp", signal.SIGINT, True),  # the disposition does not depend on the planes
+    ],
+    ids=[
+        *(
+            f"{name}-{mode}"
+            for mode in ("etcd-tcp", "etcd-nats", "file-tcp")
+            for name in ("ctrl-c", "sigterm")
+        ),
+        "ctrl-c-launched-by-a-process-ignoring-it-file-tcp",
+    ],
 )
 async def test_a_signal_ends_a_looping_dynamo_client(
     services: Any,
