@@ -361,7 +361,7 @@ def find_component(
         return named
     declared: dict[str, ComponentProgram] = {}
     for key, value in namespace.items():
-        if isinstance(value, ComponentProgram) and (key == name or not key.startswith("_")):
+        if isinstance(value, ComponentProgram) and not key.startswith("_"):
             if all(value is not seen for seen in declared.values()):  # one object under two names: once
                 declared[key] = value
     picked = pick_declaration(

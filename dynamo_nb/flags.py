@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import os
 from collections.abc import Callable
 from functools import partial
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .disagg.modes import WORKER_MODES, WorkerRole
 from .extras import broken_extra_error, extra_installed
@@ -627,24 +628,31 @@ def _add_declared_flags(
         group.add_argument(flag, **options)  # type: ignore[arg-type]
 
 
+def _from_vllm(module: str, name: str) -> Any:
+    """``name`` from vLLM's ``module``; None where vLLM is not installed. Where it is installed
+    but does not import (a package it imports does not load), the one-line error that says which."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except Exception as exc:
+        if isinstance(exc, ImportError) and not extra_installed("vllm"):
+            return None
+        raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
+
+
 def add_vllm_args(parser: argparse.ArgumentParser) -> None:
     """Add **vLLM's own** engine arguments (``AsyncEngineArgs.add_cli_args``: ``--max-model-len``,
     ``--block-size``, ``--dtype``, ``--kv-transfer-config``, … with vLLM's help; on a host without
     CUDA the defaults its CPU backend needs, `dynamo_nb.engines.vllm.cpu_engine_defaults`), or, where
     vLLM is not installed, the ones its worker and graphs use (`VLLM_FLAGS`)."""
-    try:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-    except ImportError as exc:  # not installed: the flags the worker reads, enough to check a graph
-        if extra_installed("vllm"):  # installed, but something it imports is missing: say what
-            raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
+    engine_args = _from_vllm("vllm.engine.arg_utils", "AsyncEngineArgs")
+    if engine_args is None:  # not installed: the flags the worker reads, enough to check a graph
         _add_declared_flags(parser, "vLLM", VLLM_FLAGS)
         return
-    except Exception as exc:  # installed, but a package it imports does not load: say which
-        raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
+    from vllm.platforms import current_platform
+
     from .engines.vllm import cpu_engine_defaults
 
-    AsyncEngineArgs.add_cli_args(parser)  # its --log-level is ours too: one level for both
+    engine_args.add_cli_args(parser)  # its --log-level is ours too: one level for both
     if current_platform.is_cpu():
         parser.set_defaults(**cpu_engine_defaults())
 
@@ -660,17 +668,8 @@ def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None
         >>> args.mode, args.max_model_len
         ('prefill', 1024)
     """
-    parser_class: type[argparse.ArgumentParser]
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-        parser_class = type("VllmFlagParser", (SuggestFlags, FlexibleArgumentParser), {})
-    except ImportError as exc:
-        if extra_installed("vllm"):  # installed, but something it imports is missing: say what
-            raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
-        parser_class = FlagParser
-    except Exception as exc:  # installed, but a package it imports does not load: say which
-        raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
+    flexible = _from_vllm("vllm.utils.argparse_utils", "FlexibleArgumentParser")
+    parser_class = FlagParser if flexible is None else type("VllmFlagParser", (SuggestFlags, flexible), {})
     parser = parser_class(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -57,6 +57,7 @@ __all__ = [
     "import_program",
     "load_component",
     "program_file",
+    "reference_program",
 ]
 
 _MODULES: dict[Path, ModuleType] = {}
@@ -266,6 +267,20 @@ def program_file(path: Path, *, where: str | None = None, name: str | None = Non
     exported = export_notebook(path)
     check_program_source(exported.read_text(), where or str(path), name=name)
     return exported
+
+
+def reference_program(reference: str, cwd: Path) -> Path:
+    """What runs for the reference ``FILE`` or ``FILE:NAME`` (FILE found as `dynamo_nb.launch`
+    finds programs, from ``cwd``): `program_file` of it, errors naming FILE.
+
+    Example::
+
+        reference_program("notebooks/10_your_own_engine.ipynb:worker", Path.cwd())  # its checked export
+    """
+    from .launch.launcher import resolve_program
+
+    file, name = split_reference(reference)
+    return program_file(resolve_program(file, cwd), where=file, name=name)
 
 
 def load_component(

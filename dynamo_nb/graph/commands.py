@@ -24,7 +24,7 @@ from ..component_program import find_component
 from ..declarations import split_reference
 from ..errors import ConfigError
 from ..launch.launcher import resolve_program
-from ..notebook_programs import export_command, import_program, program_file
+from ..notebook_programs import export_command, import_program, reference_program
 from .defaults import component_defaults
 from .model import Graph, GraphError, Resources, Service
 
@@ -86,12 +86,8 @@ def shown_path(path: Path) -> str:
         ('components/frontend.py', '/opt/x.py')
     """
     relative = os.path.relpath(path)
-    climbs = 0
-    for part in Path(relative).parts:
-        if part != os.pardir:
-            break
-        climbs += 1
-    return str(Path(path).resolve()) if climbs > 1 else relative
+    climbs_twice = Path(relative).parts[:2] == (os.pardir, os.pardir)
+    return str(Path(path).resolve()) if climbs_twice else relative
 
 
 def flag_argv(flags: dict[str, Any]) -> list[str]:
@@ -271,9 +267,8 @@ def service_argv(
     (``{"--tcp-host": "0.0.0.0"}``) are added, each only where the component has the flag and the
     service does not set it.
     """
-    file, name = split_reference(service.component)
     try:  # a notebook runs as its export, checked for its one worker declaration (or the one named)
-        program = program_file(resolve_program(file, cwd), where=file, name=name)
+        program = reference_program(service.component, cwd)
     except ConfigError as exc:
         raise GraphError(f"components.{service.name}.component: {exc}") from None
     argv = flag_argv(service.flags)

@@ -370,10 +370,9 @@ def _checked_program(reference: str, cwd: str | os.PathLike[str] | None) -> Path
     """What runs for ``FILE`` or ``FILE:NAME`` (resolved as `launch` resolves programs): a
     notebook's checked export, exported into the cache unless its code was exported before, or a
     ``.py`` file checked to run NAME (`dynamo_nb.notebook_programs.program_file`)."""
-    from ..notebook_programs import program_file
+    from ..notebook_programs import reference_program
 
-    file, name = split_reference(reference)
-    return program_file(resolve_program(file, _workdir(cwd)), where=file, name=name)
+    return reference_program(reference, _workdir(cwd))
 
 
 def _start(
