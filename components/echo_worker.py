@@ -80,9 +80,8 @@ async def main(argv: list[str] | None = None) -> int:
         }
 
     await stats.serve(report)
+    shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown(), set before READY says so
     announce_ready(str(generate.path), instance=f"{server.instance_id:x}", address=server.address)
-
-    shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown()
     await runtime.wait_closed()
     return 0
 

@@ -74,9 +74,8 @@ async def main(argv: list[str] | None = None) -> int:
     )  # its tokenizer: the built-in tiny model unless --model-path
     started = [await start_engine(args, model_path, model_name) for _ in range(args.num_workers)]
     ids = ",".join(f"{worker.server.instance_id:x}" for _, worker in started)
-    announce_ready(str(started[0][1].endpoint.path), instance=ids, model=model_name)
-
     shutdown_on_signals(*(runtime for runtime, _ in started))  # SIGTERM / Ctrl-C → every engine's runtime
+    announce_ready(str(started[0][1].endpoint.path), instance=ids, model=model_name)
     await asyncio.gather(*(runtime.wait_closed() for runtime, _ in started))
     for _, worker in started:
         await worker.engine.close()

@@ -72,9 +72,8 @@ async def main(argv: list[str] | None = None) -> int:
     logging.getLogger("sglang_worker").info(
         "%s serves %s with %s", worker.server, worker.endpoint, worker.engine
     )
+    shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown(), set before READY says so
     worker.announce()  # READY <endpoint> instance=<id> address=<address> model=<name>
-
-    shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown()
     await runtime.wait_closed()
     await worker.engine.close()
     return 0

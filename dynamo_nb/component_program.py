@@ -166,7 +166,8 @@ class ComponentProgram:
         runtime = await runtime_from_args(args)
         try:
             served = await self._serve_args(runtime, args)
-            shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown()
+            shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown(), before READY says so
+            self._announce(served, args)
             await runtime.wait_closed()
         finally:
             await runtime.shutdown()
@@ -178,6 +179,10 @@ class ComponentProgram:
         return run_program(self.main)
 
     async def _serve_args(self, runtime: DistributedRuntime, args: argparse.Namespace) -> Any:
+        raise NotImplementedError
+
+    def _announce(self, served: Any, args: argparse.Namespace) -> None:
+        """Print the READY line of what ``_serve_args`` started."""
         raise NotImplementedError
 
     async def _close(self, served: Any) -> None:
@@ -215,15 +220,13 @@ class HandlerProgram(ComponentProgram):
 
     async def serve(self, runtime: DistributedRuntime, *argv: str | int | float) -> EndpointServer:
         """Serve the handler on ``runtime`` (at ``--endpoint``, as ``argv`` sets it); returns at once."""
-        return await self._serve_args(runtime, self.parse_args(list(argv)), announce=False)
+        return await self._serve_args(runtime, self.parse_args(list(argv)))
 
-    async def _serve_args(
-        self, runtime: DistributedRuntime, args: argparse.Namespace, *, announce: bool = True
-    ) -> EndpointServer:
-        server = await runtime.endpoint(args.endpoint).serve(self.handler)
-        if announce:
-            announce_ready(args.endpoint, instance=f"{server.instance_id:x}", address=server.address)
-        return server
+    async def _serve_args(self, runtime: DistributedRuntime, args: argparse.Namespace) -> EndpointServer:
+        return await runtime.endpoint(args.endpoint).serve(self.handler)
+
+    def _announce(self, served: EndpointServer, args: argparse.Namespace) -> None:
+        announce_ready(args.endpoint, instance=f"{served.instance_id:x}", address=served.address)
 
 
 class EngineProgram(ComponentProgram):
@@ -279,11 +282,9 @@ class EngineProgram(ComponentProgram):
         """Build the engine from ``argv`` (this program's flags) and serve it on ``runtime``, with
         its model card published; returns the `EngineWorker` at once (``await worker.engine.close()``
         when done)."""
-        return await self._serve_args(runtime, self.parse_args(list(argv)), announce=False)
+        return await self._serve_args(runtime, self.parse_args(list(argv)))
 
-    async def _serve_args(
-        self, runtime: DistributedRuntime, args: argparse.Namespace, *, announce: bool = True
-    ) -> EngineWorker:
+    async def _serve_args(self, runtime: DistributedRuntime, args: argparse.Namespace) -> EngineWorker:
         from .disagg.modes import WorkerRole
         from .engines.engine_worker import serve_engine
         from .llm import model_from_args
@@ -296,10 +297,11 @@ class EngineProgram(ComponentProgram):
             model_name,
             lambda kv_events: self.engine_class.from_args(args, model_path, kv_events=kv_events),
         )
-        if announce:
-            logger.info("%s serves %s with %s", worker.server, worker.endpoint, worker.engine)
-            worker.announce()
         return worker
+
+    def _announce(self, served: EngineWorker, args: argparse.Namespace) -> None:
+        logger.info("%s serves %s with %s", served.server, served.endpoint, served.engine)
+        served.announce()
 
     async def _close(self, served: EngineWorker) -> None:
         await served.engine.close()

@@ -91,12 +91,12 @@ async def run(argv: list[str] | None = None) -> int:
     runtime = await runtime_from_args(args, static=args.static_endpoint is not None)
     closers: list[Any] = []
     try:
+        shutdown_on_signals(runtime)  # from the start: READY lines below are true once printed
         model_name = None
         if out_path is None:
             model_name = await _start_worker(runtime, args, closers)
         if in_path is None:
             await _start_frontend(runtime, args, out_path, closers, wait_for=model_name)
-        shutdown_on_signals(runtime)
         await runtime.wait_closed()
     finally:
         for close in reversed(closers):
