@@ -370,8 +370,10 @@ async def test_direct_routing_by_backend_instance_id(served: Served, tiny_path: 
             await asyncio.sleep(0.02)
         ids = model.client.instance_ids()
         assert len(ids) == 2
-        for instance_id in ids * 2:
-            body = {**GOOD, "nvext": {"backend_instance_id": instance_id, "extra_fields": ["worker_id"]}}
+        for instance_id, given in [(i, i) for i in ids] + [
+            (i, f"{i:x}") for i in ids
+        ]:  # int, or hex as /health shows
+            body = {**GOOD, "nvext": {"backend_instance_id": given, "extra_fields": ["worker_id"]}}
             response = await served.http.post(CHAT, json=body)
             assert response.status_code == 200, response.text
             assert response.json()["nvext"]["worker_id"]["decode_worker_id"] == instance_id
@@ -379,6 +381,7 @@ async def test_direct_routing_by_backend_instance_id(served: Served, tiny_path: 
         assert missing.status_code == 503 and "does not serve" in missing.json()["error"]["message"]
         bad = await served.http.post(CHAT, json={**GOOD, "nvext": {"backend_instance_id": "x"}})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "nvext.backend_instance_id"
+        assert "hex" in bad.json()["error"]["message"] and "integer" in bad.json()["error"]["message"]
     finally:
         await second_rt.shutdown()
 

@@ -78,10 +78,17 @@ async def test_each_router_records_the_instance_that_served(
                     assert sorted(c["instance_id"] for c in decision["candidates"]) == workers
                     kept = frontend.routing_records.get(answer["id"].removeprefix("cmpl-"))
                     assert kept is not None and kept.to_dict() == decision
+                    # people read the ids as READY lines print them: hex, in the table and the sentence
+                    assert f" chose {decision['chosen']:x} " in kept.explain()
+                assert {row["instance"] for row in frontend.routing_records.rows()} == {
+                    f"{w:x}" for w in workers
+                }
                 chosen = [a["nvext"]["routing"]["decode"]["chosen"] for a in answers]
                 if router == "round-robin":
                     assert chosen[0] != chosen[1] and chosen[:2] == chosen[2:]  # in turn
-                    pinned = await ask(http, [5, 6, 7], backend_instance_id=workers[0])
+                    pinned = await ask(
+                        http, [5, 6, 7], backend_instance_id=f"{workers[0]:x}"
+                    )  # as /health shows it
                     decision = pinned["nvext"]["routing"]["decode"]
                     assert decision["router"] == "direct" and decision["chosen"] == workers[0]
                     assert [

@@ -17,7 +17,7 @@ from dynamo_nb import (
     RemoteHandlerError,
     RuntimeClosedError,
 )
-from dynamo_nb.errors import InstanceDownError, InvalidRequestError
+from dynamo_nb.errors import ConfigError, InstanceDownError, InvalidRequestError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,6 +82,9 @@ async def test_each_client_mode_streams_every_item(make_runtime: RuntimeFactory,
             direct = client.direct(request, server.instance_id)
             assert direct.instance_id == server.instance_id
             assert await collect(direct) == expected
+            as_printed = client.direct(request, f"{server.instance_id:x}")  # the READY line's hex
+            assert as_printed.instance_id == server.instance_id
+            assert await collect(as_printed) == expected
         assert sorted(client.instance_ids()) == sorted(s.instance_id for s in servers)
 
 
@@ -302,6 +305,8 @@ async def test_no_instances_is_an_immediate_clear_error(make_runtime: RuntimeFac
         await client.wait_for_instances(timeout=0.3)
     with pytest.raises(InstanceNotFoundError, match="abc"):
         client.direct({}, 0xABC)
+    with pytest.raises(ConfigError, match=r"hex.*integer"):
+        client.direct({}, "worker-1")
     assert issubclass(NoInstancesError, TimeoutError)
 
 

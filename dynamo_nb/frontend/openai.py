@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..llm.protocol import DEFAULT_MAX_TOKENS, SamplingOptions, StopConditions
+from ..runtime.instance import parse_instance_id
 
 __all__ = ["OpenAIRequest", "check_text", "parse_request"]
 
@@ -183,13 +184,10 @@ def _routing(body: dict[str, Any]) -> dict[str, Any] | None:
     instance_id = _nvext(body).get("backend_instance_id")
     if instance_id is None:
         return None
-    if isinstance(instance_id, bool) or not isinstance(instance_id, int) or instance_id < 0:
-        raise _bad(
-            f"nvext.backend_instance_id must be a worker's instance id (an integer; /health lists them "
-            f"in hex), got {instance_id!r}",
-            "nvext.backend_instance_id",
-        )
-    return {"backend_instance_id": instance_id}
+    try:  # an integer (Dynamo's JSON) or the hex string /health and READY lines show
+        return {"backend_instance_id": parse_instance_id(instance_id)}
+    except ValueError as exc:
+        raise _bad(f"nvext.backend_instance_id: {exc}", "nvext.backend_instance_id") from None
 
 
 def _extra_fields(body: dict[str, Any]) -> frozenset[str]:

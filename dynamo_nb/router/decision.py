@@ -26,6 +26,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..runtime.instance import format_instance_id
+
 __all__ = ["Candidate", "RoutingDecision", "RoutingRecords"]
 
 
@@ -127,11 +129,7 @@ class RoutingDecision:
                 how += ", a tie"
         left_out = len(self.candidates) - len(considered)
         tail = f", {left_out} left out" if left_out else ""
-        return f"{self.router} chose {_hex(self.chosen)} ({how}) of {len(considered)} candidates{tail}"
-
-
-def _hex(instance_id: int) -> str:
-    return f"{instance_id:x}" if instance_id > 255 else str(instance_id)
+        return f"{self.router} chose {format_instance_id(self.chosen)} ({how}) of {len(considered)} candidates{tail}"
 
 
 class RoutingRecords:
@@ -168,7 +166,8 @@ class RoutingRecords:
         return None
 
     def rows(self, decisions: Iterable[RoutingDecision] | None = None) -> list[dict[str, Any]]:
-        """One row per candidate of each decision: request, hop, router, instance, whether it
+        """One row per candidate of each decision: request, hop, router, instance (hex, as people
+        read it: ``/health``, READY lines, the benchmark frame's ``worker``), whether it
         was chosen, its score, its score's parts (a column each), why it was left out, the
         decision's margin and tie."""
         rows = []
@@ -180,7 +179,7 @@ class RoutingRecords:
                         "model": d.model,
                         "hop": d.hop,
                         "router": d.router,
-                        "instance": c.instance_id,
+                        "instance": format_instance_id(c.instance_id),
                         "chosen": c.instance_id == d.chosen,
                         "score": c.score,
                         **c.parts,

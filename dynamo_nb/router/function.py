@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import RoutingError
 from ..llm.protocol import PreprocessedRequest
+from ..runtime.instance import format_instance_id, parse_instance_id
 from .base import Route, Router
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["FunctionRouter", "PickFunction"]
 
-PickFunction = Callable[[PreprocessedRequest, list[int]], int]
+PickFunction = Callable[[PreprocessedRequest, list[int]], int | str]
 
 
 class FunctionRouter(Router):
@@ -69,15 +70,14 @@ class FunctionRouter(Router):
                 f"the routing function {name} raised {type(exc).__name__}: {exc}{hint}"
             ) from exc
         returned = chosen
-        if isinstance(chosen, str):  # an id as people read it (READY lines, /health): hex
-            try:
-                chosen = int(chosen, 16)
-            except ValueError:
-                pass
+        try:  # an int, or the hex string people read (READY lines, /health)
+            chosen = parse_instance_id(chosen)
+        except ValueError:
+            pass
         if chosen not in ids:
             raise RoutingError(
                 f"the routing function {name} returned {returned!r}, not one of the instances "
-                f"{[f'{i:x}' for i in ids]} (an int, or its hex string)"
+                f"{[format_instance_id(i) for i in ids]} (an int, or its hex string)"
             )
         self.picks[chosen] = self.picks.get(chosen, 0) + 1
         decision = self.decision(chosen, f"returned by your function {name}")

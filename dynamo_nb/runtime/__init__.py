@@ -25,7 +25,7 @@ from __future__ import annotations
 from .client import Client, ResponseStream
 from .context import Context
 from .distributed import Component, DistributedRuntime, Endpoint, Namespace
-from .instance import Instance
+from .instance import Instance, format_instance_id, parse_instance_id
 from .names import EndpointPath
 from .program import (
     RuntimeConfig,
@@ -60,6 +60,8 @@ __all__ = [
     "announce_ready",
     "configure_logging",
     "dynamo_worker",
+    "format_instance_id",
+    "parse_instance_id",
     "parse_ready_line",
     "ready_line",
     "run_program",

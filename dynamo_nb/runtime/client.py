@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InstanceDownError, InstanceNotFoundError, NoInstancesError
 from .context import Context
 from .discovery.base import InstanceSet, no_instances_message
-from .instance import Instance
+from .instance import Instance, parse_instance_id
 from .planes.channel import StreamChannel
 
 if TYPE_CHECKING:
@@ -290,8 +290,12 @@ class Client:
         """Send ``request`` to a random instance."""
         return ResponseStream(self, self._instances.get(self.random_instance()), request, context)  # type: ignore[arg-type]
 
-    def direct(self, request: Any, instance_id: int, *, context: Context | None = None) -> ResponseStream:
-        """Send ``request`` to the instance ``instance_id``."""
+    def direct(
+        self, request: Any, instance_id: int | str, *, context: Context | None = None
+    ) -> ResponseStream:
+        """Send ``request`` to the instance ``instance_id`` (an int, or its hex string as READY
+        lines and ``/health`` print it)."""
+        instance_id = parse_instance_id(instance_id)
         instance = self._instances.get(instance_id)
         if instance is None:
             known = ", ".join(f"{i:x}" for i in self._instances.ids()) or "none"

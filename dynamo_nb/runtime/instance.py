@@ -6,12 +6,45 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ProtocolError
+from ..errors import ConfigError, ProtocolError
 from .names import EndpointPath
 
-__all__ = ["Instance", "instance_key", "instances_prefix"]
+__all__ = ["Instance", "format_instance_id", "instance_key", "instances_prefix", "parse_instance_id"]
 
 INSTANCES_ROOT = "v1/instances"
+
+
+def format_instance_id(instance_id: int) -> str:
+    """An instance id as people read it everywhere (READY lines, ``/health``, errors, tables): hex.
+
+    Example:
+        >>> format_instance_id(0x5204A7F7DE91D30B)
+        '5204a7f7de91d30b'
+    """
+    return f"{instance_id:x}"
+
+
+def parse_instance_id(value: int | str) -> int:
+    """An instance id given either way: an int (as Dynamo's JSON carries it) or its hex string
+    (as the kit prints it; ``0x`` optional). Raises `ConfigError` (a `ValueError`) naming both
+    forms otherwise.
+
+    Example:
+        >>> parse_instance_id("5204a7f7de91d30b") == parse_instance_id(0x5204A7F7DE91D30B)
+        True
+        >>> parse_instance_id("0x2a")
+        42
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        text = value.strip().lower().removeprefix("0x")
+        if text and all(c in "0123456789abcdef" for c in text):
+            return int(text, 16)
+    raise ConfigError(
+        f"{value!r} is not an instance id: give it as /health and READY lines print it (hex, "
+        "e.g. '5204a7f7de91d30b') or as an integer"
+    )
 
 
 def instances_prefix(path: EndpointPath) -> str:
