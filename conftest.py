@@ -3,7 +3,7 @@
 - ``processes``: starts etcd, nats-server or a child process (a notebook kernel, a worker).
   Tests that use a fixture which starts one are marked here; any other test that starts a
   process fails and says to mark it. ``pytest -m "not processes"`` is the fast run.
-- ``vllm``, ``sglang``, ``gpu``: needs that extra (or a CUDA device). Skipped with the reason
+- ``vllm``, ``sglang``, ``dynamo``, ``gpu``: needs that extra (or a CUDA device). Skipped with the reason
   where it is missing; asked for by name (``-m vllm``, or ``DYN_NB_REQUIRE=vllm,gpu``) a missing
   one fails the test instead, so a run that asks for them cannot pass without them.
 - ``long``, ``exports``, ``browser``, ``netns``: opt-in groups, run only when asked for by marker
@@ -52,6 +52,10 @@ NEEDS: dict[str, tuple[Callable[[], bool], str | Callable[[], str]]] = {
         "SGLang is not installed (pip install --no-deps sglang==0.5.23 reads its API; "
         "pip install -e '.[sglang]' on a GPU host)",
     ),
+    "dynamo": (
+        lambda: extra_installed("dynamo"),
+        "NVIDIA Dynamo's Python packages are not installed (python3 -m dynamo_nb install dynamo)",
+    ),
     "gpu": (_cuda, "needs a CUDA device (and torch built for it)"),
     "netns": (
         lambda: netns_unavailable() is None,
@@ -96,6 +100,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "processes: starts etcd, nats-server or a child process (-m 'not processes' is the fast run)",
         "vllm: needs vLLM (skipped without it; fails without it when asked for with -m vllm)",
         "sglang: needs SGLang's package (its API; skipped without it)",
+        "dynamo: needs NVIDIA Dynamo's packages (skipped without them; fails without them when asked for "
+        "with -m dynamo)",
         "gpu: needs a CUDA device (skipped without one; fails without one when asked for with -m gpu)",
         "long: opt-in, the long runs: vLLM's, and slow cases kept out of the default run's 15 minutes "
         "(-m long or DYN_NB_VLLM_LONG=1)",

@@ -64,9 +64,8 @@ async def main(argv: list[str] | None = None) -> int:
     path = EndpointPath.parse(args.endpoint)
 
     runtime: DistributedRuntime = await runtime_from_args(args)
-    component = runtime.namespace(path.namespace).component(path.component)
-    generate = component.endpoint(path.endpoint)
-    stats = component.endpoint("stats")
+    generate = runtime.endpoint(str(path))  # as Dynamo 1.6 names one: runtime.endpoint("ns.comp.ep")
+    stats = runtime.endpoint(f"{path.namespace}.{path.component}.stats")
 
     server = await generate.serve(echo)
 

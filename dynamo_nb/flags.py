@@ -32,7 +32,7 @@ from .frontend.settings import FrontendConfig
 from .router import ROUTER_MODES
 from .router.kv.router import KvRouterConfig
 from .runtime.discovery import DEFAULT_LEASE_TTL
-from .runtime.program import RuntimeConfig
+from .runtime.program import RUNTIMES, RuntimeConfig
 
 __all__ = [
     "DEFAULT_PREFILL_ENDPOINT",
@@ -70,11 +70,19 @@ def _env(name: str, default: str | None) -> str | None:
 
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--discovery``, ``--request-plane``, ``--nats-url``, ``--connect-timeout``, ``--lease-ttl``, ``--static``, the TCP
+    """Add ``--runtime``, ``--discovery``, ``--request-plane``, ``--nats-url``, ``--connect-timeout``, ``--lease-ttl``, ``--static``, the TCP
     plane's ``--tcp-host``/``--tcp-port``/``--tcp-advertise-host``, what peers must present
     (``--cluster-secret-file``, ``--tls-cert``/``--tls-key``/``--tls-ca``) and the system status
     server's ``--system-host``/``--system-port``."""
     group = parser.add_argument_group("runtime")
+    group.add_argument(
+        "--runtime",
+        choices=RUNTIMES,
+        default=_env("RUNTIME", RuntimeConfig.runtime),
+        help="whose runtime serves this program: the kit's (dynamo_nb) or NVIDIA Dynamo's (dynamo: "
+        "behind python -m dynamo.frontend; --discovery file://DIR or etcd://HOST:PORT; python3 -m "
+        "dynamo_nb install dynamo) (env DYN_NB_RUNTIME; default: %(default)s)",
+    )
     group.add_argument(
         "--discovery",
         default=_env("DISCOVERY", RuntimeConfig.discovery),

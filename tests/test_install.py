@@ -87,6 +87,31 @@ def test_the_check_without_vllm_says_how_to_install_it(monkeypatch: pytest.Monke
         install.install_extra("vllm", skip_pip=True)
 
 
+@pytest.mark.skipif(extra_installed("dynamo"), reason="Dynamo's packages are installed here")
+def test_the_check_without_dynamo_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(install, "TORCH_COMPANIONS", ())
+    with pytest.raises(
+        ConfigError, match=r"^dynamo is not installed: python3 -m dynamo_nb install dynamo installs it$"
+    ):
+        install.install_extra("dynamo", skip_pip=True)
+
+
+def test_dynamo_comes_without_its_unbuildable_requirement() -> None:
+    """ai-dynamo's packages install with --no-deps after the extra, pinned to the tested release."""
+    check = install.EXTRAS["dynamo"]
+    assert check.without_deps == ("ai-dynamo==1.6.1", "ai-dynamo-runtime==1.6.1")
+    assert check.deep_import == "dynamo.llm"
+
+
+@pytest.mark.dynamo
+def test_the_readme_install_leaves_dynamo_importing() -> None:
+    """Where Dynamo's packages are installed (CI installs them with the README's command), its
+    bindings and its frontend's module import, at the tested release."""
+    assert install.import_error("dynamo.llm") is None
+    assert install.import_error("dynamo.frontend") is None
+    assert install._installed_version("ai-dynamo-runtime") == install.DYNAMO_VERSION
+
+
 def test_the_command_refuses_an_extra_it_has_no_step_for() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "dynamo_nb", "install", "vlm"],

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..disagg.modes import WorkerRole
 from ..llm.register import serve_llm
+from ..on_dynamo.runtime import DynamoRuntime
+from ..on_dynamo.worker import serve_engine_on_dynamo
 from ..router.kv.kv_events import KvEventPublisher
 from ..runtime.program import announce_ready
 from .base import Engine, KvEventSink, stats_handler
@@ -76,7 +78,10 @@ async def serve_engine(
     make_engine: EngineFactory,
 ) -> EngineWorker:
     """Build the engine with ``make_engine(kv_events)`` and serve it in ``role`` (see the module
-    docstring)."""
+    docstring). On NVIDIA Dynamo's runtime (``--runtime dynamo``) the engine is served and its
+    model registered with Dynamo's calls (`dynamo_nb.on_dynamo.serve_engine_on_dynamo`)."""
+    if isinstance(runtime, DynamoRuntime):
+        return await serve_engine_on_dynamo(runtime, role, model_path, model_name, make_engine)  # type: ignore[return-value]
     endpoint = runtime.endpoint(role.endpoint)
     publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
     made = make_engine(publisher.publish if publisher is not None else None)

@@ -248,6 +248,10 @@ def run_program(main: Callable[[], Awaitable[int]]) -> int:
         return 130
 
 
+RUNTIMES = ("dynamo_nb", "dynamo")
+"""Whose runtime a program runs on: the kit's, or NVIDIA Dynamo's (`dynamo_nb.on_dynamo`)."""
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """The runtime a component runs on, typed: built once in its ``main`` from the runtime flags
@@ -261,6 +265,7 @@ class RuntimeConfig:
     """
 
     discovery: str = "memory"
+    runtime: str = "dynamo_nb"  # or "dynamo": NVIDIA Dynamo's runtime (dynamo_nb.on_dynamo)
     request_plane: str | None = None
     nats_url: str | None = None
     lease_ttl: float = DEFAULT_LEASE_TTL
@@ -282,6 +287,7 @@ class RuntimeConfig:
         the component runs without discovery whatever ``--static`` says."""
         return cls(
             discovery=args.discovery,
+            runtime=getattr(args, "runtime", cls.runtime),
             request_plane=args.request_plane,
             nats_url=args.nats_url,
             lease_ttl=args.lease_ttl,
@@ -301,7 +307,23 @@ class RuntimeConfig:
     async def start(self) -> DistributedRuntime:
         """Create the runtime, with its system status server (``/live``, ``/health``) when
         ``system_port`` is 0 or more; what peers must present (the cluster secret, TLS) holds for
-        the whole process (`dynamo_nb.runtime.security.configure`)."""
+        the whole process (`dynamo_nb.runtime.security.configure`). With ``runtime="dynamo"``:
+        NVIDIA Dynamo's runtime (`dynamo_nb.on_dynamo.DynamoRuntime`), created from these settings."""
+        if self.runtime == "dynamo":
+            from ..on_dynamo import DynamoPlanes, DynamoRuntime
+
+            planes = DynamoPlanes.from_flags(
+                "static" if self.static else self.discovery,
+                self.request_plane,
+                self.nats_url,
+                tcp_host=self.tcp_host,
+                system_host=self.system_host,
+            )
+            return await DynamoRuntime.create(planes)  # type: ignore[return-value]
+        if self.runtime != "dynamo_nb":
+            raise ConfigError(
+                f"--runtime {self.runtime!r}: use dynamo_nb (the kit's) or dynamo (NVIDIA Dynamo's)"
+            )
         security = PlaneSecurity.from_settings(
             self.cluster_secret_file, self.tls_cert, self.tls_key, self.tls_ca
         )

@@ -1,0 +1,33 @@
+"""The kit's programs on NVIDIA Dynamo's own runtime (``--runtime dynamo``).
+
+With ``--runtime dynamo`` (or ``RuntimeConfig(runtime="dynamo")``) a component creates Dynamo's
+``DistributedRuntime`` instead of ours: its ``--discovery``/``--request-plane``/``--nats-url``
+become Dynamo's arguments and ``DYN_*`` environment (`DynamoPlanes`, printed once at start), an
+engine's model is registered with Dynamo's ``register_model``, and the same engine serves
+Dynamo's request dicts, so ``python -m dynamo.frontend`` lists and serves it. Needs NVIDIA
+Dynamo's Python packages: ``python3 -m dynamo_nb install dynamo``. See docs/dynamo.md.
+
+Example::
+
+    python components/hf_worker.py --runtime dynamo --discovery file:///tmp/kv
+    DYN_DISCOVERY_BACKEND=file DYN_FILE_KV=/tmp/kv DYN_REQUEST_PLANE=tcp DYN_EVENT_PLANE=zmq \\
+        python -m dynamo.frontend --http-host 127.0.0.1 --http-port 8000
+"""
+
+from __future__ import annotations
+
+from .frontend import DynamoFrontend, launch_dynamo_frontend
+from .planes import DynamoPlanes
+from .runtime import DynamoEndpoint, DynamoRuntime, DynamoServer
+from .worker import DynamoEngineWorker, serve_engine_on_dynamo
+
+__all__ = [
+    "DynamoEndpoint",
+    "DynamoEngineWorker",
+    "DynamoFrontend",
+    "DynamoPlanes",
+    "DynamoRuntime",
+    "DynamoServer",
+    "launch_dynamo_frontend",
+    "serve_engine_on_dynamo",
+]

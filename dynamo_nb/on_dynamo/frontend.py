@@ -1,0 +1,70 @@
+"""NVIDIA Dynamo's own frontend (``python -m dynamo.frontend``) started from Python, set up for
+the same discovery as the kit's programs on ``--runtime dynamo``.
+
+Example::
+
+    frontend = await launch_dynamo_frontend("file:///tmp/kv")      # in a notebook cell, or a script
+    print(frontend.url)                                            # http://127.0.0.1:PORT
+    await frontend.process.stop()
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from ..extras import require_extra
+from ..launch.launcher import ManagedProcess, launch
+from ..launch.services import free_port
+from .planes import LOOPBACK, DynamoPlanes
+
+__all__ = ["DynamoFrontend", "launch_dynamo_frontend"]
+
+READY_PATTERN = r"Starting HTTP\(S\) service"
+"""The line Dynamo's frontend logs once it listens."""
+
+
+@dataclass
+class DynamoFrontend:
+    """A running ``python -m dynamo.frontend``: its process and its base URL."""
+
+    process: ManagedProcess
+    url: str
+
+    async def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM it (then SIGKILL after ``timeout`` s); its exit status."""
+        return await self.process.stop(timeout=timeout)
+
+
+async def launch_dynamo_frontend(
+    discovery: str,
+    *args: str,
+    port: int | None = None,
+    nats_url: str | None = None,
+    request_plane: str | None = None,
+    **launch_options: Any,
+) -> DynamoFrontend:
+    """Start Dynamo's frontend on 127.0.0.1:``port`` (a free one by default) over ``discovery``
+    (``file://DIR`` or ``etcd://HOST:PORT``, as given to the workers' ``--discovery``); ``args``
+    are its own flags (``--router-mode kv`` …); ``launch_options`` go to `dynamo_nb.launch`."""
+    require_extra("dynamo", "Dynamo's frontend")
+    planes = DynamoPlanes.from_flags(discovery, request_plane, nats_url, tcp_host=None)
+    port = port or free_port()
+    env = {**planes.environment, "DYN_HTTP_HOST": LOOPBACK, "DYN_LOG": launch_options.pop("log", "info")}
+    env.update(launch_options.pop("env", None) or {})
+    process = await launch(
+        sys.executable,
+        "-m",
+        "dynamo.frontend",
+        "--http-host",
+        LOOPBACK,
+        "--http-port",
+        str(port),
+        *args,
+        name=launch_options.pop("name", "dynamo-frontend"),
+        ready=READY_PATTERN,
+        env=env,
+        **launch_options,
+    )
+    return DynamoFrontend(process, f"http://{LOOPBACK}:{port}")

@@ -1,0 +1,293 @@
+"""The kit's programs on NVIDIA Dynamo's own runtime (``--runtime dynamo``), behind Dynamo's own
+frontend (``python -m dynamo.frontend``): the same greedy text as on the kit's runtime.
+
+The ``dynamo`` group needs Dynamo's packages (``python3 -m dynamo_nb install dynamo``); without
+them it skips, saying so. The flag mapping and the missing-package error run everywhere.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from dynamo_nb import DistributedRuntime
+from dynamo_nb.errors import ConfigError
+from dynamo_nb.extras import extra_installed
+from dynamo_nb.frontend import Frontend
+from dynamo_nb.launch import launch
+from dynamo_nb.llm import serve_llm
+from dynamo_nb.on_dynamo import DynamoPlanes, launch_dynamo_frontend
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "tiny-llama"
+CHAT = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Tell me about the sea and the ships on it"}],
+    "max_tokens": 12,
+    "temperature": 0,
+}
+
+
+def test_the_runtime_flags_become_dynamos_settings() -> None:
+    etcd = DynamoPlanes.from_flags(
+        "etcd://127.0.0.1:2379", "nats", "nats://127.0.0.1:4222", tcp_host="10.0.0.5"
+    )
+    assert (etcd.discovery_backend, etcd.request_plane, etcd.event_plane) == ("etcd", "nats", "nats")
+    assert etcd.environment["ETCD_ENDPOINTS"] == "http://127.0.0.1:2379"
+    assert etcd.environment["NATS_SERVER"] == "nats://127.0.0.1:4222"
+    assert etcd.environment["DYN_TCP_RPC_HOST"] == "10.0.0.5"
+    folder = DynamoPlanes.from_flags("file:///tmp/kv", None, None, tcp_host=None)
+    assert folder.environment["DYN_FILE_KV"] == "/tmp/kv" and folder.event_plane == "zmq"
+    assert "DYN_FILE_KV=/tmp/kv" in folder.describe()
+    for discovery in ("memory", "static"):  # Dynamo's frontend is another process: it could not see them
+        with pytest.raises(ConfigError, match=r"file://DIR.*etcd://HOST:PORT"):
+            DynamoPlanes.from_flags(discovery, None, None, tcp_host=None)
+    with pytest.raises(ConfigError, match="--nats-url"):
+        DynamoPlanes.from_flags("file:///tmp/kv", "nats", None, tcp_host=None)
+
+
+@pytest.mark.processes
+@pytest.mark.skipif(extra_installed("dynamo"), reason="Dynamo's packages are installed here")
+def test_without_dynamo_the_flag_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "components/echo_worker.py", "--runtime", "dynamo", "--discovery", f"file://{tmp_path}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: --runtime dynamo needs dynamo, which is not installed here: python3 -m dynamo_nb install dynamo"
+    )
+
+
+async def our_text(hf_engine: Any, tiny_path: Path) -> str:
+    """The greedy answer of the kit's runtime and frontend, in this process."""
+    runtime = await DistributedRuntime.create()
+    try:
+        await serve_llm(
+            runtime.endpoint("ours.backend.generate"), hf_engine.generate, tiny_path, model_name=MODEL
+        )
+        frontend = await Frontend.start(runtime, port=0)
+        try:
+            await frontend.wait_for_model(MODEL, timeout=30)
+            async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+                answer = await http.post("/v1/chat/completions", json=CHAT)
+            assert answer.status_code == 200, answer.text
+            return str(answer.json()["choices"][0]["message"]["content"])
+        finally:
+            await frontend.stop()
+    finally:
+        await runtime.shutdown()
+
+
+async def wait_for_model(url: str, model: str, timeout: float = 60.0) -> None:
+    """Until Dynamo's frontend lists ``model`` (it found the worker's card in discovery)."""
+    import asyncio
+    import time
+
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
+        while time.monotonic() < deadline:
+            listed = (await http.get("/v1/models")).json().get("data", [])
+            if any(entry.get("id") == model for entry in listed):
+                return
+            await asyncio.sleep(0.1)
+    raise AssertionError(f"Dynamo's frontend at {url} did not list {model} within {timeout:g} s")
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_the_hf_worker_on_dynamos_runtime_answers_behind_dynamos_frontend_over_a_folder(
+    tmp_path: Path, hf_engine: Any, tiny_path: Path
+) -> None:
+    """hf_worker.py with --runtime dynamo over file discovery (see `check_hf_on_dynamo`)."""
+    await check_hf_on_dynamo(f"file://{tmp_path / 'kv'}", tmp_path, await our_text(hf_engine, tiny_path))
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_the_hf_worker_on_dynamos_runtime_answers_behind_dynamos_frontend_over_etcd(
+    services: Any, tmp_path: Path, hf_engine: Any, tiny_path: Path
+) -> None:
+    """hf_worker.py with --runtime dynamo over etcd (see `check_hf_on_dynamo`)."""
+    await check_hf_on_dynamo(services.etcd_url, tmp_path, await our_text(hf_engine, tiny_path))
+
+
+async def check_hf_on_dynamo(where: str, tmp_path: Path, expected: str) -> None:
+    """hf_worker.py with --runtime dynamo, listed and served by python -m dynamo.frontend: the
+    greedy text of the kit's own runtime and frontend, and a bad request is Dynamo's 400."""
+    worker = await launch(
+        "components/hf_worker.py", "--runtime", "dynamo", "--discovery", where,
+        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120,
+    )  # fmt: skip
+    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        assert any("Dynamo's runtime: discovery" in line for line in worker.logs()), worker.tail()
+        await wait_for_model(frontend.url, MODEL)
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="none")
+        answer = await client.chat.completions.create(**CHAT)
+        assert answer.choices[0].message.content == expected
+        assert answer.usage is not None and answer.usage.completion_tokens == CHAT["max_tokens"]
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+            bad = await http.post("/v1/chat/completions", json={**CHAT, "temperature": 7})
+        assert bad.status_code == 400, bad.text
+        await client.close()
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_the_mocker_on_dynamos_runtime_streams_behind_dynamos_frontend(tmp_path: Path) -> None:
+    """mocker_worker.py with --runtime dynamo: Dynamo's frontend streams its tokens, as many as asked."""
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await launch(
+        "components/mocker_worker.py", "--runtime", "dynamo", "--discovery", where, "--speedup-ratio", "50",
+        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120,
+    )  # fmt: skip
+    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        await wait_for_model(frontend.url, MODEL)
+        from openai import AsyncOpenAI
+
+        client = AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="none")
+        stream = await client.chat.completions.create(**{**CHAT, "max_tokens": 9}, stream=True)
+        pieces = [chunk async for chunk in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in pieces if c.choices)
+        assert text and pieces[-1].choices[-1].finish_reason == "length"
+        await client.close()
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+async def answer_of(url: str, body: dict[str, Any]) -> str:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        answer = await http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["choices"][0]["message"]["content"])
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+@pytest.mark.parametrize(
+    ("notebook", "model"),
+    [("notebooks/10_your_own_engine.ipynb", "taboo"), ("notebooks/02_serving_an_llm.ipynb", MODEL)],
+    ids=["10-own-engine", "02-hf"],
+)
+async def test_a_notebooks_engine_gives_the_same_text_on_both_runtimes(
+    notebook: str, model: str, tmp_path: Path
+) -> None:
+    """A notebook's EngineProgram, exported: on the kit's runtime behind the kit's frontend, and
+    with --runtime dynamo behind Dynamo's frontend, the same greedy text."""
+    body = {**CHAT, "model": model}
+    ours_folder, theirs_folder = f"file://{tmp_path / 'ours'}", f"file://{tmp_path / 'theirs'}"
+    ours = await launch(notebook, "--discovery", ours_folder, cwd=ROOT, log_dir=tmp_path, show_logs=False,
+                        timeout=180, name="ours")  # fmt: skip
+    runtime = await DistributedRuntime.create(ours_folder, "tcp")
+    frontend = await Frontend.start(runtime, port=0)
+    try:
+        await frontend.wait_for_model(model, timeout=60)
+        expected = await answer_of(frontend.url, body)
+    finally:
+        await frontend.stop()
+        await runtime.shutdown()
+        assert await ours.stop(timeout=30) == 0, ours.tail()
+    theirs = await launch(notebook, "--runtime", "dynamo", "--discovery", theirs_folder, cwd=ROOT,
+                          log_dir=tmp_path, show_logs=False, timeout=180, name="theirs")  # fmt: skip
+    dynamo = await launch_dynamo_frontend(theirs_folder, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        await wait_for_model(dynamo.url, model)
+        assert await answer_of(dynamo.url, body) == expected
+    finally:
+        assert await dynamo.stop() == 0, dynamo.process.tail()
+        assert await theirs.stop(timeout=30) == 0, theirs.tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_a_client_that_leaves_stops_the_engine_on_dynamos_runtime(tmp_path: Path) -> None:
+    """A streaming client of Dynamo's frontend that disconnects: the worker on Dynamo's runtime
+    closes the engine's stream (its log says so) long before the 900 tokens asked for."""
+    import asyncio
+
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await launch(
+        "components/mocker_worker.py", "--runtime", "dynamo", "--discovery", where,
+        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120,
+    )  # fmt: skip
+    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        await wait_for_model(frontend.url, MODEL)
+        body = {**CHAT, "max_tokens": 900, "stream": True}
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+            async with http.stream("POST", "/v1/chat/completions", json=body) as answer:
+                assert answer.status_code == 200
+                lines = answer.aiter_lines()
+                for _ in range(3):
+                    await anext(lines)
+        # the connection is closed: the engine's stream must be closed too
+        for _ in range(200):
+            if any("stopped by its caller" in line for line in worker.logs()):
+                break
+            await asyncio.sleep(0.05)
+        assert any("stopped by its caller" in line for line in worker.logs()), worker.tail()
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+DYNAMO_CLIENT = """
+import asyncio, json, sys
+from dynamo.runtime import DistributedRuntime
+
+async def main():
+    runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
+    client = await runtime.endpoint("dynamo.echo.generate").client()
+    await asyncio.wait_for(client.wait_for_instances(), 30)
+    stream = await client.generate({"text": "one two three"})
+    print(json.dumps([item.data() async for item in stream]))
+    runtime.shutdown()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_a_plain_handler_on_dynamos_runtime_answers_dynamos_own_client(tmp_path: Path) -> None:
+    """echo_worker.py with --runtime dynamo: a program using Dynamo's Python client (no kit
+    import) gets the handler's items."""
+    import asyncio
+    import json
+
+    from dynamo_nb.on_dynamo import DynamoPlanes
+
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await launch(
+        "components/echo_worker.py", "--runtime", "dynamo", "--discovery", where,
+        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=60,
+    )  # fmt: skip
+    try:
+        env = {
+            **__import__("os").environ,
+            **DynamoPlanes.from_flags(where, None, None, tcp_host=None).environment,
+        }
+        client = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", DYNAMO_CLIENT, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(client.communicate(), 60)
+        assert client.returncode == 0, err.decode()[-2000:]
+        items = json.loads(out.decode().strip().splitlines()[-1])
+        assert [item["word"] for item in items] == ["one", "two", "three"]
+    finally:
+        assert await worker.stop(timeout=30) == 0, worker.tail()
