@@ -246,14 +246,14 @@ async def test_a_client_that_leaves_stops_the_engine_on_dynamos_runtime(tmp_path
 
 
 DYNAMO_CLIENT = """
-import asyncio, json, sys
+import asyncio, json, os, sys
 from dynamo.runtime import DistributedRuntime
 
 async def main():
-    runtime = DistributedRuntime(asyncio.get_running_loop(), "file", "tcp")
-    client = await runtime.endpoint("dynamo.echo.generate").client()
+    runtime = DistributedRuntime(asyncio.get_running_loop(), os.environ["DYN_DISCOVERY_BACKEND"], "tcp")
+    client = await runtime.endpoint(sys.argv[1]).client()
     await asyncio.wait_for(client.wait_for_instances(), 30)
-    stream = await client.generate({"text": "one two three"})
+    stream = await client.generate(json.loads(sys.argv[2]))
     print(json.dumps([item.data() async for item in stream]))
     runtime.shutdown()
 
@@ -261,33 +261,71 @@ asyncio.run(main())
 """
 
 
+async def ask_with_dynamos_client(where: str, endpoint: str, request: dict[str, Any]) -> list[Any]:
+    """The items of ``request`` to ``endpoint``, asked by a program that uses only Dynamo's own
+    Python client (over the discovery ``where``)."""
+    import asyncio
+    import json
+    import os
+
+    env = {**os.environ, **DynamoPlanes.from_flags(where, None, None, tcp_host=None).environment}
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", DYNAMO_CLIENT, endpoint, json.dumps(request), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(client.communicate(), 60)
+    assert client.returncode == 0, err.decode()[-2000:]
+    return list(json.loads(out.decode().strip().splitlines()[-1]))
+
+
 @pytest.mark.dynamo
 @pytest.mark.processes
 async def test_a_plain_handler_on_dynamos_runtime_answers_dynamos_own_client(tmp_path: Path) -> None:
     """echo_worker.py with --runtime dynamo: a program using Dynamo's Python client (no kit
     import) gets the handler's items."""
-    import asyncio
-    import json
-
-    from dynamo_nb.on_dynamo import DynamoPlanes
-
     where = f"file://{tmp_path / 'kv'}"
     worker = await launch(
         "components/echo_worker.py", "--runtime", "dynamo", "--discovery", where,
         cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=60,
     )  # fmt: skip
     try:
-        env = {
-            **__import__("os").environ,
-            **DynamoPlanes.from_flags(where, None, None, tcp_host=None).environment,
-        }
-        client = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", DYNAMO_CLIENT, env=env,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(client.communicate(), 60)
-        assert client.returncode == 0, err.decode()[-2000:]
-        items = json.loads(out.decode().strip().splitlines()[-1])
+        items = await ask_with_dynamos_client(where, "dynamo.echo.generate", {"text": "one two three"})
         assert [item["word"] for item in items] == ["one", "two", "three"]
     finally:
         assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_an_hf_prefill_and_decode_on_dynamos_runtime_give_the_aggregated_text(
+    tmp_path: Path, hf_engine: Any, tiny_path: Path
+) -> None:
+    """hf prefill + decode workers on Dynamo's runtime behind Dynamo's frontend (its own
+    frontend-based prefill routing: both legs at once, with bootstrap_info): the aggregated
+    greedy text, and the prefill's bootstrap server handed each request's KV to the decode."""
+    import asyncio
+
+    expected = await our_text(hf_engine, tiny_path)
+    where = f"file://{tmp_path / 'kv'}"
+    roles = {
+        mode: launch("components/hf_worker.py", "--runtime", "dynamo", "--discovery", where, "--mode", mode,
+                     cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name=mode)
+        for mode in ("prefill", "decode")
+    }  # fmt: skip
+    prefill, decode = await asyncio.gather(*roles.values())
+    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        await wait_for_model(frontend.url, MODEL)
+        for _ in range(600):  # its prefill router takes the prefill worker (it logs when)
+            if any("Prefill router target activated" in line for line in frontend.process.logs()):
+                break
+            await asyncio.sleep(0.05)
+        for _ in range(2):
+            assert await answer_of(frontend.url, CHAT) == expected
+        [stats] = await ask_with_dynamos_client(where, "dynamo.prefill.stats", {})
+        assert stats["kv_served"] == 2 and stats["bootstrap_rooms"] == 0, stats  # both fetched, none left
+        assert not any("wrong or missing bootstrap_token" in line for line in decode.logs()), decode.tail()
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        for worker in (decode, prefill):
+            assert await worker.stop(timeout=30) == 0, worker.tail()

@@ -193,7 +193,8 @@ class HFEngine(BootstrapRole):
 
     def stats(self) -> dict[str, int]:
         """Prefix cache hits (``prefix_hits`` of ``prompt_blocks`` full prompt blocks reused), model
-        steps, sequences running (``active``) and bootstrap rooms held (a prefill worker)."""
+        steps, sequences running (``active``), bootstrap rooms held and KV caches handed to a decode
+        (``kv_served``; a prefill worker)."""
         cache = self.prefix_cache
         return {
             "prefix_hits": cache.prefix_hits if cache else 0,
@@ -203,6 +204,7 @@ class HFEngine(BootstrapRole):
             "batched_steps": self.batched_steps,
             "active": self.active,
             "bootstrap_rooms": self.bootstrap.rooms if self.bootstrap is not None else 0,
+            "kv_served": self.bootstrap.served_total if self.bootstrap is not None else 0,
         }
 
     def kv_snapshot(self) -> list[KvEvent]:

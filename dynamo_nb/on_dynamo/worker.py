@@ -13,12 +13,15 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError
+from ..disagg.decode import DecodeHandler
+from ..engines.base import stats_handler
 from ..llm.register import engine_handler
 from ..runtime.program import announce_ready
 from .runtime import DynamoEndpoint, DynamoRuntime, DynamoServer
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from ..engines.base import Engine
     from ..engines.engine_worker import EngineFactory
 
-__all__ = ["DynamoEngineWorker", "serve_engine_on_dynamo"]
+__all__ = ["DynamoEngineWorker", "serve_engine_on_dynamo", "with_handoff_token"]
 
 
 @dataclass
@@ -58,14 +61,19 @@ async def serve_engine_on_dynamo(
     model_name: str,
     make_engine: EngineFactory,
 ) -> DynamoEngineWorker:
-    """Build the engine (no KV-event sink yet) and serve it on Dynamo's runtime in ``role``
-    (aggregated): its model registered as Dynamo's workers do (tokens in, chat and completions,
-    the engine's KV block size, context length and ``max_num_seqs``)."""
-    if role.mode != "aggregated":
-        raise ConfigError(
-            f"--runtime dynamo --mode {role.mode}: on Dynamo's runtime the kit serves aggregated workers "
-            "so far; run the prefill/decode pair on the kit's runtime (--runtime dynamo_nb)"
-        )
+    """Build the engine (no KV-event sink yet) and serve it on Dynamo's runtime in ``role``,
+    its model registered as Dynamo's workers register theirs (tokens in; the engine's KV block
+    size, context length and ``max_num_seqs``):
+
+    - ``aggregated``: chat and completions, ``WorkerType.Aggregated``;
+    - ``prefill``: ``engine.prefill``, ``ModelType.Prefill``, ``WorkerType.Prefill`` needing a
+      decode; its bootstrap server published with ``set_disaggregated_endpoint(host, port)``;
+    - ``decode``: ``engine.decode`` behind a `dynamo_nb.disagg.decode.DecodeHandler`, chat and
+      completions, ``WorkerType.Decode`` needing a prefill.
+
+    Dynamo's frontend sends both legs at once, each with the same ``bootstrap_info`` and a
+    ``handoff_id`` (16 random bytes) in it but no ``bootstrap_token``: the room's token both legs
+    use is that ``handoff_id`` (`with_handoff_token`)."""
     from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, WorkerType, register_model
 
     made = make_engine(None)
@@ -80,18 +88,68 @@ async def serve_engine_on_dynamo(
         options: dict[str, Any] = {}
         if engine.block_size is not None:
             options["kv_cache_block_size"] = int(engine.block_size)
+        model_type = ModelType.Chat | ModelType.Completions
+        if role.mode == "prefill":
+            host = role.bootstrap_host or runtime.planes.environment["DYN_TCP_RPC_HOST"]
+            bootstrap = await engine.start_bootstrap(  # type: ignore[attr-defined]
+                host, role.bootstrap_port, ttl=role.kv_ttl, advertise_host=role.bootstrap_advertise_host
+            )
+            published = bootstrap.endpoint
+            config.set_disaggregated_endpoint(published["bootstrap_host"], int(published["bootstrap_port"]))
+            method = engine.prefill  # type: ignore[attr-defined]
+            model_type, options["worker_type"] = ModelType.Prefill, WorkerType.Prefill
+            options["needs"] = [[WorkerType.Decode]]
+        elif role.mode == "decode":
+            method = DecodeHandler(engine, None).generate  # type: ignore[arg-type]
+            options["worker_type"], options["needs"] = WorkerType.Decode, [[WorkerType.Prefill]]
+        else:
+            method, options["worker_type"] = engine.generate, WorkerType.Aggregated
         await register_model(
             ModelInput.Tokens,
-            ModelType.Chat | ModelType.Completions,
+            model_type,
             endpoint.inner,
             str(model_path),
             model_name,
-            worker_type=WorkerType.Aggregated,
             runtime_config=config,
             **options,
         )
-        server = await endpoint.serve(engine_handler(engine.generate))
+        handler = engine_handler(method)
+
+        async def generate(request: Any, context: Any = None) -> AsyncIterator[Any]:
+            async with contextlib.aclosing(handler(with_handoff_token(request), context)) as items:
+                async for item in items:
+                    yield item
+
+        server = await endpoint.serve(generate)
+        path = endpoint.path  # {ns}.{comp}.stats: the engine's counters, as on the kit's runtime
+        await runtime.endpoint(f"{path.namespace}.{path.component}.stats").serve(stats_handler(engine.stats))
     except BaseException:
         await engine.close()
         raise
     return DynamoEngineWorker(engine, endpoint, server, model_name)
+
+
+def with_handoff_token(request: Any) -> Any:
+    """``request`` with its ``bootstrap_info.bootstrap_token`` set to the hex of Dynamo's
+    ``handoff_id`` when it has one and no token: the per-room secret Dynamo's frontend gives
+    both legs of a disaggregated request.
+
+    Example:
+        >>> with_handoff_token({"bootstrap_info": {"bootstrap_room": 5, "handoff_id": [1, 255]}})
+        {'bootstrap_info': {'bootstrap_room': 5, 'handoff_id': [1, 255], 'bootstrap_token': '01ff'}}
+        >>> with_handoff_token({"token_ids": [1]})
+        {'token_ids': [1]}
+    """
+    info = request.get("bootstrap_info") if isinstance(request, dict) else None
+    if not isinstance(info, dict) or info.get("bootstrap_token") is not None:
+        return request
+    handoff = info.get("handoff_id")
+    if isinstance(handoff, (bytes, bytearray)):
+        token = bytes(handoff).hex()
+    elif isinstance(handoff, list) and all(isinstance(b, int) and 0 <= b < 256 for b in handoff):
+        token = bytes(handoff).hex()
+    elif isinstance(handoff, str) and handoff:
+        token = handoff
+    else:
+        return request
+    return {**request, "bootstrap_info": {**info, "bootstrap_token": token}}
