@@ -483,3 +483,25 @@ def test_replica_sync_flags() -> None:
         validate_frontend_args(
             parse([*etcd, "--router-mode", "kv", "--no-kv-events", "--router-replica-sync"])
         )
+
+
+def test_stored_events_carry_their_blocks_tokens_only_for_a_sink_that_hashes_them() -> None:
+    """NVIDIA Dynamo's KV publisher hashes a block's tokens itself: for it (``event_token_ids``)
+    each stored run carries its blocks' token ids; the kit's router gets the hashes alone."""
+    from dynamo_nb.engines.kv_cache.blocks import KvBlockManager
+
+    prompt = list(range(100, 112))
+    plain = KvBlockManager(num_blocks=8, block_size=4)
+    plain.mark_computed(plain.allocate(prompt), 12)
+    [event] = plain.drain_events()
+    assert "token_ids" not in event["stored"] and len(event["stored"]["blocks"]) == 3
+    with_tokens = KvBlockManager(num_blocks=8, block_size=4)
+    with_tokens.event_token_ids = True
+    first = with_tokens.allocate(prompt[:4])
+    with_tokens.mark_computed(first, 4)
+    with_tokens.drain_events()
+    second = with_tokens.allocate(prompt)  # its first block is cached: the run starts at block 1
+    with_tokens.mark_computed(second, 12)
+    [event] = with_tokens.drain_events()
+    assert event["stored"]["token_ids"] == prompt[4:]
+    assert event["stored"]["parent_hash"] == second.sequence[0]

@@ -253,24 +253,30 @@ async def main():
     runtime = DistributedRuntime(asyncio.get_running_loop(), os.environ["DYN_DISCOVERY_BACKEND"], "tcp")
     client = await runtime.endpoint(sys.argv[1]).client()
     await asyncio.wait_for(client.wait_for_instances(), 30)
-    stream = await client.generate(json.loads(sys.argv[2]))
-    print(json.dumps([item.data() async for item in stream]))
+    request = json.loads(sys.argv[2])
+    if sys.argv[3:] == ["each"]:  # every instance's answer, by instance
+        answers = [[i.data() async for i in await client.direct(request, iid)] for iid in client.instance_ids()]
+        print(json.dumps(answers))
+    else:
+        print(json.dumps([item.data() async for item in await client.generate(request)]))
     runtime.shutdown()
 
 asyncio.run(main())
 """
 
 
-async def ask_with_dynamos_client(where: str, endpoint: str, request: dict[str, Any]) -> list[Any]:
+async def ask_with_dynamos_client(
+    where: str, endpoint: str, request: dict[str, Any], *, each: bool = False
+) -> list[Any]:
     """The items of ``request`` to ``endpoint``, asked by a program that uses only Dynamo's own
-    Python client (over the discovery ``where``)."""
+    Python client (over the discovery ``where``); ``each``: every instance's items, a list each."""
     import asyncio
     import json
     import os
 
     env = {**os.environ, **DynamoPlanes.from_flags(where, None, None, tcp_host=None).environment}
     client = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", DYNAMO_CLIENT, endpoint, json.dumps(request), env=env,
+        sys.executable, "-c", DYNAMO_CLIENT, endpoint, json.dumps(request), *(["each"] if each else []), env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(client.communicate(), 60)
@@ -328,4 +334,45 @@ async def test_an_hf_prefill_and_decode_on_dynamos_runtime_give_the_aggregated_t
     finally:
         assert await frontend.stop() == 0, frontend.process.tail()
         for worker in (decode, prefill):
+            assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_that_holds_it(tmp_path: Path) -> None:
+    """Two hf workers on Dynamo's runtime publish their prefix caches' KV events to Dynamo's KV
+    publisher; python -m dynamo.frontend --router-mode kv sends each repeat of a long prompt to
+    the worker that holds it, whose prefix cache reports the hit (cached_tokens > 0), where round
+    robin would send every other repeat to a worker that holds nothing."""
+    import asyncio
+
+    where = f"file://{tmp_path / 'kv'}"
+    workers = await asyncio.gather(*(
+        launch("components/hf_worker.py", "--runtime", "dynamo", "--discovery", where, cwd=ROOT,
+               log_dir=tmp_path, show_logs=False, timeout=120, name=f"hf{i}")
+        for i in range(2)
+    ))  # fmt: skip
+    frontend = await launch_dynamo_frontend(
+        where, "--router-mode", "kv", log_dir=tmp_path, show_logs=False, timeout=120
+    )
+    try:
+        await wait_for_model(frontend.url, MODEL)
+        prompt = " ".join(f"line {i}: the harbour keeps its ships in rows" for i in range(12))
+        body = {**CHAT, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
+        cached = []
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+            for attempt in range(4):
+                answer = await http.post("/v1/chat/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                cached.append(answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
+                if attempt == 0:  # the holder handed its blocks to Dynamo's publisher (asked by
+                    # Dynamo's own client: a second process, by which time the event is delivered)
+                    published = await ask_with_dynamos_client(where, "dynamo.backend.stats", {}, each=True)
+                    assert sorted(s[0]["kv_blocks_published"] > 0 for s in published) == [False, True], (
+                        published
+                    )
+        assert cached[0] == 0 and all(c > 0 for c in cached[1:]), cached
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        for worker in workers:
             assert await worker.stop(timeout=30) == 0, worker.tail()

@@ -94,6 +94,8 @@ class HFEngine(BootstrapRole):
         self.model = model
         self.prefix_cache = prefix_cache
         self.kv_events = kv_events
+        if prefix_cache is not None:  # a sink that hashes tokens itself (NVIDIA Dynamo's publisher)
+            prefix_cache.blocks.event_token_ids = bool(getattr(kv_events, "wants_token_ids", False))
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.context_length: int | None = getattr(model.config, "max_position_embeddings", None)

@@ -176,6 +176,8 @@ class MockerEngine(BootstrapRole):
         self.kv_timeout = kv_timeout
         self.skip_token_ids = skip_token_ids
         self.kv_events = kv_events
+        # a sink that hashes tokens itself (NVIDIA Dynamo's publisher) gets the blocks' tokens
+        self.kv.event_token_ids = bool(getattr(kv_events, "wants_token_ids", False))
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
 

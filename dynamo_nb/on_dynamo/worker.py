@@ -24,6 +24,7 @@ from ..disagg.decode import DecodeHandler
 from ..engines.base import stats_handler
 from ..llm.register import engine_handler
 from ..runtime.program import announce_ready
+from .kv_events import DynamoKvEvents
 from .runtime import DynamoEndpoint, DynamoRuntime, DynamoServer
 
 if TYPE_CHECKING:
@@ -61,7 +62,8 @@ async def serve_engine_on_dynamo(
     model_name: str,
     make_engine: EngineFactory,
 ) -> DynamoEngineWorker:
-    """Build the engine (no KV-event sink yet) and serve it on Dynamo's runtime in ``role``,
+    """Build the engine (its KV events going to Dynamo's KV publisher: `DynamoKvEvents`) and
+    serve it on Dynamo's runtime in ``role``,
     its model registered as Dynamo's workers register theirs (tokens in; the engine's KV block
     size, context length and ``max_num_seqs``):
 
@@ -76,10 +78,11 @@ async def serve_engine_on_dynamo(
     use is that ``handoff_id`` (`with_handoff_token`)."""
     from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, WorkerType, register_model
 
-    made = make_engine(None)
+    endpoint = runtime.endpoint(role.endpoint)
+    kv_events = DynamoKvEvents(endpoint)  # to Dynamo's KV router (python -m dynamo.frontend --router-mode kv)
+    made = make_engine(kv_events)
     engine: Engine = await made if inspect.isawaitable(made) else made
     try:
-        endpoint = runtime.endpoint(role.endpoint)
         config = ModelRuntimeConfig()
         if engine.context_length:
             config.context_length = int(engine.context_length)
@@ -122,7 +125,9 @@ async def serve_engine_on_dynamo(
 
         server = await endpoint.serve(generate)
         path = endpoint.path  # {ns}.{comp}.stats: the engine's counters, as on the kit's runtime
-        await runtime.endpoint(f"{path.namespace}.{path.component}.stats").serve(stats_handler(engine.stats))
+        await runtime.endpoint(f"{path.namespace}.{path.component}.stats").serve(
+            stats_handler(lambda: {**engine.stats(), "kv_blocks_published": kv_events.stored_blocks})
+        )
     except BaseException:
         await engine.close()
         raise

@@ -69,6 +69,7 @@ class Allocation:
     sequence: list[int] = field(default_factory=list)
     cached_blocks: int = 0
     computed_blocks: int = 0
+    token_ids: list[int] | None = None  # the prompt, for events that carry their blocks' tokens
 
 
 class KvBlockManager:
@@ -88,6 +89,9 @@ class KvBlockManager:
         self._free: OrderedDict[int, None] = OrderedDict()  # unreferenced cached blocks, oldest first
         self._events: list[Any] = []
         self._on_evict = on_evict
+        #: ``stored`` events also carry their blocks' ``token_ids`` (what NVIDIA Dynamo's KV
+        #: publisher hashes itself); off by default: the kit's router needs only the hashes
+        self.event_token_ids = False
 
     @property
     def used_blocks(self) -> int:
@@ -113,7 +117,7 @@ class KvBlockManager:
     def allocate(self, token_ids: list[int], hashes: tuple[list[int], list[int]] | None = None) -> Allocation:
         """Reference the prompt's blocks, reusing the computed prefix; evicts (and says so) to make room."""
         locals_, sequence = hashes or self.hashes(token_ids)
-        allocation = Allocation(sequence)
+        allocation = Allocation(sequence, token_ids=token_ids)
         prefix = True
         for i, (seq, local) in enumerate(zip(sequence, locals_, strict=True)):
             block = self._blocks.get(seq)
@@ -136,22 +140,30 @@ class KvBlockManager:
         upto = min(tokens // self.block_size, len(allocation.sequence))
         run: list[dict[str, int]] = []
         run_parent: int | None = None
+        run_start = 0
         for i in range(allocation.computed_blocks, upto):
             block = self._blocks[allocation.sequence[i]]
             if block.computed:  # another request computed it meanwhile
-                self._flush(run, run_parent)
+                self._flush(run, run_parent, allocation, run_start)
                 run = []
                 continue
             block.computed = True
             if not run:
-                run_parent = block.parent
+                run_parent, run_start = block.parent, i
             run.append({"block_hash": allocation.sequence[i], "tokens_hash": block.local})
-        self._flush(run, run_parent)
+        self._flush(run, run_parent, allocation, run_start)
         allocation.computed_blocks = max(upto, allocation.computed_blocks)
 
-    def _flush(self, run: list[dict[str, int]], parent: int | None) -> None:
-        if run:
-            self._events.append({"stored": {"parent_hash": parent, "blocks": run}})
+    def _flush(
+        self, run: list[dict[str, int]], parent: int | None, allocation: Allocation, start: int
+    ) -> None:
+        if not run:
+            return
+        stored: dict[str, Any] = {"parent_hash": parent, "blocks": run}
+        if self.event_token_ids and allocation.token_ids is not None:
+            size = self.block_size
+            stored["token_ids"] = allocation.token_ids[start * size : (start + len(run)) * size]
+        self._events.append({"stored": stored})
 
     def release(self, allocation: Allocation) -> None:
         """The request ended: its computed blocks stay cached, evictable once nobody references them.
