@@ -102,6 +102,10 @@ def test_a_dynamo_context_has_id_metadata_stop_and_kill() -> None:
     killed = Context()
     killed.kill()
     assert killed.is_stopped() and killed.is_killed()
+    context.metadata = {"user": "b"}  # replaceable, as Dynamo 1.6.1's is
+    assert context.metadata == {"user": "b"}
+    with pytest.raises(TypeError, match="must be a dict"):
+        context.metadata = "user=b"  # type: ignore[assignment]
 
 
 def environments(services: Any, tmp_path: Path) -> dict[str, dict[str, str]]:

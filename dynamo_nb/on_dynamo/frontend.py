@@ -10,19 +10,20 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
+from ..errors import LaunchError
 from ..extras import require_extra
 from ..launch.launcher import ManagedProcess, launch
 from ..launch.services import free_port
 from .planes import LOOPBACK, DynamoPlanes
 
 __all__ = ["DynamoFrontend", "launch_dynamo_frontend"]
-
-READY_PATTERN = r"Starting HTTP\(S\) service"
-"""The line Dynamo's frontend logs once it listens."""
 
 
 @dataclass
@@ -53,6 +54,7 @@ async def launch_dynamo_frontend(
     port = port or free_port()
     env = {**planes.environment, "DYN_HTTP_HOST": LOOPBACK, "DYN_LOG": launch_options.pop("log", "info")}
     env.update(launch_options.pop("env", None) or {})
+    timeout = float(launch_options.pop("timeout", 120.0))
     process = await launch(
         sys.executable,
         "-m",
@@ -63,8 +65,36 @@ async def launch_dynamo_frontend(
         str(port),
         *args,
         name=launch_options.pop("name", "dynamo-frontend"),
-        ready=READY_PATTERN,
+        ready=None,  # its log may be quieter than the line it prints when it listens: asked over HTTP
         env=env,
+        timeout=timeout,
         **launch_options,
     )
-    return DynamoFrontend(process, f"http://{LOOPBACK}:{port}")
+    url = f"http://{LOOPBACK}:{port}"
+    try:
+        await _wait_listening(process, url, timeout)
+    except BaseException:
+        await process.stop(timeout=5)
+        raise
+    return DynamoFrontend(process, url)
+
+
+async def _wait_listening(process: ManagedProcess, url: str, timeout: float) -> None:
+    """Until ``GET /v1/models`` answers (the frontend listens), the process exits, or ``timeout``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        while True:
+            try:
+                async with session.get(f"{url}/v1/models") as response:
+                    if response.status == 200:
+                        return
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            if process.returncode is not None:
+                raise LaunchError(f"Dynamo's frontend exited with {process.returncode}: {process.tail()}")
+            if loop.time() >= deadline:
+                raise LaunchError(
+                    f"Dynamo's frontend did not answer at {url} within {timeout:g} s: {process.tail()}"
+                )
+            await asyncio.sleep(0.1)

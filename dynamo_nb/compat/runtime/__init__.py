@@ -133,6 +133,9 @@ class Context:
         >>> ctx.kill()
         >>> ctx.id(), ctx.is_stopped(), ctx.is_killed(), ctx.metadata["user"]
         ('req-1', True, True, 'a')
+        >>> ctx.metadata = {"user": "b"}
+        >>> ctx.metadata
+        {'user': 'b'}
     """
 
     def __init__(
@@ -144,8 +147,15 @@ class Context:
 
     @property
     def metadata(self) -> dict[str, Any]:
-        """JSON-able values that travel with the request: the handler's context has them too."""
+        """JSON-able values that travel with the request: the handler's context has them too.
+        Replaceable, as in Dynamo: ``ctx.metadata = {"user": "a"}`` before the request is sent."""
         return self._inner.metadata
+
+    @metadata.setter
+    def metadata(self, values: dict[str, Any]) -> None:
+        if not isinstance(values, dict):
+            raise TypeError(f"Context.metadata must be a dict, got {type(values).__name__}")
+        self._inner.metadata = dict(values)
 
     def id(self) -> str:
         """The request id."""
