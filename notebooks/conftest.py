@@ -1,7 +1,8 @@
 """Every notebook here is a test, run by nbval in a kernel of this environment with the outputs
 sanitized by ``sanitize.cfg``: collected here only, so nbval runs where notebooks are (``pytest``,
 ``pytest notebooks/`` or one notebook's path), with no flag to pass. The vLLM notebook is
-marked ``vllm`` and ``long`` (four engine starts: an opt-in group, see the root conftest.py)."""
+marked ``vllm`` and ``long`` (four engine starts: an opt-in group, see the root conftest.py); the
+one on NVIDIA Dynamo is marked ``dynamo`` (it needs Dynamo's packages)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from nbval.plugin import IPyNbFile
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from helpers import NEEDS_VLLM  # noqa: E402  (tests/ is on the path from here on)
+from helpers import NEEDS_DYNAMO, NEEDS_VLLM  # noqa: E402  (tests/ is on the path from here on)
 
 CELL_TIMEOUT = 300.0
 # nbval waits 5 s for each output message of a finished cell; on a busy 2-core machine a live
@@ -43,3 +44,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.stem in NEEDS_VLLM:
             item.add_marker(pytest.mark.vllm)
             item.add_marker(pytest.mark.long)
+        if item.path.stem in NEEDS_DYNAMO:
+            item.add_marker(pytest.mark.dynamo)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import NEEDS_VLLM, ROOT, free_port, pid_alive
+from helpers import NEEDS_DYNAMO, NEEDS_VLLM, ROOT, free_port, pid_alive
 
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -226,6 +226,8 @@ def browser_notebooks() -> list[Any]:
     params = []
     for notebook in NOTEBOOKS:
         marks = [pytest.mark.vllm, pytest.mark.long] if notebook.stem in NEEDS_VLLM else []
+        if notebook.stem in NEEDS_DYNAMO:
+            marks = [pytest.mark.dynamo]
         params.append(pytest.param(notebook.name, marks=marks, id=notebook.stem))
     return params
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import nbformat
 import pytest
-from helpers import NEEDS_VLLM, QUICK_EXPORTS, ROOT, collect, exported_code
+from helpers import NEEDS_DYNAMO, NEEDS_VLLM, QUICK_EXPORTS, ROOT, collect, exported_code
 
 from dynamo_nb import DistributedRuntime, LocalServices
 from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
@@ -32,6 +32,10 @@ def exports() -> list[Any]:
     for notebook in NOTEBOOKS:
         if notebook.stem in NEEDS_VLLM:
             marks = [pytest.mark.timeout(600), pytest.mark.vllm, pytest.mark.long, pytest.mark.exports]
+            pairs.append(pytest.param(notebook, "notebooks", marks=marks, id=f"{notebook.stem}-notebooks"))
+            continue
+        if notebook.stem in NEEDS_DYNAMO:  # Dynamo's stacks start in about a minute: the dynamo group's
+            marks = [pytest.mark.timeout(600), pytest.mark.dynamo]
             pairs.append(pytest.param(notebook, "notebooks", marks=marks, id=f"{notebook.stem}-notebooks"))
             continue
         for where in ("root", "notebooks"):
@@ -109,7 +113,7 @@ def export(notebook: Path, cwd: Path, output_dir: Path, to: str = "script", suff
 def test_plain_export_is_a_program_that_passes_its_smoke_check(
     notebook: Path, where: str, tmp_path: Path
 ) -> None:
-    vllm_notebook = notebook.stem in NEEDS_VLLM
+    slow_start = notebook.stem in NEEDS_VLLM or notebook.stem in NEEDS_DYNAMO  # its engines take a minute
     cwd = ROOT if where == "root" else ROOT / "notebooks"
     script = export(notebook, cwd, tmp_path)
     source = script.read_text()
@@ -124,7 +128,7 @@ def test_plain_export_is_a_program_that_passes_its_smoke_check(
         [sys.executable, str(script), "--smoke"],
         capture_output=True,
         text=True,
-        timeout=540 if vllm_notebook else 120,
+        timeout=540 if slow_start else 120,
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr

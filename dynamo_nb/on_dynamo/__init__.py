@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 from .frontend import DynamoFrontend, launch_dynamo_frontend
-from .kv_events import DynamoKvEvents
+from .kv_publisher import DynamoKvEvents
 from .planes import DynamoPlanes
 from .runtime import DynamoEndpoint, DynamoRuntime, DynamoServer
 from .worker import DynamoEngineWorker, serve_engine_on_dynamo

@@ -24,7 +24,7 @@ from ..disagg.decode import DecodeHandler
 from ..engines.base import stats_handler
 from ..llm.register import engine_handler
 from ..runtime.program import announce_ready
-from .kv_events import DynamoKvEvents
+from .kv_publisher import DynamoKvEvents
 from .runtime import DynamoEndpoint, DynamoRuntime, DynamoServer
 
 if TYPE_CHECKING:
