@@ -24,7 +24,9 @@ MODES = ["memory-inproc", "memory-tcp", "file-tcp", "file-nats", "etcd-tcp", "et
 RuntimeFactory = Callable[[str], Awaitable[DistributedRuntime]]
 
 NEEDS_VLLM = {"07_serving_with_vllm"}  # notebooks that start vLLM engines (marked vllm and long)
-NEEDS_DYNAMO = {"13_on_nvidia_dynamo"}  # notebooks that run NVIDIA Dynamo's runtime and frontend (marked dynamo)
+NEEDS_DYNAMO = {
+    "13_on_nvidia_dynamo"
+}  # notebooks that run NVIDIA Dynamo's runtime and frontend (marked dynamo)
 
 # The default run runs the exported programs of the quick notebooks from the repository root; the
 # `exports` group (.ci/run's second step) runs every notebook's, from notebooks/ and from the root.
