@@ -9,8 +9,11 @@ frontend process over its own discovery folder:
 - ``dynamo``: ``components/<worker>.py --runtime dynamo`` + ``python -m dynamo.frontend``.
 
 The same load generator (`dynamo_nb.bench`, this process) drives them in turn, alternating the
-stacks at every concurrency level (1, 8, 32), 32-token streams after a warm-up of both: TTFT
-p50/p90 and requests/s per level, and the ratios kit / dynamo. Needs Dynamo's packages in this
+stacks at every concurrency level (1, 8, 32), 32-token streams after a warm-up of both, a new
+connection per request (Dynamo's HTTP server leaves Nagle's algorithm on: on a kept-alive
+connection a small first chunk waits ~40 ms for the client's delayed ACK, which would measure
+the socket option, not the stack): TTFT p50/p90 and requests/s per level, and the ratios
+kit / dynamo. Needs Dynamo's packages in this
 Python (``python3 -m dynamo_nb install dynamo``); without them it says so and exits 2.
 
     python benchmarks/on_dynamo.py [--requests 96]
@@ -69,7 +72,8 @@ class Stack:
 
     async def measure(self, level: int, requests: int) -> dict[str, Any]:
         df = await bench.run(self.url, MODEL, prompts=PROMPTS, concurrency=level, requests=requests,
-                             max_tokens=TOKENS, ignore_eos=True, worker_ids=False, progress=False)  # fmt: skip
+                             max_tokens=TOKENS, ignore_eos=True, worker_ids=False, new_connection=True,
+                             progress=False)  # fmt: skip
         row = bench.summary(df).iloc[0]
         return {
             "requests": int(row["requests"]),
@@ -77,6 +81,7 @@ class Stack:
             "ttft_p50_ms": float(row["ttft_p50_ms"]),
             "ttft_p90_ms": float(row["ttft_p90_ms"]),
             "req_per_s": float(row["req_per_s"]),
+            "mean_output_tokens": float(row["mean_output_tokens"]),
         }
 
     async def stop(self) -> None:
@@ -114,6 +119,7 @@ async def main(requests: int) -> dict[str, Any]:
         "dynamo": "ai-dynamo 1.6.1",
         "tokens": TOKENS,
         "requests": requests,
+        "connections": "a new connection per request",
         "rows": rows,
         "note": "ratio = kit / dynamo: TTFT below 1 and requests/s above 1 favour the kit's stack",
     }
