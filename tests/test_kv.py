@@ -505,3 +505,15 @@ def test_stored_events_carry_their_blocks_tokens_only_for_a_sink_that_hashes_the
     [event] = with_tokens.drain_events()
     assert event["stored"]["token_ids"] == prompt[4:]
     assert event["stored"]["parent_hash"] == second.sequence[0]
+
+
+def test_the_zmq_relay_passes_the_blocks_tokens_on_to_a_sink_that_hashes_them() -> None:
+    """vLLM's stored events carry their tokens: relayed to NVIDIA Dynamo's publisher they keep them."""
+    from dynamo_nb.engines.kv_cache.zmq_relay import ZmqKvRelay
+
+    event = {"type": "BlockStored", "block_hashes": [11, 12], "parent_block_hash": None,
+             "token_ids": [5, 6, 7, 8], "block_size": 2}  # fmt: skip
+    relay = ZmqKvRelay("tcp://127.0.0.1:1", block_size=2)
+    assert "token_ids" not in relay.translate(event)["stored"]
+    relay.event_token_ids = True
+    assert relay.translate(event)["stored"]["token_ids"] == [5, 6, 7, 8]

@@ -376,3 +376,65 @@ async def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_that_hold
         assert await frontend.stop() == 0, frontend.process.tail()
         for worker in workers:
             assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_a_notebooks_handler_program_on_dynamos_runtime_answers_dynamos_own_client(
+    tmp_path: Path,
+) -> None:
+    """Notebook 01's HandlerProgram (the words handler), exported and run with --runtime dynamo:
+    a program using only Dynamo's Python client gets its items."""
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await launch(
+        "notebooks/01_runtime_basics.ipynb", "--runtime", "dynamo", "--discovery", where,
+        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120,
+    )  # fmt: skip
+    try:
+        items = await ask_with_dynamos_client(where, "tutorial.words.generate", {"text": "from a notebook"})
+        assert [item["word"] for item in items] == ["from", "a", "notebook"]
+    finally:
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_a_mocker_prefill_and_decode_on_dynamos_runtime_stream_the_aggregated_tokens(
+    tmp_path: Path,
+) -> None:
+    """mocker_worker.py as a prefill + decode pair on Dynamo's runtime: Dynamo's frontend takes its
+    prefill route (its router's metrics count the prefill legs) and the text equals an aggregated
+    mocker's, behind the same kind of frontend."""
+    import asyncio
+
+    from dynamo_nb import bench
+
+    body = {**CHAT, "max_tokens": 8}
+    texts = {}
+    for layout, modes in (("aggregated", ["aggregated"]), ("pair", ["prefill", "decode"])):
+        where = f"file://{tmp_path / layout}"
+        workers = await asyncio.gather(*(
+            launch("components/mocker_worker.py", "--runtime", "dynamo", "--discovery", where, "--mode", mode,
+                   "--speedup-ratio", "50", cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name=mode)
+            for mode in modes
+        ))  # fmt: skip
+        frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+        try:
+            await wait_for_model(frontend.url, MODEL)
+            for _ in range(600):  # a pair: its prefill router takes the prefill worker (it logs when)
+                if layout == "aggregated" or any(
+                    "Prefill router target activated" in line for line in frontend.process.logs()
+                ):
+                    break
+                await asyncio.sleep(0.05)
+            texts[layout] = [await answer_of(frontend.url, body) for _ in range(2)]
+            if layout == "pair":
+                metrics = await bench.scrape_metrics(frontend.url)
+                legs = metrics[(metrics["name"] == "dynamo_component_router_input_sequence_tokens_count")
+                               & (metrics["phase"] == "prefill")]  # fmt: skip
+                assert int(legs["value"].sum()) == 2, legs
+        finally:
+            assert await frontend.stop() == 0, frontend.process.tail()
+            for worker in workers:
+                assert await worker.stop(timeout=30) == 0, worker.tail()
+    assert texts["pair"] == texts["aggregated"] and texts["pair"][0], texts

@@ -72,9 +72,13 @@ class ZmqKvRelay:
         self._blocks: OrderedDict[int, tuple[int | None, int]] = OrderedDict()  # id → (parent, tokens_hash)
         self._task: asyncio.Task[None] | None = None
         self._socket: Any = None
+        #: stored events also carry their blocks' ``token_ids`` (for a sink that hashes them
+        #: itself, NVIDIA Dynamo's publisher: ``wants_token_ids``)
+        self.event_token_ids = False
 
     async def start(self, sink: KvEventSink) -> None:
         """Connect and relay in the background until `stop`."""
+        self.event_token_ids = bool(getattr(sink, "wants_token_ids", False))
         import zmq
         import zmq.asyncio
 
@@ -115,7 +119,10 @@ class ZmqKvRelay:
                 self._blocks[block_id] = (parent_id, tokens_hash)
                 blocks.append({"block_hash": block_id, "tokens_hash": tokens_hash})
                 parent_id = block_id
-            return {"stored": {"parent_hash": first_parent, "blocks": blocks}}
+            stored: dict[str, Any] = {"parent_hash": first_parent, "blocks": blocks}
+            if self.event_token_ids:
+                stored["token_ids"] = list(event["token_ids"][: len(blocks) * size])
+            return {"stored": stored}
         if kind == "BlockRemoved":
             ids = [engine_block_id(h) for h in event["block_hashes"]]
             for block_id in ids:
