@@ -85,6 +85,30 @@ def test_each_notebook_is_shaped_for_a_reader(notebook: Path) -> None:
         assert (ROOT / doc).is_file(), doc
 
 
+def test_the_next_links_walk_the_series_and_end_at_the_readme() -> None:
+    """Each recap's **Next:** names the following notebook first (01 → 02 → … → the last), and
+    the last one's leads back to the README: a reader can follow the series end to end."""
+    for notebook, following in zip(NOTEBOOKS, [*NOTEBOOKS[1:], None], strict=True):
+        recap = next(c.source for c in nbformat.read(notebook, 4).cells if c.source.startswith("## Recap"))
+        [line] = [line for line in recap.splitlines() if line.startswith("**Next:**")]
+        first = re.search(r"\]\(([^)]+)\)", line)
+        expected = following.name if following is not None else "../README.md"
+        assert first is not None and first.group(1) == expected, f"{notebook.name}: {line}"
+
+
+OUTPUT_FILE = re.compile(r"\b(\d\d_[a-z_0-9]+\.(?:json|png|yaml|csv))")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_prose_names_only_files_the_code_writes(notebook: Path) -> None:
+    """An output file a markdown cell names (``NN_name.json`` …) is one the notebook's code writes:
+    no name left over from an earlier numbering."""
+    cells = nbformat.read(notebook, 4).cells
+    written = {name for c in cells if c.cell_type == "code" for name in OUTPUT_FILE.findall(c.source)}
+    named = {name for c in cells if c.cell_type == "markdown" for name in OUTPUT_FILE.findall(c.source)}
+    assert named <= written, f"named but not written: {sorted(named - written)}"
+
+
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebooks_are_stored_executed_without_widget_state(notebook: Path) -> None:
     stored = nbformat.read(notebook, 4)
