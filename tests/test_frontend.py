@@ -386,6 +386,39 @@ async def test_direct_routing_by_backend_instance_id(served: Served, tiny_path: 
         await second_rt.shutdown()
 
 
+async def test_two_models_on_one_endpoint_path_each_reach_only_their_own_workers(tiny_path: Path) -> None:
+    """Workers of two models that serve the same endpoint path (two programs left at their default
+    ``--endpoint``): each model's requests go only to the instances whose card names it."""
+    runtimes = [await DistributedRuntime.create() for _ in range(3)]
+    try:
+        servers = {}
+        for runtime, name in zip(runtimes[1:], ("first", "second"), strict=True):
+            server, _ = await serve_llm(
+                runtime.endpoint("shared.backend.generate"), EchoEngine().generate, tiny_path, model_name=name
+            )
+            servers[name] = server.instance_id
+        frontend = await Frontend.start(runtimes[0], port=0)
+        try:
+            for name in servers:
+                await frontend.wait_for_model(name, timeout=10)
+            async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+                for name, instance_id in [*servers.items()] * 3:
+                    body = {
+                        "model": name,
+                        "prompt": [5, 6],
+                        "max_tokens": 1,
+                        "nvext": {"extra_fields": ["worker_id"]},
+                    }
+                    answer = await http.post("/v1/completions", json=body)
+                    assert answer.status_code == 200, answer.text
+                    assert answer.json()["nvext"]["worker_id"]["decode_worker_id"] == instance_id, name
+        finally:
+            await frontend.stop()
+    finally:
+        for runtime in runtimes:
+            await runtime.shutdown()
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
 async def test_nvext_timing_says_when_the_request_arrived_waited_and_answered(
     served: Served, stream: bool

@@ -253,10 +253,13 @@ async def test_workers_started_with_a_secret_refuse_strangers(
     secret_file = tmp_path / "secret"
     secret_file.write_text("a secret shared by the processes of one cluster\n")
     etcd = ["--discovery", services.etcd_url, "--cluster-secret-file", str(secret_file)]
-    worker = await start_worker(*etcd, "--endpoint", "sec.backend.generate", script=MOCKER_WORKER)
+    # a model name of its own: the session's etcd may still hold other tests' tiny-llama cards
+    worker = await start_worker(
+        *etcd, "--endpoint", "sec.backend.generate", "--model-name", "sec-llama", script=MOCKER_WORKER
+    )
     port = free_port()
     await start_worker(*etcd, "--http-port", str(port), script=FRONTEND)
-    assert (await completion(f"http://127.0.0.1:{port}", "tiny-llama"))["usage"]["completion_tokens"] == 4
+    assert (await completion(f"http://127.0.0.1:{port}", "sec-llama"))["usage"]["completion_tokens"] == 4
 
     runtime = await DistributedRuntime.create(services.etcd_url, security=PlaneSecurity())
     try:
@@ -276,10 +279,10 @@ async def test_workers_started_with_a_secret_refuse_strangers(
     plain = await start_worker(
         "--discovery", services.etcd_url, "--http-port", str(free_port()), script=FRONTEND
     )  # a frontend without the secret: the worker is unreachable, and it says why
-    async with aiohttp.ClientSession() as session:
-        await bench.wait_for_model(plain.url, "tiny-llama")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await bench.wait_for_model(plain.url, "sec-llama")
         async with session.post(
-            f"{plain.url}/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 2}
+            f"{plain.url}/v1/completions", json={"model": "sec-llama", "prompt": "hi", "max_tokens": 2}
         ) as response:
             assert response.status == 503 and "requires the cluster secret" in await response.text()
 
@@ -293,12 +296,13 @@ async def test_disaggregated_workers_over_mutual_tls_with_a_secret(
         "--tls-ca", files["ca"],
     ]  # fmt: skip
     env = {"DYN_NB_CLUSTER_SECRET": "a secret shared by the processes of one cluster"}
-    roles = ["--endpoint", "tls.backend.generate", "--prefill-endpoint", "tls.prefill.generate"]
+    roles = ["--endpoint", "tls.backend.generate", "--prefill-endpoint", "tls.prefill.generate",
+             "--model-name", "tls-llama"]  # fmt: skip
     await start_worker(*flags, *roles, "--mode", "prefill", script=HF_WORKER, env=env)
     await start_worker(*flags, *roles, "--mode", "decode", script=HF_WORKER, env=env)
     port = free_port()
     await start_worker(*flags, "--http-port", str(port), script=FRONTEND, env=env)
-    answer = await completion(f"http://127.0.0.1:{port}", "tiny-llama")
+    answer = await completion(f"http://127.0.0.1:{port}", "tls-llama")
     assert answer["usage"]["completion_tokens"] == 4  # the KV crossed the bootstrap server over TLS
 
 

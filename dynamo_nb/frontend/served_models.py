@@ -77,6 +77,29 @@ class ServedModel:
         self.cards: dict[str, ModelCard] = {}
         self.limits = limits if limits is not None else {}  # instance id → its max_num_seqs
         self.admission = admission or Admission()
+        # the instances with a card of this model: another model's workers may serve the same
+        # endpoint path, and its requests must not reach them (cards without an instance id,
+        # static mode's or one added in this process, leave every instance allowed)
+        self.card_instances: set[int] = set()
+        self._keyed = False
+        client.serves = self.serves
+
+    def serves(self, instance_id: int) -> bool:
+        """Whether requests for this model may go to ``instance_id`` (its card names this model)."""
+        return not self._keyed or instance_id in self.card_instances
+
+    def card_added(self, key: str, card: ModelCard) -> None:
+        self.cards[key] = card
+        instance_id = _instance_of(key)
+        if instance_id is not None:
+            self._keyed = True
+            self.card_instances.add(instance_id)
+
+    def card_removed(self, key: str) -> None:
+        self.cards.pop(key, None)
+        instance_id = _instance_of(key)
+        if instance_id is not None:
+            self.card_instances.discard(instance_id)
 
     def capacity(self) -> int | None:
         """Requests the workers take at once: the sum of their cards' ``max_num_seqs`` (None
@@ -198,7 +221,7 @@ class ModelManager:
                 card.endpoint,
             )
             return model
-        model.cards[key] = card
+        model.card_added(key, card)
         instance_id = _instance_of(key)
         if instance_id is not None and card.runtime_config.max_num_seqs:
             model.limits[instance_id] = card.runtime_config.max_num_seqs
@@ -241,7 +264,7 @@ class ModelManager:
         name = self._card_names.pop(key, None)
         model = self.models.get(name) if name else None
         if model is not None:
-            model.cards.pop(key, None)
+            model.card_removed(key)
             instance_id = _instance_of(key)
             if instance_id is not None:
                 model.limits.pop(instance_id, None)

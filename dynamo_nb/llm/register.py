@@ -196,7 +196,8 @@ async def register_llm(
 async def publish_card(endpoint: Endpoint, card: ModelCard) -> ModelCard:
     """Publish a built ``card`` for ``endpoint``'s instance (see `register_llm`)."""
     runtime = endpoint.runtime
-    server = next((s for s in runtime.servers if s.endpoint.path == endpoint.path), None)
+    # the newest server of the path: with two serving it in one runtime, the one just started
+    server = next((s for s in reversed(runtime.servers) if s.endpoint.path == endpoint.path), None)
     if server is None:
         raise ConfigError(
             f"{endpoint.path} is not served by this runtime: `await endpoint.serve(handler)` first, "

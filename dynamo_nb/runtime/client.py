@@ -189,11 +189,17 @@ class Client:
         self._discovery = discovery
         self._next = 0
         self._down: dict[int, float] = {}
+        #: which instances of the endpoint this client may use (None: all); a frontend sets it to
+        #: the instances whose model card names the model it routes, since workers of other
+        #: models may serve the same endpoint path
+        self.serves: Callable[[int], bool] | None = None
         instances.on_added(lambda iid: self._down.pop(iid, None))
 
     def instance_ids(self) -> list[int]:
-        """Ids of the instances requests can go to now (not reported down)."""
+        """Ids of the instances requests can go to now (not reported down; those `serves` allows)."""
         ids = self._instances.ids()
+        if self.serves is not None:
+            ids = [i for i in ids if self.serves(i)]
         if self._down:
             now = time.monotonic()
             for iid, until in list(self._down.items()):
