@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 from . import errors
+from .claims import claim
 from .component_program import EngineProgram, HandlerProgram, RoutingPolicy
 from .errors import (
     ConfigError,
@@ -86,6 +87,7 @@ __all__ = [
     "RoutingPolicy",
     "RuntimeClosedError",
     "ServiceError",
+    "claim",
     "dynamo_worker",
     "errors",
     "in_notebook",

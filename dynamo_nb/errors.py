@@ -34,7 +34,8 @@ OpenAI's error ``openai_type`` and ``code``), so the status never depends on a c
     │   ├── RemoteHandlerError                         the handler raised: the remote error's status
     │   ├── DisaggregationError                        503 a prefill → decode handoff failed
     │   └── EngineError                                500 an engine failed
-    └── RuntimeClosedError                             503 the runtime was shut down
+    ├── RuntimeClosedError                             503 the runtime was shut down
+    └── ClaimError (AssertionError)                    a notebook's measured sentence its numbers do not bear out
 
 Example:
     >>> from dynamo_nb.errors import ModelNotFoundError, NoInstancesError
@@ -51,6 +52,7 @@ from typing import Any, ClassVar
 __all__ = [
     "AuthenticationError",
     "BinaryNotFoundError",
+    "ClaimError",
     "ConfigError",
     "DisaggregationError",
     "DynamoNBError",
@@ -327,6 +329,11 @@ class RuntimeClosedError(DynamoNBError):
 
     http_status = 503
     openai_type = "service_unavailable_error"
+
+
+class ClaimError(DynamoNBError, AssertionError):
+    """A sentence `dynamo_nb.claims.claim` was asked to state that the measured values do not
+    bear out (its message is the sentence and the values)."""
 
 
 def error_details(exc: BaseException) -> dict[str, Any] | None:
