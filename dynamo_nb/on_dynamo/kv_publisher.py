@@ -37,8 +37,10 @@ def signed64(value: int) -> int:
 
 
 class DynamoKvEvents:
-    """The engine's KV-event sink (``await sink(event)``) on Dynamo's runtime; its publisher is
-    created at the first ``stored`` event, with the block size that event shows.
+    """The engine's KV-event sink (``await sink(event)``) on Dynamo's runtime. `start` creates
+    Dynamo's publisher once the engine's block size is known, before the worker serves: Dynamo's
+    event plane is ZMQ publish/subscribe, where what is sent before a router has subscribed is
+    lost, so a publisher created at the first event would lose that event.
 
     Attributes:
         stored_blocks: blocks announced as stored.
@@ -64,15 +66,19 @@ class DynamoKvEvents:
         elif event == "cleared":  # Dynamo's publisher has no "cleared": its router ages them out
             logger.info("the engine cleared its KV cache; Dynamo's router is not told")
 
+    def start(self, block_size: int) -> None:
+        """Create Dynamo's ``KvEventPublisher`` for blocks of ``block_size`` tokens (once)."""
+        if self.publisher is None:
+            from dynamo.llm import KvEventPublisher
+
+            self.publisher = KvEventPublisher(self.endpoint.inner, kv_block_size=int(block_size))
+
     def _stored(self, stored: dict[str, Any]) -> None:
         blocks, token_ids = stored["blocks"], stored.get("token_ids")
         if not blocks or not token_ids:
             return
         block_size = len(token_ids) // len(blocks)
-        if self.publisher is None:
-            from dynamo.llm import KvEventPublisher
-
-            self.publisher = KvEventPublisher(self.endpoint.inner, kv_block_size=block_size)
+        self.start(block_size)  # started by the worker already, unless the engine declared no size
         parent = stored.get("parent_hash")
         self.publisher.publish_stored(
             list(token_ids),

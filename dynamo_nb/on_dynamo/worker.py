@@ -91,6 +91,7 @@ async def serve_engine_on_dynamo(
         options: dict[str, Any] = {}
         if engine.block_size is not None:
             options["kv_cache_block_size"] = int(engine.block_size)
+            kv_events.start(engine.block_size)  # before serving: routers subscribe meanwhile
         model_type = ModelType.Chat | ModelType.Completions
         if role.mode == "prefill":
             host = role.bootstrap_host or runtime.planes.environment["DYN_TCP_RPC_HOST"]
