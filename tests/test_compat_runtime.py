@@ -369,7 +369,9 @@ async def let_go_of_a_request(server: Any, env: dict[str, str], through: str, ho
             await client.wait()
 
 
-@pytest.mark.parametrize("mode", ["etcd-tcp", "etcd-nats", "file-tcp"])
+@pytest.mark.parametrize(
+    "mode", ["etcd-tcp", pytest.param("etcd-nats", marks=pytest.mark.long), "file-tcp"]
+)  # NATS's case in the long group: the stop's path there is tested in test_cross_process too
 async def test_a_request_its_caller_lets_go_of_stops_on_the_server(
     services: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
 ) -> None:

@@ -117,7 +117,7 @@ def gone(pid: int) -> bool:
 @pytest.mark.parametrize(
     "name",
     [
-        "agg_hf",
+        pytest.param("agg_hf", marks=pytest.mark.long),  # disagg_hf starts the same worker and more
         "disagg_hf",
         "kv_mocker",
         pytest.param("agg_vllm", marks=[pytest.mark.vllm, pytest.mark.timeout(300)]),

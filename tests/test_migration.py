@@ -140,6 +140,7 @@ async def test_without_migration_a_dead_workers_stream_ends_with_an_error_event(
         assert not metric_value(metrics, "dynamo_frontend_migrations_total", model="tiny-llama")
 
 
+@pytest.mark.long  # ~18 s of processes: CI's second step runs it; the default run keeps the aggregated case
 async def test_a_disaggregated_decode_that_dies_is_prefilled_and_decoded_again(
     services: Any, start_worker: Any
 ) -> None:

@@ -56,10 +56,9 @@ def test_every_notebook_that_declares_a_component_is_run_here() -> None:
     }
 
 
-@pytest.fixture(params=["etcd", "file"])
-async def discovery(request: Any, tmp_path: Path) -> AsyncIterator[str]:
+async def discovery_of(kind: str, tmp_path: Path) -> AsyncIterator[str]:
     """A discovery URL: a local etcd of this test's, or a folder."""
-    if request.param == "file":
+    if kind == "file":
         yield f"file://{tmp_path / 'discovery'}"
         return
     services = await LocalServices.start(nats=False)
@@ -67,6 +66,20 @@ async def discovery(request: Any, tmp_path: Path) -> AsyncIterator[str]:
         yield str(services.etcd_url)
     finally:
         await services.stop()
+
+
+@pytest.fixture(params=["etcd", "file"])
+async def discovery(request: Any, tmp_path: Path) -> AsyncIterator[str]:
+    """A discovery URL: a local etcd of this test's, or a folder."""
+    async for url in discovery_of(request.param, tmp_path):
+        yield url
+
+
+@pytest.fixture(params=["etcd", pytest.param("file", marks=pytest.mark.long)])
+async def llm_discovery(request: Any, tmp_path: Path) -> AsyncIterator[str]:
+    """As `discovery`, the folder's case in the long group (an LLM worker and a frontend each)."""
+    async for url in discovery_of(request.param, tmp_path):
+        yield url
 
 
 async def start(started: list[ManagedProcess], program: Path, *flags: Any, log_dir: Path) -> ManagedProcess:
@@ -109,7 +122,7 @@ async def test_notebook_01_exports_a_handler_worker(discovery: str, tmp_path: Pa
     [("02_serving_an_llm", "tiny-llama", []), ("10_your_own_engine", "taboo", ["--taboo", "the,of"])],
 )
 async def test_an_llm_notebook_exports_a_worker_behind_the_frontend(
-    notebook: str, model: str, flags: list[str], discovery: str, tmp_path: Path
+    notebook: str, model: str, flags: list[str], llm_discovery: str, tmp_path: Path
 ) -> None:
     """The greedy answer through the exported worker is the one the notebook stored from its kernel."""
     from openai import AsyncOpenAI
@@ -117,13 +130,13 @@ async def test_an_llm_notebook_exports_a_worker_behind_the_frontend(
     script = export_notebook(NOTEBOOKS / f"{notebook}.ipynb")
     started: list[ManagedProcess] = []
     try:
-        worker = await start(started, script, "--discovery", discovery, *flags, log_dir=tmp_path)
+        worker = await start(started, script, "--discovery", llm_discovery, *flags, log_dir=tmp_path)
         assert (
             worker.ready_line.startswith("READY dynamo.backend.generate")
             and f"model={model}" in worker.ready_line
         )
         frontend = await start(
-            started, FRONTEND, "--discovery", discovery, "--http-port", 0, log_dir=tmp_path
+            started, FRONTEND, "--discovery", llm_discovery, "--http-port", 0, log_dir=tmp_path
         )
         await bench.wait_for_model(frontend.url, model, instances=1, timeout=60)
         async with AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="none") as client:

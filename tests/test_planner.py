@@ -200,6 +200,7 @@ GRAPH = {
 
 
 @pytest.mark.processes
+@pytest.mark.long  # ~15 s of a load step on processes: CI's second step runs it
 @pytest.mark.timeout(240)
 async def test_the_autoscaler_follows_a_load_step_up_and_back_down_on_mocker_workers() -> None:
     from helpers import ROOT
