@@ -7,6 +7,9 @@ them it skips, saying so. The flag mapping and the missing-package error run eve
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dynamo_nb import DistributedRuntime
+from dynamo_nb import DistributedRuntime, bench
 from dynamo_nb.errors import ConfigError
 from dynamo_nb.extras import extra_installed
 from dynamo_nb.frontend import Frontend
@@ -85,19 +88,18 @@ async def our_text(hf_engine: Any, tiny_path: Path) -> str:
         await runtime.shutdown()
 
 
-async def wait_for_model(url: str, model: str, timeout: float = 60.0) -> None:
-    """Until Dynamo's frontend lists ``model`` (it found the worker's card in discovery)."""
-    import asyncio
-    import time
+async def on_dynamo(program: str, where: str, tmp_path: Path, *flags: str, name: str | None = None) -> Any:
+    """``program`` with ``--runtime dynamo`` over the discovery ``where`` and ``flags``, once ready."""
+    return await launch(program, "--runtime", "dynamo", "--discovery", where, *flags,
+                        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name=name)  # fmt: skip
 
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
-        while time.monotonic() < deadline:
-            listed = (await http.get("/v1/models")).json().get("data", [])
-            if any(entry.get("id") == model for entry in listed):
-                return
-            await asyncio.sleep(0.1)
-    raise AssertionError(f"Dynamo's frontend at {url} did not list {model} within {timeout:g} s")
+
+async def wait_for_prefill_router(frontend: Any) -> None:
+    """Until Dynamo's frontend has taken the prefill worker into its prefill router (it logs when)."""
+    for _ in range(600):
+        if any("Prefill router target activated" in line for line in frontend.process.logs()):
+            return
+        await asyncio.sleep(0.05)
 
 
 @pytest.mark.dynamo
@@ -121,14 +123,11 @@ async def test_the_hf_worker_on_dynamos_runtime_answers_behind_dynamos_frontend_
 async def check_hf_on_dynamo(where: str, tmp_path: Path, expected: str) -> None:
     """hf_worker.py with --runtime dynamo, listed and served by python -m dynamo.frontend: the
     greedy text of the kit's own runtime and frontend, and a bad request is Dynamo's 400."""
-    worker = await launch(
-        "components/hf_worker.py", "--runtime", "dynamo", "--discovery", where,
-        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120,
-    )  # fmt: skip
+    worker = await on_dynamo("components/hf_worker.py", where, tmp_path)
     frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
     try:
         assert any("Dynamo's runtime: discovery" in line for line in worker.logs()), worker.tail()
-        await wait_for_model(frontend.url, MODEL)
+        await bench.wait_for_model(frontend.url, MODEL, timeout=60)
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="none")
@@ -149,13 +148,10 @@ async def check_hf_on_dynamo(where: str, tmp_path: Path, expected: str) -> None:
 async def test_the_mocker_on_dynamos_runtime_streams_behind_dynamos_frontend(tmp_path: Path) -> None:
     """mocker_worker.py with --runtime dynamo: Dynamo's frontend streams its tokens, as many as asked."""
     where = f"file://{tmp_path / 'kv'}"
-    worker = await launch(
-        "components/mocker_worker.py", "--runtime", "dynamo", "--discovery", where, "--speedup-ratio", "50",
-        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120,
-    )  # fmt: skip
+    worker = await on_dynamo("components/mocker_worker.py", where, tmp_path, "--speedup-ratio", "50")
     frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
     try:
-        await wait_for_model(frontend.url, MODEL)
+        await bench.wait_for_model(frontend.url, MODEL, timeout=60)
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="none")
@@ -205,7 +201,7 @@ async def test_a_notebooks_engine_gives_the_same_text_on_both_runtimes(
                           log_dir=tmp_path, show_logs=False, timeout=180, name="theirs")  # fmt: skip
     dynamo = await launch_dynamo_frontend(theirs_folder, log_dir=tmp_path, show_logs=False, timeout=120)
     try:
-        await wait_for_model(dynamo.url, model)
+        await bench.wait_for_model(dynamo.url, model, timeout=60)
         assert await answer_of(dynamo.url, body) == expected
     finally:
         assert await dynamo.stop() == 0, dynamo.process.tail()
@@ -217,16 +213,11 @@ async def test_a_notebooks_engine_gives_the_same_text_on_both_runtimes(
 async def test_a_client_that_leaves_stops_the_engine_on_dynamos_runtime(tmp_path: Path) -> None:
     """A streaming client of Dynamo's frontend that disconnects: the worker on Dynamo's runtime
     closes the engine's stream (its log says so) long before the 900 tokens asked for."""
-    import asyncio
-
     where = f"file://{tmp_path / 'kv'}"
-    worker = await launch(
-        "components/mocker_worker.py", "--runtime", "dynamo", "--discovery", where,
-        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120,
-    )  # fmt: skip
+    worker = await on_dynamo("components/mocker_worker.py", where, tmp_path)
     frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
     try:
-        await wait_for_model(frontend.url, MODEL)
+        await bench.wait_for_model(frontend.url, MODEL, timeout=60)
         body = {**CHAT, "max_tokens": 900, "stream": True}
         async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
             async with http.stream("POST", "/v1/chat/completions", json=body) as answer:
@@ -270,10 +261,6 @@ async def ask_with_dynamos_client(
 ) -> list[Any]:
     """The items of ``request`` to ``endpoint``, asked by a program that uses only Dynamo's own
     Python client (over the discovery ``where``); ``each``: every instance's items, a list each."""
-    import asyncio
-    import json
-    import os
-
     env = {**os.environ, **DynamoPlanes.from_flags(where, None, None, tcp_host=None).environment}
     client = await asyncio.create_subprocess_exec(
         sys.executable, "-c", DYNAMO_CLIENT, endpoint, json.dumps(request), *(["each"] if each else []), env=env,
@@ -286,17 +273,24 @@ async def ask_with_dynamos_client(
 
 @pytest.mark.dynamo
 @pytest.mark.processes
-async def test_a_plain_handler_on_dynamos_runtime_answers_dynamos_own_client(tmp_path: Path) -> None:
-    """echo_worker.py with --runtime dynamo: a program using Dynamo's Python client (no kit
-    import) gets the handler's items."""
+@pytest.mark.parametrize(
+    ("program", "endpoint", "text"),
+    [
+        ("components/echo_worker.py", "dynamo.echo.generate", "one two three"),
+        ("notebooks/01_runtime_basics.ipynb", "tutorial.words.generate", "from a notebook"),
+    ],
+    ids=["echo-worker", "01-handler-program"],
+)
+async def test_a_handler_on_dynamos_runtime_answers_dynamos_own_client(
+    program: str, endpoint: str, text: str, tmp_path: Path
+) -> None:
+    """echo_worker.py, and notebook 01's HandlerProgram (exported), with --runtime dynamo: a
+    program using only Dynamo's Python client (no kit import) gets the handler's items."""
     where = f"file://{tmp_path / 'kv'}"
-    worker = await launch(
-        "components/echo_worker.py", "--runtime", "dynamo", "--discovery", where,
-        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=60,
-    )  # fmt: skip
+    worker = await on_dynamo(program, where, tmp_path)
     try:
-        items = await ask_with_dynamos_client(where, "dynamo.echo.generate", {"text": "one two three"})
-        assert [item["word"] for item in items] == ["one", "two", "three"]
+        items = await ask_with_dynamos_client(where, endpoint, {"text": text})
+        assert [item["word"] for item in items] == text.split()
     finally:
         assert await worker.stop(timeout=30) == 0, worker.tail()
 
@@ -309,23 +303,15 @@ async def test_an_hf_prefill_and_decode_on_dynamos_runtime_give_the_aggregated_t
     """hf prefill + decode workers on Dynamo's runtime behind Dynamo's frontend (its own
     frontend-based prefill routing: both legs at once, with bootstrap_info): the aggregated
     greedy text, and the prefill's bootstrap server handed each request's KV to the decode."""
-    import asyncio
-
     expected = await our_text(hf_engine, tiny_path)
     where = f"file://{tmp_path / 'kv'}"
-    roles = {
-        mode: launch("components/hf_worker.py", "--runtime", "dynamo", "--discovery", where, "--mode", mode,
-                     cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name=mode)
-        for mode in ("prefill", "decode")
-    }  # fmt: skip
-    prefill, decode = await asyncio.gather(*roles.values())
+    prefill, decode = await asyncio.gather(*(
+        on_dynamo("components/hf_worker.py", where, tmp_path, "--mode", mode, name=mode) for mode in ("prefill", "decode")
+    ))  # fmt: skip
     frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
     try:
-        await wait_for_model(frontend.url, MODEL)
-        for _ in range(600):  # its prefill router takes the prefill worker (it logs when)
-            if any("Prefill router target activated" in line for line in frontend.process.logs()):
-                break
-            await asyncio.sleep(0.05)
+        await bench.wait_for_model(frontend.url, MODEL, timeout=60)
+        await wait_for_prefill_router(frontend)
         for _ in range(2):
             assert await answer_of(frontend.url, CHAT) == expected
         [stats] = await ask_with_dynamos_client(where, "dynamo.prefill.stats", {})
@@ -344,19 +330,15 @@ async def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_that_hold
     publisher; python -m dynamo.frontend --router-mode kv sends each repeat of a long prompt to
     the worker that holds it, whose prefix cache reports the hit (cached_tokens > 0), where round
     robin would send every other repeat to a worker that holds nothing."""
-    import asyncio
-
     where = f"file://{tmp_path / 'kv'}"
-    workers = await asyncio.gather(*(
-        launch("components/hf_worker.py", "--runtime", "dynamo", "--discovery", where, cwd=ROOT,
-               log_dir=tmp_path, show_logs=False, timeout=120, name=f"hf{i}")
-        for i in range(2)
-    ))  # fmt: skip
+    workers = await asyncio.gather(
+        *(on_dynamo("components/hf_worker.py", where, tmp_path, name=f"hf{i}") for i in range(2))
+    )
     frontend = await launch_dynamo_frontend(
         where, "--router-mode", "kv", log_dir=tmp_path, show_logs=False, timeout=120
     )
     try:
-        await wait_for_model(frontend.url, MODEL)
+        await bench.wait_for_model(frontend.url, MODEL, timeout=60)
         prompt = " ".join(f"line {i}: the harbour keeps its ships in rows" for i in range(12))
         body = {**CHAT, "messages": [{"role": "user", "content": prompt}], "max_tokens": 2}
         cached = []
@@ -380,53 +362,25 @@ async def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_that_hold
 
 @pytest.mark.dynamo
 @pytest.mark.processes
-async def test_a_notebooks_handler_program_on_dynamos_runtime_answers_dynamos_own_client(
-    tmp_path: Path,
-) -> None:
-    """Notebook 01's HandlerProgram (the words handler), exported and run with --runtime dynamo:
-    a program using only Dynamo's Python client gets its items."""
-    where = f"file://{tmp_path / 'kv'}"
-    worker = await launch(
-        "notebooks/01_runtime_basics.ipynb", "--runtime", "dynamo", "--discovery", where,
-        cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120,
-    )  # fmt: skip
-    try:
-        items = await ask_with_dynamos_client(where, "tutorial.words.generate", {"text": "from a notebook"})
-        assert [item["word"] for item in items] == ["from", "a", "notebook"]
-    finally:
-        assert await worker.stop(timeout=30) == 0, worker.tail()
-
-
-@pytest.mark.dynamo
-@pytest.mark.processes
 async def test_a_mocker_prefill_and_decode_on_dynamos_runtime_stream_the_aggregated_tokens(
     tmp_path: Path,
 ) -> None:
     """mocker_worker.py as a prefill + decode pair on Dynamo's runtime: Dynamo's frontend takes its
     prefill route (its router's metrics count the prefill legs) and the text equals an aggregated
     mocker's, behind the same kind of frontend."""
-    import asyncio
-
-    from dynamo_nb import bench
-
     body = {**CHAT, "max_tokens": 8}
     texts = {}
     for layout, modes in (("aggregated", ["aggregated"]), ("pair", ["prefill", "decode"])):
         where = f"file://{tmp_path / layout}"
         workers = await asyncio.gather(*(
-            launch("components/mocker_worker.py", "--runtime", "dynamo", "--discovery", where, "--mode", mode,
-                   "--speedup-ratio", "50", cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name=mode)
+            on_dynamo("components/mocker_worker.py", where, tmp_path, "--mode", mode, "--speedup-ratio", "50", name=mode)
             for mode in modes
         ))  # fmt: skip
         frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
         try:
-            await wait_for_model(frontend.url, MODEL)
-            for _ in range(600):  # a pair: its prefill router takes the prefill worker (it logs when)
-                if layout == "aggregated" or any(
-                    "Prefill router target activated" in line for line in frontend.process.logs()
-                ):
-                    break
-                await asyncio.sleep(0.05)
+            await bench.wait_for_model(frontend.url, MODEL, timeout=60)
+            if layout == "pair":
+                await wait_for_prefill_router(frontend)
             texts[layout] = [await answer_of(frontend.url, body) for _ in range(2)]
             if layout == "pair":
                 metrics = await bench.scrape_metrics(frontend.url)
