@@ -398,7 +398,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_hf_args(parser: argparse.ArgumentParser) -> None:
-    """Add the ``hf`` engine's flags: device, dtype and its prefix cache."""
+    """Add the ``hf`` engine's flags: device, dtype, its prefix cache and its step's token budget."""
     group = parser.add_argument_group("hf engine")
     group.add_argument(
         "--device",
@@ -419,6 +419,20 @@ def add_hf_args(parser: argparse.ArgumentParser) -> None:
         "--no-enable-prefix-caching",
         action="store_true",
         help="no prefix cache, as --prefix-cache-blocks 0 (default: off, prefix caching on)",
+    )
+    group.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="tokens a step runs: one per decoding request, the rest for prompts waiting to be "
+        "prefilled, batched in one forward pass (as vLLM's flag) (default: %(default)s)",
+    )
+    group.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="prefill a prompt longer than what a step has left in chunks over several steps, so "
+        "running requests keep getting a token every step (default: on)",
     )
 
 

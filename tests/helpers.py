@@ -40,6 +40,16 @@ async def collect(stream: Any) -> list[Any]:
     return [item.to_dict() if hasattr(item, "to_dict") else item async for item in stream]
 
 
+async def until(condition: Callable[[], bool], timeout: float = 30.0, step: float = 0.0005) -> None:
+    """Poll ``condition()`` until it holds; `TimeoutError` after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        if loop.time() > deadline:
+            raise TimeoutError(f"not true within {timeout} s: {condition}")
+        await asyncio.sleep(step)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

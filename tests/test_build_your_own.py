@@ -386,7 +386,8 @@ def test_a_flag_typo_on_the_command_line_gets_the_close_flags() -> None:
         err.getvalue()
         .splitlines()[-1]
         .endswith(
-            "unrecognized arguments: --max-num-sequences 4 (--max-num-sequences: did you mean --max-num-seqs?)"
+            "unrecognized arguments: --max-num-sequences 4 (--max-num-sequences: did you mean "
+            "--max-num-seqs or --max-num-batched-tokens?)"
         )
     )
 

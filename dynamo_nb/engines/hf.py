@@ -1,11 +1,15 @@
 """The ``hf`` engine: a local Hugging Face model run with PyTorch + transformers (CPU or CUDA).
 
-Requests are batched continuously: a scheduler task runs one step of every active sequence
-per round, in a worker thread so the event loop stays free, and hands each new token to its
-stream. New sequences prefill; all decoding sequences then share one batched forward pass
-(`hf_batch`), so throughput grows with concurrency, and sequences join and leave between
-steps. A short request finishes while a long one runs; a request's greedy output does not
-depend on what it was batched with. Cancelling a stream drops its sequence and KV cache at once.
+Requests are batched continuously, as vLLM schedules them: a scheduler task runs one step at a
+time, in a worker thread so the event loop stays free, and hands each new token to its stream.
+A step runs every decoding sequence in one batched forward pass (`hf_batch`) and the prompts
+waiting for their KV in another (`hf_prefill`), within a token budget
+(``max_num_batched_tokens``, decodes first); a prompt longer than what is left is prefilled in
+chunks over several steps (``enable_chunked_prefill``), so running decodes get a token every
+step. The step's tokens are sampled on the device and reach the host in one transfer
+(`hf_sampling`). Sequences join and leave between steps; a short request finishes while a long
+one runs; a request's greedy output does not depend on what it was batched with or how its
+prompt was chunked. Cancelling a stream drops its sequence and KV cache at once.
 
 Example::
 
@@ -40,9 +44,11 @@ from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions
 from ..runtime.context import Context
 from .base import KvEvent, KvEventSink, token_budget
 from .hf_batch import DecodeBatch, can_batch
+from .hf_prefill import PrefillRow, plan_prefill, prefill_rows
+from .hf_sampling import sample_rows
 from .kv_cache.blocks import publish_kv_events
-from .kv_cache.prefix import PrefixCache
-from .model_calls import forward_with_cache, new_kv_cache
+from .kv_cache.prefix import PrefixCache, PrefixHit
+from .model_calls import attention_kernels, forward_with_cache, new_kv_cache
 
 __all__ = ["HFEngine"]
 
@@ -62,10 +68,18 @@ class _Sequence:
     queue: asyncio.Queue[Any]
     generator: Any
     cache: Any = None
+    prefilled: int = 0  # prompt tokens whose KV is in ``cache``
+    hit: PrefixHit | None = None  # the prefix cache's blocks, held from the first chunk to the last
     last_token: int = -1
     generated: int = 0
     finish: str | None = None
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (or the prefill's)
+    left: bool = False  # ended, cancelled or failed: no step runs it again
+
+    @property
+    def decoding(self) -> bool:
+        """Whether its whole prompt is in its KV cache (it gets a token each step)."""
+        return self.cache is not None and self.prefilled >= len(self.prompt)
 
 
 class HFEngine(BootstrapRole):
@@ -89,8 +103,11 @@ class HFEngine(BootstrapRole):
         kv_events: KvEventSink | None = None,
         batch_decode: bool = True,
         kv_timeout: float = 30.0,
+        max_num_batched_tokens: int = 2048,
+        enable_chunked_prefill: bool = True,
     ) -> None:
         """Use `HFEngine.load`."""
+        _check_budget(max_num_seqs, max_num_batched_tokens)
         self.model = model
         self.prefix_cache = prefix_cache
         self.kv_events = kv_events
@@ -112,7 +129,12 @@ class HFEngine(BootstrapRole):
         self.steps_total = 0
         self.batch_decode = batch_decode  # one forward pass for every decoding sequence per step
         self.batched_steps = 0  # steps whose decodes ran as one batch
+        self.max_num_batched_tokens = max_num_batched_tokens  # a step's tokens: decodes, then prompt chunks
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.prefill_passes = 0  # forward passes that prefilled prompt chunks
+        self.prefill_chunks = 0  # prompt chunks those passes ran (more than passes: prefills batched)
         self._batch = DecodeBatch(model)  # the decoding sequences, stacked (engine thread only)
+        self._left: list[_Sequence] = []  # sequences that left since the last step (may hold prefix blocks)
 
     @classmethod
     async def load(
@@ -126,6 +148,8 @@ class HFEngine(BootstrapRole):
         block_size: int = 16,
         kv_events: KvEventSink | None = None,
         kv_timeout: float = 30.0,
+        max_num_batched_tokens: int = 2048,
+        enable_chunked_prefill: bool = True,
     ) -> HFEngine:
         """Load the model in ``model_path`` off the event loop.
 
@@ -137,10 +161,13 @@ class HFEngine(BootstrapRole):
             block_size: tokens per block (the model card's ``kv_cache_block_size``).
             kv_events: where the prefix cache's KV events go (e.g. a `KvEventPublisher`'s ``publish``).
             kv_timeout: seconds the decode role waits for its prefill's KV.
+            max_num_batched_tokens: tokens a step runs, its decodes' first, then prompt chunks
+                (vLLM's flag of that name).
+            enable_chunked_prefill: prefill a prompt longer than what a step has left in chunks
+                over several steps (else it waits for a step with room).
         """
         folder = check_model_dir(model_path)
-        if max_num_seqs < 1:
-            raise ConfigError(f"max_num_seqs must be at least 1, got {max_num_seqs}")
+        _check_budget(max_num_seqs, max_num_batched_tokens)
         if prefix_cache_blocks < 0 or block_size < 1:
             raise ConfigError(
                 f"prefix_cache_blocks must be 0 or more and block_size at least 1, got "
@@ -160,6 +187,8 @@ class HFEngine(BootstrapRole):
             prefix_cache=prefix_cache,
             kv_events=kv_events,
             kv_timeout=kv_timeout,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
         )
 
     @classmethod
@@ -176,7 +205,7 @@ class HFEngine(BootstrapRole):
         cls, args: argparse.Namespace, model_path: str | Path, *, kv_events: KvEventSink | None = None
     ) -> HFEngine:
         """The engine the worker flags describe (``--device``, ``--dtype``, ``--max-num-seqs``, the prefix
-        cache, ``--kv-timeout``)."""
+        cache, ``--kv-timeout``, ``--max-num-batched-tokens``, ``--enable-chunked-prefill``)."""
         return await cls.load(
             model_path,
             device=args.device,
@@ -186,6 +215,8 @@ class HFEngine(BootstrapRole):
             block_size=args.kv_cache_block_size,
             kv_events=kv_events,
             kv_timeout=args.kv_timeout,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            enable_chunked_prefill=args.enable_chunked_prefill,
         )
 
     @property
@@ -204,6 +235,8 @@ class HFEngine(BootstrapRole):
             "cached_blocks": cache.cached_blocks if cache else 0,
             "steps": self.steps_total,
             "batched_steps": self.batched_steps,
+            "prefill_passes": self.prefill_passes,
+            "prefill_chunks": self.prefill_chunks,
             "active": self.active,
             "bootstrap_rooms": self.bootstrap.rooms if self.bootstrap is not None else 0,
             "kv_served": self.bootstrap.served_total if self.bootstrap is not None else 0,
@@ -239,8 +272,7 @@ class HFEngine(BootstrapRole):
                 header["cached_tokens"] = seq.cached_tokens  # the decode reports what the prefill reused
                 return header, payload
             finally:
-                self._active.pop(seq.seq_id, None)
-                seq.cache = None
+                self._leave(seq)
 
     async def decode(
         self, request: PreprocessedRequest, context: Context | None = None
@@ -257,6 +289,7 @@ class HFEngine(BootstrapRole):
         async with self._admission:
             seq = self._new_sequence(request, token_budget(request, self.context_length))
             seq.cache, seq.last_token, seq.generated = cache, header["first_token"], 1
+            seq.prefilled = len(seq.prompt)
             seq.cached_tokens = int(header.get("cached_tokens") or 0)
             _check_finish(seq, seq.last_token)
             if seq.finish is not None:
@@ -320,8 +353,16 @@ class HFEngine(BootstrapRole):
                     )  # fmt: skip
                     return
         finally:
-            self._active.pop(seq.seq_id, None)
-            seq.cache = None
+            self._leave(seq)
+
+    def _leave(self, seq: _Sequence) -> None:
+        """``seq`` is done (ended, cancelled or failed): it leaves the scheduler and drops its KV;
+        prefix blocks it holds are let go by the engine thread at its next step (a step under way
+        may still be running it)."""
+        seq.left = True
+        self._active.pop(seq.seq_id, None)
+        seq.cache = None
+        self._left.append(seq)
 
     def _import_cache(self, header: dict[str, Any], payload: bytes) -> Any:
         """A DynamicCache from a received KV payload (runs in the engine's thread)."""
@@ -354,9 +395,9 @@ class HFEngine(BootstrapRole):
                 error = EngineError(f"the model step failed: {exc!r}")
                 for seq in batch:
                     seq.queue.put_nowait((error, None))
-                    self._active.pop(seq.seq_id, None)
+                    self._leave(seq)
                 continue
-            for seq, token in zip(batch, results, strict=True):
+            for seq, token in results:
                 if self._active.get(seq.seq_id) is seq:
                     seq.queue.put_nowait((token, seq.finish))
                     if seq.finish is not None:
@@ -367,88 +408,138 @@ class HFEngine(BootstrapRole):
         if self.prefix_cache is not None:
             await publish_kv_events(self.kv_events, self.prefix_cache.drain_events())
 
-    def _step_all(self, batch: list[_Sequence]) -> list[int]:
-        """One step of every sequence in ``batch`` (runs in the engine's thread): new sequences
-        prefill one by one, then every decoding sequence gets its next token from one batched
-        forward pass (a `DecodeBatch`, restacked only when sequences join or leave)."""
+    def _step_all(self, batch: list[_Sequence]) -> list[tuple[_Sequence, int]]:
+        """One step (runs in the engine's thread): every decoding sequence in ``batch`` gets its
+        next token from one batched forward pass (a `DecodeBatch`, into which only joining
+        sequences are copied), and the prompts waiting for their KV run their planned chunks in another
+        (`plan_prefill`, `prefill_rows`); a prompt whose last chunk ran gets its first token. The
+        tokens are sampled together and copied to the host once. Returns (sequence, token) pairs."""
         import torch
 
-        tokens: dict[int, int] = {}
+        self._let_go_of_left_prefixes()
+        batch = [seq for seq in batch if not seq.left]  # (after the let-go: one that left now waits)
+        decoding = [seq for seq in batch if seq.decoding]
+        waiting = [seq for seq in batch if not seq.decoding]
+        sampled: list[_Sequence] = []
+        logits: list[Any] = []
         try:
-            with torch.inference_mode():
-                decoding = [seq for seq in batch if seq.cache is not None]
-                for seq in batch:
-                    if seq.cache is None:
-                        tokens[seq.seq_id] = self._step(seq, torch)
-                if self.batch_decode and len(decoding) > 1 and self._join_batch(decoding):
-                    logits = self._batch.step([seq.last_token for seq in decoding])
-                    for row, seq in enumerate(decoding):
-                        tokens[seq.seq_id] = self._take(seq, logits[row], torch)
-                    self.batched_steps += 1
-                else:
-                    for seq in decoding:
-                        seq.cache = self._own_cache(seq)
-                        tokens[seq.seq_id] = self._step(seq, torch)
-                    self._batch.clear()
+            with torch.inference_mode(), attention_kernels(self.device):
+                if decoding:
+                    ordered, decode_logits = self._decode(decoding)
+                    logits.append(decode_logits)
+                    sampled += ordered
+                if waiting:
+                    ready, ready_logits = self._prefill(waiting, decodes=len(decoding))
+                    if ready:
+                        logits.append(ready_logits)
+                        sampled += ready
+                if not sampled:
+                    self.steps_total += 1
+                    return []
+                rows = logits[0] if len(logits) == 1 else torch.cat(logits)
+                tokens = sample_rows(
+                    rows, [seq.sampling for seq in sampled], [seq.generator for seq in sampled]
+                ).tolist()  # the step's one device-to-host copy
         except BaseException:
             self._batch.clear()  # its members fail with the step
+            for seq in waiting:
+                self._abandon_prefix(seq)
             raise
         self.steps_total += 1
-        return [tokens[seq.seq_id] for seq in batch]
+        for seq, token in zip(sampled, tokens, strict=True):
+            seq.last_token = token
+            seq.generated += 1
+            _check_finish(seq, token)
+        return list(zip(sampled, tokens, strict=True))
 
-    def _join_batch(self, decoding: list[_Sequence]) -> bool:
-        """Make ``decoding`` the decode batch's members (restacked only if they changed);
-        False when their caches cannot share a forward pass (see `can_batch`)."""
-        ids = [seq.seq_id for seq in decoding]
-        if ids == self._batch.ids:
-            return True
-        caches = [self._own_cache(seq) for seq in decoding]
-        if not can_batch(caches):
-            for seq, cache in zip(decoding, caches, strict=True):
-                seq.cache = cache
-            self._batch.clear()
-            return False
-        self._batch.rebuild(ids, caches)
+    def _decode(self, decoding: list[_Sequence]) -> tuple[list[_Sequence], Any]:
+        """The decoding sequences' next-token logits: the sequences (in row order) and one row each."""
+        import torch
+
+        if self.batch_decode and len(decoding) > 1:
+            ordered = self._join_batch(decoding)
+            if ordered is not None:
+                self.batched_steps += 1
+                return ordered, self._batch.step([seq.last_token for seq in ordered])
+        rows = []
         for seq in decoding:
-            seq.cache = self._batch  # its KV lives in the batch until it runs alone again
-        return True
+            seq.cache = self._own_cache(seq)
+            input_ids = torch.tensor([[seq.last_token]], device=self.device)
+            rows.append(forward_with_cache(self.model, seq.cache, input_ids=input_ids).logits[0, -1])
+        self._batch.clear()
+        return decoding, torch.stack(rows)
+
+    def _prefill(self, waiting: list[_Sequence], decodes: int) -> tuple[list[_Sequence], Any]:
+        """Run this step's prompt chunks (`plan_prefill` within the budget the ``decodes`` left) in
+        one forward pass; the sequences whose prompt is now whole, and their logits."""
+        for seq in waiting:
+            if seq.cache is None:  # a first chunk: start from the prompt's cached prefix
+                self._begin_prefill(seq)
+        sizes = plan_prefill(
+            [len(seq.prompt) - seq.prefilled for seq in waiting],
+            self.max_num_batched_tokens,
+            decodes=decodes,
+            chunked=self.enable_chunked_prefill,
+        )
+        chunked = waiting[: len(sizes)]
+        rows = [
+            PrefillRow(seq.cache, seq.prompt[seq.prefilled : seq.prefilled + size])
+            for seq, size in zip(chunked, sizes, strict=True)
+        ]
+        logits, caches = prefill_rows(self.model, rows)
+        self.prefill_passes += 1
+        self.prefill_chunks += len(rows)
+        ready = []
+        for index, (seq, size, cache) in enumerate(zip(chunked, sizes, caches, strict=True)):
+            seq.cache, seq.prefilled = cache, seq.prefilled + size
+            if seq.decoding:
+                ready.append(index)
+                if seq.hit is not None and self.prefix_cache is not None:
+                    self.prefix_cache.finish(seq.hit, cache)
+                    seq.hit = None
+        if len(ready) == len(rows):
+            return chunked, logits
+        return [chunked[index] for index in ready], logits[ready]
+
+    def _begin_prefill(self, seq: _Sequence) -> None:
+        """``seq``'s KV cache to start from: its prompt's cached prefix, or empty."""
+        if self.prefix_cache is None:
+            seq.cache = new_kv_cache(self.model)
+            return
+        seq.hit = self.prefix_cache.begin(seq.prompt)
+        seq.cache, seq.prefilled = seq.hit.past, seq.hit.reused
+        seq.cached_tokens = seq.hit.reused
+
+    def _abandon_prefix(self, seq: _Sequence) -> None:
+        """Let go of the prefix blocks ``seq`` holds, caching nothing new (its prefill failed or it left)."""
+        if seq.hit is not None and self.prefix_cache is not None:
+            self.prefix_cache.abandon(seq.hit)
+        seq.hit = None
+
+    def _let_go_of_left_prefixes(self) -> None:
+        while self._left:
+            self._abandon_prefix(self._left.pop())
+
+    def _join_batch(self, decoding: list[_Sequence]) -> list[_Sequence] | None:
+        """Make ``decoding`` the decode batch's members (those that left leave, new ones join);
+        the sequences in the batch's row order, or None when a joining cache cannot share a
+        forward pass (see `can_batch`: everyone then runs alone)."""
+        by_id = {seq.seq_id: seq for seq in decoding}
+        joining = [seq for seq in decoding if seq.cache is not self._batch]
+        if joining or len(self._batch.ids) != len(by_id):
+            if not can_batch([seq.cache for seq in joining]):
+                for seq in decoding:
+                    seq.cache = self._own_cache(seq)
+                self._batch.clear()
+                return None
+            self._batch.update(set(by_id), [(seq.seq_id, seq.cache) for seq in joining])
+            for seq in joining:
+                seq.cache = self._batch  # its KV lives in the batch until it runs alone again
+        return [by_id[seq_id] for seq_id in self._batch.ids]
 
     def _own_cache(self, seq: _Sequence) -> Any:
         """``seq``'s KV cache as its own ``DynamicCache`` (taken out of the batch if it is in it)."""
         return self._batch.cache_of(seq.seq_id) if seq.cache is self._batch else seq.cache
-
-    def _step(self, seq: _Sequence, torch: Any) -> int:
-        if seq.cache is None:
-            logits = self._prefill(seq, torch)
-        else:
-            input_ids = torch.tensor([[seq.last_token]], device=self.device)
-            logits = forward_with_cache(self.model, seq.cache, input_ids=input_ids).logits[0, -1]
-        return self._take(seq, logits, torch)
-
-    def _take(self, seq: _Sequence, logits: Any, torch: Any) -> int:
-        """Sample ``seq``'s next token from its ``logits`` and account for it."""
-        token = _sample(logits.float(), seq.sampling, seq.generator, torch)
-        seq.last_token = token
-        seq.generated += 1
-        _check_finish(seq, token)
-        return token
-
-    def _prefill(self, seq: _Sequence, torch: Any) -> Any:
-        """Run the prompt (after its cached prefix, with a prefix cache); the last position's logits."""
-        hit = self.prefix_cache.begin(seq.prompt) if self.prefix_cache is not None else None
-        past = hit.past if hit is not None else new_kv_cache(self.model)
-        input_ids = torch.tensor([seq.prompt[hit.reused if hit is not None else 0 :]], device=self.device)
-        try:
-            logits = forward_with_cache(self.model, past, input_ids=input_ids).logits[0, -1]
-        except BaseException:
-            if hit is not None:
-                self.prefix_cache.abandon(hit)  # type: ignore[union-attr]
-            raise
-        seq.cache = past
-        if hit is not None:
-            seq.cached_tokens = hit.reused
-            self.prefix_cache.finish(hit, past)  # type: ignore[union-attr]
-        return logits
 
     async def close(self) -> None:
         """Stop the scheduler and the bootstrap server, release the model thread."""
@@ -479,20 +570,12 @@ def _make_generator(device: str, seed: int | None) -> Any:
     return generator
 
 
-def _sample(logits: Any, options: SamplingOptions, generator: Any, torch: Any) -> int:
-    if options.greedy:
-        return int(torch.argmax(logits))
-    logits = logits / (1.0 if options.temperature is None else options.temperature)
-    if options.top_k is not None and options.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, options.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if options.top_p is not None and options.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs > options.top_p
-        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
-        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-    return int(torch.multinomial(probs, 1, generator=generator))
+def _check_budget(max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    if max_num_seqs < 1 or max_num_batched_tokens < 1:
+        raise ConfigError(
+            f"max_num_seqs and max_num_batched_tokens must be at least 1, got {max_num_seqs} and "
+            f"{max_num_batched_tokens}"
+        )
 
 
 def _load_model(folder: Path, device: str, dtype: str) -> tuple[Any, str, list[int]]:
