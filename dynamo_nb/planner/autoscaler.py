@@ -234,9 +234,9 @@ class Autoscaler:
         row = {"t_s": round(now - self._origin, 2), **observed, "replicas": self.replicas, "desired": desired,
                "action": action, "reason": reason}  # fmt: skip
         self.records.append(row)
-        self._decided.set()
         if self._display is not None and len(self.records) > 1:
             self._display.show(await asyncio.to_thread(lambda: self.chart().to_png()))
+        self._decided.set()  # after the chart shows it: a caller that stops on this decision sees it drawn
         return row
 
     def _desired(self, observed: dict[str, float]) -> tuple[int, str]:
@@ -285,6 +285,8 @@ class Autoscaler:
 
     def chart(self) -> Chart:
         """Replicas (and what the load asked for) over time, beside the load the mode follows."""
+        from matplotlib.ticker import MaxNLocator
+
         from ..bench.charts import _chart
 
         table = self.decisions
@@ -297,6 +299,7 @@ class Autoscaler:
         replica_ax.set_title(f"{self.service} replicas ({self.mode} mode)")
         replica_ax.set_xlabel("seconds")
         replica_ax.set_ylabel("replicas")
+        replica_ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count: whole ticks
         replica_ax.legend(fontsize="small")
         column = {"load": "inflight", "throughput": "req_per_s", "slo": "ttft_p90_ms"}[self.mode]
         load_ax.plot(table["t_s"], table[column], marker=".", color="tab:orange")

@@ -1,0 +1,185 @@
+"""A notebook's markdown says what to look for; a measured result goes in a `dynamo_nb.claim`.
+
+Prose is written once and numbers are re-measured on every run, so a sentence in markdown that
+states a measured comparison ("the hf engine answers sooner", "the fast path saves the round
+trip", "one or two engines per prompt") can be contradicted by the very outputs under it. The
+rule below finds such sentences: a comparative or trend word beside a measured quantity (in
+the sentence, or earlier in its paragraph when the sentence refers back to it). What it finds
+moves into a claim, is rewritten as what to look for, or, for definitions and facts of design,
+is allowed below with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+COMPARATIVE = re.compile(
+    r"\b(faster|slower|sooner|later|lower|higher|more|fewer|less|least|most|lead|wins?|beats?|saves?|"
+    r"cuts?|drops?|rises?|grows?|falls?|doubles?|halves|better|worse|than|outperforms?|pulls? ahead|"
+    r"falls? behind|followed|tracks?|keeps? up|exceeds?|misses|meets?)\b"
+    r"|\b(over|under|above|below|within)\s+(\d|half|a tenth|a third|a quarter)"
+    r"|×|\b\d+(\.\d+)?x\b|\d\s*→\s*\d|\b(one|two|three|four|five) or (two|three|four|five)\b",
+    re.IGNORECASE,
+)
+"""Words that compare or say which way a number went (and number ranges, ratios, sequences)."""
+
+STRONG = re.compile(r"\b(faster|slower|sooner|lead|wins?|beats?|saves?|outperforms?|pulls? ahead)\b", re.I)
+"""Comparisons that carry a measurement even when the quantity is named a sentence earlier."""
+
+LOOK_FOR = re.compile(r"\b(whether|look (at|for)|watch (for|how|whether)|see (if|whether|how))\b", re.I)
+"""A sentence that tells the reader what to look for states no result."""
+
+MEASURED = re.compile(
+    r"\b(TTFT|ITL|latency|latencies|throughput|tok/s|tokens/s|req/s|requests/s|p50|p90|p99|median|mean|"
+    r"hit rate|hits|overlap|replicas?|goodput|attainment|SLO|concurrency|round trip|engines|workers|cached|"
+    r"reuse)\b|\d\s*(ms|s|%)\b",
+    re.IGNORECASE,
+)
+"""What a notebook measures: latencies, rates, shares, counts of engines and workers."""
+
+ALLOWED = {
+    ("05_disaggregated_serving", "one more round trip"): "the fallback path's extra hop is its design",
+    ("05_disaggregated_serving", "adds two more"): "a count of the workers the notebook starts",
+    ("13_on_nvidia_dynamo", "Below 1 in the TTFT column"): "how to read a ratio column, not a result",
+    (
+        "04_measuring_ttft",
+        "a level can come out slower",
+    ): "a caution about noise on a shared machine, no result",
+    ("09_capacity_planning", "A request *meets* it or not"): "what an SLO is",
+    ("09_capacity_planning", '"p90 TTFT ≤ 500 ms" means'): "what an SLO is",
+    ("09_capacity_planning", "the less loaded of two instances"): "what the least-loaded router does",
+    ("09_capacity_planning", "the queue grows for as long as the level runs"): "what saturated means",
+    ("09_capacity_planning", 'answers "what rate can two workers serve'): "what a function answers",
+    ("09_capacity_planning", "It draws only the rates"): "what the chart draws",
+    ("09_capacity_planning", "no other drawn rate beats on both axes"): "what the Pareto front is",
+    ("09_capacity_planning", "the fewest engines can come out one higher"): "a caution about a busy machine",
+    ("09_capacity_planning", "the smallest fleet whose requests meet the SLO"): "what sizing is (the recap)",
+    (
+        "09_capacity_planning",
+        "a rate whose answers fall behind its arrivals",
+    ): "what saturated means (the recap)",
+    ("05_disaggregated_serving", "does fewer rounds"): "what the export's smoke check does",
+    ("13_on_nvidia_dynamo", "measures more levels"): "what a benchmark script covers",
+    ("06_kv_aware_routing", "a higher weight favours cache hits"): "what the weight means",
+    ("06_kv_aware_routing", "cannot see load, though"): "what such a policy cannot do, by design",
+    ("06_kv_aware_routing", "sends fewer requests and checks"): "what the smoke check does",
+    ("12_plan_from_a_trace", "ask a planner for the fewest workers that meet"): "what the notebook teaches",
+    ("12_plan_from_a_trace", "answers the fewest that meet the SLO"): "what plan() answers",
+    (
+        "12_plan_from_a_trace",
+        "answers the fewest whose p90 TTFT and p90 ITL meet the SLO",
+    ): "what plan() answers",
+    (
+        "12_plan_from_a_trace",
+        "its target is the rate one worker serves within the SLO",
+    ): "what throughput mode does",
+    (
+        "12_plan_from_a_trace",
+        "the planner's answer meets the SLO where one fewer worker does not",
+    ): "what the smoke check checks",
+    ("12_plan_from_a_trace", "The check allows half the margin"): "how the live check is bounded",
+}
+"""Sentences the rule finds that state no measured result: (notebook, phrase) → why."""
+
+NOT_YET = {"07_serving_with_vllm"}
+"""Notebooks whose measured sentences have not all moved into claims yet (each must still have
+one: a notebook leaves this set as soon as it is clean, and then stays clean)."""
+
+
+def measured_statements(markdown: str) -> list[str]:
+    """The sentences of ``markdown`` that state a measured comparison (see the module docstring).
+
+    Example:
+        >>> measured_statements("The hf engine answers sooner. Start two workers.")
+        ['The hf engine answers sooner.']
+    """
+    text = re.sub(r"```.*?```", " ", markdown, flags=re.S)
+    text = re.sub(r"`[^`]*`", "CODE", text)
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", text)  # a link's words, not its address
+    found = []
+    for paragraph in re.split(r"\n\s*\n|\n\s*[-*>]\s+|\n#+\s", text):
+        before = ""
+        for sentence in re.split(r"(?<=[.!?])\s+", paragraph.strip()):
+            refers_back = re.search(r"\b(it|this|that|them|they|the ones)\b", sentence) or STRONG.search(
+                sentence
+            )
+            if (
+                not LOOK_FOR.search(sentence)
+                and COMPARATIVE.search(sentence)
+                and (MEASURED.search(sentence) or (refers_back and MEASURED.search(before)))
+            ):
+                found.append(sentence)
+            before += " " + sentence
+    return found
+
+
+def unallowed(notebook: Path) -> list[str]:
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    sentences = [
+        sentence
+        for cell in cells
+        if cell["cell_type"] == "markdown"
+        for sentence in measured_statements("".join(cell["source"]))
+    ]
+    return [s for s in sentences if not any(nb == notebook.stem and phrase in s for nb, phrase in ALLOWED)]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_markdown_states_no_measured_result(notebook: Path) -> None:
+    found = unallowed(notebook)
+    if notebook.stem in NOT_YET:
+        assert found, f"{notebook.stem} is clean now: take it out of NOT_YET so that it stays clean"
+    else:
+        assert not found, (
+            f"{notebook.name}: these sentences state measured results in markdown; move each into a "
+            "dynamo_nb.claim in a code cell (the markdown says what to look for), or allow it in "
+            f"tests/test_notebook_claims.py with the reason: {found}"
+        )
+
+
+def test_every_allowed_sentence_is_still_there() -> None:
+    stale = []
+    for stem, phrase in ALLOWED:
+        cells = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
+        markdown = " ".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "markdown")
+        if phrase not in markdown:
+            stale.append((stem, phrase))
+    assert not stale, f"allowed phrases no notebook has any more (drop them): {stale}"
+
+
+CONTRADICTED = [  # sentences found in the notebooks' stored runs that their own numbers contradicted
+    "One request at a time the `hf` engine answers sooner (less machinery per token); with more "
+    "requests at once vLLM pulls ahead and its lead grows with concurrency.",
+    "The fallback path pays one more round trip before decode can start: the frontend waits for the "
+    "prefill's `disaggregated_params` to learn the room. On the fast path the decode request leaves "
+    "with the prefill and saves it.",
+    "The gap is small here: the KV router keeps each system prompt on one or two engines, and a pool holds about 5.",
+    "The Pareto chart shows throughput against p90 TTFT. Points on the line are the ones no other rate beats on both axes.",
+    "The autoscaler followed the load: replicas went 1 → 3 → 1.",
+    "So the answer is three workers, never one or two engines.",
+]
+
+
+@pytest.mark.parametrize("markdown", CONTRADICTED)
+def test_the_rule_finds_the_sentences_that_were_contradicted(markdown: str) -> None:
+    assert measured_statements(markdown), markdown
+
+
+@pytest.mark.parametrize(
+    "markdown",
+    [
+        "Start two prefill workers and a decode worker over a local etcd.",
+        "The cell below prints TTFT p50 per path: look at whether the fast one is lower.",
+        "`bench.summary` gives p50/p90/p99 of TTFT per concurrency (in ms).",
+        "Workers and frontends run as processes over etcd, or in static mode over NATS.",
+    ],
+)
+def test_the_rule_leaves_instructions_and_definitions_alone(markdown: str) -> None:
+    assert not measured_statements(markdown), markdown
