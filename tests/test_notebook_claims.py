@@ -183,3 +183,21 @@ def test_the_rule_finds_the_sentences_that_were_contradicted(markdown: str) -> N
 )
 def test_the_rule_leaves_instructions_and_definitions_alone(markdown: str) -> None:
     assert not measured_statements(markdown), markdown
+
+
+UPSTREAM = re.compile(
+    r"\]\((https://(docs\.nvidia\.com/dynamo/|github\.com/ai-dynamo/|docs\.vllm\.ai/|docs\.sglang\.io/)[^)\s]+)\)"
+)
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_each_notebook_links_the_upstream_page_it_mirrors(notebook: Path) -> None:
+    """A reader who knows Dynamo, vLLM or SGLang finds their page for what the notebook shows,
+    in its recap (a link on Dynamo's docs names the release the kit is measured against)."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    recap = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## Recap"))
+    links = [match.group(1) for match in UPSTREAM.finditer(recap)]
+    assert links, (
+        f"{notebook.name}: its recap has no **Upstream:** link to Dynamo's, vLLM's or SGLang's pages"
+    )
+    assert all("/dynamo/v1.6.0/" in link for link in links if "docs.nvidia.com" in link), links

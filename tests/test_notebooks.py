@@ -57,13 +57,17 @@ LONG_CELLS_ALLOWED = {("10_your_own_engine", "class TabooEngine"), ("10_your_own
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_each_notebook_is_shaped_for_a_reader(notebook: Path) -> None:
-    """An opening of at most ~100 words (what you will learn, what you need); visible code cells of
+    """An opening of at most ~100 words (what you will learn, what you need, on the stored run's
+    machine); visible code cells of
     at most 17 lines, longer ones collapsed behind a summary comment; a "try it" cell; a recap
     that links the next notebook (which exists) and docs/."""
     cells = nbformat.read(notebook, 4).cells
     opening = cells[0].source
     assert cells[0].cell_type == "markdown" and cells[1].cell_type == "code"
     assert "**You will learn**" in opening and "**You need**" in opening, opening
+    assert "2 CPU cores (the stored run's machine)" in opening, (
+        "the You need line names the stored run's machine"
+    )
     assert len(opening.split()) <= 100, f"the opening has {len(opening.split())} words"
     for cell in cells:
         if cell.cell_type != "code":
