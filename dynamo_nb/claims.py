@@ -11,6 +11,9 @@ Example:
     ✓ the fast path's TTFT p50 is below the fallback's (fast_ms=12.1, fallback_ms=14.4)
     >>> claim("both stacks answered every request", True)
     ✓ both stacks answered every request
+    >>> import numpy as np
+    >>> claim("more requests per second", True, req_per_s=(np.float64(30.81), np.float64(16.7)))
+    ✓ more requests per second (req_per_s=(30.8, 16.7))
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ __all__ = ["ClaimError", "claim", "within"]
 
 
 def _shown(value: Any) -> str:
+    """A measured value as a reader wants it: 3 significant digits, numpy scalars as numbers,
+    pairs and lists item by item."""
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_shown(item) for item in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy or torch scalar
+        value = value.item()
     if isinstance(value, float):
         return f"{value:.3g}"
     return str(value)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import logging
 import os
 from collections.abc import Callable
 from functools import partial
@@ -652,13 +653,22 @@ def _add_declared_flags(
 
 def _from_vllm(module: str, name: str) -> Any:
     """``name`` from vLLM's ``module``; None where vLLM is not installed. Where it is installed
-    but does not import (a package it imports does not load), the one-line error that says which."""
+    but does not import (a package it imports does not load), the one-line error that says which.
+
+    Reading vLLM's flags imports vLLM's kernel helpers, whose note on a CPU host ("Triton is
+    installed, but doesn't include CPU backend") is about running vLLM, not its flags: it is left
+    out here (a vLLM worker still logs it)."""
+    triton_note = logging.getLogger("vllm.triton_utils.importing")
+    level = triton_note.level
+    triton_note.setLevel(logging.ERROR)
     try:
         return getattr(importlib.import_module(module), name)
     except Exception as exc:
         if isinstance(exc, ImportError) and not extra_installed("vllm"):
             return None
         raise broken_extra_error("vllm", "the vLLM worker", exc) from exc
+    finally:
+        triton_note.setLevel(level)
 
 
 def add_vllm_args(parser: argparse.ArgumentParser) -> None:

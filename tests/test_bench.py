@@ -209,6 +209,19 @@ def test_charts_render_to_png_headless(sweep: pd.DataFrame, tmp_path: Path) -> N
         latency_cdf(sweep, "tpot")
 
 
+def test_charts_name_workers_by_role_and_zoom_on_the_tail(sweep: pd.DataFrame) -> None:
+    workers = sorted(sweep["worker"].dropna().unique())
+    roles = dict(zip(workers, ["fast", "slow"], strict=True))
+    by_role = per_worker_chart(sweep, roles=roles)
+    assert [t.get_text() for t in by_role.axes[0].get_xticklabels()] == ["fast", "slow"]
+    assert by_role.axes[0].get_xlabel() == "worker"
+    tail = latency_cdf(sweep, "itl", tail=0.9).axes[0]
+    assert tail.get_ylim()[0] == pytest.approx(0.9) and tail.get_xscale() == "log"
+    assert "slowest 10%" in tail.get_title()
+    with pytest.raises(ConfigError, match="tail is a share from 0 to below 1"):
+        latency_cdf(sweep, "itl", tail=1.5)
+
+
 async def test_live_chart_redraws_during_a_run(slow_stub: StubServer, tmp_path: Path) -> None:
     view = live("throughput", every=0.1, path=tmp_path / "live.png")
     df = await run(

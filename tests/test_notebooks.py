@@ -68,7 +68,12 @@ def test_each_notebook_is_shaped_for_a_reader(notebook: Path) -> None:
     assert "2 CPU cores (the stored run's machine)" in opening, (
         "the You need line names the stored run's machine"
     )
-    assert len(opening.split()) <= 100, f"the opening has {len(opening.split())} words"
+    track = re.search(r"^\*Track: (\w+) \((.*)\)\*$", opening, re.M)
+    assert track and f"**{notebook.stem[:2]}**" in track.group(2), (
+        "a track banner under the title, naming this one"
+    )
+    words = len(re.sub(r"^\*Track:.*$", "", opening, flags=re.M).split())  # the banner is navigation
+    assert words <= 100, f"the opening has {words} words"
     for cell in cells:
         if cell.cell_type != "code":
             continue
@@ -111,6 +116,40 @@ def test_the_prose_names_only_files_the_code_writes(notebook: Path) -> None:
     written = {name for c in cells if c.cell_type == "code" for name in OUTPUT_FILE.findall(c.source)}
     named = {name for c in cells if c.cell_type == "markdown" for name in OUTPUT_FILE.findall(c.source)}
     assert named <= written, f"named but not written: {sorted(named - written)}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_chart_has_a_caption_under_it(notebook: Path) -> None:
+    """A chart is followed by a markdown cell that says what to see in it."""
+    cells = nbformat.read(notebook, 4).cells
+    for index, cell in enumerate(cells):
+        charted = cell.cell_type == "code" and any(
+            "image/png" in output.get("data", {})
+            or "<Chart" in str(output.get("data", {}).get("text/plain", ""))
+            for output in cell.get("outputs", [])
+        )
+        if charted:
+            after = cells[index + 1] if index + 1 < len(cells) else None
+            assert after is not None and after.cell_type == "markdown", (
+                f"cell {index}: a chart with no caption under it"
+            )
+
+
+STORED_NOISE = re.compile(r"/root/|/home/[^/\s]+/|/Users/[^/\s]+/|Triton is installed|DeprecationWarning")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_outputs_show_no_home_folder_or_library_noise(notebook: Path) -> None:
+    """What a reader sees under a cell is the cell's doing: no path inside someone's home folder
+    (it says nothing to another reader), no warning a library printed on import."""
+    home = str(Path.home())
+    found = []
+    for index, cell in enumerate(nbformat.read(notebook, 4).cells):
+        for output in cell.get("outputs", []):
+            text = str(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
+            if STORED_NOISE.search(text) or (home != "/" and home in text):
+                found.append((index, text[:200]))
+    assert not found, f"{notebook.name}: stored outputs with a home path or library noise: {found}"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)

@@ -261,10 +261,20 @@ def _row_name(key: object, unit: str) -> str:
     return " · ".join(f"{part:g}{unit}" if isinstance(part, (int, float)) else str(part) for part in parts)
 
 
-def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:
-    """The share of requests (of gaps, for ``itl``) at or under each latency, one line per level."""
+def latency_cdf(df: pd.DataFrame, metric: str = "ttft", tail: float | None = None) -> Chart:
+    """The share of requests (of gaps, for ``itl``) at or under each latency, one line per level.
+
+    ``tail`` (a share such as 0.95) zooms on the slowest ones: the y axis starts there and the x
+    axis is logarithmic, for when the whole difference between the lines is in the last few percent.
+
+    Example::
+
+        bench.latency_cdf(df, "itl", tail=0.95)   # the slowest 5 % of the gaps
+    """
     if metric not in _CDF_METRICS:
         raise ConfigError(f"metric must be one of {', '.join(_CDF_METRICS)}, got {metric!r}")
+    if tail is not None and not 0 <= tail < 1:
+        raise ConfigError(f"tail is a share from 0 to below 1 (0.95: the slowest 5 %), got {tail!r}")
     figure, (ax,) = _chart(1, width=6.0)
     column = _CDF_METRICS[metric]
     ok = df[df["error"].isna()]
@@ -291,16 +301,26 @@ def latency_cdf(df: pd.DataFrame, metric: str = "ttft") -> Chart:
     ax.set_xlabel("ms")
     ax.set_ylabel("fraction")
     ax.set_ylim(0, 1.02)
+    if tail is not None:  # the slowest (1 - tail) of them, on a log scale
+        ax.set_ylim(tail, 1.002)
+        ax.set_xscale("log")
+        ax.set_title(f"{ax.get_title()}, slowest {1 - tail:.0%}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
     return figure
 
 
-def per_worker_chart(df: pd.DataFrame) -> Chart:
+def per_worker_chart(df: pd.DataFrame, roles: dict[str, str] | None = None) -> Chart:
     """Requests and median TTFT per serving worker (from ``nvext.worker_id``), per label.
 
     Labels that share workers (router modes over one fleet) get side-by-side bars per worker;
     labels with workers of their own (one fleet each) get one bar per worker, grouped by label.
+    ``roles`` names workers by what they are (worker id → ``"fast"``, ``"prefill"``, …);
+    without it a worker is shown by the last characters of its id.
+
+    Example::
+
+        bench.per_worker_chart(df, roles=df.groupby("worker")["speed"].first().to_dict())
     """
     served = df[df["worker"].notna()]
     labels = list(dict.fromkeys(served["label"].tolist()))
@@ -331,7 +351,10 @@ def per_worker_chart(df: pd.DataFrame) -> Chart:
             offset = positions + (i - (len(labels) - 1) / 2) * width
         count_ax.bar(offset, counts.to_numpy(), width, color=color, label=label or None)
         ttft_ax.bar(offset, ttft.to_numpy(), width, color=color, label=label or None)
-    names = [w if len(w) <= 6 else "…" + w[-4:] for w in workers]  # ids often share a prefix
+    if roles:
+        names = [roles.get(w, w[-4:]) for w in workers]
+    else:
+        names = [w if len(w) <= 6 else "…" + w[-4:] for w in workers]  # ids often share a prefix
     for ax, title, unit in (
         (count_ax, "requests per worker (count)", "requests"),
         (ttft_ax, "median TTFT per worker (ms)", "ms"),
@@ -339,7 +362,7 @@ def per_worker_chart(df: pd.DataFrame) -> Chart:
         ax.set_title(title)
         ax.set_ylabel(unit)
         ax.set_xticks(positions, names, fontsize="small")
-        ax.set_xlabel("worker (last characters of its instance id)")
+        ax.set_xlabel("worker" if roles else "worker (last characters of its instance id)")
         ax.grid(True, axis="y", alpha=0.3)
     if len(labels) > 1:  # one legend above both panels, never over the bars
         handles, names = count_ax.get_legend_handles_labels()

@@ -64,7 +64,11 @@ class Plan:
     percentile: float
 
     def chart(self) -> Chart:
-        """p-th percentile TTFT and ITL against workers, the SLO's limits dashed, the answer circled."""
+        """p-th percentile TTFT and ITL against workers, the SLO's limits dashed, the answer circled;
+        whole-number worker ticks, and a log scale where the fleets span more than 10× (one
+        worker's queue would otherwise flatten the SLO's line into the axis)."""
+        from matplotlib.ticker import MaxNLocator
+
         from ..bench.charts import _chart
 
         figure, (ttft_ax, itl_ax) = _chart(2)
@@ -81,6 +85,10 @@ class Plan:
             chosen = table[table["chosen"]]
             ax.scatter(chosen["workers"], chosen[column], s=160, facecolors="none", edgecolors="green",
                        linewidths=2, label="answer", zorder=3)  # fmt: skip
+            values = table[column].dropna()
+            if len(values) and values.min() > 0 and values.max() > 10 * values.min():
+                ax.set_yscale("log")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # a count of workers
             ax.set_title(f"{title} by fleet size")
             ax.set_xlabel("workers")
             ax.set_ylabel(title)
