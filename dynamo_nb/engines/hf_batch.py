@@ -15,12 +15,13 @@ from typing import Any
 
 from .model_calls import forward_with_cache, logits_at
 
-__all__ = ["DecodeBatch", "can_batch", "stack_left_padded"]
+__all__ = ["DecodeBatch", "can_batch", "row_cache", "stack_left_padded"]
 
 
 def can_batch(caches: list[Any]) -> bool:
     """Whether these caches can share a step: plain full-attention layers (no sliding windows,
-    no quantized or static layers), one sequence each.
+    no quantized or static layers), one sequence each; an empty layer (nothing run yet) stacks as
+    padding.
 
     Example::
 
@@ -28,7 +29,9 @@ def can_batch(caches: list[Any]) -> bool:
     """
     for cache in caches:
         for layer in getattr(cache, "layers", None) or [None]:
-            if type(layer).__name__ != "DynamicLayer" or layer.keys is None or layer.keys.shape[0] != 1:
+            if type(layer).__name__ != "DynamicLayer" or (
+                layer.keys is not None and layer.keys.shape[0] != 1
+            ):
                 return False
     return True
 
@@ -154,19 +157,29 @@ class DecodeBatch:
 
     def cache_of(self, seq_id: int) -> Any:
         """A member's own cache (views into the batch, without the padding)."""
-        from transformers import DynamicCache
-
         row = self.ids.index(seq_id)
-        start = self._mask.shape[1] - self._host_lengths[row]
-        layers = [
-            (layer.keys[row : row + 1, :, start:], layer.values[row : row + 1, :, start:])
-            for layer in self._cache.layers
-        ]
-        return DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        return row_cache(self.model, self._cache, row, self._mask.shape[1] - self._host_lengths[row])
 
     def clear(self) -> None:
         """No members (the stacked cache is freed)."""
         self.ids, self._cache, self._mask, self._lengths, self._host_lengths = [], None, None, None, []
+
+
+def row_cache(model: Any, batch: Any, row: int, start: int, end: int | None = None) -> Any:
+    """Row ``row``'s own KV as a ``DynamicCache``: positions ``start:end`` of the stacked cache
+    ``batch`` (views, not copies).
+
+    Example::
+
+        own = row_cache(model, batch_cache, 2, start=7)   # row 2 without its 7 padded positions
+    """
+    from transformers import DynamicCache
+
+    layers = [
+        (layer.keys[row : row + 1, :, start:end], layer.values[row : row + 1, :, start:end])
+        for layer in batch.layers
+    ]
+    return DynamicCache(ddp_cache_data=layers, config=model.config)
 
 
 def _append_rows(old: Any, new: Any, grow: int) -> Any:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .hf_batch import stack_left_padded
+from .hf_batch import can_batch, row_cache, stack_left_padded
 from .model_calls import forward_with_cache, logits_at, new_kv_cache
 
 __all__ = ["PrefillRow", "plan_prefill", "prefill_rows"]
@@ -83,7 +83,7 @@ def prefill_rows(model: Any, rows: list[PrefillRow]) -> tuple[Any, list[Any]]:
     import torch
 
     device = model.device
-    if len(rows) == 1 or not _stackable(rows):
+    if len(rows) == 1 or not can_batch([row.past for row in rows]):
         logits, caches = [], []
         for row in rows:  # one at a time: a lone chunk, or caches that cannot be stacked
             input_ids = torch.tensor([row.tokens]).to(device)
@@ -116,21 +116,11 @@ def prefill_rows(model: Any, rows: list[PrefillRow]) -> tuple[Any, list[Any]]:
     else:  # a model that computes every position's logits
         last = torch.tensor([chunk - 1 for chunk in chunks], device=device)
     logits = out.logits[torch.arange(len(rows), device=device), last]
-    caches = [
-        _row_cache(model, batch, index, longest_past - past, longest_past + chunk)
+    caches = [  # views, not copies: a row's next step copies them anyway (decode batch or next chunk)
+        row_cache(model, batch, index, longest_past - past, longest_past + chunk)
         for index, (past, chunk) in enumerate(zip(pasts, chunks, strict=True))
     ]
     return logits, caches
-
-
-def _stackable(rows: list[PrefillRow]) -> bool:
-    """Whether the rows' caches can be stacked: plain full-attention layers (no sliding windows,
-    no quantized or static layers), one sequence each (an empty layer stacks as padding)."""
-    return all(
-        type(layer).__name__ == "DynamicLayer" and (layer.keys is None or layer.keys.shape[0] == 1)
-        for row in rows
-        for layer in row.past.layers
-    )
 
 
 def _stacked_past(model: Any, rows: list[PrefillRow], pasts: list[int], longest: int) -> Any:
@@ -146,16 +136,4 @@ def _stacked_past(model: Any, rows: list[PrefillRow], pasts: list[int], longest:
             keys.append(own.keys if past else layer.keys[:, :, :0])  # an empty past: all padding
             values.append(own.values if past else layer.values[:, :, :0])
         layers.append((stack_left_padded(keys, pasts, longest), stack_left_padded(values, pasts, longest)))
-    return DynamicCache(ddp_cache_data=layers, config=model.config)
-
-
-def _row_cache(model: Any, batch: Any, row: int, start: int, end: int) -> Any:
-    """Row ``row``'s own KV (positions ``start:end`` of the batch cache): views, not copies (its
-    next step copies them anyway, into the decode batch or the next chunk's)."""
-    from transformers import DynamicCache
-
-    layers = [
-        (layer.keys[row : row + 1, :, start:end], layer.values[row : row + 1, :, start:end])
-        for layer in batch.layers
-    ]
     return DynamicCache(ddp_cache_data=layers, config=model.config)
