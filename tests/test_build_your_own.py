@@ -343,6 +343,24 @@ async def test_an_engine_yielding_dicts_is_told_to_yield_llm_engine_outputs() ->
     ), failed
 
 
+async def test_an_engine_that_needs_a_temperature_is_told_a_client_may_send_none() -> None:
+    """A client that sends no temperature gets SamplingOptions(temperature=None): an engine that
+    divides by it fails the contract's check, which says to sample at 1 then."""
+    from dynamo_nb.engines import check_engine
+
+    class NeedsTemperature(EchoEngine):
+        async def generate(self, request, context=None):
+            temperature = request.sampling_options.temperature
+            _scale = 1.0 / temperature if temperature != 0 else None  # None: a TypeError, as `logits / None`
+            async for item in super().generate(request, context):
+                yield item
+
+    report = await check_engine(NeedsTemperature())
+    failed = {row.name: row.detail for row in report.results if row.status == "failed"}
+    assert list(failed) == ["a request without sampling options streams (temperature None is 1)"], report
+    assert "TypeError" in failed[next(iter(failed))], failed
+
+
 async def test_a_policy_reading_the_request_as_a_dict_is_told_its_type_and_hex_ids_are_taken() -> None:
     from dynamo_nb import DistributedRuntime
     from dynamo_nb.errors import RoutingError

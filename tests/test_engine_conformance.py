@@ -334,3 +334,13 @@ async def test_a_prefill_hands_its_kv_to_a_decode_on_both_paths(engine: Any) -> 
     fallback = {"prefill_result": {"disaggregated_params": params}}
     assert tokens_of(await collect(engine.decode(request(max_tokens=6, **fallback, **greedy)))) == aggregated
     await wait_idle(engine)
+
+
+async def test_check_engine_passes_on_every_engine_of_the_kit(engine: Any) -> None:
+    """`check_engine`, the checks a notebook runs on a new engine, agree with this suite: every
+    engine of the kit passes them (so a failure on a new engine is the engine's)."""
+    from dynamo_nb.engines import check_engine
+
+    report = await check_engine(engine, prompt=PROMPT)
+    assert report.passed, report
+    await wait_idle(engine)

@@ -109,6 +109,7 @@ class _Checks:
             ("streams tokens, then one final item with usage", self.final_item),
             ("max_tokens ends the stream with length", self.max_tokens),
             ("greedy sampling repeats itself", self.greedy),
+            ("a request without sampling options streams (temperature None is 1)", self.defaults),
             ("a stopped context ends the stream with cancelled", self.stopped),
             ("closing a stream frees its request", self.closed),
             ("concurrent requests interleave", self.interleave),
@@ -188,6 +189,18 @@ class _Checks:
         runs = [[t for item in await self.run(self.request(8)) for t in item.token_ids] for _ in range(2)]
         if runs[0] != runs[1]:
             raise AssertionError(f"temperature 0 gave {runs[0]} then {runs[1]}")
+
+    async def defaults(self) -> None:
+        request = PreprocessedRequest(
+            token_ids=list(self.prompt), stop_conditions=StopConditions(max_tokens=3, ignore_eos=True)
+        )
+        items = await self.run(request)
+        tokens = sum(len(item.token_ids) for item in items)
+        if tokens != 3 or items[-1].finish_reason != "length":
+            raise AssertionError(
+                f"with SamplingOptions() (what a client that sends no temperature gets): {tokens} tokens, "
+                f"finish_reason {items[-1].finish_reason!r}; sample at temperature 1 when it is None"
+            )
 
     async def stopped(self) -> None:
         context = Context()
