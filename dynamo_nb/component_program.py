@@ -248,7 +248,7 @@ class EngineProgram(ComponentProgram):
 
     kind = "engine"
 
-    def __init__(self, engine_class: type, *, model_name: str | None = None, **options: Any) -> None:
+    def __init__(self, engine_class: Any, *, model_name: str | None = None, **options: Any) -> None:
         super().__init__(**options)
         if not callable(getattr(engine_class, "from_args", None)):
             raise ConfigError(

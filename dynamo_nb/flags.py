@@ -564,7 +564,7 @@ class SuggestFlags:
     def error(self, message: str) -> NoReturn:
         prefix = "unrecognized arguments: "
         if message.startswith(prefix):
-            known = [option for action in self._actions for option in action.option_strings]  # type: ignore[attr-defined]
+            known = [option for action in self._actions for option in action.option_strings]  # type: ignore[attr-defined]  # the ArgumentParser this mix-in is part of has _actions
             hints = []
             for word in message[len(prefix) :].split():
                 flag = word.split("=", 1)[0]
@@ -573,7 +573,8 @@ class SuggestFlags:
                     hints.append(f"{flag}: did you mean {' or '.join(close)}?")
             if hints:
                 message += " (" + "; ".join(hints) + ")"
-        super().error(message)  # type: ignore[misc]
+        super().error(message)  # type: ignore[misc]  # argparse's error; this is a mix-in of its parser
+        raise AssertionError("unreachable: ArgumentParser.error exits")
 
 
 class FlagParser(SuggestFlags, argparse.ArgumentParser):
@@ -648,7 +649,7 @@ def _add_declared_flags(
     """Where ``engine`` is not installed: the flags of it that its worker reads (``declared``)."""
     group = parser.add_argument_group(f"{engine} (not installed here: only the flags its worker reads)")
     for flag, options in declared:
-        group.add_argument(flag, **options)  # type: ignore[arg-type]
+        group.add_argument(flag, **options)  # type: ignore[arg-type]  # options are add_argument's keywords, written out in the declarations
 
 
 def _from_vllm(module: str, name: str) -> Any:

@@ -149,7 +149,7 @@ def companion_problems(
         []
     """
     torch_version = _installed_version("torch") or "(none)"
-    problems = []
+    problems: list[CompanionProblem] = []
     for package in TORCH_COMPANIONS if packages is None else packages:
         version = _installed_version(package)
         if version is None:

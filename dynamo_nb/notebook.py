@@ -79,7 +79,7 @@ def widget_with_plain_text(widget_class: type, plain_text: str, *args: Any, **kw
 def _plain_text_subclass(widget_class: type) -> type:
     """One subclass per widget class, made on first use (ipywidgets is imported by the caller)."""
 
-    class PlainText(widget_class):  # type: ignore[misc, valid-type]
+    class PlainText(widget_class):
         plain_text = ""
 
         def __repr__(self) -> str:

@@ -361,6 +361,23 @@ async def test_an_engine_that_needs_a_temperature_is_told_a_client_may_send_none
     assert "TypeError" in failed[next(iter(failed))], failed
 
 
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+async def test_an_engine_without_prefill_and_decode_is_told_so_for_a_disaggregated_mode(mode: str) -> None:
+    """A worker started with --mode prefill or decode around an engine with only `generate`
+    (as a first engine is) stops with what to implement or which mode to use."""
+    from dynamo_nb import DistributedRuntime
+    from dynamo_nb.disagg import WorkerRole
+    from dynamo_nb.errors import ConfigError
+
+    async with await DistributedRuntime.create() as runtime:
+        with pytest.raises(
+            ConfigError, match=f"--mode {mode}: EchoEngine has no prefill and decode roles.*--mode aggregated"
+        ):
+            await WorkerRole(mode, "byo.worker.generate").method(runtime, EchoEngine())
+        method, _ = await WorkerRole("aggregated", "byo.worker.generate").method(runtime, EchoEngine())
+        assert method.__name__ == "generate"
+
+
 async def test_a_policy_reading_the_request_as_a_dict_is_told_its_type_and_hex_ids_are_taken() -> None:
     from dynamo_nb import DistributedRuntime
     from dynamo_nb.errors import RoutingError

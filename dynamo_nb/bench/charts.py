@@ -410,7 +410,7 @@ def _overlapping_ticks(ax, renderer) -> list[tuple[str, str]]:
 
 def _readable_ticks(figure: Figure) -> None:
     """Turn the x tick labels of each panel that overlap: 30 degrees, then upright if need be."""
-    renderer = figure.canvas.get_renderer()
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's canvas, the charts' backend
     for angle in (30, 90):
         figure.canvas.draw()
         crowded = [ax for ax in figure.axes if ax.axison and _overlapping_ticks(ax, renderer)]
@@ -430,7 +430,7 @@ def layout_problems(figure: Figure) -> list[str]:
         assert bench.layout_problems(bench.per_worker_chart(df)) == []
     """
     figure.canvas.draw()
-    renderer = figure.canvas.get_renderer()
+    renderer = figure.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's canvas, the charts' backend
     problems = []
     for index, ax in enumerate(figure.axes):
         if not ax.axison:

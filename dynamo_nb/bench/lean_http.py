@@ -145,7 +145,7 @@ class _Connection(asyncio.Protocol):
     # --- asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is an asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         if self._answer is None:  # bytes nobody asked for: the connection is not HTTP we know

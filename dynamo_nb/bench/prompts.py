@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigError
 
@@ -115,7 +115,7 @@ def multi_turn_prompts(
     return prompts
 
 
-PROMPT_SETS = {
+PROMPT_SETS: dict[str, Callable[..., list[Prompt]]] = {
     "random": random_prompts,
     "shared-prefix": shared_prefix_prompts,
     "multi-turn": multi_turn_prompts,
@@ -142,7 +142,7 @@ def as_prompts(prompts: Iterable[Prompt | str | Sequence[dict[str, str]]] | None
         elif isinstance(item, str):
             result.append(Prompt(f"prompt-{i}", ({"role": "user", "content": item},)))
         elif isinstance(item, Sequence) and all(isinstance(m, dict) and "content" in m for m in item):
-            result.append(Prompt(f"prompt-{i}", tuple(item)))
+            result.append(Prompt(f"prompt-{i}", tuple(cast("Sequence[dict[str, str]]", item))))
         else:
             raise ConfigError(
                 f"prompts[{i}] must be a str, a list of chat messages or a Prompt, got {item!r}"

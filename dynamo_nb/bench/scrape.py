@@ -84,7 +84,7 @@ def histogram_quantile(before: pd.DataFrame | None, after: pd.DataFrame, name: s
         return float("nan")
     counts = histogram(after, name).set_index("le")["count"]
     if observed(before):
-        counts = counts.sub(histogram(before, name).set_index("le")["count"], fill_value=0)  # type: ignore[arg-type]
+        counts = counts.sub(histogram(before, name).set_index("le")["count"], fill_value=0)
     if not len(counts) or counts.iloc[-1] <= 0:
         return float("nan")
     rank = q * counts.iloc[-1]

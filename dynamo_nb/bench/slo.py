@@ -140,6 +140,6 @@ def max_rate_within_slo(
     for level, row in table.iterrows():
         if not row["within_slo"]:
             break
-        best = float(level)  # type: ignore[arg-type]
+        best = float(level)
     table.attrs.update(slo=str(slo), attainment=attainment, level=level_column(df))
     return best, table

@@ -97,7 +97,7 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is an asyncio.Transport
         self.server.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -51,7 +51,7 @@ def _row(record: dict[str, Any], where: str) -> tuple[dict[str, Any], int] | Non
         if "input_length" not in replay:
             raise ConfigError(f"{where}: a dynamo.request.trace.v1 request_end without replay.input_length")
         row = {
-            "timestamp_ms": float(request.get("request_received_ms", event.get("event_time_unix_ms", 0))),
+            "timestamp_ms": float(request.get("request_received_ms", event.get("event_time_unix_ms")) or 0),
             "input_length": int(replay["input_length"]),
             "output_length": int(request.get("output_tokens") or 0),
             "hash_ids": list(replay.get("input_sequence_hashes") or []),

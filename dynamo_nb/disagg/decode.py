@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 from collections.abc import AsyncIterator
@@ -32,6 +31,7 @@ from ..errors import DisaggregationError, RequestError
 from ..llm.bootstrap_info import BootstrapInfo
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
+from ..runtime.streams import closing
 from ..telemetry.tracing import span
 from . import handoff
 from .bootstrap import fetch_kv
@@ -101,7 +101,7 @@ class DecodeHandler:
     ) -> AsyncIterator[LLMEngineOutput]:
         """The decode endpoint's method (serve it with `dynamo_nb.engines.engine_handler`)."""
         if (request.extra_args or {}).get("aggregated"):  # the frontend's router chose it
-            async with contextlib.aclosing(self.engine.generate(request, context)) as outputs:
+            async with closing(self.engine.generate(request, context)) as outputs:
                 async for output in outputs:
                     yield output
             return
@@ -115,7 +115,7 @@ class DecodeHandler:
         if fallback is None:
             started = False
             try:
-                async with contextlib.aclosing(self.engine.decode(request, context)) as outputs:
+                async with closing(self.engine.decode(request, context)) as outputs:
                     async for output in outputs:
                         started = True
                         yield output
@@ -124,7 +124,7 @@ class DecodeHandler:
                 if started or not own_prefill:
                     raise  # tokens went out, or the router chose this handoff: the failure goes back
                 fallback = str(exc)
-        async with contextlib.aclosing(self._aggregated(request, context, fallback)) as outputs:
+        async with closing(self._aggregated(request, context, fallback)) as outputs:
             async for output in outputs:
                 yield output
 
@@ -135,7 +135,7 @@ class DecodeHandler:
         logger.warning("generating a request here, without a prefill worker: %s", why)
         whole = dataclasses.replace(request, prefill_result=None, bootstrap_info=None)
         generate: EngineMethod = self.engine.generate
-        async with contextlib.aclosing(generate(whole, context)) as outputs:
+        async with closing(generate(whole, context)) as outputs:
             async for output in outputs:
                 yield output
 

@@ -23,6 +23,7 @@ from .decode import DecodeHandler
 from .roles import DisaggregatedEngine
 
 if TYPE_CHECKING:
+    from ..engines.base import Engine
     from ..llm.register import EngineMethod
     from ..runtime.distributed import DistributedRuntime
 
@@ -90,10 +91,17 @@ class WorkerRole:
         return {"prefill": ["prefill"], "decode": ["chat", "completions", "decode"]}.get(self.mode)
 
     async def method(
-        self, runtime: DistributedRuntime, engine: DisaggregatedEngine
+        self, runtime: DistributedRuntime, engine: Engine
     ) -> tuple[EngineMethod, dict[str, Any] | None]:
         """The engine method to serve and the card's runtime config; starts what the role needs
         (the prefill role's bootstrap server, the decode role's prefill client)."""
+        if self.mode == "aggregated":
+            return engine.generate, None
+        if not isinstance(engine, DisaggregatedEngine):
+            raise ConfigError(
+                f"--mode {self.mode}: {type(engine).__name__} has no prefill and decode roles; implement "
+                "DisaggregatedEngine (mix in dynamo_nb.disagg.BootstrapRole) or run it with --mode aggregated"
+            )
         if self.mode == "prefill":
             # by default where the TCP plane listens and what it advertises
             rule = await runtime.addresses.resolve()
@@ -114,4 +122,4 @@ class WorkerRole:
                 logger.warning("no prefill client (%s): such requests run here", exc)
                 prefill = None
             return DecodeHandler(engine, prefill).generate, None
-        return engine.generate, None
+        raise ConfigError(f"--mode {self.mode!r}: use one of aggregated, prefill, decode")

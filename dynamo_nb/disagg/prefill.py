@@ -16,13 +16,13 @@ An engine's prefill, in short::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ..errors import ConfigError
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
+from ..runtime.streams import closing
 from .bootstrap import BootstrapServer
 from .rooms import draw_room, draw_token
 
@@ -66,7 +66,7 @@ class BootstrapRole:
             lambda: self._prefill_handoff(request, context),
             stopped=(context.is_stopped if context is not None else None),
         )
-        async with contextlib.aclosing(stream) as items:
+        async with closing(stream) as items:
             async for item in items:
                 yield item
 

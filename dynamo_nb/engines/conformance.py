@@ -18,7 +18,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from ..errors import InvalidRequestError
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
 from ..runtime.context import Context
+from ..runtime.streams import close_stream, closing
 from .base import Engine
 
 __all__ = ["CheckResult", "ConformanceReport", "check_engine"]
@@ -125,7 +125,7 @@ class _Checks:
         )
 
     async def run(self, request: PreprocessedRequest, context: Context | None = None) -> list[Any]:
-        async with contextlib.aclosing(self.engine.generate(request, context)) as stream:
+        async with closing(self.engine.generate(request, context)) as stream:
             items = [item async for item in stream]
         for item in items:
             if not isinstance(item, LLMEngineOutput):
@@ -205,7 +205,7 @@ class _Checks:
     async def stopped(self) -> None:
         context = Context()
         items = []
-        async with contextlib.aclosing(self.engine.generate(self.request(200), context)) as stream:
+        async with closing(self.engine.generate(self.request(200), context)) as stream:
             async for item in stream:
                 items.append(item)
                 if len(items) == 2:
@@ -217,7 +217,7 @@ class _Checks:
     async def closed(self) -> None:
         stream = self.engine.generate(self.request(200))
         await anext(stream)
-        await stream.aclose()
+        await close_stream(stream)
         await self.idle()
 
     async def interleave(self) -> None:

@@ -81,7 +81,7 @@ async def serve_engine(
     docstring). On NVIDIA Dynamo's runtime (``--runtime dynamo``) the engine is served and its
     model registered with Dynamo's calls (`dynamo_nb.on_dynamo.serve_engine_on_dynamo`)."""
     if isinstance(runtime, DynamoRuntime):
-        return await serve_engine_on_dynamo(runtime, role, model_path, model_name, make_engine)  # type: ignore[return-value]
+        return await serve_engine_on_dynamo(runtime, role, model_path, model_name, make_engine)
     endpoint = runtime.endpoint(role.endpoint)
     publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
     made = make_engine(publisher.publish if publisher is not None else None)

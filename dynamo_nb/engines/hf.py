@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -42,6 +41,7 @@ from ..llm.card import check_model_dir
 from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions
 from ..runtime.context import Context
+from ..runtime.streams import closing
 from .base import KvEvent, KvEventSink, token_budget
 from .hf_batch import DecodeBatch, can_batch
 from .hf_prefill import PrefillRow, plan_prefill, prefill_rows
@@ -253,7 +253,7 @@ class HFEngine(BootstrapRole):
         self.check_request(request)
         async with self._admission:
             seq = self._new_sequence(request, token_budget(request, self.context_length))
-            async with contextlib.aclosing(self._stream(seq, context)) as items:  # closed with this stream
+            async with closing(self._stream(seq, context)) as items:  # closed with this stream
                 async for item in items:
                     yield item
 
@@ -299,7 +299,7 @@ class HFEngine(BootstrapRole):
                 )  # fmt: skip
                 return
             yield LLMEngineOutput([seq.last_token])
-            async with contextlib.aclosing(self._stream(seq, context)) as items:  # closed with this stream
+            async with closing(self._stream(seq, context)) as items:  # closed with this stream
                 async for item in items:
                     yield item
 

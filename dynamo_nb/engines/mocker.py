@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -51,6 +50,7 @@ from ..disagg.prefill import BootstrapRole
 from ..errors import DisaggregationError, EngineError
 from ..llm.protocol import EmittingStream, LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
+from ..runtime.streams import closing
 from .base import KvEvent, KvEventSink, token_budget
 from .kv_cache.blocks import KvBlockManager, publish_kv_events
 from .mocker_scheduler import MockerScheduler, MockerSettings, MockJob, decode_ms, prefill_ms
@@ -262,7 +262,7 @@ class MockerEngine(BootstrapRole):
         """The prefill role's work (see `BootstrapRole.prefill`): the prompt through the scheduler
         (its blocks cached here), then a tensor-less handoff."""
         job = _Request(request.token_ids, 1, handoff=True)
-        async with contextlib.aclosing(self._stream(job, context)) as outputs:
+        async with closing(self._stream(job, context)) as outputs:
             tokens = [token async for output in outputs for token in output.token_ids]
         if not tokens:
             raise DisaggregationError("the prefill was cancelled before its first token")
@@ -291,7 +291,7 @@ class MockerEngine(BootstrapRole):
             yield self._final(job, [header["first_token"]], "length", completed=1)
             return
         yield LLMEngineOutput([header["first_token"]])
-        async with contextlib.aclosing(self._stream(job, context)) as items:
+        async with closing(self._stream(job, context)) as items:
             async for item in items:
                 yield item
 

@@ -308,7 +308,7 @@ class MockerScheduler:
     def _schedule(self, budget: int) -> list[tuple[MockJob, int]]:
         """This step's prefill chunks within ``budget`` tokens: running prefills first (chunked
         prefill), then newly admitted jobs while ``max_num_seqs`` and the KV pool allow."""
-        chunks = []
+        chunks: list[tuple[MockJob, int]] = []
         for job in self.running:
             if budget <= 0:
                 return chunks

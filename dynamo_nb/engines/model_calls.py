@@ -23,13 +23,13 @@ __all__ = ["attention_kernels", "cache_argument", "forward_with_cache", "logits_
 
 
 @functools.cache
-def _cache_argument_of(model_class: type) -> str:
+def _cache_argument_of(model_class: Any) -> str:
     parameters = inspect.signature(model_class.forward).parameters
     return "cache" if "cache" in parameters else "past_key_values"
 
 
 @functools.cache
-def _keeps_logits(model_class: type) -> bool:
+def _keeps_logits(model_class: Any) -> bool:
     return "logits_to_keep" in inspect.signature(model_class.forward).parameters
 
 
@@ -42,7 +42,7 @@ def logits_at(model: Any, keep: Any) -> dict[str, Any]:
 
         out = forward_with_cache(model, cache, input_ids=ids, **logits_at(model, 1))  # last only
     """
-    return {"logits_to_keep": keep} if _keeps_logits(type(model)) else {}
+    return {"logits_to_keep": keep} if _keeps_logits(model.__class__) else {}
 
 
 @contextlib.contextmanager
@@ -71,7 +71,7 @@ def attention_kernels(device: str) -> Iterator[None]:
 
 def cache_argument(model: Any) -> str:
     """The name under which ``model``'s forward takes its KV cache: ``cache`` or ``past_key_values``."""
-    return _cache_argument_of(type(model))
+    return _cache_argument_of(model.__class__)
 
 
 def new_kv_cache(model: Any) -> Any:

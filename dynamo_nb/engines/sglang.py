@@ -54,6 +54,7 @@ from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.addresses import AddressRule
 from ..runtime.context import Context
+from ..runtime.streams import closing
 from .base import KvEventSink, token_budget
 from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
 from .sglang_fake import SERVER_ARG_DEFAULTS, RecordingSglangEngine
@@ -206,7 +207,7 @@ class SglangEngine(RelayedKvEvents):
         (`RecordingSglangEngine.launch` options), the recording stand-in; with ``kv_events`` its KV
         events go there."""
         relay = _kv_relay(server_args) if kv_events is not None else None
-        if relay is not None:
+        if relay is not None and kv_events is not None:
             await relay.start(kv_events)  # before SGLang starts: no event is missed
         try:
             if fake is not None:
@@ -268,7 +269,7 @@ class SglangEngine(RelayedKvEvents):
                 "aggregated worker (--disaggregation-mode null)"
             )
         budget = token_budget(request, self.context_length)
-        async with contextlib.aclosing(self._run(request, budget, context)) as outputs:
+        async with closing(self._run(request, budget, context)) as outputs:
             async for output in outputs:
                 yield output
 
@@ -313,7 +314,7 @@ class SglangEngine(RelayedKvEvents):
         }
         yield LLMEngineOutput([], disaggregated_params=handoff)
         budget = token_budget(request, self.context_length)
-        async with contextlib.aclosing(self._run(request, budget, context, handoff)) as outputs:
+        async with closing(self._run(request, budget, context, handoff)) as outputs:
             async for output in outputs:
                 yield output
 
@@ -325,7 +326,7 @@ class SglangEngine(RelayedKvEvents):
         # SGLang's own bootstrap server takes (host, port, room): our room token is not its argument
         handoff = dataclasses.replace(bootstrap_of(request), token=None).to_dict()
         budget = token_budget(request, self.context_length)
-        async with contextlib.aclosing(self._run(request, budget, context, handoff)) as outputs:
+        async with closing(self._run(request, budget, context, handoff)) as outputs:
             async for output in outputs:
                 yield output
 

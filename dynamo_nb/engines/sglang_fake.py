@@ -36,7 +36,7 @@ import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..disagg.bootstrap import BootstrapServer, fetch_kv
 from ..disagg.rooms import BootstrapInfo
@@ -233,14 +233,13 @@ class RecordingSglangEngine:
         rid = rid or f"fake-{len(self.calls)}"
         state = _ReqState(rid)
         self.tokenizer_manager.rid_to_state[rid] = state
-        if mode == "prefill":
-            outputs = self._prefill(
-                input_ids, params, state, BootstrapInfo(bootstrap_host, bootstrap_port, bootstrap_room)
-            )  # type: ignore[arg-type]
-        elif mode == "decode":
-            outputs = self._decode(
-                input_ids, params, state, BootstrapInfo(bootstrap_host, bootstrap_port, bootstrap_room)
-            )  # type: ignore[arg-type]
+        if mode in ("prefill", "decode"):
+            # (checked above: none of the three is None)
+            info = BootstrapInfo(
+                cast(str, bootstrap_host), cast(int, bootstrap_port), cast(int, bootstrap_room)
+            )
+            role = self._prefill if mode == "prefill" else self._decode
+            outputs = role(input_ids, params, state, info)
         else:
             outputs = self._generate(input_ids, params, state, first=None)
         if stream:

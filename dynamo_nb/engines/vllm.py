@@ -47,6 +47,7 @@ from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.addresses import AddressRule, is_wildcard
 from ..runtime.context import Context
+from ..runtime.streams import closing
 from .base import KvEventSink, token_budget
 from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
 
@@ -275,7 +276,7 @@ class VllmEngine(RelayedKvEvents):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         relay = _kv_relay(engine_args) if kv_events is not None else None
-        if relay is not None:
+        if relay is not None and kv_events is not None:
             await relay.start(kv_events)  # before vLLM starts: no event is missed
         stats = _EngineStats()
         share_small_cpu_host()
@@ -320,7 +321,7 @@ class VllmEngine(RelayedKvEvents):
     ) -> AsyncIterator[LLMEngineOutput]:
         """One output per step with new tokens; the last has ``finish_reason`` and usage."""
         params = self._sampling_params(request, token_budget(request, self.context_length))
-        async with contextlib.aclosing(self._run(request, params, context)) as outputs:
+        async with closing(self._run(request, params, context)) as outputs:
             async for output in outputs:
                 yield output
 
@@ -377,7 +378,7 @@ class VllmEngine(RelayedKvEvents):
         item with ``disaggregated_params {"kv_transfer_params": …}`` (vLLM's, for the decode)."""
         params = self._sampling_params(request, 1, kv_transfer_params={"do_remote_decode": True})
         last: Any = None
-        async with contextlib.aclosing(self._outputs(request, params, context)) as outputs:
+        async with closing(self._outputs(request, params, context)) as outputs:
             async for output in outputs:
                 last = output
         if last is None or not last.finished:
@@ -409,7 +410,7 @@ class VllmEngine(RelayedKvEvents):
         params = self._sampling_params(
             request, token_budget(request, self.context_length), kv_transfer_params=transfer
         )
-        async with contextlib.aclosing(self._run(request, params, context)) as outputs:
+        async with closing(self._run(request, params, context)) as outputs:
             async for output in outputs:
                 yield output
 
@@ -495,7 +496,7 @@ class VllmEngine(RelayedKvEvents):
         prompt_tokens = len(request.token_ids)
         generated = 0
         cached: int | None = None
-        async with contextlib.aclosing(self._outputs(request, params, context)) as outputs:
+        async with closing(self._outputs(request, params, context)) as outputs:
             async for output in outputs:
                 if cached is None:  # vLLM's prefix cache hits (on its first output)
                     cached = getattr(output, "num_cached_tokens", None)

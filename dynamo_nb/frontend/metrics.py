@@ -205,15 +205,14 @@ class FrontendMetrics:
         reported by the engine as ``cached_tokens``)."""
         if cached_tokens is not None:
             self.cached_tokens.labels(model).observe(cached_tokens)
-        prefixes = (
-            {c.instance_id: c.parts.get("prefix_tokens") for c in decision.candidates} if decision else {}
-        )
-        if not prefixes or None in prefixes.values():
+        found = {c.instance_id: c.parts.get("prefix_tokens") for c in decision.candidates} if decision else {}
+        prefixes = {worker: tokens for worker, tokens in found.items() if tokens is not None}
+        if decision is None or not prefixes or len(prefixes) < len(found):
             return  # only a KV router predicts reuse
         self.reuse.labels(model, "input").inc(prompt_tokens)
-        self.reuse.labels(model, "seen_before").inc(decision.seen_before_tokens or 0)  # type: ignore[union-attr]
-        self.reuse.labels(model, "best_prefix").inc(max(prefixes.values()))  # type: ignore[type-var]
-        self.reuse.labels(model, "chosen_prefix").inc(prefixes.get(decision.chosen) or 0)  # type: ignore[union-attr]
+        self.reuse.labels(model, "seen_before").inc(decision.seen_before_tokens or 0)
+        self.reuse.labels(model, "best_prefix").inc(max(prefixes.values()))
+        self.reuse.labels(model, "chosen_prefix").inc(prefixes.get(decision.chosen) or 0)
         if cached_tokens is not None:
             self.reuse.labels(model, "reused").inc(cached_tokens)
 

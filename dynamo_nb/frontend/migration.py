@@ -22,10 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InstanceDownError, RequestError
 from ..llm.protocol import PreprocessedRequest
-from ..router.prefill_planner import PrefillPlan
-from ..runtime.client import ResponseStream
 
 if TYPE_CHECKING:
+    from .pipeline import Opened
     from .relay import Outcome
     from .served_models import ServedModel
 
@@ -35,10 +34,9 @@ logger = logging.getLogger("dynamo_nb.frontend")
 
 DEFAULT_MIGRATION_LIMIT = 3  # as Dynamo's guidance
 
-Reopen = Callable[
-    ["ServedModel", PreprocessedRequest], Awaitable[tuple[ResponseStream, Any, PrefillPlan | None]]
-]
-"""Opens a request's stream afresh (planned, routed): its stream, first item and prefill plan."""
+Reopen = Callable[["ServedModel", PreprocessedRequest, str], Awaitable["Opened"]]
+"""Opens a request (its model, the request, its id) afresh, planned and routed: its stream, first
+item, prefill plan and routing decision."""
 
 
 class Migration:

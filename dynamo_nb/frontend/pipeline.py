@@ -250,6 +250,7 @@ class RequestPipeline:
                     model, request, opened.first, outcome, itl=metrics.itl, migration=self.migration
                 )
                 with span("stream") as streaming:
+                    response: HttpResponse | StreamedResponse
                     if parsed.stream:
                         response = await write_stream(
                             http_request, parsed, pieces, outcome, len(request.token_ids)

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
 
 if TYPE_CHECKING:
+    from ..router.base import RoutedStream
     from .migration import Migration
     from .served_models import ServedModel
 
@@ -82,7 +83,7 @@ class Outcome:
         ending: the relay has the stream's last item (what it yields now is the last text).
     """
 
-    stream: ResponseStream
+    stream: ResponseStream | RoutedStream
     plan: PrefillPlan | None
     request_id: str = ""
     decision: RoutingDecision | None = None
@@ -101,7 +102,10 @@ class Outcome:
             self.plans.append(self.plan)
 
     def served_by(
-        self, stream: ResponseStream, plan: PrefillPlan | None, decision: RoutingDecision | None = None
+        self,
+        stream: ResponseStream | RoutedStream,
+        plan: PrefillPlan | None,
+        decision: RoutingDecision | None = None,
     ) -> None:
         """Another worker carries the request on (a migration) with ``stream``."""
         self.stream, self.plan, self.decision = stream, plan, decision
@@ -174,7 +178,7 @@ async def relay(
     count = 0
     earlier = 0  # tokens streamed by workers that went down (their usage is not in the last one's)
     while True:
-        ids = item.get("token_ids") or ()
+        ids: Sequence[int] = item.get("token_ids") or ()
         count += len(ids)
         if generated is not None:
             generated.extend(ids)

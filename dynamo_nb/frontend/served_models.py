@@ -105,9 +105,10 @@ class ServedModel:
         """Requests the workers take at once: the sum of their cards' ``max_num_seqs`` (None
         when a worker publishes no limit)."""
         limits = [card.runtime_config.max_num_seqs for card in self.cards.values()]
-        if not limits or None in limits:
+        known = [limit for limit in limits if limit is not None]
+        if not limits or len(known) < len(limits):
             return None
-        return sum(limits)  # type: ignore[arg-type]
+        return sum(known)
 
     @property
     def live(self) -> bool:
@@ -240,7 +241,8 @@ class ModelManager:
             )
             router = self.prefill.get(card.name)  # another card may have won while we waited
             if router is None:
-                on_error = (lambda: self._on_prefill_error(card.name)) if self._on_prefill_error else None
+                report = self._on_prefill_error
+                on_error = (lambda: report(card.name)) if report is not None else None
                 router = PrefillPlanner(card.endpoint, picker, enforce=self.enforce_disagg, on_error=on_error)
                 self.prefill[card.name] = router
                 logger.info("model %s: disaggregated serving, prefill at %s", card.name, card.endpoint)

@@ -14,6 +14,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
 from ..llm.card import card_from_folder
 from ..router.kv.router import KvRouterConfig
 from .admission import DEFAULT_QUEUE_TIMEOUT
@@ -94,9 +95,16 @@ class FrontendConfig:
         (no etcd, no registration). ``only_endpoint``: serve only the models registered there."""
         policy = None
         if self.router_policy is not None:  # a RoutingPolicy from a .py file or a notebook's export
+            from ..component_program import RoutingPolicy
             from ..notebook_programs import load_component
 
-            policy = load_component(self.router_policy, runnable=False)
+            loaded = load_component(self.router_policy, runnable=False)
+            if not isinstance(loaded, RoutingPolicy):
+                raise ConfigError(
+                    f"--router-policy {self.router_policy}: it declares a {type(loaded).__name__}, "
+                    "not a RoutingPolicy(pick)"
+                )
+            policy = loaded
         frontend = await Frontend.start(
             runtime,
             host=self.host,

@@ -174,11 +174,11 @@ def _check(service: Service, program: Path, argv: list[str]) -> None:
         raise GraphError(f"{where}: {message} (component {service.component})")
 
     original = parser.error
-    parser.error = refuse  # type: ignore[method-assign,assignment]
+    parser.error = refuse  # type: ignore[method-assign,assignment]  # argparse's documented way to keep it from exiting
     try:
         parser.parse_args(argv)
     finally:
-        parser.error = original  # type: ignore[method-assign]
+        parser.error = original  # type: ignore[method-assign]  # restores argparse's own
 
 
 def check_graph(

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TEST_NETWORK", "Host", "HostNetwork", "netns_unavailable", "our_netns", "sweep_leftovers"]
 
-TEST_NETWORK = ipaddress.ip_network("198.18.0.0/15")
+TEST_NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
 """The range hosts' addresses come from: reserved for network tests (RFC 2544), never routed."""
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,14}$")

@@ -165,7 +165,7 @@ class ManagedProcess:
     def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
         """Set `_exited` the moment the process exits (Linux pidfd); elsewhere `wait` polls."""
         try:
-            fd = os.pidfd_open(self.pid)  # type: ignore[attr-defined,unused-ignore]
+            fd = os.pidfd_open(self.pid)  # type: ignore[attr-defined,unused-ignore]  # Linux only; the call is guarded
         except (AttributeError, OSError):
             return
         try:
@@ -401,7 +401,7 @@ def _start(
         stdin=subprocess.DEVNULL,
         cwd=workdir,
         env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
-        **OWN_PROCESS_GROUP,  # type: ignore[arg-type]
+        **OWN_PROCESS_GROUP,
     )
     name = name or default_name
     managed = ManagedProcess(name, command, process, folder / f"{name}-{process.pid}.log", host)
@@ -529,7 +529,7 @@ def adopt_leftovers() -> list[ManagedProcess]:
     for leftover in found:
         process = _ForeignProcess(leftover)
         log_path = Path(leftover.log_path)
-        managed = ManagedProcess(leftover.name, leftover.command, process, log_path)  # type: ignore[arg-type]
+        managed = ManagedProcess(leftover.name, leftover.command, process, log_path)  # type: ignore[arg-type]  # _ForeignProcess has the Popen methods ManagedProcess calls
         with contextlib.suppress(OSError):
             managed._lines.extend(log_path.read_text(errors="replace").splitlines()[-200:])
         managed.ready_after = 0.0

@@ -225,7 +225,8 @@ def leftovers(wait_for_reapers: float = 0.0) -> list[Leftover]:
             and time.monotonic() < deadline
         ):
             time.sleep(0.05)
-        groups = state.get("groups") if isinstance(state.get("groups"), dict) else {}
+        groups = state.get("groups")
+        groups = groups if isinstance(groups, dict) else {}
         for key, group in groups.items():
             if (
                 not key.isdigit()

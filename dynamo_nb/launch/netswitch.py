@@ -305,7 +305,7 @@ class Switch:
     # -- commands
 
     def _hosts(self, command: dict[str, Any]) -> tuple[int | None, int | None]:
-        found = []
+        found: list[int | None] = []
         for key in ("a", "b"):
             name = command.get(key)
             if name is None:

@@ -17,13 +17,14 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from .ledger import ledger
 from .reaper import process_start
 
 __all__ = ["OWN_PROCESS_GROUP", "guarded_command", "pid_alive", "signal_group", "stop_group"]
 
-OWN_PROCESS_GROUP: dict[str, object] = (
+OWN_PROCESS_GROUP: dict[str, Any] = (
     {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
 )
 """``Popen`` keywords that start a child in a process group of its own, in the caller's session.

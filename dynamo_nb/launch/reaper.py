@@ -15,6 +15,7 @@ import select
 import signal
 import sys
 import time
+from typing import Any
 
 GRACE_S = 3.0
 
@@ -85,7 +86,7 @@ def main() -> None:
     owner, state_file = int(sys.argv[1]), sys.argv[2]
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)  # only the owner's end stops this
-    groups = {}
+    groups: dict[str, Any] = {}
     pending = b""
     open_pipe = True
     while open_pipe and os.getppid() == owner:

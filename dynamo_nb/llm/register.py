@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 from ..errors import ConfigError, NotReadyError
 from ..runtime.context import Context
 from ..runtime.server import EndpointServer, Handler, adapt_handler
+from ..runtime.streams import closing
 from .card import (
     DEFAULT_KV_BLOCK_SIZE,
     ModelCard,
@@ -91,7 +91,7 @@ def engine_handler(
         parsed = PreprocessedRequest.from_dict(request)
         if limits is not None:
             limits.check(parsed)
-        async with contextlib.aclosing(method(parsed, context)) as outputs:
+        async with closing(method(parsed, context)) as outputs:
             # (a context of our own, set by a server; `dynamo_nb.compat`'s wraps one and keeps
             # Dynamo's stop semantics by iterating)
             send = context.emit if emit and type(context) is Context else None
@@ -144,7 +144,7 @@ class ReadinessGate:
                 raise NotReadyError(
                     f"this worker's registration did not complete within {self.timeout:g} s; retry later"
                 ) from None
-        async with contextlib.aclosing(self._call(request, context)) as items:  # closed with this stream
+        async with closing(self._call(request, context)) as items:  # closed with this stream
             async for item in items:
                 yield item
 

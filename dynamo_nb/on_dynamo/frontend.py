@@ -33,8 +33,8 @@ class DynamoFrontend:
     process: ManagedProcess
     url: str
 
-    async def stop(self, timeout: float = 10.0) -> int:
-        """SIGTERM it (then SIGKILL after ``timeout`` s); its exit status."""
+    async def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM it (then SIGKILL after ``timeout`` s); its exit status (None: it was not ours to stop)."""
         return await self.process.stop(timeout=timeout)
 
 

@@ -16,7 +16,6 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +27,7 @@ from ..extras import require_extra
 from ..runtime.context import Context
 from ..runtime.names import EndpointPath
 from ..runtime.server import adapt_handler
+from ..runtime.streams import closing
 from .planes import DynamoPlanes
 
 __all__ = ["DynamoEndpoint", "DynamoRuntime", "DynamoServer"]
@@ -188,7 +188,7 @@ async def _produce(items: AsyncIterator[Any], queue: asyncio.Queue[tuple[bool, A
     """Put each item of the handler's stream on ``queue``, then ``(False, None)``; however it
     ends (cancelled included), the stream is closed."""
     try:
-        async with contextlib.aclosing(items):  # type: ignore[type-var]
+        async with closing(items):
             async for item in items:
                 queue.put_nowait((True, item))
     finally:

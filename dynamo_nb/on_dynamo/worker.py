@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from ..disagg.decode import DecodeHandler
 from ..engines.base import stats_handler
 from ..llm.register import engine_handler
 from ..runtime.program import announce_ready
+from ..runtime.streams import closing
 from .kv_publisher import DynamoKvEvents
 from .runtime import DynamoEndpoint, DynamoRuntime, DynamoServer
 
@@ -95,16 +95,16 @@ async def serve_engine_on_dynamo(
         model_type = ModelType.Chat | ModelType.Completions
         if role.mode == "prefill":
             host = role.bootstrap_host or runtime.planes.environment["DYN_TCP_RPC_HOST"]
-            bootstrap = await engine.start_bootstrap(  # type: ignore[attr-defined]
+            bootstrap = await engine.start_bootstrap(  # type: ignore[attr-defined]  # --mode prefill: the engine is a DisaggregatedEngine (checked by WorkerRole)
                 host, role.bootstrap_port, ttl=role.kv_ttl, advertise_host=role.bootstrap_advertise_host
             )
             published = bootstrap.endpoint
             config.set_disaggregated_endpoint(published["bootstrap_host"], int(published["bootstrap_port"]))
-            method = engine.prefill  # type: ignore[attr-defined]
+            method = engine.prefill  # type: ignore[attr-defined]  # --mode prefill: a DisaggregatedEngine
             model_type, options["worker_type"] = ModelType.Prefill, WorkerType.Prefill
             options["needs"] = [[WorkerType.Decode]]
         elif role.mode == "decode":
-            method = DecodeHandler(engine, None).generate  # type: ignore[arg-type]
+            method = DecodeHandler(engine, None).generate  # type: ignore[arg-type]  # --mode decode: a DisaggregatedEngine
             options["worker_type"], options["needs"] = WorkerType.Decode, [[WorkerType.Prefill]]
         else:
             method, options["worker_type"] = engine.generate, WorkerType.Aggregated
@@ -120,7 +120,7 @@ async def serve_engine_on_dynamo(
         handler = engine_handler(method)
 
         async def generate(request: Any, context: Any = None) -> AsyncIterator[Any]:
-            async with contextlib.aclosing(handler(with_handoff_token(request), context)) as items:
+            async with closing(handler(with_handoff_token(request), context)) as items:
                 async for item in items:
                     yield item
 

@@ -243,10 +243,10 @@ class Autoscaler:
         """The replicas the interval's load asks for (within the bounds), and why."""
         current = self.replicas
         if self.mode == "load":
-            want = math.ceil(observed["inflight"] / self.target) if observed["inflight"] else 0  # type: ignore[operator]
+            want = math.ceil(observed["inflight"] / self.target) if observed["inflight"] else 0  # type: ignore[operator]  # target is set in every mode but 'plan'
             reason = f"{observed['inflight']:g} in flight / {self.target:g} per worker"
         elif self.mode == "throughput":
-            want = math.ceil(observed["req_per_s"] / self.target)  # type: ignore[operator]
+            want = math.ceil(observed["req_per_s"] / self.target)  # type: ignore[operator]  # target is set in every mode but 'plan'
             reason = f"{observed['req_per_s']:.2f} req/s / {self.target:.2f} per worker"
         else:
             assert self.slo is not None

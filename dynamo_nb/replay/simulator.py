@@ -170,14 +170,14 @@ class _Simulation:
                 overlap_weight=self.fleet.kv_overlap_weight, temperature=self.fleet.router_temperature
             )
             rng = random.Random(self.rng.random())
-            router = KvRouter(client, self.settings.block_size, config, None, rng, tree=tree)  # type: ignore[arg-type]
+            router = KvRouter(client, self.settings.block_size, config, None, rng, tree=tree)  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
         elif mode == "least-loaded":
             limit = self.settings.max_num_seqs
-            router = LeastLoadedRouter(client, lambda _i: limit, random.Random(self.rng.random()))  # type: ignore[arg-type]
+            router = LeastLoadedRouter(client, lambda _i: limit, random.Random(self.rng.random()))  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
         elif mode == "random":
-            router = RandomRouter(client)  # type: ignore[arg-type]
+            router = RandomRouter(client)  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
         else:
-            router = RoundRobinRouter(client)  # type: ignore[arg-type]
+            router = RoundRobinRouter(client)  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
         pool = _Pool(router, tree)
         for instance_id in ids:
             scheduler = MockerScheduler(
@@ -272,10 +272,10 @@ class _Simulation:
         request: _Request = job.owner
         request.times.append(self.now)
         if job.emitted == 1:  # (a decode's first token was its prefill's)
-            self.decode.router.first_token(request.route)  # type: ignore[arg-type]
+            self.decode.router.first_token(request.route)  # type: ignore[arg-type]  # routed before it ran: route is set
             request.row["cached_tokens"] = job.cached_tokens
         if job.emitted >= job.max_tokens:
-            self.decode.router.finished(request.route)  # type: ignore[arg-type]
+            self.decode.router.finished(request.route)  # type: ignore[arg-type]  # routed before it ran: route is set
             self._done(request)
 
     def _on_prefilled(self, job: MockJob) -> None:
@@ -286,13 +286,13 @@ class _Simulation:
         self.prefill.router.finished(request.prefill_route)
         request.times.append(self.now)
         request.row["cached_tokens"] = job.cached_tokens
-        self.decode.router.first_token(request.route)  # type: ignore[arg-type]
+        self.decode.router.first_token(request.route)  # type: ignore[arg-type]  # routed before it ran: route is set
         if request.decode.max_tokens <= 1:  # the decode answers with the prefill's token at once
-            self.decode.router.finished(request.route)  # type: ignore[arg-type]
+            self.decode.router.finished(request.route)  # type: ignore[arg-type]  # routed before it ran: route is set
             self._done(request)
             return
         handed = self.now + self.fleet.transfer_ms / 1000.0
-        self._at(handed, 1, (self.decode.workers[request.route.instance_id], request.decode))  # type: ignore[union-attr]
+        self._at(handed, 1, (self.decode.workers[request.route.instance_id], request.decode))  # type: ignore[union-attr]  # routed before it ran: route is set
 
     def _on_reject(self, job: MockJob, error: Exception) -> None:
         request: _Request = job.owner

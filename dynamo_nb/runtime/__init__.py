@@ -5,7 +5,8 @@ Everything a worker or a frontend needs to find and call the others lives here:
 - `DistributedRuntime` (``distributed.py``) and the ``namespace → component → endpoint`` names
   (``names.py``, ids in ``ids.py``);
 - the server side (``server.py``: `EndpointServer`, one task per request) and the client side
-  (``client.py``: `Client`, `ResponseStream`), with the per-request `Context` (``context.py``);
+  (``client.py``: `Client`, `ResponseStream`), with the per-request `Context` (``context.py``) and
+  ``streams.py`` (closing any stream a handler returns);
 - ``discovery/`` (memory, etcd, static: who serves what) and ``planes/`` (inproc, tcp, nats
   request planes; the msgpack wire format; the event plane);
 - ``program.py``: running a component as a program (signals, logging, its READY line).

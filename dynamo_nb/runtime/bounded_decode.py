@@ -72,7 +72,7 @@ def _hooks(size: int) -> dict[str, Any]:
     return {"list_hook": budget, "object_hook": budget}
 
 
-def unpack_bounded(data: bytes | memoryview, *, strict_map_key: bool = True) -> Any:
+def unpack_bounded(data: bytes | bytearray | memoryview, *, strict_map_key: bool = True) -> Any:
     """Decode one msgpack value; a large one whose arrays and maps would take more than
     `CONTAINER_BYTES_PER_BYTE` × its size raises `FrameTooLargeError` (``strict_map_key=False``
     allows map keys other than str and bytes).

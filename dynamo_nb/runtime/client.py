@@ -193,7 +193,10 @@ class Client:
         #: the instances whose model card names the model it routes, since workers of other
         #: models may serve the same endpoint path
         self.serves: Callable[[int], bool] | None = None
-        instances.on_added(lambda iid: self._down.pop(iid, None))
+        instances.on_added(self._forget_down)
+
+    def _forget_down(self, instance_id: int) -> None:
+        self._down.pop(instance_id, None)  # it registered again: usable
 
     def instance_ids(self) -> list[int]:
         """Ids of the instances requests can go to now (not reported down; those `serves` allows)."""
@@ -290,11 +293,11 @@ class Client:
 
     def round_robin(self, request: Any, *, context: Context | None = None) -> ResponseStream:
         """Send ``request`` to the next instance in turn."""
-        return ResponseStream(self, self._instances.get(self.next_instance()), request, context)  # type: ignore[arg-type]
+        return ResponseStream(self, self._instances.get(self.next_instance()), request, context)  # type: ignore[arg-type]  # the id was just drawn from the live instances
 
     def random(self, request: Any, *, context: Context | None = None) -> ResponseStream:
         """Send ``request`` to a random instance."""
-        return ResponseStream(self, self._instances.get(self.random_instance()), request, context)  # type: ignore[arg-type]
+        return ResponseStream(self, self._instances.get(self.random_instance()), request, context)  # type: ignore[arg-type]  # the id was just drawn from the live instances
 
     def direct(
         self, request: Any, instance_id: int | str, *, context: Context | None = None

@@ -242,14 +242,14 @@ class DistributedRuntime:
         keys = self._instance_keys.get(id(server), [])
         if key in keys:
             keys.remove(key)
-            await self.discovery.delete(key)  # type: ignore[attr-defined]
+            await self.discovery.delete(key)  # type: ignore[attr-defined]  # every discovery backend has delete; the base protocol names only what routers read
 
     async def _unserve(self, server: EndpointServer) -> None:
         if server in self._servers:
             self._servers.remove(server)
         try:
             for key in self._instance_keys.pop(id(server), []):
-                await self.discovery.delete(key)  # type: ignore[attr-defined]
+                await self.discovery.delete(key)  # type: ignore[attr-defined]  # every discovery backend has delete; the base protocol names only what routers read
             await self.discovery.deregister_instance(server.instance)
         except Exception as exc:  # discovery gone: the lease expires on its own
             logger.warning("could not deregister %s: %s", server.instance.describe(), exc)

@@ -240,7 +240,7 @@ def run_program(main: Callable[[], Awaitable[int]]) -> int:
             sys.exit(run_program(main))
     """
     try:
-        return run_tuned(main())  # type: ignore[arg-type]
+        return run_tuned(main())  # type: ignore[arg-type]  # main() is the program's coroutine; run_tuned is typed for any awaitable's result
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -319,7 +319,7 @@ class RuntimeConfig:
                 tcp_host=self.tcp_host,
                 system_host=self.system_host,
             )
-            return await DynamoRuntime.create(planes)  # type: ignore[return-value]
+            return await DynamoRuntime.create(planes)  # type: ignore[return-value]  # Dynamo's runtime, duck-typed as ours
         if self.runtime != "dynamo_nb":
             raise ConfigError(
                 f"--runtime {self.runtime!r}: use dynamo_nb (the kit's) or dynamo (NVIDIA Dynamo's)"

@@ -14,6 +14,7 @@ from ..telemetry.tracing import span, tracing_enabled
 from .context import Context
 from .instance import Instance
 from .planes.wire import ErrorCode
+from .streams import close_stream
 
 if TYPE_CHECKING:
     from .distributed import Endpoint
@@ -221,9 +222,7 @@ class EndpointServer:
                     sink.item(item)
                 except (TypeError, ValueError, OverflowError) as exc:
                     self.errors_total += 1
-                    aclose = getattr(generator, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
+                    await close_stream(generator)
                     sink.error(
                         ErrorCode.ENCODE,
                         type(exc).__name__,

@@ -97,7 +97,10 @@ def enable_tracing(
     )
     if jsonl_dir is not None:
         exporter = JsonlSpanExporter(jsonl_dir, service_name)
-        provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=500))
+        # JsonlSpanExporter has SpanExporter's methods without subclassing it (which would import
+        # opentelemetry with this module, an optional extra)
+        processor = BatchSpanProcessor(exporter, schedule_delay_millis=500)  # type: ignore[arg-type]  # it duck-types SpanExporter (above)
+        provider.add_span_processor(processor)
     if otlp:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

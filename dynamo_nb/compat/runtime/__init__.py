@@ -101,6 +101,7 @@ from ...runtime import DistributedRuntime as _Runtime
 from ...runtime.client import Client as _Client
 from ...runtime.client import ResponseStream
 from ...runtime.server import adapt_handler
+from ...runtime.streams import close_stream
 from .signals import end_on_sigterm
 from .unary import UnaryClient, serve_unary_endpoint
 
@@ -478,9 +479,7 @@ def _with_dynamo_context(
                     # as on Dynamo: once the caller stopped, the handler is resumed after one more
                     # item (a check of is_stopped() at the top of its loop runs) and closed at the
                     # next (it sees GeneratorExit at that yield)
-                    aclose = getattr(items, "aclose", None)
-                    if aclose is not None:
-                        await aclose()
+                    await close_stream(items)
                     return
                 yield item
         except asyncio.CancelledError:
@@ -556,7 +555,7 @@ def dynamo_endpoint(
                 yield item.model_dump() if hasattr(item, "model_dump") else item
 
         del handler.__wrapped__  # callers see (request, context=), not the wrapped signature
-        handler._dynamo_takes_context = True  # type: ignore[attr-defined]
+        handler._dynamo_takes_context = True  # type: ignore[attr-defined]  # a marker on the user's function, read by serve_endpoint
         return handler
 
     return decorate

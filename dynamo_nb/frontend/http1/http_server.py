@@ -222,7 +222,7 @@ class HttpConnection(asyncio.Protocol):
         if self.task is not None:  # the next request waits for this one's answer
             if len(self.buffer) > _READ_AHEAD and not self.reading_paused:
                 self.reading_paused = True
-                self.transport.pause_reading()  # type: ignore[union-attr]
+                self.transport.pause_reading()  # type: ignore[union-attr]  # data_received runs only while connected
             return
         self._next()
 
@@ -456,7 +456,7 @@ class HttpConnection(asyncio.Protocol):
             return
         if self.reading_paused:
             self.reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]
+            self.transport.resume_reading()  # type: ignore[union-attr]  # paused only while connected
         self._time(self.server.idle_timeout, self._idle)
         if self.buffer and not self.write_paused:  # else once the client read the last answer
             self._next()

@@ -205,7 +205,7 @@ class KvRouter(Router):
             if temperature <= 0
             else f"drawn by a softmax of the costs at temperature {temperature:g}"
         )
-        candidates = [Candidate(int(w), score=p["cost"], parts=p) for w, p in parts.items()]  # type: ignore[call-overload]
+        candidates = [Candidate(int(w), score=p["cost"], parts=p) for w, p in parts.items()]
         decision = self.decision(worker, rule, candidates)
         decision.seen_before_tokens = self._seen_before(sequence) * self.block_size
         done = time.perf_counter()
@@ -235,7 +235,7 @@ class KvRouter(Router):
             overlap,
             len(hashes),
             worker_costs,
-            decision=decision,  # type: ignore[arg-type]
+            decision=decision,
         )
 
     def _seen_before(self, sequence: list[int]) -> int:

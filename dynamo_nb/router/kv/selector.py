@@ -24,11 +24,13 @@ import random
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ...errors import NoInstancesError
 
 __all__ = ["ActiveLoad", "cost_parts", "costs", "pick"]
+
+W = TypeVar("W", bound=Hashable)  # a worker's id (an instance id, or any name in tests)
 
 
 @dataclass
@@ -81,15 +83,15 @@ class ActiveLoad:
 
 
 def cost_parts(
-    workers: Sequence[Hashable],
+    workers: Sequence[W],
     *,
     prompt_tokens: int,
     block_size: int,
-    overlaps: Mapping[Hashable, int],
-    loads: Mapping[Hashable, ActiveLoad],
+    overlaps: Mapping[W, int],
+    loads: Mapping[W, ActiveLoad],
     overlap_weight: float = 1.0,
     sequence: Sequence[int] | None = None,
-) -> dict[Hashable, dict[str, float]]:
+) -> dict[W, dict[str, float]]:
     """Each worker's cost for a prompt of ``prompt_tokens`` with the parts it is made of
     (``overlap_blocks`` and the ``prefix_tokens`` they hold, ``new_prefill_tokens``,
     ``active_prefill_tokens``, ``prefill_blocks``, ``decode_blocks``, ``cost``; see the module docstring).
@@ -118,31 +120,32 @@ def cost_parts(
     return result
 
 
-def costs(workers: Sequence[Hashable], **options: Any) -> dict[Hashable, float]:
+def costs(workers: Sequence[W], **options: Any) -> dict[W, float]:
     """The cost of each worker: `cost_parts` (same arguments) without the parts."""
     return {worker: parts["cost"] for worker, parts in cost_parts(workers, **options).items()}
 
 
 def pick(
-    worker_costs: Mapping[Hashable, float],
+    worker_costs: Mapping[W, float],
     *,
     temperature: float = 0.0,
-    tree_sizes: Mapping[Hashable, int] | None = None,
+    tree_sizes: Mapping[W, int] | None = None,
     rng: random.Random | None = None,
-) -> Hashable:
+) -> W:
     """The chosen worker: the cheapest at temperature 0, else a softmax draw."""
     if not worker_costs:
         raise NoInstancesError("no workers to choose from")
-    rng = rng or random
+    draw = rng.choice if rng is not None else random.choice
+    draw_weighted = rng.choices if rng is not None else random.choices
     if temperature <= 0:
         best = min(worker_costs.values())
         tied = [w for w, c in worker_costs.items() if c == best]
         if len(tied) > 1 and tree_sizes:
             smallest = min(tree_sizes.get(w, 0) for w in tied)
             tied = [w for w in tied if tree_sizes.get(w, 0) == smallest]
-        return tied[0] if len(tied) == 1 else rng.choice(tied)
+        return tied[0] if len(tied) == 1 else draw(tied)
     low, high = min(worker_costs.values()), max(worker_costs.values())
     span = (high - low) or 1.0
     workers = list(worker_costs)
     weights = [math.exp(-(worker_costs[w] - low) / span / temperature) for w in workers]
-    return rng.choices(workers, weights=weights, k=1)[0]
+    return draw_weighted(workers, weights=weights, k=1)[0]

@@ -175,11 +175,11 @@ class FileDiscovery(KeyValueDiscovery):
     def _scan_unlocked(self) -> dict[str, bytes]:
         now = time.time()
         ages: dict[int, float] = {}  # lease → its age in TTLs (over 1: expired)
-        for lease in os.scandir(self._leases):
+        for lease_file in os.scandir(self._leases):
             with contextlib.suppress(ValueError, IndexError, FileNotFoundError):
-                ttl = self._ttls.get(lease.name) or float(Path(lease.path).read_text().split()[1])
-                self._ttls[lease.name] = ttl
-                ages[int(lease.name, 16)] = (now - lease.stat().st_mtime) / ttl
+                ttl = self._ttls.get(lease_file.name) or float(Path(lease_file.path).read_text().split()[1])
+                self._ttls[lease_file.name] = ttl
+                ages[int(lease_file.name, 16)] = (now - lease_file.stat().st_mtime) / ttl
         live: dict[str, tuple[float, bytes]] = {}
         seen: set[str] = set()
         for entry in os.scandir(self._keys):

@@ -162,7 +162,7 @@ async def connect_nats(
 
 def _no_responders(msg: Msg) -> bool:
     """Whether ``msg`` is NATS saying nobody listens on the subject a message was sent to."""
-    return bool(msg.headers) and msg.headers.get("Status") == "503"
+    return msg.headers is not None and msg.headers.get("Status") == "503"
 
 
 # ----------------------------------------------------------------------------- server side

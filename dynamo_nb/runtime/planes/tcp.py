@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ...errors import AuthenticationError, ConfigError, ProtocolError
 from ..addresses import host_port
@@ -154,11 +154,11 @@ class _ServerConnection(_CoalescingConnection):
         self._handshake_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = stream = cast(asyncio.Transport, transport)  # a stream server's transport
         set_nodelay(transport)
         self.plane._server_conns.add(self)
         if self.handshake is not None:
-            self.transport.write(self.handshake.hello())
+            stream.write(self.handshake.hello())
             self._handshake_timer = self.loop.call_later(HANDSHAKE_TIMEOUT, self._refuse, "no handshake")
 
     def _refuse(self, why: str) -> None:
@@ -308,7 +308,7 @@ class _ClientConnection(_CoalescingConnection):
         self.failure: Exception | None = None  # why it closed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is an asyncio.Transport
         set_nodelay(transport)
 
     def write(self, data: bytes) -> None:
@@ -494,9 +494,9 @@ class TcpPlane(RequestPlane):
         """Heartbeats out on busy-but-silent connections; give up on silent ones we wait on
         (not right after this loop stalled: what they sent meanwhile is still unread)."""
         async for now, stalled in liveness_ticks():
-            for conn in list(self._server_conns):
-                if conn.streams and now - conn.last_sent >= HEARTBEAT_INTERVAL:
-                    conn.send(encode_prefixed((HEARTBEAT, 0)))
+            for served in list(self._server_conns):
+                if served.streams and now - served.last_sent >= HEARTBEAT_INTERVAL:
+                    served.send(encode_prefixed((HEARTBEAT, 0)))
             for conn in list(self._conns.values()):
                 if stalled:
                     conn.last_seen = max(conn.last_seen, now - HEARTBEAT_INTERVAL)
@@ -603,9 +603,9 @@ class TcpPlane(RequestPlane):
             conn.abort("the runtime shut down")
         if self._listener is not None:
             self._listener.close()
-            for conn in list(self._server_conns):
-                if conn.transport is not None:
-                    conn.transport.close()
+            for served in list(self._server_conns):
+                if served.transport is not None:
+                    served.transport.close()
             try:
                 await asyncio.wait_for(self._listener.wait_closed(), 2.0)
             except asyncio.TimeoutError:

@@ -28,6 +28,7 @@ both checked from the length prefix before the frame is buffered; decoding is bo
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -98,7 +99,7 @@ def request_tail(target: str, request_id: str, body: Any, metadata: dict[str, An
     return (target, request_id, body, metadata) if metadata else (target, request_id, body)
 
 
-def request_fields(frame: list[Any]) -> tuple[Any, Any, Any, dict[str, Any] | None] | None:
+def request_fields(frame: Sequence[Any]) -> tuple[Any, Any, Any, dict[str, Any] | None] | None:
     """``(target, request_id, body, metadata)`` of a REQUEST frame, None when it has neither 5 nor
     6 fields (metadata that is not a dict is dropped).
 
