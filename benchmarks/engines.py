@@ -27,8 +27,8 @@ from _harness import machine, run_benchmark
 
 from dynamo_nb import LocalServices, bench, launch, launched
 from dynamo_nb.bench.stats import level_summary
-from dynamo_nb.launch.services import free_port
 from dynamo_nb.models import tiny_model_path
+from dynamo_nb.runtime.addresses import free_port
 
 LEVELS = (1, 8, 32)
 ROUNDS = 3

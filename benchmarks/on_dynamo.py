@@ -30,8 +30,8 @@ from _harness import machine, run_benchmark
 
 from dynamo_nb import bench, launch
 from dynamo_nb.extras import extra_installed
-from dynamo_nb.launch.services import free_port
 from dynamo_nb.on_dynamo import launch_dynamo_frontend
+from dynamo_nb.runtime.addresses import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (1, 8, 32)

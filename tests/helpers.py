@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.launch.process_group import pid_alive
+from dynamo_nb.runtime.addresses import free_port as free_port  # the tests import it from here
 
 ROOT = Path(__file__).resolve().parents[1]
 ECHO_WORKER = ROOT / "components" / "echo_worker.py"
@@ -48,12 +48,6 @@ async def until(condition: Callable[[], bool], timeout: float = 30.0, step: floa
         if loop.time() > deadline:
             raise TimeoutError(f"not true within {timeout} s: {condition}")
         await asyncio.sleep(step)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def metric_value(text: str, name: str, **labels: str) -> float | None:

@@ -590,7 +590,9 @@ DYNAMO_1_6_1 = {
 def documented_names(docstring: str, heading: str) -> set[str]:
     """The ``names`` in the paragraph(s) of ``docstring`` that start with ``heading``, up to the next heading."""
     section = docstring.split(heading, 1)[1]
-    section = re.split(r"\n(?:Added here|Not provided|Differences)", section, maxsplit=1)[0]
+    section = re.split(r"\n(?:Added here|Not provided|Differences|Beside this module)", section, maxsplit=1)[
+        0
+    ]
     return set(re.findall(r"``([A-Za-z_][A-Za-z_.]*)``", section))
 
 

@@ -124,3 +124,67 @@ def test_module_names_do_not_collide_across_packages() -> None:
         name: paths for name, paths in seen.items() if len(paths) > 1 and name not in REPEATABLE_NAMES
     }
     assert repeated == {}
+
+
+PACKAGE = ROOT / "dynamo_nb"
+
+
+def modules_missing_from_the_map(lines: list[str]) -> list[str]:
+    """The modules of the package that ``lines`` (docs/architecture.md) never names: by their path
+    from ``dynamo_nb/`` in backquotes, or by file name on a line that also names their folder
+    (``runtime/planes/`` … ``tcp.py``); a top-level module by its file name."""
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        relative, folder = path.relative_to(PACKAGE).as_posix(), path.parent.relative_to(PACKAGE).as_posix()
+        if folder == ".":
+            named = any(f"`{path.name}`" in line for line in lines)
+        else:
+            named = any(
+                f"`{relative}`" in line or (f"`{path.name}`" in line and f"{folder}/" in line)
+                for line in lines
+            )
+        if not named:
+            missing.append(relative)
+    return missing
+
+
+def modules_missing_from_their_package_docstring() -> list[str]:
+    """Each package's modules (``name.py``) and subpackages (``name/``) its ``__init__`` docstring
+    does not name in double backquotes."""
+    import ast
+
+    missing = []
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        if init.parent == PACKAGE:
+            continue  # the facade's docstring is the package's introduction
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        for child in sorted(init.parent.iterdir()):
+            if child.suffix == ".py" and child.name not in ("__init__.py", "__main__.py"):
+                needle = f"``{child.name}``"
+            elif child.is_dir() and (child / "__init__.py").exists():
+                needle = f"``{child.name}/``"
+            else:
+                continue
+            if needle not in docstring:
+                missing.append(f"{init.parent.relative_to(PACKAGE).as_posix()}: {needle}")
+    return missing
+
+
+def test_the_map_names_every_module() -> None:
+    assert modules_missing_from_the_map(ARCHITECTURE.read_text().splitlines()) == []
+
+
+def test_a_module_left_off_the_map_is_found() -> None:
+    lines = [line for line in ARCHITECTURE.read_text().splitlines() if "security.py" not in line]
+    assert "runtime/security.py" in modules_missing_from_the_map(lines)
+
+
+def test_each_package_docstring_names_its_modules() -> None:
+    assert modules_missing_from_their_package_docstring() == []
+
+
+def test_the_map_says_who_may_connect() -> None:
+    rows = dict(re.findall(r"^\| ([^|]+?) \| (.+) \|$", ARCHITECTURE.read_text(), re.M))
+    assert "security.py" in rows["who may connect"] and "docs/security.md" in rows["who may connect"]

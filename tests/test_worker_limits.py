@@ -20,7 +20,7 @@ def test_the_limits_name_the_field_and_the_fix() -> None:
     limits.check(PreprocessedRequest(token_ids=[1] * 6, stop_conditions=StopConditions(max_tokens=10)))
     cases = [
         ([1, 100], None, "token_ids", "outside the vocabulary (100 tokens)"),
-        ([1] * 16, None, "token_ids", "the prompt is 16 tokens and the model's context is 16"),
+        ([1] * 16, None, "token_ids", "the prompt is 16 tokens and the model has a context of 16"),
         ([1] * 6, 11, "max_tokens", "lower max_tokens to at most 10"),
     ]
     for tokens, max_tokens, param, says in cases:
@@ -46,7 +46,7 @@ async def test_a_worker_refuses_what_the_frontend_would_before_any_compute(
     await client.wait_for_instances(timeout=10)
     stop = {"max_tokens": 1 if mode == "prefill" else 4}
     refused = {
-        "a million-token prompt": ({"token_ids": [5] * 1_000_000, "stop_conditions": stop}, "token_ids", "context is 1024"),
+        "a million-token prompt": ({"token_ids": [5] * 1_000_000, "stop_conditions": stop}, "token_ids", "has a context of 1024"),
         "a token past the vocabulary": ({"token_ids": [5, 10**6], "stop_conditions": stop}, "token_ids", "vocabulary"),
         "max_tokens past the context": (
             {"token_ids": [5] * 100, "stop_conditions": {"max_tokens": 1000}}, "max_tokens", "at most 924",

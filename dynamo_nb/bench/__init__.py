@@ -2,6 +2,22 @@
 
 Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
 
+- ``runner.py``: `run`, a load sweep over concurrency levels (closed loop) or request rates
+  (open loop), one row per request; `wait_for_model`;
+- ``http_client.py``: one timed request (TTFT, inter-token gaps, usage, workers), the row of `run`;
+  ``lean_http.py``: `LeanHttpClient`, the small HTTP/1.1 client it sends with;
+- ``prompts.py``: prompt sets (random, shared system prompt, multi-turn conversations);
+- ``progress.py``: a sweep's progress bar; ``live.py``: `live`, a chart redrawn while `run` goes;
+- ``stats.py``: `summary` (percentiles and throughput per level), JSON and CSV in and out;
+- ``slo.py``: `SLO`, goodput and attainment, `max_rate_within_slo`;
+- ``charts.py``: charts of a run, as matplotlib figures;
+- ``scrape.py``: a server's Prometheus metrics as a DataFrame, runs joined with routing decisions;
+- ``traces.py``: request traces (the frontend's, Mooncake's, synthetic); ``trace_runner.py``:
+  `run_trace`, a trace sent live at its times;
+- ``stub_server.py``: `StubServer`, a server with injected delays, to calibrate the load generator;
+- ``fuzz.py``: property-based fuzzing of an OpenAI-compatible API (needs ``hypothesis``);
+- ``__main__.py``: ``python -m dynamo_nb.bench``, a sweep from a shell.
+
 Example::
 
     from dynamo_nb import bench

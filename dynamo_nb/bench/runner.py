@@ -1,4 +1,4 @@
-"""`run`: a closed-loop load sweep over concurrency levels, one record per request."""
+"""`run`: a load sweep, closed-loop over concurrency levels or open-loop over request rates, one record per request."""
 
 from __future__ import annotations
 

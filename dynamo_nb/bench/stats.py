@@ -1,4 +1,4 @@
-"""`summary`: percentiles and throughput per concurrency level; JSON in and out."""
+"""`summary`: percentiles and throughput per concurrency level or request rate; JSON and CSV out, JSON in."""
 
 from __future__ import annotations
 

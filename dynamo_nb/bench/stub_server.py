@@ -28,6 +28,7 @@ import signal
 import sys
 from typing import Any
 
+from ..llm.protocol import completion_usage
 from ..runtime.program import announce_ready
 
 __all__ = ["StubServer"]
@@ -81,7 +82,7 @@ class _Answer:
             finish["nvext"] = {"worker_id": {"prefill_worker_id": None, "decode_worker_id": worker}}
         self.last = _event(finish)
         if usage:
-            counts = {"prompt_tokens": 8, "completion_tokens": tokens, "total_tokens": 8 + tokens}
+            counts = completion_usage(8, tokens)
             self.last += _event({**head, "choices": [], "usage": counts})
         self.last += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
         self.tokens = tokens

@@ -3,14 +3,20 @@
 - ``base.py``: the `Engine` protocol, the KV-event sink, token budget (`DisaggregatedEngine`, the
   prefill and decode roles, is `dynamo_nb.disagg.roles`');
 - ``echo.py``: `EchoEngine`, zero cost, streams the prompt back (measures everything but the model);
-- ``hf.py``: `HFEngine`, a local Hugging Face model with PyTorch + transformers (the ``hf`` extra);
+- ``hf.py``: `HFEngine`, a local Hugging Face model with PyTorch + transformers (the ``hf`` extra),
+  batched continuously; its step's parts: ``hf_batch.py`` (the decoding sequences as one batch kept
+  across steps), ``hf_prefill.py`` (the step's prompt chunks, planned and run in one forward pass)
+  and ``hf_sampling.py`` (every row's next token sampled on the device);
 - ``mocker.py``: `MockerEngine`, a simulated vLLM-style scheduler with a KV block manager and
-  Dynamo's timing model, for routing experiments at scale;
+  Dynamo's timing model, for routing experiments at scale; ``mocker_scheduler.py``: its scheduler
+  and timing model, with no clock of its own (`dynamo_nb.replay` runs it on a simulated one);
 - ``vllm.py``: `VllmEngine`, vLLM's ``AsyncLLM`` (the ``vllm`` extra), prefill/decode through
   vLLM's KV connector;
 - ``sglang.py``: `SglangEngine`, ``sglang.Engine`` (the ``sglang`` extra, on a GPU) with SGLang's
   bootstrap-room disaggregation; ``sglang_fake.py``: its recording stand-in (no GPU needed);
 - ``conformance.py``: `check_engine`, the contract's checks, run on any engine from a cell;
+- ``engine_worker.py``: `serve_engine`, an engine served as a worker from its flags (its role, KV
+  events, model card, stats endpoint);
 - ``model_calls.py``: `forward_with_cache`, a transformers forward pass with a KV cache that
   runs without deprecation warnings on every transformers release we support;
 - ``kv_cache/``: the block manager (prefix reuse, LRU eviction, KV events), the ``hf``

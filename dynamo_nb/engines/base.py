@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from ..errors import InvalidRequestError
+from ..llm.limits import check_context
 from ..llm.protocol import DEFAULT_MAX_TOKENS, LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 
@@ -117,12 +117,8 @@ def token_budget(request: PreprocessedRequest, context_length: int | None) -> in
     asked = request.stop_conditions.max_tokens
     if context_length is None:
         return asked if asked is not None else DEFAULT_MAX_TOKENS
+    check_context(prompt, None, context_length)  # the prompt alone fills it: refused
     room = context_length - prompt
-    if room < 1:
-        raise InvalidRequestError(
-            f"the prompt is {prompt} tokens and the model's context is {context_length}: shorten the prompt",
-            param="messages",
-        )
     return room if asked is None else min(asked, room)
 
 

@@ -23,7 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequestError
-from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions, StopConditions
+from ..llm.protocol import (
+    LLMEngineOutput,
+    PreprocessedRequest,
+    SamplingOptions,
+    StopConditions,
+    completion_usage,
+)
 from ..runtime.context import Context
 from ..runtime.streams import close_stream, closing
 from .base import Engine
@@ -157,11 +163,7 @@ class _Checks:
             raise AssertionError("an item before the last has a finish_reason")
         usage = last.completion_usage or {}
         tokens = sum(len(item.token_ids) for item in [*middle, last])
-        expected = {
-            "prompt_tokens": len(self.prompt),
-            "completion_tokens": tokens,
-            "total_tokens": len(self.prompt) + tokens,
-        }
+        expected = completion_usage(len(self.prompt), tokens)
         counts = {key: usage.get(key) for key in expected}
         if last.finish_reason is None or counts != expected:
             raise AssertionError(

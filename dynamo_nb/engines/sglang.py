@@ -49,10 +49,9 @@ from typing import Any
 from ..disagg.decode import bootstrap_of
 from ..disagg.rooms import draw_room
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
-from ..launch.services import free_port
 from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
-from ..runtime.addresses import AddressRule
+from ..runtime.addresses import AddressRule, free_port
 from ..runtime.context import Context
 from ..runtime.streams import closing
 from .base import KvEventSink, token_budget

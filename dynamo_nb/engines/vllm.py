@@ -42,10 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
-from ..launch.services import free_port
 from ..llm.limits import RequestLimits
-from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
-from ..runtime.addresses import AddressRule, is_wildcard
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, completion_usage
+from ..runtime.addresses import AddressRule, free_port, is_wildcard
 from ..runtime.context import Context
 from ..runtime.streams import closing
 from .base import KvEventSink, token_budget
@@ -393,11 +392,7 @@ class VllmEngine(RelayedKvEvents):
         yield LLMEngineOutput(
             list(completion.token_ids),
             _FINISH.get(completion.finish_reason or "length", "length"),
-            {
-                "prompt_tokens": len(request.token_ids),
-                "completion_tokens": len(completion.token_ids),
-                "total_tokens": len(request.token_ids) + len(completion.token_ids),
-            },
+            completion_usage(len(request.token_ids), len(completion.token_ids)),
             disaggregated_params={"kv_transfer_params": transfer},
         )
 

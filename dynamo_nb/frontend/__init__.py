@@ -9,8 +9,12 @@
 - ``openai.py``: request bodies checked field by field (`parse_request`);
 - ``served_models.py``: the served models, from model cards in discovery (or given in static mode),
   each with its tokenizer, client and router;
-- ``settings.py``: `FrontendConfig`, the frontend's flags typed, and started;
-- ``metrics.py``: Prometheus metrics (``dynamo_frontend_*``); ``error_envelope.py``: errors as OpenAI
+- ``settings.py``: `FrontendConfig`, the frontend's flags typed, and started; ``options.py``: their
+  combinations checked (`validate_frontend_args`) and a frontend started from them (`start_frontend`);
+- ``replicas.py``: ``--http-workers N``, more frontend processes sharing the port (``SO_REUSEPORT``);
+- ``request_trace.py``: ``--request-trace``, a JSON line per finished request, for replay and planning;
+- ``metrics.py``: Prometheus metrics (``dynamo_frontend_*``), with ``loop_histogram.py`` (a lock-free
+  histogram observed from the event loop only); ``error_envelope.py``: errors as OpenAI
   error envelopes.
 
 Example::

@@ -40,6 +40,7 @@ from ..errors import (
     OverloadedError,
     RemoteHandlerError,
 )
+from ..llm import limits
 from ..llm.protocol import PreprocessedRequest
 from ..router.base import RoutedStream
 from ..router.decision import RoutingDecision
@@ -88,22 +89,10 @@ def served_model(models: ModelManager, name: str, kind: str) -> ServedModel:
 
 def check_context(model: ServedModel, parsed: OpenAIRequest, prompt_tokens: int) -> None:
     """Refuse a prompt (or prompt + ``max_tokens``) longer than the model's context (a 400)."""
-    context = model.card.context_length
-    if not context:
-        return
     param = "messages" if parsed.kind == "chat" else "prompt"
-    if prompt_tokens >= context:
-        raise InvalidRequestError(
-            f"the prompt is {prompt_tokens} tokens and {model.name!r} has a context of {context}: shorten it",
-            param=param,
-        )
-    asked = parsed.stop.max_tokens
-    if asked is not None and prompt_tokens + asked > context:
-        raise InvalidRequestError(
-            f"{model.name!r} has a context of {context} tokens, but the prompt ({prompt_tokens}) plus "
-            f"max_tokens ({asked}) is {prompt_tokens + asked}: lower max_tokens to at most {context - prompt_tokens}",
-            param="max_tokens",
-        )
+    limits.check_context(
+        prompt_tokens, parsed.stop.max_tokens, model.card.context_length, model=model.name, prompt_param=param
+    )
 
 
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")

@@ -16,36 +16,17 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from ..errors import EngineError
+from ..llm.protocol import completion_usage
 from ..runtime.ids import new_request_id
 from .error_envelope import error_body
 from .http1 import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .openai import OpenAIRequest
 from .relay import Outcome
 
-__all__ = ["usage", "write_stream", "write_unary"]
+__all__ = ["write_stream", "write_unary"]
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DONE = "data: [DONE]\n\n"
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
-    """OpenAI's ``usage`` object, with ``prompt_tokens_details.cached_tokens`` when the engine
-    said how many prompt tokens it found cached.
-
-    Example:
-        >>> usage(3, 4)
-        {'prompt_tokens': 3, 'completion_tokens': 4, 'total_tokens': 7}
-        >>> usage(40, 4, cached_tokens=32)["prompt_tokens_details"]
-        {'cached_tokens': 32}
-    """
-    counts: dict[str, Any] = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-    if cached_tokens is not None:
-        counts["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-    return counts
 
 
 async def write_stream(
@@ -103,7 +84,7 @@ async def write_stream(
             f'"finish_reason":"{outcome.finish_reason}"}}]{extension}}}\n\n'
         )
         if parsed.include_usage:
-            counts = usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+            counts = completion_usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
             events.append(f'data: {head},"choices":[],"usage":{dumps(counts)}}}\n\n')
     events.append(DONE)
     await response.write_eof("".join(events).encode())  # the last events and the body's end
@@ -130,7 +111,7 @@ async def write_unary(
         "created": int(time.time()),
         "model": parsed.model,
         "choices": [choice],
-        "usage": usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens),
+        "usage": completion_usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens),
     }
     nvext = outcome.nvext
     if nvext:

@@ -5,7 +5,11 @@ started in dependency order (``python -m dynamo_nb serve graph.yaml``, or ``awai
 - ``model.py``: `Graph`, `Service`, `Resources`, `GraphError` (YAML in and out);
 - ``commands.py``: the command lines, checked before anything starts (`check_graph`, `dry_run`);
 - ``serve.py``: `serve` and `RunningGraph` (status, restarts on failure, stop);
-- ``kubernetes.py``: `kubernetes_manifests` (Deployments, Services, etcd/NATS; ``--emit k8s``).
+- ``defaults.py``: what a component declares about its own deployment (``DEPLOYMENT``), read
+  from its file without running it;
+- ``cli.py``: ``python -m dynamo_nb serve graph.yaml`` (start it, ``--dry-run``, ``--emit k8s``);
+- ``kubernetes.py``: `kubernetes_manifests` (Deployments, Services, etcd/NATS; ``--emit k8s``);
+- ``image.py``: the build context of your own image, the graph's own files on top of the kit's.
 
 Example:
     >>> graph = Graph.from_yaml("components: {frontend: {component: components/frontend.py, flags: {http-port: 8000}}}")

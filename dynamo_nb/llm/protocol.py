@@ -30,6 +30,7 @@ __all__ = [
     "PreprocessedRequest",
     "SamplingOptions",
     "StopConditions",
+    "completion_usage",
 ]
 
 FINISH_REASONS = ("stop", "length", "error", "cancelled")
@@ -268,6 +269,29 @@ class PreprocessedRequest:
         )
 
 
+def completion_usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> dict[str, Any]:
+    """OpenAI's ``usage`` object, with ``prompt_tokens_details.cached_tokens`` (the prompt tokens
+    whose KV the engine reused) when it is known: what an engine's last item carries and what the
+    frontend's answer says.
+
+    Example:
+        >>> completion_usage(3, 4)
+        {'prompt_tokens': 3, 'completion_tokens': 4, 'total_tokens': 7}
+        >>> completion_usage(40, 4, cached_tokens=32)["prompt_tokens_details"]
+        {'cached_tokens': 32}
+    """
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return usage
+
+
 @dataclass(slots=True)
 class LLMEngineOutput:
     """One stream item from a worker: the new tokens, and on the last item why it ended.
@@ -314,14 +338,9 @@ class LLMEngineOutput:
             ...                       ).completion_usage["prompt_tokens_details"]
             {'cached_tokens': 32}
         """
-        usage: dict[str, Any] = {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        }
-        if cached_tokens is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
-        return cls(token_ids, finish_reason, usage)
+        return cls(
+            token_ids, finish_reason, completion_usage(prompt_tokens, completion_tokens, cached_tokens)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able form (what travels back), without fields left at None."""

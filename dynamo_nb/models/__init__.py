@@ -3,6 +3,11 @@ on the standard library's docstrings, shipped in the package) and a random-weigh
 tests use (built on first use); and `use_model`, the one parameter that points the LLM notebooks
 at a local Hugging Face folder and a device.
 
+- ``tiny_model.py``: `tiny_model_path`, the built-in tiny model (shipped in ``tiny_llama/``);
+- ``random_model.py``: `random_model_path`, the random-weight model, and the tokenizer and config
+  recipe it shares with the tiny model's training;
+- ``choice.py``: `use_model` and `ModelChoice`, the model folder and device the LLM notebooks serve.
+
 Example:
     >>> from dynamo_nb.models import tiny_model_path
     >>> path = tiny_model_path()

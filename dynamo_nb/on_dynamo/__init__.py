@@ -7,6 +7,13 @@ engine's model is registered with Dynamo's ``register_model``, and the same engi
 Dynamo's request dicts, so ``python -m dynamo.frontend`` lists and serves it. Needs NVIDIA
 Dynamo's Python packages: ``python3 -m dynamo_nb install dynamo``. See docs/dynamo.md.
 
+- ``runtime.py``: `DynamoRuntime`, Dynamo's ``DistributedRuntime`` with the part of ours a
+  component's ``main`` uses;
+- ``planes.py``: `DynamoPlanes`, our runtime flags as Dynamo's arguments and ``DYN_*`` environment;
+- ``worker.py``: an engine served as a Dynamo worker, its model registered with ``register_model``;
+- ``kv_publisher.py``: `DynamoKvEvents`, an engine's KV events to Dynamo's KV router;
+- ``frontend.py``: `launch_dynamo_frontend`, Dynamo's own frontend started from Python.
+
 Example::
 
     python components/hf_worker.py --runtime dynamo --discovery file:///tmp/kv

@@ -20,7 +20,7 @@ import aiohttp
 from ..errors import LaunchError
 from ..extras import require_extra
 from ..launch.launcher import ManagedProcess, launch
-from ..launch.services import free_port
+from ..runtime.addresses import free_port
 from .planes import LOOPBACK, DynamoPlanes
 
 __all__ = ["DynamoFrontend", "launch_dynamo_frontend"]

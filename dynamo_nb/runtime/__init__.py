@@ -3,13 +3,18 @@
 Everything a worker or a frontend needs to find and call the others lives here:
 
 - `DistributedRuntime` (``distributed.py``) and the ``namespace → component → endpoint`` names
-  (``names.py``, ids in ``ids.py``);
+  (``names.py``, ids in ``ids.py``), and ``instance.py``: `Instance`, one server as published;
 - the server side (``server.py``: `EndpointServer`, one task per request) and the client side
   (``client.py``: `Client`, `ResponseStream`), with the per-request `Context` (``context.py``) and
   ``streams.py`` (closing any stream a handler returns);
-- ``discovery/`` (memory, etcd, static: who serves what) and ``planes/`` (inproc, tcp, nats
+- ``discovery/`` (memory, file, etcd, static: who serves what) and ``planes/`` (inproc, tcp, nats
   request planes; the msgpack wire format; the event plane);
-- ``program.py``: running a component as a program (signals, logging, its READY line).
+- ``bounded_decode.py``: msgpack and JSON from the network decoded with memory bounded by their size;
+- ``security.py``: who may connect to the TCP plane and the bootstrap server (a cluster secret, TLS);
+- ``addresses.py``: `AddressRule`, the host a server listens on and the one it advertises;
+- ``program.py``: running a component as a program (signals, logging, its READY line);
+  ``startup.py``: `wait_for_service`, etcd and NATS tried until they answer;
+  ``system_status.py``: a worker's ``/live`` and ``/health`` (``--system-port``).
 
 Example:
     >>> import asyncio

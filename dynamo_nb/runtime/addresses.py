@@ -38,6 +38,7 @@ from ..errors import ConfigError
 __all__ = [
     "LOOPBACK",
     "AddressRule",
+    "free_port",
     "host_port",
     "is_loopback",
     "is_wildcard",
@@ -229,3 +230,15 @@ class AddressRule:
                 self.remote,
             )
         return host
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server about to bind it).
+
+    Example:
+        >>> 0 < free_port() < 65536
+        True
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

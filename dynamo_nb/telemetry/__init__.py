@@ -1,5 +1,5 @@
 """What a request leaves behind as it crosses processes: its id on every log line
-(`request_ids`) and, when turned on, its timeline as OpenTelemetry spans (`tracing`)."""
+(``request_ids.py``) and, when turned on, its timeline as OpenTelemetry spans (``tracing.py``)."""
 
 from .request_ids import RequestIdFilter, current_request_id, request_id_scope
 from .tracing import (

@@ -82,6 +82,14 @@ a failed stream raises, a ValueError), ``DYNAMO_STOP_GRACE``.
 
 ``from dynamo.runtime.logging import configure_dynamo_logging`` becomes
 ``from dynamo_nb.compat.runtime.logging import configure_dynamo_logging``.
+
+Beside this module:
+
+- ``logging.py``: ``configure_dynamo_logging`` (``dynamo.runtime.logging``) on the standard library;
+- ``signals.py``: what SIGTERM does to a Dynamo-shaped program (out of discovery first, then the
+  process ends; a handler of its own is never replaced);
+- ``unary.py``: `UnaryClient` and `serve_unary_endpoint`, one request and one response over the
+  streaming endpoints.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The frontend's HTTP/1.1 server: requests read strictly (``parser``), handlers given an
-`HttpRequest` and answering with an `HttpResponse` or a `StreamedResponse` (``messages``),
-connections with timeouts, a cap, pipelining and flow control (``server``).
+"""The frontend's HTTP/1.1 server: requests read strictly (``parser.py``), handlers given an
+`HttpRequest` and answering with an `HttpResponse` or a `StreamedResponse` (``messages.py``),
+connections with timeouts, a cap, pipelining and flow control (``http_server.py``: `HttpServer`).
 
 Lean on purpose: a request costs a fraction of what a general web framework spends on it
 (`benchmarks/frontend_overhead.py` part 4 measures it against bare aiohttp).

@@ -1,5 +1,13 @@
 """KV-aware routing: Dynamo's block hashes, the radix-tree indexer and the worker choice.
 
+- ``router.py``: `KvRouter` (hash the prompt, ask the indexer, add the load, pick) and its config;
+- ``hashing.py``: Dynamo's block hashes (`block_hashes`, `sequence_hashes`);
+- ``indexer.py``: `RadixTree`, which worker holds which cached prefix;
+- ``kv_events.py``: KV events between workers and routers (`KvEventPublisher`, `KvIndexer`),
+  numbered, with gap repair;
+- ``selector.py``: the cost of each worker and the pick (`costs`, `pick`, `ActiveLoad`);
+- ``replica_sync.py``: `ReplicaSync`, decisions shared between the KV routers of several frontends.
+
 Example:
     >>> from dynamo_nb.router.kv import RadixTree, block_hashes
     >>> index = RadixTree()

@@ -1,8 +1,11 @@
 """Discovery backends: who serves what.
 
-``memory`` (one process), ``file://DIR`` (processes of one host, through a folder),
-``etcd://HOST:PORT`` (leases and watches, across machines) and ``static`` (no discovery
-service: fixed NATS subjects or explicit TCP addresses).
+- ``base.py``: `Discovery`, what every backend provides, and the live views on it
+  (`InstanceSet`, `PrefixWatch`);
+- ``memory.py``: ``memory`` (one process);
+- ``file.py``: ``file://DIR`` (processes of one host, through a folder);
+- ``etcd.py``: ``etcd://HOST:PORT`` (leases and watches, across machines);
+- ``static.py``: ``static`` (no discovery service: fixed NATS subjects or explicit TCP addresses).
 """
 
 from __future__ import annotations

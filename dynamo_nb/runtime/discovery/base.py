@@ -149,7 +149,7 @@ def _id_from_key(key: str) -> int | None:
 
 
 class Discovery(ABC):
-    """Who serves what. Backends: memory, etcd, static."""
+    """Who serves what. Backends: memory, file, etcd, static."""
 
     kind: str = ""
 

@@ -1,7 +1,11 @@
 """Request planes: how a request reaches a worker and its stream comes back.
 
-``inproc`` (same process), ``tcp`` (the worker listens; msgpack frames) and ``nats``
-(a subject per instance). Nothing is pickled.
+- ``base.py``: `RequestPlane`, what every request plane provides, and the heartbeat interval;
+- ``inproc.py`` (same process), ``tcp.py`` (the worker listens; msgpack frames, many streams per
+  connection) and ``nats.py`` (a subject per instance): the request planes;
+- ``wire.py``: the frames they share (msgpack, sizes bounded); nothing is pickled;
+- ``channel.py``: the caller's side of one stream, its frames in order;
+- ``event_plane.py``: the event plane, fire-and-forget messages (an in-process bus, or NATS pub/sub).
 """
 
 from __future__ import annotations
