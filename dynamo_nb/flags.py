@@ -33,6 +33,7 @@ from .frontend.settings import FrontendConfig
 from .router import ROUTER_MODES
 from .router.kv.router import KvRouterConfig
 from .runtime.discovery import DEFAULT_LEASE_TTL
+from .runtime.names import DEFAULT_WORKER_ENDPOINT
 from .runtime.program import RUNTIMES, RuntimeConfig
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
     "vllm_worker_parser",
 ]
 
-DEFAULT_WORKER_ENDPOINT = "dynamo.backend.generate"
 DEFAULT_PREFILL_ENDPOINT = WorkerRole.prefill_endpoint
 DEFAULT_ECHO_ENDPOINT = "dynamo.echo.generate"
 

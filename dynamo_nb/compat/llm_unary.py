@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import llm as _llm
 from .runtime.unary import serve_unary_endpoint
 
 __all__ = ["LLMUnaryClient", "UnaryChatModel", "with_engine_data"]
@@ -42,6 +41,8 @@ class UnaryChatModel:
 
     async def serve(self, runtime: Any, handler: Callable[..., Awaitable[Any]]) -> None:
         """Register the model, then serve ``handler`` until the runtime shuts down."""
+        from . import llm as _llm  # (compat.llm re-exports this module's names: no import at the top)
+
         endpoint = runtime.endpoint(f"{self.service_name}.app.generate")
         await _llm.register_model(
             _llm.ModelInput.Tokens,

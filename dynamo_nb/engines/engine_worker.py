@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,8 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..disagg.modes import WorkerRole
 from ..llm.register import serve_llm
-from ..on_dynamo.runtime import DynamoRuntime
-from ..on_dynamo.worker import serve_engine_on_dynamo
 from ..router.kv.kv_events import KvEventPublisher
 from ..runtime.program import announce_ready
 from .base import Engine, KvEventSink, stats_handler
@@ -80,8 +79,11 @@ async def serve_engine(
     """Build the engine with ``make_engine(kv_events)`` and serve it in ``role`` (see the module
     docstring). On NVIDIA Dynamo's runtime (``--runtime dynamo``) the engine is served and its
     model registered with Dynamo's calls (`dynamo_nb.on_dynamo.serve_engine_on_dynamo`)."""
-    if isinstance(runtime, DynamoRuntime):
-        return await serve_engine_on_dynamo(runtime, role, model_path, model_name, make_engine)
+    on_dynamo = sys.modules.get("dynamo_nb.on_dynamo.runtime")  # loaded by whoever made a DynamoRuntime
+    if on_dynamo is not None and isinstance(runtime, on_dynamo.DynamoRuntime):
+        from ..on_dynamo.worker import serve_engine_on_dynamo
+
+        return await serve_engine_on_dynamo(runtime, role, model_path, model_name, make_engine)  # type: ignore[return-value]  # the same methods on Dynamo's runtime
     endpoint = runtime.endpoint(role.endpoint)
     publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
     made = make_engine(publisher.publish if publisher is not None else None)

@@ -25,12 +25,17 @@ Example::
 
 from __future__ import annotations
 
-from .app import DEFAULT_HTTP_PORT, Frontend
-from .error_envelope import error_body, http_error
-from .metrics import FrontendMetrics
-from .openai import OpenAIRequest, parse_request
-from .served_models import ModelManager, ServedModel
-from .settings import FrontendConfig
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .settings import DEFAULT_HTTP_PORT, FrontendConfig
+
+if TYPE_CHECKING:
+    from .app import Frontend
+    from .error_envelope import error_body, http_error
+    from .metrics import FrontendMetrics
+    from .openai import OpenAIRequest, parse_request
+    from .served_models import ModelManager, ServedModel
 
 __all__ = [
     "DEFAULT_HTTP_PORT",
@@ -44,3 +49,22 @@ __all__ = [
     "http_error",
     "parse_request",
 ]
+
+# The HTTP app and what it serves load when first asked for: a worker's flags read this package's
+# settings (its defaults) without loading the frontend itself.
+_LAZY = {
+    "Frontend": ".app",
+    "FrontendMetrics": ".metrics",
+    "ModelManager": ".served_models",
+    "OpenAIRequest": ".openai",
+    "ServedModel": ".served_models",
+    "error_body": ".error_envelope",
+    "http_error": ".error_envelope",
+    "parse_request": ".openai",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -46,6 +46,7 @@ from .openai import check_text, parse_request
 from .pipeline import RequestPipeline, model_not_found
 from .request_trace import RequestTraceWriter
 from .served_models import ModelManager, ServedModel
+from .settings import DEFAULT_HTTP_PORT
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -54,7 +55,6 @@ __all__ = ["DEFAULT_HTTP_PORT", "DEFAULT_MIGRATION_LIMIT", "Frontend"]
 
 logger = logging.getLogger("dynamo_nb.frontend")
 
-DEFAULT_HTTP_PORT = 8000
 MAX_BODY_BYTES = 32 * 1024 * 1024
 
 

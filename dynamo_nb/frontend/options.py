@@ -18,9 +18,8 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from ..flags import DEFAULT_WORKER_ENDPOINT
 from ..llm.card import check_model_dir
-from ..runtime.names import EndpointPath
+from ..runtime.names import DEFAULT_WORKER_ENDPOINT, EndpointPath
 from .app import Frontend
 from .settings import FrontendConfig
 

@@ -18,14 +18,16 @@ from ..errors import ConfigError
 from ..llm.card import card_from_folder
 from ..router.kv.router import KvRouterConfig
 from .admission import DEFAULT_QUEUE_TIMEOUT
-from .app import DEFAULT_HTTP_PORT, Frontend
 from .connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from .migration import DEFAULT_MIGRATION_LIMIT
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
+    from .app import Frontend
 
 __all__ = ["FrontendConfig"]
+
+DEFAULT_HTTP_PORT = 8000
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class FrontendConfig:
                     "not a RoutingPolicy(pick)"
                 )
             policy = loaded
+        from .app import Frontend  # (not at import: a worker's flags read this module's defaults)
+
         frontend = await Frontend.start(
             runtime,
             host=self.host,

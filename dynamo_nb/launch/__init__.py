@@ -19,10 +19,14 @@ Example:
 
 from __future__ import annotations
 
-from .hosts import Host, HostNetwork, netns_unavailable
+from typing import TYPE_CHECKING, Any
+
 from .launcher import DEFAULT_READY_PATTERN, ManagedProcess, adopt_leftovers, launch, launched
 from .ledger import Leftover, leftovers
 from .services import LocalServices, find_binary
+
+if TYPE_CHECKING:
+    from .hosts import Host, HostNetwork, netns_unavailable
 
 __all__ = [
     "DEFAULT_READY_PATTERN",
@@ -38,3 +42,11 @@ __all__ = [
     "leftovers",
     "netns_unavailable",
 ]
+
+
+def __getattr__(name: str) -> Any:  # the multi-host harness (network namespaces) loads when asked for
+    if name in ("Host", "HostNetwork", "netns_unavailable"):
+        from . import hosts
+
+        return getattr(hosts, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,10 @@ from dataclasses import dataclass
 
 from ..errors import InvalidNameError
 
-__all__ = ["ALLOWED_CHARACTERS", "EndpointPath", "validate_name"]
+__all__ = ["ALLOWED_CHARACTERS", "DEFAULT_WORKER_ENDPOINT", "EndpointPath", "validate_name"]
+
+DEFAULT_WORKER_ENDPOINT = "dynamo.backend.generate"
+"""Where a worker serves when no ``--endpoint`` is given (Dynamo's examples' default)."""
 
 ALLOWED_CHARACTERS = "lowercase letters a-z, digits 0-9, '-' and '_'"
 _NAME = re.compile(r"[a-z0-9_-]+")

@@ -1,0 +1,160 @@
+"""Imports only go down: each module of the package imports (at module level) only from its own
+layer and the layers below, as the table in ``docs/architecture.md`` assigns them, and no import
+circle joins two packages or two modules."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+
+PACKAGE = ROOT / "dynamo_nb"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def layers(text: str) -> dict[str, int]:
+    """``{part: layer}`` from the map's layer table (a part: ``runtime`` for `runtime/`,
+    ``flags`` for `flags.py`, ``dynamo_nb`` for the facade)."""
+    section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
+    found = {}
+    for number, parts in re.findall(r"^\| (\d+) \| (.+) \|$", section, re.M):
+        for name in re.findall(r"`([\w.]+/?)`", parts):
+            part = name.rstrip("/").removesuffix(".py")
+            found["dynamo_nb" if part == "__init__" else part] = int(number)
+    return found
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _module_level(nodes: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom]:
+    for node in nodes:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+            yield from _module_level(node.body)
+            yield from _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                yield from _module_level(block)
+
+
+def imports_of(path: Path, source: str | None = None) -> set[str]:
+    """The modules of the package that ``path`` imports when it is imported."""
+    name = module_name(path)
+    here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in _module_level(ast.parse(source if source is not None else path.read_text()).body):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("dynamo_nb")}
+            continue
+        base = ".".join(here[: len(here) - node.level + 1] + ([node.module] if node.module else []))
+        if not node.level:
+            base = node.module or ""
+        if not base.startswith("dynamo_nb"):
+            continue
+        for alias in node.names:  # `from . import rooms`: the submodule
+            submodule = f"{base}.{alias.name}"
+            found.add(submodule if _is_module(submodule) else base)
+    return found
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def part_of(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else "dynamo_nb"
+
+
+def upward_imports(table: dict[str, int], graph: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{source} (layer {table[part_of(source)]}) imports {target} (layer {table[part_of(target)]})"
+        for source, targets in graph.items()
+        for target in targets
+        if table[part_of(target)] > table[part_of(source)]
+    )
+
+
+def circles(graph: dict[str, set[str]], key=lambda name: name) -> list[tuple[str, str]]:
+    """Pairs (under ``key``: a module, or its part) that reach each other, a package and its own
+    modules aside."""
+    edges: dict[str, set[str]] = {}
+    for source, targets in graph.items():
+        for target in targets:
+            if not (target.startswith(source + ".") or source.startswith(target + ".")):
+                edges.setdefault(key(source), set()).add(key(target))
+
+    def reach(start: str) -> set[str]:
+        seen, stack = set(), [start]
+        while stack:
+            for after in edges.get(stack.pop(), ()):
+                if after not in seen:
+                    seen.add(after)
+                    stack.append(after)
+        return seen
+
+    return sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if a != b and a in reach(b)})
+
+
+def package_graph() -> dict[str, set[str]]:
+    return {module_name(path): imports_of(path) for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_every_part_of_the_package_has_a_layer() -> None:
+    table = layers(ARCHITECTURE.read_text())
+    parts = {part_of(name) for name in package_graph()}
+    assert parts - set(table) == set(), "parts with no layer in docs/architecture.md"
+    assert set(table) - parts == set(), "layers naming parts that do not exist"
+
+
+def test_imports_only_go_down() -> None:
+    assert upward_imports(layers(ARCHITECTURE.read_text()), package_graph()) == []
+
+
+def test_no_import_circle_joins_two_packages_or_two_modules() -> None:
+    graph = package_graph()
+    assert circles(graph, key=part_of) == []
+    assert circles(graph) == []
+
+
+def test_an_upward_import_and_a_circle_are_found() -> None:
+    table = layers(ARCHITECTURE.read_text())
+    graph = package_graph()
+    graph["dynamo_nb.runtime.client"] = graph["dynamo_nb.runtime.client"] | {"dynamo_nb.frontend.app"}
+    assert any(
+        "runtime.client (layer 2) imports dynamo_nb.frontend.app" in line
+        for line in upward_imports(table, graph)
+    )
+    assert ("frontend", "runtime") in circles(graph, key=part_of)
+    lazy = "def f():\n    from .frontend import app\nif TYPE_CHECKING:\n    from .frontend import app\n"
+    assert imports_of(PACKAGE / "flags.py", lazy) == set()
+
+
+@pytest.mark.processes
+def test_building_a_workers_parser_loads_no_http_app_no_netns_harness_no_stub_server() -> None:
+    """A worker program imports the kit and builds its flags: the frontend's HTTP app, the
+    multi-host harness (network namespaces) and the benchmark stub server stay unloaded."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, dynamo_nb\n"
+        "from dynamo_nb.flags import hf_worker_parser\n"
+        "hf_worker_parser().parse_args([])\n"
+        "print(sorted(m for m in sys.modules if m.startswith(("
+        "'dynamo_nb.frontend.app', 'dynamo_nb.frontend.http1', 'dynamo_nb.launch.hosts', "
+        "'dynamo_nb.launch.netswitch', 'dynamo_nb.bench.stub_server'))))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout
