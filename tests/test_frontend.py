@@ -223,6 +223,22 @@ GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
             "messages",
             "context",
         ),
+        # a body that cannot fit the context however it tokenizes is refused before it is tokenized
+        # (10 MB of short words would hold the event loop for seconds and a gigabyte)
+        (
+            CHAT,
+            {**GOOD, "messages": [{"role": "user", "content": "a b " * 2_500_000}]},
+            400,
+            "messages",
+            "characters, at least",
+        ),
+        (
+            "/v1/completions",
+            {"model": MODEL, "prompt": "word " * 200_000},
+            400,
+            "prompt",
+            "characters, at least",
+        ),
         ("/v1/completions", {"model": MODEL, "prompt": ""}, 400, "prompt", "empty"),
         ("/v1/completions", {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", "one prompt per request"),
         ("/v1/completions", {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", "vocabulary"),

@@ -144,6 +144,32 @@ def test_stop_strings_cut_the_text(tiny_path: Path, stop: list[str], expected: s
     assert (text, detok.stopped) == (expected, stopped)
 
 
+async def test_a_long_text_is_tokenized_off_the_event_loop_and_a_floor_bounds_its_tokens(
+    tiny_path: Path,
+) -> None:
+    """A text past LONG_TEXT_CHARS is tokenized in a thread (the same ids); the floor on a text's
+    tokens, taken without tokenizing it, is never above its real count."""
+    import threading
+
+    from dynamo_nb.llm.tokenizer import LONG_TEXT_CHARS, ModelTokenizer
+
+    tokenizer = ModelTokenizer.load(tiny_path)
+    threads = []
+    encode = tokenizer.encode
+
+    def recorded(text: str, *, add_special_tokens: bool = True) -> list[int]:
+        threads.append(threading.get_ident())
+        return encode(text, add_special_tokens=add_special_tokens)
+
+    tokenizer.encode = recorded  # type: ignore[method-assign]
+    short, long = "Tell me about the router. ", "Tell me about the router. " * (LONG_TEXT_CHARS // 20)
+    assert await tokenizer.encode_off_loop(short) == encode(short)
+    assert await tokenizer.encode_off_loop(long) == encode(long)
+    assert threads[0] == threading.get_ident() != threads[1]
+    for text in (short, long, "x" * 5000, "".join(chr(c) for c in range(32, 1000)), "ĠExtendedContext" * 99):
+        assert tokenizer.fewest_tokens(text) <= len(encode(text, add_special_tokens=False)), text[:40]
+
+
 def test_model_folder_checks_say_what_to_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a directory"):
         check_model_dir(tmp_path / "missing")

@@ -169,10 +169,10 @@ class RequestPipeline:
         self.migration = Migration(migration_limit, self.open_planned, metrics.migrations)
         self.trace: RequestTraceWriter | None = None  # --request-trace: a line per finished request
 
-    def preprocess(self, parsed: OpenAIRequest) -> tuple[ServedModel, PreprocessedRequest]:
+    async def preprocess(self, parsed: OpenAIRequest) -> tuple[ServedModel, PreprocessedRequest]:
         """Step 1: the served model and the engine request (rendered, tokenized, checked)."""
         model = served_model(self.models, parsed.model, parsed.kind)
-        token_ids = model.tokenize(parsed.kind, parsed.messages, parsed.prompt)
+        token_ids = await model.tokenize(parsed.kind, parsed.messages, parsed.prompt)
         check_context(model, parsed, len(token_ids))
         request = PreprocessedRequest(
             token_ids=token_ids,
@@ -206,7 +206,7 @@ class RequestPipeline:
         root: Any,
         received_ms: float,
     ) -> HttpResponse | StreamedResponse:
-        model, request = self.preprocess(parsed)
+        model, request = await self.preprocess(parsed)
         metrics = self.metrics.of(model.name)
         status = "error"
         metrics.inflight.inc()

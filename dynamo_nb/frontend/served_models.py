@@ -130,13 +130,16 @@ class ServedModel:
         context = Context(request_id, metadata=inject_trace({})) if request_id else None
         return router.open(route, request, context=context), route.decision
 
-    def tokenize(
+    async def tokenize(
         self, kind: str, messages: list[dict[str, Any]] | None, prompt: str | list[int] | None
     ) -> list[int]:
-        """Token ids of a chat's rendered template or of a completion prompt."""
+        """Token ids of a chat's rendered template or of a completion prompt. A text that cannot fit
+        the model's context whatever its tokens is refused before it is tokenized; a long one is
+        tokenized off the event loop."""
         if kind == "chat":
             text = self.tokenizer.render_chat(messages or [], add_generation_prompt=True)
-            return self.tokenizer.encode(text, add_special_tokens=False)
+            self._refuse_past_context(text, "messages")
+            return await self.tokenizer.encode_off_loop(text, add_special_tokens=False)
         if isinstance(prompt, list):
             vocab = self.tokenizer.vocab_size
             bad = [t for t in prompt if not 0 <= t < vocab]
@@ -145,7 +148,20 @@ class ServedModel:
                     f"prompt token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param="prompt"
                 )
             return prompt
-        return self.tokenizer.encode(prompt or "", add_special_tokens=True)
+        self._refuse_past_context(prompt or "", "prompt")
+        return await self.tokenizer.encode_off_loop(prompt or "", add_special_tokens=True)
+
+    def _refuse_past_context(self, text: str, param: str) -> None:
+        """A 400 for a text longer than the context can hold however it tokenizes (one huge body
+        would otherwise hold the event loop and gigabytes while it is tokenized)."""
+        context = self.card.context_length
+        fewest = self.tokenizer.fewest_tokens(text) if context else 0
+        if context and fewest >= context:
+            raise InvalidRequestError(
+                f"the prompt is {len(text)} characters, at least {fewest} tokens, and {self.name!r} "
+                f"has a context of {context}: shorten it",
+                param=param,
+            )
 
 
 class ModelManager:

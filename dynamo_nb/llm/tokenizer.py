@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from functools import cached_property
 from pathlib import Path
@@ -20,7 +21,11 @@ from typing import Any
 from ..errors import ConfigError, InvalidRequestError
 from .card import check_model_dir
 
-__all__ = ["ModelTokenizer"]
+__all__ = ["LONG_TEXT_CHARS", "ModelTokenizer"]
+
+LONG_TEXT_CHARS = 65_536
+"""Past this many characters `ModelTokenizer.encode_off_loop` tokenizes in a thread: the event loop
+(every other stream of the frontend, its health checks) keeps running meanwhile."""
 
 
 def _token_text(value: Any) -> str | None:
@@ -102,6 +107,32 @@ class ModelTokenizer:
         if fast is None:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
         return fast([text], add_special_tokens=add_special_tokens)[0].ids
+
+    async def encode_off_loop(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """`encode`, in a thread when ``text`` is longer than `LONG_TEXT_CHARS` (tokenizers releases
+        the GIL while it works)."""
+        if len(text) <= LONG_TEXT_CHARS:
+            return self.encode(text, add_special_tokens=add_special_tokens)
+        return await asyncio.to_thread(self.encode, text, add_special_tokens=add_special_tokens)
+
+    @cached_property
+    def longest_token_chars(self) -> int:
+        """The most characters one token stands for (the longest token of the vocabulary, added
+        tokens included, as written: a byte-level or word-piece token never decodes to more
+        characters than it is written with): a text of ``n`` characters is at least ``n / this``
+        tokens.
+
+        Example:
+            >>> from dynamo_nb.models import tiny_model_path
+            >>> ModelTokenizer.load(tiny_model_path()).longest_token_chars
+            17
+        """
+        return max((len(token) for token in self.tokenizer.get_vocab(with_added_tokens=True)), default=1) or 1
+
+    def fewest_tokens(self, text: str) -> int:
+        """A floor on the tokens of ``text`` without tokenizing it: its characters over
+        `longest_token_chars`, halved (a normalizer may shorten a text before it is split)."""
+        return len(text) // self.longest_token_chars // 2
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
