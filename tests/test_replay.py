@@ -171,7 +171,12 @@ async def test_a_trace_replayed_live_sends_its_arrivals_lengths_and_prefixes(
     assert live["error"].isna().all(), live["error"].dropna().tolist()
     assert live["input_tokens"].tolist() == trace["input_length"].tolist()
     assert live["output_tokens"].tolist() == trace["output_length"].tolist()
-    assert live["sent_s"].tolist() == pytest.approx((trace["timestamp_ms"] / 1000).tolist(), abs=0.1)
+    # each request leaves at its arrival (in trace time), never before it, in the trace's order; how
+    # late on a busy machine is not the replayer's to promise, but a speedup not applied would be
+    # 10x late
+    scheduled, sent = (trace["timestamp_ms"] / 1000).tolist(), live["sent_s"].tolist()
+    assert all(s >= t - 0.05 for s, t in zip(sent, scheduled, strict=True)), (sent, scheduled)
+    assert sent == sorted(sent) and sent[-1] < 2 * scheduled[-1] + 0.5, (sent, scheduled)
     assert live["cached_tokens"].sum() > 0 and live["worker"].nunique() == 2  # the prefixes were found
     offline = replay(trace, Fleet(workers=2, router="kv"))
     assert live["cached_tokens"].sum() >= 0.8 * offline.requests["cached_tokens"].sum()
