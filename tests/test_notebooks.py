@@ -307,3 +307,35 @@ def test_a_worker_started_in_a_cell_keeps_serving_while_no_cell_runs(services: L
         kernel.execute_interactive("await rt.shutdown()", timeout=30)
         kernel.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+MERMAID_KEYWORDS = "graph|end|subgraph|flowchart|style|class|classDef|click|linkStyle|direction|default"
+MERMAID_NODE_KEYWORD = re.compile(
+    rf"(?:^\s*|-->\s*(?:\|[^|\n]*\|\s*)?|\.->\s*|---\s*|==>\s*)({MERMAID_KEYWORDS})"
+    r"(?=\s*[\[\(\{]|\s*-|\s*\.|\s*=|\s*$)",
+    re.M,
+)
+
+
+def mermaid_keyword_nodes(block: str) -> list[str]:
+    """The nodes of a Mermaid flowchart (after its first line) named by one of Mermaid's keywords:
+    the chart then fails to render (``graph[running graph]`` is a parse error). Other kinds of
+    diagram (a sequence diagram's ``end`` closes a block) are not flowcharts: none."""
+    kind, _, body = block.partition("\n")
+    if kind.split()[0] not in ("flowchart", "graph"):
+        return []
+    return [match.group(1) for match in MERMAID_NODE_KEYWORD.finditer(body)]
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_diagram_names_a_node_with_a_mermaid_keyword(notebook: Path) -> None:
+    for cell in nbformat.read(notebook, 4).cells:
+        if cell.cell_type == "markdown":
+            for block in re.findall(r"```mermaid\n(.*?)```", cell.source, re.S):
+                assert mermaid_keyword_nodes(block) == [], block
+
+
+def test_a_node_named_graph_is_found() -> None:
+    broken = "flowchart LR\n  plan -->|replicas| graph[running graph]\n  graph --> frontend\n"
+    assert mermaid_keyword_nodes(broken) == ["graph", "graph"]
+    assert mermaid_keyword_nodes('flowchart LR\n  a --> b["the end of it"]\n') == []
