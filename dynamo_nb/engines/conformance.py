@@ -123,11 +123,17 @@ class _Checks:
             ("stats() is a dict, kv_snapshot() a list", self.counters),
         ]
 
-    def request(self, max_tokens: int, *, prompt: list[int] | None = None) -> PreprocessedRequest:
+    def request(
+        self,
+        max_tokens: int,
+        *,
+        prompt: list[int] | None = None,
+        sampling: SamplingOptions | None = None,  # None: greedy
+    ) -> PreprocessedRequest:
         return PreprocessedRequest(
             token_ids=list(self.prompt if prompt is None else prompt),
             stop_conditions=StopConditions(max_tokens=max_tokens, ignore_eos=True),
-            sampling_options=SamplingOptions(temperature=0.0),
+            sampling_options=sampling or SamplingOptions(temperature=0.0),
         )
 
     async def run(self, request: PreprocessedRequest, context: Context | None = None) -> list[Any]:
@@ -193,10 +199,7 @@ class _Checks:
             raise AssertionError(f"temperature 0 gave {runs[0]} then {runs[1]}")
 
     async def defaults(self) -> None:
-        request = PreprocessedRequest(
-            token_ids=list(self.prompt), stop_conditions=StopConditions(max_tokens=3, ignore_eos=True)
-        )
-        items = await self.run(request)
+        items = await self.run(self.request(3, sampling=SamplingOptions()))
         tokens = sum(len(item.token_ids) for item in items)
         if tokens != 3 or items[-1].finish_reason != "length":
             raise AssertionError(

@@ -205,9 +205,14 @@ class FrontendMetrics:
         reported by the engine as ``cached_tokens``)."""
         if cached_tokens is not None:
             self.cached_tokens.labels(model).observe(cached_tokens)
-        found = {c.instance_id: c.parts.get("prefix_tokens") for c in decision.candidates} if decision else {}
-        prefixes = {worker: tokens for worker, tokens in found.items() if tokens is not None}
-        if decision is None or not prefixes or len(prefixes) < len(found):
+        if decision is None:
+            return
+        prefixes = {
+            c.instance_id: tokens
+            for c in decision.candidates
+            if (tokens := c.parts.get("prefix_tokens")) is not None
+        }
+        if not prefixes or len(prefixes) < len(decision.candidates):
             return  # only a KV router predicts reuse
         self.reuse.labels(model, "input").inc(prompt_tokens)
         self.reuse.labels(model, "seen_before").inc(decision.seen_before_tokens or 0)

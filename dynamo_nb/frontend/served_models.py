@@ -155,8 +155,10 @@ class ServedModel:
         """A 400 for a text longer than the context can hold however it tokenizes (one huge body
         would otherwise hold the event loop and gigabytes while it is tokenized)."""
         context = self.card.context_length
-        fewest = self.tokenizer.fewest_tokens(text) if context else 0
-        if context and fewest >= context:
+        if not context:
+            return
+        fewest = self.tokenizer.fewest_tokens(text)
+        if fewest >= context:
             raise InvalidRequestError(
                 f"the prompt is {len(text)} characters, at least {fewest} tokens, and {self.name!r} "
                 f"has a context of {context}: shorten it",

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from ..errors import ConfigError
 from ..llm.card import card_from_folder
 from ..router.kv.router import KvRouterConfig
 from .admission import DEFAULT_QUEUE_TIMEOUT
@@ -100,13 +99,8 @@ class FrontendConfig:
             from ..component_program import RoutingPolicy
             from ..notebook_programs import load_component
 
-            loaded = load_component(self.router_policy, runnable=False)
-            if not isinstance(loaded, RoutingPolicy):
-                raise ConfigError(
-                    f"--router-policy {self.router_policy}: it declares a {type(loaded).__name__}, "
-                    "not a RoutingPolicy(pick)"
-                )
-            policy = loaded
+            # (runnable=False: the file's routing policy, or a ConfigError saying what it declares)
+            policy = cast(RoutingPolicy, load_component(self.router_policy, runnable=False))
         from .app import Frontend  # (not at import: a worker's flags read this module's defaults)
 
         frontend = await Frontend.start(

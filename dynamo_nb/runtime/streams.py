@@ -23,9 +23,8 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
-from typing import TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["close_stream", "closing"]
 
@@ -39,10 +38,16 @@ async def close_stream(stream: AsyncIterator[object]) -> None:
         await aclose()
 
 
-@contextlib.asynccontextmanager
-async def closing(stream: AsyncIterator[T]) -> AsyncIterator[AsyncIterator[T]]:
+class closing(Generic[T]):
     """``stream`` for an ``async with`` block, closed on leaving it however the block ends."""
-    try:
-        yield stream
-    finally:
-        await close_stream(stream)
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: AsyncIterator[T]) -> None:
+        self.stream = stream
+
+    async def __aenter__(self) -> AsyncIterator[T]:
+        return self.stream
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await close_stream(self.stream)
