@@ -61,6 +61,7 @@ def shut_down(manager: Any, kernel: Any) -> None:
         manager.shutdown_kernel(now=True)
 
 
+@pytest.mark.long  # slow: CI's opt-in step runs it (the README suite keeps under 15 min)
 async def test_a_sigkilled_kernel_leaves_no_process_behind(tmp_path: Path) -> None:
     manager, kernel = start_kernel(tmp_path)
     try:
@@ -77,6 +78,7 @@ async def test_a_sigkilled_kernel_leaves_no_process_behind(tmp_path: Path) -> No
         shut_down(manager, kernel)
 
 
+@pytest.mark.long  # slow: CI's opt-in step runs it (the README suite keeps under 15 min)
 async def test_a_new_kernel_stops_what_a_dead_kernel_and_its_reaper_left(tmp_path: Path) -> None:
     manager, kernel = start_kernel(tmp_path)
     try:

@@ -88,6 +88,7 @@ async def measured(pid: int, send: Any) -> int:
     return peak_rise(pid)
 
 
+@pytest.mark.long  # slow: CI's opt-in step runs it (the README suite keeps under 15 min)
 async def test_every_port_bounds_the_memory_a_message_costs(services: Any, start_worker: Any) -> None:
     etcd = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
     endpoints = ["--endpoint", "mem.backend.generate", "--prefill-endpoint", "mem.prefill.generate"]

@@ -122,6 +122,7 @@ async def test_a_stream_whose_worker_dies_is_carried_on_by_another_worker(
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 8
 
 
+@pytest.mark.long  # slow: CI's opt-in step runs it (the README suite keeps under 15 min)
 async def test_without_migration_a_dead_workers_stream_ends_with_an_error_event(
     services: Any, start_worker: Any
 ) -> None:
