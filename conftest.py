@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from dynamo_nb.extras import extra_installed
-from dynamo_nb.launch.hosts import netns_unavailable
+from dynamo_nb.testing.hosts import netns_unavailable
 
 PROCESS_FIXTURES = {"services", "start_worker", "private_services", "lab"}
 """Fixtures that start etcd, nats-server or child processes: a test using one is a process test."""

@@ -1,7 +1,7 @@
 """The three serving paths across hosts, at 0, 1 and 5 ms one-way delay: the round trips the
 disaggregated fast path saves, which loopback hides.
 
-Hosts are network namespaces on one switch (`dynamo_nb.launch.hosts`; needs root): etcd on
+Hosts are network namespaces on one switch (`dynamo_nb.testing.hosts`; needs root): etcd on
 ``svc``, the frontend on ``fe``, each worker of ``disagg.py``'s graph on a host of its own (an
 aggregated worker; a decode worker; a prefill worker that publishes its bootstrap server, so
 the frontend takes the **fast** path, and one that does not, the **fallback** path), the
@@ -25,7 +25,7 @@ from typing import Any
 from _harness import machine, run_benchmark
 from disagg import PATHS, TOKENS, by_path, measure, start_graph
 
-from dynamo_nb.launch.hosts import HostNetwork, netns_unavailable
+from dynamo_nb.testing.hosts import HostNetwork, netns_unavailable
 
 DELAYS_MS = (0.0, 1.0, 5.0)
 HOSTS = {"aggregated": "agg", "decode": "dec", "fast prefill": "pfast", "fallback prefill": "pfall"}

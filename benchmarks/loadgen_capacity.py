@@ -1,6 +1,6 @@
 """Is the load generator ever the bottleneck? Its capacity against a zero-cost server.
 
-A stub OpenAI server (`dynamo_nb.bench.stub_server`, its own process: every answer is one
+A stub OpenAI server (`dynamo_nb.testing.stub_server`, its own process: every answer is one
 precomputed write) answers streamed 32-token chat requests. In the same run, at each
 concurrency, this process drives it two ways:
 
@@ -117,7 +117,7 @@ async def with_bench(url: str, concurrency: int, total: int) -> dict[str, Any]:
 
 
 async def main(requests: int) -> dict[str, Any]:
-    stub = await launch("-m", "dynamo_nb.bench.stub_server", show_logs=False)
+    stub = await launch("-m", "dynamo_nb.testing.stub_server", show_logs=False)
     rows = []
     try:
         await bench.run(

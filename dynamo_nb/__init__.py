@@ -18,8 +18,6 @@ Example:
 from __future__ import annotations
 
 from . import errors
-from .claims import claim
-from .component_program import EngineProgram, HandlerProgram, RoutingPolicy
 from .errors import (
     ConfigError,
     DisaggregationError,
@@ -42,7 +40,9 @@ from .errors import (
 )
 from .launch.launcher import ManagedProcess, launch, launched
 from .launch.services import LocalServices
-from .notebook import in_notebook
+from .notebook.claims import claim
+from .notebook.component_program import EngineProgram, HandlerProgram, RoutingPolicy
+from .notebook.display import in_notebook
 from .runtime.client import Client, ResponseStream
 from .runtime.context import Context
 from .runtime.distributed import Component, DistributedRuntime, Endpoint, Namespace

@@ -332,7 +332,7 @@ class RuntimeClosedError(DynamoNBError):
 
 
 class ClaimError(DynamoNBError, AssertionError):
-    """A sentence `dynamo_nb.claims.claim` was asked to state that the measured values do not
+    """A sentence `dynamo_nb.notebook.claims.claim` was asked to state that the measured values do not
     bear out (its message is the sentence and the values)."""
 
 

@@ -92,7 +92,7 @@ def exported_code(notebook: Path) -> str:
     """The code a plain script export of ``notebook`` keeps (its exported cells, joined)."""
     import nbformat
 
-    from dynamo_nb.nbexport import kept_cells
+    from dynamo_nb.notebook.export import kept_cells
 
     cells = nbformat.read(notebook, 4).cells
     return "\n".join(cell.source for cell in kept_cells(cells) if cell.cell_type == "code")

@@ -1,6 +1,6 @@
 """Every plane across hosts: etcd and NATS on one host, the frontend on another, workers on
 others, the client on its own — network namespaces joined by a switch that delays (2 ms one
-way) and drops (1 %) frames, and cuts hosts off (`dynamo_nb.launch.hosts`).
+way) and drops (1 %) frames, and cuts hosts off (`dynamo_nb.testing.hosts`).
 
 What loopback hides is checked here: the address each component advertises (read back from
 etcd: never a loopback or wildcard address), the KV bytes of a disaggregated request crossing
@@ -26,9 +26,9 @@ import pytest
 from helpers import FRONTEND, HF_WORKER, MOCKER_WORKER, ROOT, collect, req
 
 from dynamo_nb import LocalServices, ManagedProcess
-from dynamo_nb.launch.hosts import HostNetwork
 from dynamo_nb.llm import ModelTokenizer
 from dynamo_nb.runtime.addresses import is_loopback, is_wildcard
+from dynamo_nb.testing.hosts import HostNetwork
 
 pytestmark = [pytest.mark.netns, pytest.mark.processes]
 

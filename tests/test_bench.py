@@ -20,7 +20,6 @@ from dynamo_nb import ConfigError, DistributedRuntime, launch
 from dynamo_nb.bench import (
     RECORD_COLUMNS,
     Chart,
-    StubServer,
     latency_cdf,
     live,
     load_json,
@@ -40,6 +39,7 @@ from dynamo_nb.bench import (
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.llm import serve_llm
+from dynamo_nb.testing import StubServer
 
 TTFT, ITL, TOKENS = 0.05, 0.01, 8
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -287,7 +287,7 @@ async def test_our_frontend_reports_the_serving_worker_of_each_request(tiny_path
 @pytest.mark.processes
 async def test_cli_writes_json_and_png_against_a_launched_stub(tmp_path: Path) -> None:
     stub = await launch(
-        "-m", "dynamo_nb.bench.stub_server", "--ttft", "0.01", show_logs=False, log_dir=tmp_path
+        "-m", "dynamo_nb.testing.stub_server", "--ttft", "0.01", show_logs=False, log_dir=tmp_path
     )
     try:
         out, plot = tmp_path / "r.json", tmp_path / "c.png"
@@ -316,7 +316,8 @@ def test_in_a_kernel_the_live_view_updates_one_display_and_charts_show_once() ->
     try:
         cell = (
             "from dynamo_nb import bench\n"
-            "stub = await bench.StubServer.start(ttft=0.02, itl=0.01)\n"
+            "from dynamo_nb.testing import StubServer\n"
+            "stub = await StubServer.start(ttft=0.02, itl=0.01)\n"
             "df = await bench.run(stub.url, 'stub', concurrency=[1, 2], requests=10, max_tokens=5,\n"
             "                     progress=False, live=bench.live(every=0.1))\n"
             "await stub.stop()\n"

@@ -18,11 +18,11 @@ import yaml
 from helpers import ROOT, write_notebook
 
 from dynamo_nb import ConfigError, EngineProgram, LocalServices, RoutingPolicy, bench, launch
-from dynamo_nb.component_program import find_component
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.graph import Graph, check_graph
 from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
-from dynamo_nb.notebook_programs import (
+from dynamo_nb.notebook.component_program import find_component
+from dynamo_nb.notebook.programs import (
     check_exported_cells,
     check_program_source,
     declarations,

@@ -20,7 +20,7 @@ from helpers import ROOT, pid_gone
 
 from dynamo_nb import launch
 from dynamo_nb.errors import ConfigError
-from dynamo_nb.launch.hosts import HostNetwork, our_netns
+from dynamo_nb.testing.hosts import HostNetwork, our_netns
 
 ECHO_SERVER = """
 import asyncio, signal, sys
@@ -174,7 +174,7 @@ async def test_stop_leaves_no_namespace_or_process(echo_script: Path, tmp_path: 
 
 OWNER = """
 import asyncio, sys
-from dynamo_nb.launch.hosts import HostNetwork
+from dynamo_nb.testing.hosts import HostNetwork
 async def main():
     net = await HostNetwork.start(["a", "b"])
     server = await net["a"].launch(sys.argv[1], net["a"].address, "--ignore-sigterm", show_logs=False)

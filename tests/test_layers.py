@@ -18,14 +18,18 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 def layers(text: str) -> dict[str, int]:
     """``{part: layer}`` from the map's layer table (a part: ``runtime`` for `runtime/`,
-    ``flags`` for `flags.py`, ``dynamo_nb`` for the facade)."""
+    ``flags`` for `flags.py`, ``notebook.display`` for `notebook/display.py`, a module with a
+    layer of its own inside a package, ``dynamo_nb`` for the facade)."""
     section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
     found = {}
     for number, parts in re.findall(r"^\| (\d+) \| (.+) \|$", section, re.M):
-        for name in re.findall(r"`([\w.]+/?)`", parts):
-            part = name.rstrip("/").removesuffix(".py")
+        for name in re.findall(r"`([\w./]+)`", parts):
+            part = name.rstrip("/").removesuffix(".py").replace("/", ".")
             found["dynamo_nb" if part == "__init__" else part] = int(number)
     return found
+
+
+TABLE = layers(ARCHITECTURE.read_text())
 
 
 def module_name(path: Path) -> str:
@@ -71,8 +75,14 @@ def _is_module(name: str) -> bool:
 
 
 def part_of(name: str) -> str:
-    parts = name.split(".")
-    return parts[1] if len(parts) > 1 else "dynamo_nb"
+    """The part of the table a module belongs to: the longest one naming it or a package above it
+    (``dynamo_nb.notebook.display`` → ``notebook.display``, ``dynamo_nb.runtime.client`` →
+    ``runtime``)."""
+    parts = name.split(".")[1:]
+    for end in range(len(parts), 1, -1):
+        if ".".join(parts[:end]) in TABLE:
+            return ".".join(parts[:end])
+    return parts[0] if parts else "dynamo_nb"
 
 
 def upward_imports(table: dict[str, int], graph: dict[str, set[str]]) -> list[str]:
@@ -151,8 +161,8 @@ def test_building_a_workers_parser_loads_no_http_app_no_netns_harness_no_stub_se
         "from dynamo_nb.flags import hf_worker_parser\n"
         "hf_worker_parser().parse_args([])\n"
         "print(sorted(m for m in sys.modules if m.startswith(("
-        "'dynamo_nb.frontend.app', 'dynamo_nb.frontend.http1', 'dynamo_nb.launch.hosts', "
-        "'dynamo_nb.launch.netswitch', 'dynamo_nb.bench.stub_server'))))\n"
+        "'dynamo_nb.frontend.app', 'dynamo_nb.frontend.http1', 'dynamo_nb.testing.hosts', "
+        "'dynamo_nb.testing.netswitch', 'dynamo_nb.testing.stub_server'))))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120

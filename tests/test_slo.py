@@ -16,7 +16,6 @@ from dynamo_nb.bench import (
     RECORD_COLUMNS,
     SLO,
     Chart,
-    StubServer,
     max_rate_within_slo,
     pareto_chart,
     run,
@@ -26,6 +25,7 @@ from dynamo_nb.bench import (
     summary,
     ttft_itl_chart,
 )
+from dynamo_nb.testing import StubServer
 
 pytestmark = pytest.mark.timeout(60)
 

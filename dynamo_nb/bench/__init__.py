@@ -14,7 +14,6 @@ Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
 - ``scrape.py``: a server's Prometheus metrics as a DataFrame, runs joined with routing decisions;
 - ``traces.py``: request traces (the frontend's, Mooncake's, synthetic); ``trace_runner.py``:
   `run_trace`, a trace sent live at its times;
-- ``stub_server.py``: `StubServer`, a server with injected delays, to calibrate the load generator;
 - ``fuzz.py``: property-based fuzzing of an OpenAI-compatible API (needs ``hypothesis``);
 - ``__main__.py``: ``python -m dynamo_nb.bench``, a sweep from a shell.
 
@@ -66,7 +65,6 @@ from .runner import run, wait_for_model
 from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .slo import SLO, max_rate_within_slo, slo_attainment
 from .stats import load_json, save_csv, save_json, summary
-from .stub_server import StubServer
 from .trace_runner import run_trace
 from .traces import read_trace, save_trace, synthetic_trace, trace_token_ids
 
@@ -78,7 +76,6 @@ __all__ = [
     "Chart",
     "LiveChart",
     "Prompt",
-    "StubServer",
     "histogram",
     "latency_cdf",
     "layout_problems",

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ConfigError
-from ..notebook import PngDisplay
+from ..notebook.display import PngDisplay
 from .charts import CHARTS, Chart
 from .runner import records_frame
 

@@ -34,7 +34,7 @@ def validate_frontend_args(args: argparse.Namespace) -> None:
     ``--router-policy`` (found, exported and checked): all before anything starts."""
     _check_flag_combinations(args)
     if args.router_policy:
-        from ..notebook_programs import load_component
+        from ..notebook.programs import load_component
 
         try:
             load_component(args.router_policy, runnable=False)

@@ -96,8 +96,8 @@ class FrontendConfig:
         (no etcd, no registration). ``only_endpoint``: serve only the models registered there."""
         policy = None
         if self.router_policy is not None:  # a RoutingPolicy from a .py file or a notebook's export
-            from ..component_program import RoutingPolicy
-            from ..notebook_programs import load_component
+            from ..notebook.component_program import RoutingPolicy
+            from ..notebook.programs import load_component
 
             # (runnable=False: the file's routing policy, or a ConfigError saying what it declares)
             policy = cast(RoutingPolicy, load_component(self.router_policy, runnable=False))

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..component_program import find_component
-from ..declarations import split_reference
 from ..errors import ConfigError
 from ..launch.launcher import resolve_program
-from ..notebook_programs import export_command, import_program, reference_program
+from ..notebook.component_program import find_component
+from ..notebook.declarations import split_reference
+from ..notebook.programs import export_command, import_program, reference_program
 from .defaults import component_defaults
 from .model import Graph, GraphError, Resources, Service
 
@@ -133,7 +133,7 @@ def component_parser(
 ) -> argparse.ArgumentParser:
     """The component's own parser, from its file loaded without running ``main``: its
     ``build_parser()``, else the parser of the worker it declares (``name``, else its one worker:
-    `dynamo_nb.component_program`, e.g. a notebook's export). Errors name ``where`` (the
+    `dynamo_nb.notebook.component_program`, e.g. a notebook's export). Errors name ``where`` (the
     notebook a graph names, not its export)."""
     if (program, name) not in _PARSERS:
         where = where or str(program)

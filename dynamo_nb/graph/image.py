@@ -21,9 +21,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..declarations import split_reference
 from ..errors import ConfigError
 from ..launch.launcher import resolve_program
+from ..notebook.declarations import split_reference
 from .model import Graph, GraphError
 
 __all__ = ["POLICY_FLAGS", "own_files", "write_build_context"]

@@ -7,9 +7,10 @@
   that dies with its parent; ``logview.py``: where a launched program's lines are shown;
 - ``ledger.py`` and ``reaper.py``: what this process launched, stopped by its reaper when it
   dies in any way (a killed kernel), and `leftovers` a dead owner left, which the next first
-  launch stops (or `adopt_leftovers` takes over);
-- ``hosts.py``: `HostNetwork`, several hosts on one machine (network namespaces on a switch,
-  ``netswitch.py``, with delay, loss and cuts) to launch components in (root only).
+  launch stops (or `adopt_leftovers` takes over).
+
+Several hosts on one machine to launch components in (`HostNetwork`, root only) are in
+`dynamo_nb.testing`, the test lab.
 
 Example:
     >>> from dynamo_nb.launch import launched
@@ -19,19 +20,12 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from .launcher import DEFAULT_READY_PATTERN, ManagedProcess, adopt_leftovers, launch, launched
 from .ledger import Leftover, leftovers
 from .services import LocalServices, find_binary
 
-if TYPE_CHECKING:
-    from .hosts import Host, HostNetwork, netns_unavailable
-
 __all__ = [
     "DEFAULT_READY_PATTERN",
-    "Host",
-    "HostNetwork",
     "Leftover",
     "LocalServices",
     "ManagedProcess",
@@ -40,13 +34,4 @@ __all__ = [
     "launch",
     "launched",
     "leftovers",
-    "netns_unavailable",
 ]
-
-
-def __getattr__(name: str) -> Any:  # the multi-host harness (network namespaces) loads when asked for
-    if name in ("Host", "HostNetwork", "netns_unavailable"):
-        from . import hosts
-
-        return getattr(hosts, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

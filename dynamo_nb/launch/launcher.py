@@ -37,9 +37,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..declarations import split_reference
 from ..errors import ConfigError, LaunchError, ProcessTimeoutError
-from ..notebook import in_notebook
+from ..notebook.declarations import split_reference
+from ..notebook.display import in_notebook
 from ..runtime.program import parse_ready_line
 from .ledger import (
     Leftover,
@@ -56,7 +56,7 @@ from .reaper import GRACE_S
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
-    from .hosts import Host
+    from ..testing.hosts import Host
 
 __all__ = ["DEFAULT_READY_PATTERN", "ManagedProcess", "adopt_leftovers", "launch", "launched"]
 
@@ -80,7 +80,7 @@ class ManagedProcess:
         instance_id: the instance it serves, from discovery or its READY line's ``instance=``
             (the first, when it lists several), else None.
         url: its READY line's ``url=`` (a frontend's address), else None.
-        host: the `dynamo_nb.launch.hosts.Host` it runs in, None on this machine's own network.
+        host: the `dynamo_nb.testing.hosts.Host` it runs in, None on this machine's own network.
     """
 
     def __init__(
@@ -369,8 +369,8 @@ def _workdir(cwd: str | os.PathLike[str] | None) -> Path:
 def _checked_program(reference: str, cwd: str | os.PathLike[str] | None) -> Path:
     """What runs for ``FILE`` or ``FILE:NAME`` (resolved as `launch` resolves programs): a
     notebook's checked export, exported into the cache unless its code was exported before, or a
-    ``.py`` file checked to run NAME (`dynamo_nb.notebook_programs.program_file`)."""
-    from ..notebook_programs import reference_program
+    ``.py`` file checked to run NAME (`dynamo_nb.notebook.programs.program_file`)."""
+    from ..notebook.programs import reference_program
 
     return reference_program(reference, _workdir(cwd))
 
@@ -429,7 +429,7 @@ async def launch(
     Args:
         program: a ``.py`` file (run on this Python; relative paths are also looked up in
             the parents of the working folder, see `resolve_program`), a notebook that declares
-            a worker (its plain nbconvert export runs, see `dynamo_nb.notebook_programs`),
+            a worker (its plain nbconvert export runs, see `dynamo_nb.notebook.programs`),
             either as ``FILE:NAME`` to name the worker its entry point runs, ``"-m"`` followed
             by a module in ``args``, or an executable.
         args: its flags; numbers and paths are turned into strings.
@@ -445,7 +445,7 @@ async def launch(
         cwd: the working folder of the program (default: this one).
         log_dir: where the log file goes (default: a ``dynamo_nb-logs`` temp folder).
         show_logs: show output live (a widget in a notebook, prefixed lines on stdout in a script).
-        host: run it inside this `dynamo_nb.launch.hosts.Host` (a network namespace; needs root).
+        host: run it inside this `dynamo_nb.testing.hosts.Host` (a network namespace; needs root).
 
     Raises:
         LaunchError: it exited or was not ready in time (it has been stopped then).

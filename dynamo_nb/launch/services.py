@@ -1,5 +1,5 @@
 """`LocalServices`: etcd and nats-server as child processes on 127.0.0.1 (or on a
-`dynamo_nb.launch.hosts.Host`'s address), for notebooks and tests."""
+`dynamo_nb.testing.hosts.Host`'s address), for notebooks and tests."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from .ledger import ledger, settle_leftovers_once
 from .process_group import guarded_command, signal_group, stop_group
 
 if TYPE_CHECKING:
-    from .hosts import Host
+    from ..testing.hosts import Host
 
 _Connect = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
@@ -130,7 +130,7 @@ class _Child:
 
 class LocalServices:
     """etcd and nats-server running as child processes on 127.0.0.1 free ports (or inside a
-    `dynamo_nb.launch.hosts.Host`, on its address: ``await host.services()``).
+    `dynamo_nb.testing.hosts.Host`, on its address: ``await host.services()``).
 
     They stop on `stop`, at the end of ``async with``, or when the interpreter exits. etcd keeps
     its data in a temporary folder, deleted at stop, and skips fsync (``--unsafe-no-fsync``): on
@@ -168,7 +168,7 @@ class LocalServices:
         cls, *, etcd: bool = True, nats: bool = True, timeout: float = 30.0, host: Host | None = None
     ) -> LocalServices:
         """Start the services and wait until each answers (at most ``timeout`` seconds each);
-        inside ``host`` (a `dynamo_nb.launch.hosts.Host`), listening on its address, when given."""
+        inside ``host`` (a `dynamo_nb.testing.hosts.Host`), listening on its address, when given."""
         binaries = {}
         if etcd:
             binaries["etcd"] = find_binary("etcd")

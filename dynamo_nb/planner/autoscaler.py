@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..bench.scrape import histogram_quantile, parse_metrics
 from ..bench.slo import SLO
 from ..errors import ConfigError
-from ..notebook import PngDisplay
+from ..notebook.display import PngDisplay
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -316,6 +316,11 @@ class _ClientConnection(_CoalescingConnection):
             self.send(data)  # with the other frames of this loop iteration
 
     def open(self, channel: StreamChannel, frame_tail: tuple[Any, ...]) -> _TcpHandle:
+        """Send a REQUEST frame for ``channel``; raises `ConnectionError` when this connection has
+        closed (it may close after its connect returned and before its caller resumed: a stream
+        registered then would wait for an answer that never comes)."""
+        if self.closed:
+            raise ConnectionError(str(self.failure or f"connection to {self.address} closed"))
         sid = self.next_sid
         self.next_sid += 1
         data = encode_prefixed((REQUEST, sid, *frame_tail))
@@ -329,6 +334,9 @@ class _ClientConnection(_CoalescingConnection):
         sid = self.next_sid
         self.next_sid += 1
         future: asyncio.Future[bool] = self.loop.create_future()
+        if self.closed:  # nobody would answer it
+            future.set_result(False)
+            return future
         self.pings[sid] = future
         self.write(encode_prefixed((PING, sid, target)))
         return future
@@ -585,6 +593,8 @@ class TcpPlane(RequestPlane):
         conn = await self._connection(instance)
         try:
             return conn.open(channel, request_tail(instance.target, request_id, body, metadata))
+        except ConnectionError as exc:
+            raise instance_down(instance, str(exc)) from None
         except (TypeError, ValueError, OverflowError) as exc:
             raise encode_request_error(exc) from None
 

@@ -3,7 +3,7 @@
 Each `Host` of a `HostNetwork` is a Linux network namespace with its own address in a range
 reserved for testing (``198.18.0.0/15``, never a real network) and no route anywhere else: a
 process started in it (`Host.launch`, `Host.services`) has a network stack of its own, and
-reaches the other hosts only through the network's switch (`dynamo_nb.launch.netswitch`, a
+reaches the other hosts only through the network's switch (`dynamo_nb.testing.netswitch`, a
 process of its own). The switch delays frames, drops a share of them and cuts hosts off
 (`HostNetwork.shape`, `cut`, `heal`): what loopback hides — a real round trip, a lost packet,
 a peer that vanished without a reset — happens for real. ``tbf`` limits a host's send rate
@@ -50,14 +50,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ProcessStartError, ProcessTimeoutError
+from ..launch.process_group import pid_alive
 from .netswitch import NETNS_DIR, Shape, delete_netns, in_netns
-from .process_group import pid_alive
 
 if TYPE_CHECKING:
     import aiohttp
 
-    from .launcher import ManagedProcess
-    from .services import LocalServices
+    from ..launch.launcher import ManagedProcess
+    from ..launch.services import LocalServices
 
 __all__ = ["TEST_NETWORK", "Host", "HostNetwork", "netns_unavailable", "our_netns", "sweep_leftovers"]
 
@@ -143,7 +143,7 @@ class Host:
 
     async def launch(self, program: str | os.PathLike[str], *args: Any, **kwargs: Any) -> ManagedProcess:
         """`dynamo_nb.launch.launch` inside this host (same READY lines, same clean stop)."""
-        from .launcher import launch
+        from ..launch.launcher import launch
 
         return await launch(program, *args, host=self, **kwargs)
 
@@ -156,7 +156,7 @@ class Host:
             services = await net["svc"].services()
             services.etcd_url        # 'etcd://198.18.0.2:40123'
         """
-        from .services import LocalServices
+        from ..launch.services import LocalServices
 
         services = await LocalServices.start(etcd=etcd, nats=nats, timeout=timeout, host=self)
         self.network._services.append(services)
@@ -457,7 +457,7 @@ class HostNetwork:
             await net.stop()
             net.running      # False
         """
-        from .launcher import launched
+        from ..launch.launcher import launched
 
         inside = {host.netns for host in self.hosts.values()}
         try:
@@ -508,7 +508,7 @@ class HostNetwork:
 def _stop_all_at_exit() -> None:
     if not _RUNNING:
         return
-    from .launcher import stop_all_now
+    from ..launch.launcher import stop_all_now
 
     stop_all_now()  # what runs in the hosts stops cleanly before the switch kills what is left
     for network in list(_RUNNING):

@@ -1,7 +1,7 @@
 """Helpers for code that runs both as notebook cells and as an exported script.
 
 A tutorial notebook tags its interactive cells (top-level ``await``, demos) with
-`NOTEBOOK_ONLY_TAG`; ``jupyter nbconvert --to script`` drops them (see `dynamo_nb.nbexport`)
+`NOTEBOOK_ONLY_TAG`; ``jupyter nbconvert --to script`` drops them (see `dynamo_nb.notebook.export`)
 and the last cell, an entry point, runs the script's ``main`` only outside a kernel::
 
     if __name__ == "__main__" and not in_notebook():

@@ -20,7 +20,7 @@ from typing import Any
 
 from nbconvert.preprocessors import Preprocessor
 
-from .notebook import NOTEBOOK_ONLY_TAG
+from .display import NOTEBOOK_ONLY_TAG
 
 __all__ = ["PythonScriptWithoutLanguageInfo", "RemoveNotebookOnlyCells", "is_python_notebook", "kept_cells"]
 

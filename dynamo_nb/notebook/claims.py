@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ClaimError
+from ..errors import ClaimError
 
 __all__ = ["ClaimError", "claim", "within"]
 

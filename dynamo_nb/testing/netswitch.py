@@ -1,4 +1,4 @@
-"""The switch of a `dynamo_nb.launch.hosts.HostNetwork`: network namespaces joined in user space.
+"""The switch of a `dynamo_nb.testing.hosts.HostNetwork`: network namespaces joined in user space.
 
 Run as a program by `HostNetwork.start` (``python -I .../netswitch.py SETUP``: it imports only
 the standard library), as root, with its set-up as one JSON argument. It:

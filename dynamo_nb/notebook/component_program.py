@@ -51,22 +51,22 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .declarations import pick_declaration
-from .errors import ConfigError
-from .flags import add_endpoint_arg, add_engine_args, add_model_args, component_parser
-from .runtime.program import (
+from ..errors import ConfigError
+from ..flags import add_endpoint_arg, add_engine_args, add_model_args, component_parser
+from ..runtime.program import (
     announce_ready,
     configure_logging,
     run_program,
     runtime_from_args,
     shutdown_on_signals,
 )
+from .declarations import pick_declaration
 
 if TYPE_CHECKING:
-    from .engines.engine_worker import EngineWorker
-    from .llm.protocol import PreprocessedRequest
-    from .runtime.distributed import DistributedRuntime
-    from .runtime.server import EndpointServer
+    from ..engines.engine_worker import EngineWorker
+    from ..llm.protocol import PreprocessedRequest
+    from ..runtime.distributed import DistributedRuntime
+    from ..runtime.server import EndpointServer
 
 __all__ = [
     "ComponentProgram",
@@ -285,9 +285,9 @@ class EngineProgram(ComponentProgram):
         return await self._serve_args(runtime, self.parse_args(list(argv)))
 
     async def _serve_args(self, runtime: DistributedRuntime, args: argparse.Namespace) -> EngineWorker:
-        from .disagg.modes import WorkerRole
-        from .engines.engine_worker import serve_engine
-        from .llm import model_from_args
+        from ..disagg.modes import WorkerRole
+        from ..engines.engine_worker import serve_engine
+        from ..llm import model_from_args
 
         model_path, model_name = model_from_args(args)
         worker = await serve_engine(

@@ -5,7 +5,7 @@ checked for its one component, and loaded where a file is expected.
   installed config drops the ``notebook-only`` cells) into a cache folder named by the notebook's
   content hash, so a notebook is exported once per change;
 - `check_program_source`: reads an exported program's source (`ast`, nothing runs) and says
-  what it lacks: a component declaration (`dynamo_nb.component_program`), one where two are
+  what it lacks: a component declaration (`dynamo_nb.notebook.component_program`), one where two are
   declared, the entry point of a worker;
 - `program_file`: what a graph or a launcher runs for a path: a ``.py`` file as it is, a
   notebook's checked export;
@@ -40,9 +40,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from ..errors import ConfigError
+from ..extras import require_extra
 from .declarations import DECLARED_KINDS, RUNNABLE_KINDS, pick_declaration, split_reference
-from .errors import ConfigError
-from .extras import require_extra
 
 if TYPE_CHECKING:
     from .component_program import ComponentProgram
@@ -134,7 +134,7 @@ def check_exported_cells(notebook: Path) -> None:
     cell from 1, and its first line) and the tag to add. IPython's ``%``/``!`` lines are skipped
     here (the export turns them into calls), and so is any other syntax error: the compile of the
     export reports it."""
-    from .nbexport import kept_cells
+    from .export import kept_cells
 
     cells = _cells(notebook)
     kept = {id(cell) for cell in kept_cells(cells)}
@@ -221,7 +221,7 @@ def declarations(source: str, where: str) -> dict[str, str]:
 
 def check_program_source(source: str, where: str, *, runnable: bool = True, name: str | None = None) -> str:
     """The name of the declaration in ``source`` that a worker program (``runnable``) or a routing
-    policy reference picks (`dynamo_nb.declarations.pick_declaration`: ``name``, else the only
+    policy reference picks (`dynamo_nb.notebook.declarations.pick_declaration`: ``name``, else the only
     one of that kind), read without running anything. A worker also needs an ``if __name__ ==
     "__main__":`` entry point that runs it; a hand-written component's ``build_parser()`` stands in
     for a declaration. Else a `ConfigError` naming ``where`` and what to change."""
@@ -277,7 +277,7 @@ def reference_program(reference: str, cwd: Path) -> Path:
 
         reference_program("notebooks/10_your_own_engine.ipynb:worker", Path.cwd())  # its checked export
     """
-    from .launch.launcher import resolve_program
+    from ..launch.launcher import resolve_program
 
     file, name = split_reference(reference)
     return program_file(resolve_program(file, cwd), where=file, name=name)
@@ -294,8 +294,8 @@ def load_component(
 
         policy = load_component("notebooks/06_kv_aware_routing.ipynb:prefix_policy", runnable=False)
     """
+    from ..launch.launcher import resolve_program
     from .component_program import find_component
-    from .launch.launcher import resolve_program
 
     file, name = split_reference(reference)
     path = resolve_program(file, cwd or Path.cwd())

@@ -9,7 +9,7 @@ one answer), so its latency under load is known in advance. It checks what it is
 messages or prompt, max_tokens) and answers mistakes with OpenAI error envelopes. With
 ``workers=N`` it reports ``nvext.worker_id`` round-robin over N ids, like our frontend.
 
-    python -m dynamo_nb.bench.stub_server --ttft 0.05 --itl 0.01    # prints READY stub url=http://…
+    python -m dynamo_nb.testing.stub_server --ttft 0.05 --itl 0.01    # prints READY stub url=http://…
 
 Example::
 
@@ -260,7 +260,7 @@ class StubServer:
 
 async def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dynamo_nb.bench.stub_server", description=__doc__.split("\n")[0]
+        prog="python -m dynamo_nb.testing.stub_server", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=0, help="port (default: 0, a free one)")

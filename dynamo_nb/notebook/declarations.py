@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["DECLARED_KINDS", "RUNNABLE_KINDS", "pick_declaration", "split_reference"]
 
