@@ -4,6 +4,7 @@ Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
 
 - ``runner.py``: `run`, a load sweep over concurrency levels (closed loop) or request rates
   (open loop), one row per request; `wait_for_model`;
+- ``records.py``: `records_frame`, a run's records as a DataFrame;
 - ``http_client.py``: one timed request (TTFT, inter-token gaps, usage, workers), the row of `run`;
   ``lean_http.py``: `LeanHttpClient`, the small HTTP/1.1 client it sends with;
 - ``prompts.py``: prompt sets (random, shared system prompt, multi-turn conversations);

@@ -24,7 +24,7 @@ import pandas as pd
 from ..errors import ConfigError
 from ..notebook.display import PngDisplay
 from .charts import CHARTS, Chart
-from .runner import records_frame
+from .records import records_frame
 
 __all__ = ["LiveChart", "live"]
 

@@ -17,6 +17,7 @@ from .http_client import RECORD_COLUMNS, send_request
 from .lean_http import LeanHttpClient
 from .progress import progress_bar
 from .prompts import Prompt, as_prompts
+from .records import records_frame
 
 if TYPE_CHECKING:
     from .live import LiveChart
@@ -288,13 +289,3 @@ async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: f
                     f"{model!r} was not ready at {base} within {timeout:g} s (last seen: {seen})"
                 )
             await asyncio.sleep(0.2)
-
-
-def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
-    """The DataFrame of `run` from its record dicts (also used for live redraws and loading JSON)."""
-    frame = pd.DataFrame.from_records(records, columns=RECORD_COLUMNS)
-    for column in ("ttft_s", "e2e_s", "sent_s", "rate"):
-        frame[column] = frame[column].astype(float)
-    for column in ("output_tokens", "input_tokens", "status"):
-        frame[column] = frame[column].astype("Int64")
-    return frame

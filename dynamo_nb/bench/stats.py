@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .runner import records_frame
+from .records import records_frame
 
 __all__ = ["PERCENTILES", "level_column", "load_json", "save_csv", "save_json", "summary"]
 

@@ -27,7 +27,8 @@ from ..errors import ConfigError
 from .http_client import RECORD_COLUMNS, send_request
 from .lean_http import LeanHttpClient
 from .progress import progress_bar
-from .runner import ENDPOINTS, _base_url, records_frame
+from .records import records_frame
+from .runner import ENDPOINTS, _base_url
 from .traces import in_arrival_order, trace_token_ids
 
 if TYPE_CHECKING:

@@ -2,7 +2,8 @@
 
 - ``runtime/``: ``dynamo.runtime`` (``DistributedRuntime``, ``dynamo_worker``,
   ``dynamo_endpoint``, ``Context``, clients whose items have ``.data()``; its logging and unary helpers);
-- ``llm.py``: ``dynamo.llm``'s ``register_llm``, ``ModelInput``, ``ModelType``;
+- ``llm.py``: ``dynamo.llm``'s names, a table of contents over ``llm_register.py`` (``register_llm``,
+  ``ModelInput``, ``ModelType``) and ``llm_unary.py``;
 - ``llm_unary.py``: ``dynamo.llm``'s unary helpers (``LLMUnaryClient``, ``UnaryChatModel``,
   ``with_engine_data``).
 """

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .llm_register import ModelInput, ModelType, WorkerType, register_model
 from .runtime.unary import serve_unary_endpoint
 
 __all__ = ["LLMUnaryClient", "UnaryChatModel", "with_engine_data"]
@@ -41,16 +42,14 @@ class UnaryChatModel:
 
     async def serve(self, runtime: Any, handler: Callable[..., Awaitable[Any]]) -> None:
         """Register the model, then serve ``handler`` until the runtime shuts down."""
-        from . import llm as _llm  # (compat.llm re-exports this module's names: no import at the top)
-
         endpoint = runtime.endpoint(f"{self.service_name}.app.generate")
-        await _llm.register_model(
-            _llm.ModelInput.Tokens,
-            _llm.ModelType.Chat,
+        await register_model(
+            ModelInput.Tokens,
+            ModelType.Chat,
             endpoint,
             self.model_path,
             model_name=self.public_model_name or self.service_name,
-            worker_type=_llm.WorkerType.Aggregated,
+            worker_type=WorkerType.Aggregated,
         )
         await serve_unary_endpoint(endpoint, handler)
 

@@ -337,7 +337,7 @@ def replay(
         bench.summary(result.requests)
     """
     from ..bench.http_client import RECORD_COLUMNS
-    from ..bench.runner import records_frame
+    from ..bench.records import records_frame
     from ..bench.traces import in_arrival_order
 
     fleet = fleet or Fleet()
