@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,7 @@ from dynamo_nb import DistributedRuntime
 from dynamo_nb.disagg.bootstrap import BootstrapServer
 from dynamo_nb.errors import ConfigError
 from dynamo_nb.flags import hf_worker_parser
-from dynamo_nb.runtime.addresses import AddressRule, route_source, service_hosts
+from dynamo_nb.runtime.addresses import AddressRule, free_port, route_source, service_hosts
 
 
 def test_local_discovery_means_loopback() -> None:
@@ -126,3 +127,17 @@ async def test_a_frontend_on_a_wildcard_gives_a_url_clients_can_use() -> None:
     finally:
         await frontend.stop()
         await runtime.shutdown(grace=0)
+
+
+@pytest.mark.skipif(
+    not Path("/proc/sys/net/ipv4/ip_local_port_range").exists(), reason="Linux's ephemeral port range"
+)
+def test_a_port_bound_later_is_drawn_where_no_bind_to_port_0_lands() -> None:
+    """An engine binds its side channel tens of seconds after the port was chosen: the port comes
+    from below the kernel's ephemeral range, which ``bind(0)`` and outgoing connections use."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port(bound_later=True) for _ in range(20)}
+    assert all(1024 < port < low for port in ports), (ports, low)
+    assert len(ports) > 1  # drawn, not one fixed port two workers would share
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports.pop()))  # and free

@@ -24,27 +24,21 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def exports() -> list[Any]:
-    """(notebook, where) pairs: each notebook's program run from notebooks/ and from the
-    repository root. All but the quick ones from the root are in the opt-in ``exports`` group
-    (.ci/run's second step); a vLLM notebook (its engines start in about a minute) is also in
-    the ``vllm`` and ``long`` groups, and runs from notebooks/ only, with a longer timeout."""
-    pairs = []
+    """Each notebook's program, exported from the repository root and from notebooks/ (the same
+    script either way) and run once. The quick ones run by default, the others in the opt-in
+    ``exports`` group (.ci/run's second step); a vLLM notebook (its engines start in about a
+    minute) is also in the ``vllm`` and ``long`` groups, with a longer timeout, and Dynamo's in
+    the ``dynamo`` group."""
+    params = []
     for notebook in NOTEBOOKS:
         if notebook.stem in NEEDS_VLLM:
             marks = [pytest.mark.timeout(600), pytest.mark.vllm, pytest.mark.long, pytest.mark.exports]
-            pairs.append(pytest.param(notebook, "notebooks", marks=marks, id=f"{notebook.stem}-notebooks"))
-            continue
-        if notebook.stem in NEEDS_DYNAMO:  # Dynamo's stacks start in about a minute: the dynamo group's
+        elif notebook.stem in NEEDS_DYNAMO:  # Dynamo's stacks start in about a minute
             marks = [pytest.mark.timeout(600), pytest.mark.dynamo]
-            pairs.append(pytest.param(notebook, "notebooks", marks=marks, id=f"{notebook.stem}-notebooks"))
-            continue
-        for where in ("root", "notebooks"):
-            # by default the quick ones from the root only: notebooks/ as the working folder is
-            # what nbval uses, and the exports group runs both
-            quick = notebook.stem in QUICK_EXPORTS and where == "root"
-            marks = [] if quick else [pytest.mark.exports]
-            pairs.append(pytest.param(notebook, where, marks=marks, id=f"{notebook.stem}-{where}"))
-    return pairs
+        else:
+            marks = [] if notebook.stem in QUICK_EXPORTS else [pytest.mark.exports]
+        params.append(pytest.param(notebook, marks=marks, id=notebook.stem))
+    return params
 
 
 def test_there_are_notebooks() -> None:
@@ -173,13 +167,12 @@ def export(notebook: Path, cwd: Path, output_dir: Path, to: str = "script", suff
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize(("notebook", "where"), exports())
-def test_plain_export_is_a_program_that_passes_its_smoke_check(
-    notebook: Path, where: str, tmp_path: Path
-) -> None:
+@pytest.mark.parametrize("notebook", exports())
+def test_plain_export_is_a_program_that_passes_its_smoke_check(notebook: Path, tmp_path: Path) -> None:
     slow_start = notebook.stem in NEEDS_VLLM or notebook.stem in NEEDS_DYNAMO  # its engines take a minute
-    cwd = ROOT if where == "root" else ROOT / "notebooks"
-    script = export(notebook, cwd, tmp_path)
+    script = export(notebook, ROOT, tmp_path)
+    from_notebooks = export(notebook, ROOT / "notebooks", tmp_path / "from_notebooks")
+    assert from_notebooks.read_text() == script.read_text(), "the export depends on the folder it ran in"
     source = script.read_text()
     ast.parse(source)  # no top-level await left: it is plain Python
     interactive = [

@@ -540,13 +540,14 @@ def nixl_transfer_config(mode: str, host: str = "127.0.0.1") -> Any:
     connector's side channel (where a decode asks the prefill for its blocks) listens on
     ``VLLM_NIXL_SIDE_CHANNEL_HOST:VLLM_NIXL_SIDE_CHANNEL_PORT``; unset, they become ``host`` (the
     worker passes the address that reaches its discovery, `dynamo_nb.runtime.addresses`: loopback
-    when discovery is local) and a free port, so several workers share a host.
+    when discovery is local) and a free port below the ephemeral range (the engine binds it only
+    after its start; meanwhile no ``bind(0)`` there takes it), so several workers share a host.
     """
     from vllm.config import KVTransferConfig
     from vllm.platforms import current_platform
 
     os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", host)
-    os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port()))
+    os.environ.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", str(free_port(bound_later=True)))
     return KVTransferConfig(
         kv_connector="NixlConnector",
         kv_role="kv_producer" if mode == "prefill" else "kv_consumer",

@@ -269,7 +269,7 @@ def model_from_args(args: argparse.Namespace) -> tuple[Path, str]:
         dynamo_nb.errors.ConfigError: --model-path '/no/such' is not a directory: ...
     """
     if args.model_path is None:
-        from ..models import TINY_MODEL_NAME, tiny_model_path
+        from ..models.tiny_model import TINY_MODEL_NAME, tiny_model_path
 
         path, default_name = tiny_model_path(), TINY_MODEL_NAME
     else:

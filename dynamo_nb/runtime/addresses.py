@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import random
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -232,13 +233,36 @@ class AddressRule:
         return host
 
 
-def free_port() -> int:
+def free_port(*, bound_later: bool = False) -> int:
     """A TCP port free on 127.0.0.1 now (for a server about to bind it).
 
+    ``bound_later``: for a server that binds it only much later (an engine's side channel, bound
+    when the engine has started, tens of seconds on): the port is drawn below the kernel's
+    ephemeral range, where no other ``bind(0)`` or outgoing connection lands meanwhile.
+
     Example:
-        >>> 0 < free_port() < 65536
-        True
+        >>> 0 < free_port() < 65536, 1024 < free_port(bound_later=True) < 65536
+        (True, True)
     """
+    if bound_later:
+        low = _ephemeral_low()
+        for _ in range(64):
+            port = random.randint(max(1025, low // 2), low - 1)
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (Linux's; 32768 where it cannot be read)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            return max(2048, int(ranges.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        return 32768
