@@ -20,8 +20,9 @@ import sys
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.flags import frontend_parser
-from dynamo_nb.frontend.options import start_frontend, validate_frontend_args
+from dynamo_nb.frontend import Frontend, FrontendConfig, check_frontend_args
 from dynamo_nb.frontend.replicas import start_http_replicas, stop_http_replicas
+from dynamo_nb.notebook.programs import load_router_policy
 from dynamo_nb.runtime import (
     announce_ready,
     configure_logging,
@@ -44,12 +45,15 @@ async def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    validate_frontend_args(args)  # bad flag combinations fail here, naming the flag to change
+    check_frontend_args(args)  # bad flag combinations fail here, naming the flag to change
+    config = FrontendConfig.from_args(args)
+    # --router-policy FILE[:NAME]: your policy, loaded (and checked) before anything starts
+    policy = load_router_policy(config.router_policy) if config.router_policy else None
 
     # static discovery with --static-endpoint: the one model the flags name, no etcd
     runtime: DistributedRuntime = await runtime_from_args(args, static=args.static_endpoint is not None)
     # HTTP, router mode, KV router settings; with --static-endpoint the model is given here
-    frontend = await start_frontend(runtime, args)
+    frontend = await Frontend.from_config(runtime, config, router_policy=policy)
     shutdown_on_signals(runtime)
     # --http-workers N: N - 1 more processes like this one listen on the same port
     replicas = await start_http_replicas(__file__, argv, frontend.port, args.http_workers - 1)

@@ -61,7 +61,7 @@ def _dyn_path(value: str, flag: str) -> EndpointPath | None:
 
 async def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run until SIGINT/SIGTERM."""
-    from .frontend.options import validate_frontend_args
+    from .frontend.settings import check_frontend_args
 
     args = run_parser().parse_args(argv)
     configure_logging(args.log_level)
@@ -82,7 +82,7 @@ async def run(argv: list[str] | None = None) -> int:
     if out_path is not None:  # frontend only
         if args.static:
             args.static_endpoint = str(out_path)
-        validate_frontend_args(args)
+        check_frontend_args(args)
     elif in_path is None and args.discovery != "memory":
         raise ConfigError(
             "--in http --out ENGINE runs in one process with memory discovery: drop --discovery"
@@ -135,10 +135,13 @@ async def _start_frontend(
     wait_for: str | None,
 ) -> None:
     """Start the frontend; prints its READY line once ``wait_for`` (the in-process model) is served."""
-    from .frontend.options import start_frontend
+    from .frontend import Frontend, FrontendConfig
+    from .notebook.programs import load_router_policy
 
+    config = FrontendConfig.from_args(args)
+    policy = load_router_policy(config.router_policy) if config.router_policy else None
     only = str(out_path) if out_path is not None and not runtime.is_static else None
-    frontend = await start_frontend(runtime, args, only_endpoint=only)
+    frontend = await Frontend.from_config(runtime, config, router_policy=policy, only_endpoint=only)
     closers.append(frontend.stop)
     if wait_for is not None:
         await frontend.wait_for_model(wait_for, timeout=30)

@@ -372,13 +372,13 @@ async def test_kv_router_follows_the_workers_kv_events(tiny_path: Any) -> None:
 
 def test_kv_router_mode_across_processes_needs_nats_or_approximate_mode() -> None:
     from dynamo_nb.flags import frontend_parser
-    from dynamo_nb.frontend.options import validate_frontend_args
+    from dynamo_nb.frontend.settings import check_frontend_args
 
     args = frontend_parser().parse_args(["--discovery", "etcd://127.0.0.1:2379", "--router-mode", "kv"])
     with pytest.raises(ConfigError, match="add --nats-url nats://HOST:PORT, or --no-kv-events"):
-        validate_frontend_args(args)
+        check_frontend_args(args)
     for extra in (["--nats-url", "nats://127.0.0.1:4222"], ["--no-kv-events"]):
-        validate_frontend_args(frontend_parser().parse_args([*args_list(args), *extra]))
+        check_frontend_args(frontend_parser().parse_args([*args_list(args), *extra]))
     config = KvRouterConfig.from_args(
         frontend_parser().parse_args(
             ["--router-mode", "kv", "--kv-overlap-score-weight", "2", "--router-temperature", "0.5"]
@@ -459,7 +459,7 @@ def test_replica_sync_flags() -> None:
     """``--http-workers N`` with NATS shares decisions on its own; ``--router-replica-sync`` needs
     the kv router and an event plane."""
     from dynamo_nb.flags import frontend_parser
-    from dynamo_nb.frontend.options import validate_frontend_args
+    from dynamo_nb.frontend.settings import check_frontend_args
 
     etcd = ["--discovery", "etcd://127.0.0.1:2379"]
     nats = ["--nats-url", "nats://127.0.0.1:4222"]
@@ -478,11 +478,9 @@ def test_replica_sync_flags() -> None:
     two_unshared = [*etcd, *nats, "--router-mode", "kv", "--http-workers", "2", "--no-router-replica-sync"]
     assert not KvRouterConfig.from_args(parse(two_unshared)).replica_sync
     with pytest.raises(ConfigError, match="add --router-mode kv"):
-        validate_frontend_args(parse([*etcd, *nats, "--router-replica-sync"]))
+        check_frontend_args(parse([*etcd, *nats, "--router-replica-sync"]))
     with pytest.raises(ConfigError, match="event plane, NATS: add --nats-url"):
-        validate_frontend_args(
-            parse([*etcd, "--router-mode", "kv", "--no-kv-events", "--router-replica-sync"])
-        )
+        check_frontend_args(parse([*etcd, "--router-mode", "kv", "--no-kv-events", "--router-replica-sync"]))
 
 
 def test_stored_events_carry_their_blocks_tokens_only_for_a_sink_that_hashes_them() -> None:

@@ -9,8 +9,8 @@
 - ``openai.py``: request bodies checked field by field (`parse_request`);
 - ``served_models.py``: the served models, from model cards in discovery (or given in static mode),
   each with its tokenizer, client and router;
-- ``settings.py``: `FrontendConfig`, the frontend's flags typed, and started; ``options.py``: their
-  combinations checked (`validate_frontend_args`) and a frontend started from them (`start_frontend`);
+- ``settings.py``: `FrontendConfig`, the frontend's flags typed (`Frontend.from_config` starts
+  one), their combinations checked first (`check_frontend_args`);
 - ``replicas.py``: ``--http-workers N``, more frontend processes sharing the port (``SO_REUSEPORT``);
 - ``request_trace.py``: ``--request-trace``, a JSON line per finished request, for replay and planning;
 - ``metrics.py``: Prometheus metrics (``dynamo_frontend_*``), with ``loop_histogram.py`` (a lock-free
@@ -28,7 +28,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .settings import DEFAULT_HTTP_PORT, FrontendConfig
+from .settings import DEFAULT_HTTP_PORT, FrontendConfig, check_frontend_args
 
 if TYPE_CHECKING:
     from .app import Frontend
@@ -45,6 +45,7 @@ __all__ = [
     "ModelManager",
     "OpenAIRequest",
     "ServedModel",
+    "check_frontend_args",
     "error_body",
     "http_error",
     "parse_request",

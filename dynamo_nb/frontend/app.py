@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
-from ..llm.card import ModelCard
+from ..llm.card import ModelCard, card_from_folder
 from ..router.base import Router
 from ..router.decision import RoutingRecords
 from ..router.function import FunctionRouter, PickFunction
@@ -46,7 +46,7 @@ from .openai import check_text, parse_request
 from .pipeline import RequestPipeline, model_not_found
 from .request_trace import RequestTraceWriter
 from .served_models import ModelManager, ServedModel
-from .settings import DEFAULT_HTTP_PORT
+from .settings import DEFAULT_HTTP_PORT, FrontendConfig
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -88,6 +88,61 @@ class Frontend:
         """The header timeout and connection cap, with their counters (`ConnectionGuard`)."""
         self.idle_timeout = DEFAULT_IDLE_TIMEOUT
         self._url: str | None = None
+
+    @classmethod
+    async def from_config(
+        cls,
+        runtime: DistributedRuntime,
+        config: FrontendConfig,
+        *,
+        router_policy: PickFunction | None = None,
+        only_endpoint: str | None = None,
+    ) -> Frontend:
+        """Start the frontend ``config`` describes on ``runtime`` (a frontend program's flags:
+        `FrontendConfig.from_args`); in static mode its one model's card is built here (no etcd,
+        no registration). ``router_policy``: the policy ``config.router_policy`` names, loaded
+        by the caller (`dynamo_nb.notebook.programs.load_router_policy`); ``only_endpoint``:
+        serve only the models registered there.
+
+        Example::
+
+            config = FrontendConfig.from_args(frontend_parser().parse_args(argv))
+            frontend = await Frontend.from_config(runtime, config)
+        """
+        if config.router_policy is not None and router_policy is None:
+            raise ConfigError(
+                f"router_policy {config.router_policy!r}: load it first (load_router_policy) and pass it"
+            )
+        frontend = await cls.start(
+            runtime,
+            host=config.host,
+            port=config.port,
+            router_mode=config.router_mode,
+            router_policy=router_policy,
+            only_endpoint=only_endpoint,
+            enforce_disagg=config.enforce_disagg,
+            kv_config=config.kv,
+            reuse_port=config.reuse_port,
+            migration_limit=config.migration_limit,
+            max_queue=config.max_queue,
+            queue_timeout=config.queue_timeout,
+            overload_status=config.overload_status,
+            routing_records=config.routing_records,
+            request_trace=config.request_trace,
+            header_timeout=config.header_timeout,
+            idle_timeout=config.idle_timeout,
+            max_connections=config.max_connections,
+        )
+        if config.static_endpoint is not None:
+            if config.model_path is None:
+                raise ConfigError(
+                    "static mode (static_endpoint) needs model_path: the model card is built from it"
+                )
+            card = card_from_folder(
+                config.model_path, name=config.model_name, endpoint=config.static_endpoint
+            )
+            await frontend.add_model(card, address=config.static_address)
+        return frontend
 
     @classmethod
     async def start(

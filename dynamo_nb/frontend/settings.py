@@ -1,5 +1,6 @@
-"""The frontend's settings, typed: built once in a frontend's ``main`` from its flags
-(`FrontendConfig.from_args`; the flags' defaults are these), then started (`FrontendConfig.start`).
+"""The frontend's settings, typed: a frontend program's flags checked (`check_frontend_args`),
+then built once (`FrontendConfig.from_args`; the flags' defaults are these) and started by
+`dynamo_nb.frontend.Frontend.from_config`.
 
 Example:
     >>> from dynamo_nb.flags import frontend_parser
@@ -12,19 +13,16 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
 
-from ..llm.card import card_from_folder
+from ..errors import ConfigError
+from ..llm.card import check_model_dir
 from ..router.kv.router import KvRouterConfig
+from ..runtime.names import DEFAULT_WORKER_ENDPOINT, EndpointPath
 from .admission import DEFAULT_QUEUE_TIMEOUT
 from .connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from .migration import DEFAULT_MIGRATION_LIMIT
 
-if TYPE_CHECKING:
-    from ..runtime.distributed import DistributedRuntime
-    from .app import Frontend
-
-__all__ = ["FrontendConfig"]
+__all__ = ["DEFAULT_HTTP_PORT", "FrontendConfig", "check_frontend_args"]
 
 DEFAULT_HTTP_PORT = 8000
 
@@ -91,40 +89,96 @@ class FrontendConfig:
             max_connections=args.http_max_connections,
         )
 
-    async def start(self, runtime: DistributedRuntime, *, only_endpoint: str | None = None) -> Frontend:
-        """Start the frontend on ``runtime``; in static mode its one model's card is built here
-        (no etcd, no registration). ``only_endpoint``: serve only the models registered there."""
-        policy = None
-        if self.router_policy is not None:  # a RoutingPolicy from a .py file or a notebook's export
-            from ..notebook.component_program import RoutingPolicy
-            from ..notebook.programs import load_component
 
-            # (runnable=False: the file's routing policy, or a ConfigError saying what it declares)
-            policy = cast(RoutingPolicy, load_component(self.router_policy, runnable=False))
-        from .app import Frontend  # (not at import: a worker's flags read this module's defaults)
+def check_frontend_args(args: argparse.Namespace) -> None:
+    """Refuse, before anything starts, a combination of a frontend program's flags that cannot
+    work, naming the flag and the fix (no file is read: ``--router-policy`` is loaded by
+    `dynamo_nb.notebook.programs.load_router_policy`).
 
-        frontend = await Frontend.start(
-            runtime,
-            host=self.host,
-            port=self.port,
-            router_mode=self.router_mode,
-            router_policy=policy,
-            only_endpoint=only_endpoint,
-            enforce_disagg=self.enforce_disagg,
-            kv_config=self.kv,
-            reuse_port=self.reuse_port,
-            migration_limit=self.migration_limit,
-            max_queue=self.max_queue,
-            queue_timeout=self.queue_timeout,
-            overload_status=self.overload_status,
-            routing_records=self.routing_records,
-            request_trace=self.request_trace,
-            header_timeout=self.header_timeout,
-            idle_timeout=self.idle_timeout,
-            max_connections=self.max_connections,
+    Example:
+        >>> from dynamo_nb.flags import frontend_parser
+        >>> check_frontend_args(frontend_parser().parse_args([]))
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.ConfigError: a frontend on its own finds workers through etcd: add --discovery etcd://HOST:PORT, ...
+    """
+    if args.http_workers < 1:
+        raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
+    if args.max_queue is not None and args.max_queue < 0:
+        raise ConfigError(f"--max-queue must be 0 or more (or left out: no bound), got {args.max_queue}")
+    if args.routing_records < 0:
+        raise ConfigError(f"--routing-records must be 0 (keep none) or more, got {args.routing_records}")
+    if args.queue_timeout <= 0:
+        raise ConfigError(f"--queue-timeout must be more than 0 seconds, got {args.queue_timeout:g}")
+    if args.migration_limit < 0:
+        raise ConfigError(f"--migration-limit must be 0 (off) or more, got {args.migration_limit}")
+    if args.router_policy and args.router_mode != "round-robin":
+        raise ConfigError(
+            f"--router-policy routes with your policy instead of --router-mode {args.router_mode}: "
+            "give one of the two"
         )
-        if self.static_endpoint is not None:
-            assert self.model_path is not None  # validate_frontend_args says so first
-            card = card_from_folder(self.model_path, name=self.model_name, endpoint=self.static_endpoint)
-            await frontend.add_model(card, address=self.static_address)
-        return frontend
+    if (
+        args.router_mode == "kv"
+        and not args.no_kv_events
+        and not args.nats_url
+        and args.discovery != "memory"
+    ):
+        raise ConfigError(
+            "--router-mode kv follows the workers' KV events, which travel over NATS: add --nats-url "
+            "nats://HOST:PORT, or --no-kv-events for approximate mode"
+        )
+    if args.router_replica_sync and args.router_mode != "kv":
+        raise ConfigError(
+            f"--router-replica-sync shares the KV router's decisions: add --router-mode kv (not {args.router_mode})"
+        )
+    if args.router_replica_sync and not args.nats_url and args.discovery != "memory":
+        raise ConfigError(
+            "--router-replica-sync sends routing decisions over the event plane, NATS: add --nats-url nats://HOST:PORT"
+        )
+    if args.static_endpoint is None:
+        if args.discovery == "memory" and not args.static:
+            raise ConfigError(
+                "a frontend on its own finds workers through etcd: add --discovery etcd://HOST:PORT, or use "
+                "static mode (--static-endpoint ns.comp.ep --model-name NAME --model-path DIR); to run frontend "
+                "and worker in one process use `python -m dynamo_nb run --in http --out hf`"
+            )
+        if args.model_name is not None or args.model_path is not None:
+            raise ConfigError(
+                "--model-name/--model-path are for static mode: add --static-endpoint ns.comp.ep, or drop "
+                "them (with discovery the workers' model cards name the model)"
+            )
+        if args.static_address is not None:
+            raise ConfigError("--static-address is for static mode: add --static-endpoint ns.comp.ep")
+        return
+    try:
+        EndpointPath.parse(args.static_endpoint)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"--static-endpoint {args.static_endpoint!r} is not namespace.component.endpoint "
+            f"(e.g. {DEFAULT_WORKER_ENDPOINT}): {exc}"
+        ) from None
+    missing = [
+        flag
+        for flag, value in (("--model-name", args.model_name), ("--model-path", args.model_path))
+        if value is None
+    ]
+    if missing:
+        raise ConfigError(
+            f"--static-endpoint needs {' and '.join(missing)}: with no discovery the frontend builds the model "
+            "card itself (e.g. --model-name tiny-llama --model-path DIR)"
+        )
+    if not args.model_name.strip():
+        raise ConfigError("--model-name is empty: give the name clients will send as 'model'")
+    check_model_dir(args.model_path, flag="--model-path")
+    if args.discovery not in ("memory", "static"):
+        raise ConfigError(f"--static-endpoint runs without discovery: drop --discovery {args.discovery}")
+    plane = args.request_plane or ("nats" if args.nats_url else "tcp")
+    if plane == "nats" and not args.nats_url:
+        raise ConfigError("static mode on NATS needs --nats-url nats://HOST:PORT")
+    if plane == "tcp" and args.static_address is None:
+        raise ConfigError(
+            "static mode on TCP needs the worker's address: --static-address tcp://HOST:PORT "
+            "(or use NATS: --nats-url nats://HOST:PORT)"
+        )
+    if plane == "inproc":
+        raise ConfigError("static mode reaches a worker in another process: use --request-plane nats or tcp")

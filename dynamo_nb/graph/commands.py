@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..launch.launcher import resolve_program
+from ..launch.paths import resolve_program
 from ..notebook.component_program import find_component
 from ..notebook.declarations import split_reference
 from ..notebook.programs import export_command, import_program, reference_program

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..launch.launcher import resolve_program
+from ..launch.paths import resolve_program
 from ..notebook.declarations import split_reference
 from .model import Graph, GraphError
 

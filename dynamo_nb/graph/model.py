@@ -181,7 +181,7 @@ class Graph:
         import yaml
 
         if isinstance(source, Path) or str(source).endswith((".yaml", ".yml")):
-            from ..launch.launcher import resolve_program
+            from ..launch.paths import resolve_program
 
             text = resolve_program(str(source), Path.cwd()).read_text()
         else:

@@ -1,5 +1,6 @@
 """Start programs from a notebook or a script: components as subprocesses, etcd and nats-server.
 
+- ``paths.py``: `resolve_program`, the file a relative program names;
 - ``launcher.py``: `launch` starts a component in its own process group, waits for its READY
   line (or its instance in discovery), shows its output live and returns a `ManagedProcess`;
 - ``services.py``: `LocalServices` runs etcd and nats-server on free 127.0.0.1 ports;

@@ -51,6 +51,7 @@ from .ledger import (
     settle_leftovers_once,
 )
 from .logview import LogSink, log_sink
+from .paths import resolve_program
 from .process_group import OWN_PROCESS_GROUP, guarded_command, signal_group, stop_group
 from .reaper import GRACE_S
 
@@ -64,8 +65,6 @@ DEFAULT_READY_PATTERN = r"^READY\b"
 """Our components print ``READY …`` once they serve; `launch` waits for such a line."""
 
 _LAUNCHED: dict[int, ManagedProcess] = {}  # pid → process; held strongly so exit clean-up finds it
-_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout, in an editable install
-_SHARED = Path(sys.prefix) / "share" / "dynamo_nb"  # where a wheel install puts components/
 
 
 class ManagedProcess:
@@ -321,29 +320,6 @@ class ManagedProcess:
     async def _fail(self, message: str, code: int | None) -> None:
         await self.stop(timeout=2.0)
         raise LaunchError(message, log_tail=self.tail(20), returncode=code)
-
-
-def resolve_program(program: str, cwd: Path) -> Path:
-    """The file a relative ``program`` names.
-
-    Looks in ``cwd`` and its parents (so a notebook in ``notebooks/`` finds
-    ``components/…``), then in the dynamo_nb checkout (editable install) and in
-    ``<prefix>/share/dynamo_nb`` (wheel install). Raises `ConfigError` naming where it looked.
-    """
-    path = Path(program).expanduser()
-    if path.is_absolute():
-        candidates = [path]
-    else:
-        bases = [cwd, *cwd.parents[:3], _PACKAGE_ROOT, _SHARED]
-        candidates = [base / path for base in bases]
-    for candidate in candidates:
-        if candidate.is_file():
-            return candidate
-    where = ", ".join(str(c.parent) for c in candidates)
-    raise ConfigError(
-        f"{program} not found (looked in {where}): give an absolute path, or one relative to the "
-        "working folder (in Python, launch()'s cwd=)"
-    )
 
 
 def _command(program: str, args: list[str], cwd: Path) -> tuple[str, list[str]]:

@@ -38,14 +38,14 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from ..errors import ConfigError
 from ..extras import require_extra
 from .declarations import DECLARED_KINDS, RUNNABLE_KINDS, pick_declaration, split_reference
 
 if TYPE_CHECKING:
-    from .component_program import ComponentProgram
+    from .component_program import ComponentProgram, RoutingPolicy
 
 __all__ = [
     "check_exported_cells",
@@ -56,6 +56,7 @@ __all__ = [
     "export_notebook",
     "import_program",
     "load_component",
+    "load_router_policy",
     "program_file",
     "reference_program",
 ]
@@ -277,7 +278,7 @@ def reference_program(reference: str, cwd: Path) -> Path:
 
         reference_program("notebooks/10_your_own_engine.ipynb:worker", Path.cwd())  # its checked export
     """
-    from ..launch.launcher import resolve_program
+    from ..launch.paths import resolve_program
 
     file, name = split_reference(reference)
     return program_file(resolve_program(file, cwd), where=file, name=name)
@@ -294,7 +295,7 @@ def load_component(
 
         policy = load_component("notebooks/06_kv_aware_routing.ipynb:prefix_policy", runnable=False)
     """
-    from ..launch.launcher import resolve_program
+    from ..launch.paths import resolve_program
     from .component_program import find_component
 
     file, name = split_reference(reference)
@@ -305,6 +306,23 @@ def load_component(
         pick_declaration(declared, file, runnable=runnable, name=name)
     module = import_program(source_path, file)
     return find_component(vars(module), file, runnable=runnable, name=name)
+
+
+def load_router_policy(reference: str, *, cwd: Path | None = None) -> RoutingPolicy:
+    """The `RoutingPolicy` ``--router-policy FILE[:NAME]`` names (a ``.py`` file or a notebook:
+    found, exported and checked), loaded before anything starts; a `ConfigError` naming the flag.
+
+    Example::
+
+        policy = load_router_policy("notebooks/06_kv_aware_routing.ipynb:prefix_policy")
+        frontend = await Frontend.from_config(runtime, config, router_policy=policy)
+    """
+    from .component_program import RoutingPolicy
+
+    try:
+        return cast(RoutingPolicy, load_component(reference, runnable=False, cwd=cwd))
+    except ConfigError as exc:
+        raise ConfigError(f"--router-policy {reference}: {exc}") from None
 
 
 def import_program(path: Path, where: str) -> ModuleType:
