@@ -49,12 +49,27 @@ def _module_level(nodes: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom
                 yield from _module_level(block)
 
 
-def imports_of(path: Path, source: str | None = None) -> set[str]:
-    """The modules of the package that ``path`` imports when it is imported."""
+def _anywhere(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import of a module, inside functions too, but those under ``TYPE_CHECKING``."""
+    checking = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in checking:
+            yield node
+
+
+def imports_of(path: Path, source: str | None = None, *, lazy: bool = False) -> set[str]:
+    """The modules of the package that ``path`` imports when it is imported (``lazy``: or when
+    one of its functions runs; never those only a type checker reads)."""
     name = module_name(path)
     here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
-    for node in _module_level(ast.parse(source if source is not None else path.read_text()).body):
+    tree = ast.parse(source if source is not None else path.read_text())
+    for node in _anywhere(tree) if lazy else _module_level(tree.body):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("dynamo_nb")}
             continue
@@ -115,8 +130,8 @@ def circles(graph: dict[str, set[str]], key=lambda name: name) -> list[tuple[str
     return sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if a != b and a in reach(b)})
 
 
-def package_graph() -> dict[str, set[str]]:
-    return {module_name(path): imports_of(path) for path in sorted(PACKAGE.rglob("*.py"))}
+def package_graph(*, lazy: bool = False) -> dict[str, set[str]]:
+    return {module_name(path): imports_of(path, lazy=lazy) for path in sorted(PACKAGE.rglob("*.py"))}
 
 
 def test_every_part_of_the_package_has_a_layer() -> None:
@@ -136,6 +151,12 @@ def test_no_import_circle_joins_two_packages_or_two_modules() -> None:
     assert circles(graph) == []
 
 
+def test_no_import_circle_even_through_imports_inside_functions() -> None:
+    """A lazy import (inside a function) may reach up to an optional part, but never back into a
+    module that imports the caller: two modules needing each other are one concept split wrong."""
+    assert circles(package_graph(lazy=True)) == []
+
+
 def test_an_upward_import_and_a_circle_are_found() -> None:
     table = layers(ARCHITECTURE.read_text())
     graph = package_graph()
@@ -147,6 +168,7 @@ def test_an_upward_import_and_a_circle_are_found() -> None:
     assert ("frontend", "runtime") in circles(graph, key=part_of)
     lazy = "def f():\n    from .frontend import app\nif TYPE_CHECKING:\n    from .frontend import app\n"
     assert imports_of(PACKAGE / "flags.py", lazy) == set()
+    assert imports_of(PACKAGE / "flags.py", lazy, lazy=True) == {"dynamo_nb.frontend.app"}
 
 
 @pytest.mark.processes
