@@ -151,6 +151,14 @@ def test_notebooks_are_stored_executed_without_widget_state(notebook: Path) -> N
     assert code and all(cell.execution_count is not None for cell in code), "store the notebook executed"
 
 
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebooks_are_stored_with_the_kernelspec_jupyterlab_writes(notebook: Path) -> None:
+    """Opened in JupyterLab, a notebook is not marked modified: its kernelspec is the one Lab
+    would write (it renames "Python 3" to "Python 3 (ipykernel)", and closing then asks to save)."""
+    spec = nbformat.read(notebook, 4).metadata.get("kernelspec", {})
+    assert spec == {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}, spec
+
+
 def export(notebook: Path, cwd: Path, output_dir: Path, to: str = "script", suffix: str = ".py") -> Path:
     """Plain `jupyter nbconvert --to script` (no flags: the installed config removes the cells)."""
     command = [

@@ -4,6 +4,7 @@ a running graph of mocker workers under a load step up and down."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -155,6 +156,33 @@ async def test_the_autoscaler_goes_up_at_once_down_one_at_a_time_within_its_boun
         "down",
     ]
     assert table["replicas"].min() >= 1 and table["replicas"].max() <= 5
+
+
+async def test_a_stop_mid_decision_lets_it_finish_and_the_live_chart_ends_on_it() -> None:
+    """Stopped while a scale is under way (a notebook stops the scaler as soon as the replicas it
+    waits for are reached), the decision finishes and the live chart's last frame shows it."""
+    entered, gate = asyncio.Event(), asyncio.Event()
+
+    class _SlowGraph(_Graph):
+        async def scale(self, service: str, replicas: int) -> None:
+            entered.set()
+            await gate.wait()
+            await super().scale(service, replicas)
+
+    frames = [_metrics(0, 0), _metrics(2, 10), _metrics(30, 20)]  # a baseline, a hold, then up
+    scaler = _Scripted(frames, mode="load", target=4, replicas=1, min_replicas=1, max_replicas=5,
+                       interval=0.01, live=True)  # fmt: skip
+    scaler.running = _SlowGraph()
+    await scaler.start()
+    await asyncio.wait_for(entered.wait(), 30)
+    stopping = asyncio.create_task(scaler.stop())
+    await asyncio.sleep(0.05)  # the stop has cancelled the loop; the scale still waits
+    assert not stopping.done()
+    gate.set()
+    await asyncio.wait_for(stopping, 30)
+    assert scaler.running.calls == [5]  # type: ignore[attr-defined]
+    assert scaler.decisions["action"].tolist() == ["hold", "up"]
+    assert scaler.drawn_decisions == len(scaler.records) == 2
 
 
 async def test_throughput_and_slo_modes_follow_their_signals() -> None:

@@ -130,7 +130,9 @@ class Autoscaler:
         self._previous_at = 0.0
         self._origin = 0.0
         self._task: asyncio.Task[None] | None = None
+        self._step: asyncio.Future[dict[str, Any]] | None = None  # the decision being made now
         self._display = PngDisplay() if live else None
+        self.drawn_decisions = 0  # how many decisions the live chart's last frame shows
         self._clock = clock
         self._decided = asyncio.Event()
 
@@ -161,12 +163,20 @@ class Autoscaler:
         self._task = asyncio.get_running_loop().create_task(self._loop(), name="dynamo_nb.autoscaler")
 
     async def stop(self) -> None:
-        """Stop deciding (a scale already begun finishes first)."""
+        """Stop deciding: a decision begun (its scale) finishes first, and the live chart's last
+        frame shows every decision."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._step is not None:
+            try:
+                await self._step
+            except Exception:  # logged by the loop's own wait (or it never got to it): not again
+                pass
+            self._step = None
+        await self._redraw()
 
     async def wait_for(self, replicas: int, timeout: float) -> bool:
         """Wait until a decision leaves ``replicas`` (at most ``timeout`` seconds); whether it did.
@@ -196,12 +206,23 @@ class Autoscaler:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
+            # shielded: a stop meanwhile lets the decision (a scale begun) finish; `stop` awaits it
+            self._step = asyncio.ensure_future(self.step())
             try:
-                await self.step()
+                await asyncio.shield(self._step)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a missed scrape or a failed scale: logged, the next interval tries again
                 logger.warning("autoscaler step failed", exc_info=True)
+            self._step = None
+
+    async def _redraw(self) -> None:
+        """Show the chart of every decision so far (a notebook with ``live=True``), unless the
+        last frame already does."""
+        rows = len(self.records)
+        if self._display is not None and rows > 1 and rows != self.drawn_decisions:
+            self._display.show(await asyncio.to_thread(lambda: self.chart().to_png()))
+            self.drawn_decisions = rows
 
     async def _scrape(self) -> pd.DataFrame:
         import aiohttp
@@ -234,8 +255,7 @@ class Autoscaler:
         row = {"t_s": round(now - self._origin, 2), **observed, "replicas": self.replicas, "desired": desired,
                "action": action, "reason": reason}  # fmt: skip
         self.records.append(row)
-        if self._display is not None and len(self.records) > 1:
-            self._display.show(await asyncio.to_thread(lambda: self.chart().to_png()))
+        await self._redraw()
         self._decided.set()  # after the chart shows it: a caller that stops on this decision sees it drawn
         return row
 
