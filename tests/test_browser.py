@@ -1,8 +1,10 @@
 """The notebooks in a real JupyterLab, driven by Playwright in Debian's Chromium.
 
 For each notebook: open it, clear its outputs, run all cells, then check what a reader sees —
-no error outputs, no traceback or unretrieved task error in any output or launch log box, every
-widget rendered (no "Error displaying widget" / "Loading widget..."), every chart an image — and that shutting the kernel down from JupyterLab stops every process
+no error outputs, no traceback or unretrieved task error in any output or launch log box, nothing
+printed to stderr, every widget rendered (no "Error displaying widget" / "Loading widget..."),
+every chart an image, every Mermaid diagram rendered (none showing Mermaid's parse error instead)
+— and that shutting the kernel down from JupyterLab stops every process
 the notebook launched (the test leaves one running on purpose first). A screenshot of every
 viewport, top to bottom, goes to ``notebooks/build/browser/`` (``01_runtime_basics-00.png``…).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -213,6 +216,64 @@ def screenshot_every_viewport(page: Any, stem: str) -> list[Path]:
     return paths
 
 
+DIAGRAM = f"""async index => {{
+    const notebook = {PANEL}.content;
+    await notebook.scrollToItem(index, 'center');
+    const cell = notebook.widgets[index];
+    if (cell.rendered === false) cell.rendered = true;
+    return true;
+}}"""
+DIAGRAM_STATE = f"""index => {{
+    const node = {PANEL}.content.widgets[index].node;
+    const diagrams = Array.from(node.querySelectorAll('.jp-RenderedMermaid'));
+    if (!diagrams.length || diagrams.some(d => !d.querySelector('svg, img') && !d.classList.contains('jp-mod-warning')))
+        return null;  // not rendered yet
+    return diagrams.map(d => d.classList.contains('jp-mod-warning') ? 'error: ' + d.innerText.slice(0, 600) : 'ok');
+}}"""
+
+
+def diagram_problems(page: Any, cells: list[dict[str, Any]]) -> list[str]:
+    """Each markdown cell with a Mermaid block, scrolled into view until JupyterLab has rendered
+    it: what a reader sees instead of each diagram that failed (Mermaid's own parse error, shown
+    in an orange box over the raw source), or that a diagram never rendered."""
+    problems = []
+    for index, cell in enumerate(cells):
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "markdown" or "```mermaid" not in source:
+            continue
+        page.evaluate(DIAGRAM, index)
+        try:
+            handle = page.wait_for_function(DIAGRAM_STATE, arg=index, timeout=30_000, polling=200)
+        except Exception:  # Playwright's TimeoutError
+            shown = page.evaluate(f"i => ({PANEL}.content.widgets[i].node.querySelector('.jp-RenderedMarkdown') || {{innerHTML: 'no rendered markdown'}}).innerHTML.replace(/<p>[\s\S]*?<\/p>/g, '').slice(0, 600)", index)
+            problems.append(f"cell {index}: its Mermaid diagram did not render within 30 s: {shown}")
+            continue
+        states = handle.json_value()
+        expected = source.count("```mermaid")
+        if len(states) != expected:
+            problems.append(f"cell {index}: {expected} Mermaid blocks, {len(states)} diagrams")
+        problems += [f"cell {index}: {state}" for state in states if state != "ok"]
+    return problems
+
+
+# Warnings a notebook provokes on purpose, and says so in its prose: 03 SIGKILLs replicas to show
+# the graph restarting them, and the graph warns as it does (a reader should see that).
+EXPECTED_STDERR = {"03_graphs": re.compile(r"^\S+ exited with -9; restart \d+ of \d+ in \d+ s$")}
+
+
+def stderr_noise(name: str, outputs: list[dict[str, Any]]) -> list[str]:
+    """Lines notebook ``name`` printed to stderr that it does not mean to: a reader sees them in
+    red. Warnings, log lines and progress bars belong in a launch's log box or a widget."""
+    expected = EXPECTED_STDERR.get(Path(name).stem)
+    return [
+        line
+        for output in outputs
+        if output["output_type"] == "stream" and output.get("name") == "stderr"
+        for line in "".join(output.get("text", "")).splitlines()
+        if line.strip() and not (expected and expected.match(line.strip()))
+    ]
+
+
 def descendants(pid: int) -> list[int]:
     import psutil
 
@@ -269,6 +330,10 @@ def test_notebook_runs_in_jupyterlab(name: str, lab: dict[str, Any], browser: An
         for bad in ("Traceback (most recent call last)", "was never retrieved"):  # outputs and log boxes
             at = text.find(bad)
             assert at < 0, f"{name}: {bad!r} shown: {text[max(0, at - 300) : at + 600]}"
+        noise = stderr_noise(name, outputs)
+        assert not noise, f"{name}: printed to stderr (red in an output): {noise[:10]}"
+        diagrams = diagram_problems(page, cells)
+        assert not diagrams, f"{name}: diagrams a reader sees broken: {diagrams}"
 
         charts = [
             o
