@@ -223,6 +223,10 @@ DIAGRAM = f"""async index => {{
     if (cell.rendered === false) cell.rendered = true;
     return true;
 }}"""
+SHOWN_INSTEAD = f"""i => {{
+    const rendered = {PANEL}.content.widgets[i].node.querySelector('.jp-RenderedMarkdown');
+    return rendered ? rendered.innerHTML.replace(/<p>[\\s\\S]*?<\\/p>/g, '').slice(0, 600) : 'no rendered markdown';
+}}"""
 DIAGRAM_STATE = f"""index => {{
     const node = {PANEL}.content.widgets[index].node;
     const diagrams = Array.from(node.querySelectorAll('.jp-RenderedMermaid'));
@@ -245,7 +249,7 @@ def diagram_problems(page: Any, cells: list[dict[str, Any]]) -> list[str]:
         try:
             handle = page.wait_for_function(DIAGRAM_STATE, arg=index, timeout=30_000, polling=200)
         except Exception:  # Playwright's TimeoutError
-            shown = page.evaluate(f"i => ({PANEL}.content.widgets[i].node.querySelector('.jp-RenderedMarkdown') || {{innerHTML: 'no rendered markdown'}}).innerHTML.replace(/<p>[\s\S]*?<\/p>/g, '').slice(0, 600)", index)
+            shown = page.evaluate(SHOWN_INSTEAD, index)
             problems.append(f"cell {index}: its Mermaid diagram did not render within 30 s: {shown}")
             continue
         states = handle.json_value()

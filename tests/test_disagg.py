@@ -238,6 +238,9 @@ async def test_decode_refuses_what_it_cannot_use(hf_engine: Any) -> None:
         req({**GREEDY, "bootstrap_info": {"bootstrap_room": 5}})
 
 
+# slow (20 s): CI's opt-in step runs it; the README suite serves worker processes disaggregated in
+# notebook 05, the mutual-TLS test and the disagg_hf graph (it keeps under 15 minutes)
+@pytest.mark.long
 async def test_prefill_and_decode_worker_processes_behind_a_frontend(
     services: Any, start_worker: Any, make_runtime: RuntimeFactory, hf_engine: Any, tiny_path: Path
 ) -> None:

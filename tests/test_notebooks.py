@@ -223,6 +223,7 @@ def test_other_exports_keep_every_cell(tmp_path: Path) -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.long  # a whole notebook once more (9 s): CI's opt-in step runs it
 def test_a_notebook_runs_in_a_kernel_where_nest_asyncio_was_applied() -> None:
     """SGLang's docs notebooks call ``nest_asyncio.apply()``; a kernel where that ran still runs
     ours top to bottom (the kit itself never patches the loop)."""
