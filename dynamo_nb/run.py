@@ -18,13 +18,16 @@ Example::
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import flags
 from .errors import ConfigError
 from .runtime.distributed import DistributedRuntime
 from .runtime.names import EndpointPath
 from .runtime.program import announce_ready, configure_logging, runtime_from_args, shutdown_on_signals
+
+if TYPE_CHECKING:
+    from .router.function import PickFunction
 
 __all__ = ["run", "run_parser"]
 
@@ -62,6 +65,7 @@ def _dyn_path(value: str, flag: str) -> EndpointPath | None:
 async def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run until SIGINT/SIGTERM."""
     from .frontend.settings import check_frontend_args
+    from .notebook.programs import load_router_policy
 
     args = run_parser().parse_args(argv)
     configure_logging(args.log_level)
@@ -88,6 +92,8 @@ async def run(argv: list[str] | None = None) -> int:
             "--in http --out ENGINE runs in one process with memory discovery: drop --discovery"
         )
 
+    # --router-policy FILE[:NAME]: loaded (and checked) before anything starts
+    policy = load_router_policy(args.router_policy) if in_path is None and args.router_policy else None
     runtime = await runtime_from_args(args, static=args.static_endpoint is not None)
     closers: list[Any] = []
     try:
@@ -96,7 +102,7 @@ async def run(argv: list[str] | None = None) -> int:
         if out_path is None:
             model_name = await _start_worker(runtime, args, closers)
         if in_path is None:
-            await _start_frontend(runtime, args, out_path, closers, wait_for=model_name)
+            await _start_frontend(runtime, args, policy, out_path, closers, wait_for=model_name)
         await runtime.wait_closed()
     finally:
         for close in reversed(closers):
@@ -130,17 +136,16 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
 async def _start_frontend(
     runtime: DistributedRuntime,
     args: argparse.Namespace,
+    policy: PickFunction | None,
     out_path: EndpointPath | None,
     closers: list[Any],
     wait_for: str | None,
 ) -> None:
     """Start the frontend; prints its READY line once ``wait_for`` (the in-process model) is served."""
     from .frontend import Frontend, FrontendConfig
-    from .notebook.programs import load_router_policy
 
-    config = FrontendConfig.from_args(args)
-    policy = load_router_policy(config.router_policy) if config.router_policy else None
     only = str(out_path) if out_path is not None and not runtime.is_static else None
+    config = FrontendConfig.from_args(args)
     frontend = await Frontend.from_config(runtime, config, router_policy=policy, only_endpoint=only)
     closers.append(frontend.stop)
     if wait_for is not None:

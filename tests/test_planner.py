@@ -175,8 +175,10 @@ async def test_a_stop_mid_decision_lets_it_finish_and_the_live_chart_ends_on_it(
     scaler.running = _SlowGraph()
     await scaler.start()
     await asyncio.wait_for(entered.wait(), 30)
+    loop = scaler._task
+    assert loop is not None
     stopping = asyncio.create_task(scaler.stop())
-    await asyncio.sleep(0.05)  # the stop has cancelled the loop; the scale still waits
+    await asyncio.wait_for(asyncio.wait([loop]), 30)  # the stop has ended the loop; the scale still waits
     assert not stopping.done()
     gate.set()
     await asyncio.wait_for(stopping, 30)

@@ -47,13 +47,14 @@ async def test_a_request_on_a_connection_that_just_closed_fails_at_once() -> Non
     that asks for a cluster secret this process lacks closes it on its first bytes): the request
     fails with the reason instead of waiting for an answer that never comes."""
 
-    greet = asyncio.Event()
+    greet, dropped = asyncio.Event(), asyncio.Event()
 
     async def greet_with_a_handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await greet.wait()  # after the client's connect returned
         writer.write(MAGIC + bytes(32))  # what a worker started with a cluster secret sends first
         await writer.drain()
         await reader.read()
+        dropped.set()
         writer.close()
 
     server = await asyncio.start_server(greet_with_a_handshake, "127.0.0.1", 0)
@@ -64,10 +65,7 @@ async def test_a_request_on_a_connection_that_just_closed_fails_at_once() -> Non
         conn = await plane._connection(worker)
         assert not conn.closed
         greet.set()
-        for _ in range(500):  # the hello arrives and closes it
-            if conn.closed:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.wait_for(dropped.wait(), 60)  # the hello made the client close it
         assert conn.closed
         with pytest.raises(ConnectionError, match="requires the cluster secret"):
             conn.open(StreamChannel(worker), request_tail("t", "r1", {}, None))

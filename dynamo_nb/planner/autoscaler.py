@@ -170,11 +170,11 @@ class Autoscaler:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self._step is not None:
+        if self._step is not None:  # the loop was stopped while it waited for this decision
             try:
                 await self._step
-            except Exception:  # logged by the loop's own wait (or it never got to it): not again
-                pass
+            except Exception:  # a missed scrape or a failed scale: the loop did not log it
+                logger.warning("autoscaler step failed", exc_info=True)
             self._step = None
         await self._redraw()
 
