@@ -33,6 +33,7 @@ from typing import Any
 
 import pytest
 from helpers import NEEDS_DYNAMO, NEEDS_VLLM, ROOT, free_port, pid_alive
+from mermaid_check import SAMPLES, mermaid_problems
 
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -260,6 +261,24 @@ def diagram_problems(page: Any, cells: list[dict[str, Any]]) -> list[str]:
     return problems
 
 
+# Code a reader must scroll sideways to see: an editor whose lines run past its right edge, or a
+# collapsed cell's summary line cut off (the layout has the file browser open).
+SIDEWAYS = f"""async () => {{
+    const notebook = {PANEL}.content;
+    const found = [];
+    for (let index = 0; index < notebook.widgets.length; index++) {{
+        const cell = notebook.widgets[index];
+        if (cell.model.type !== 'code') continue;
+        await notebook.scrollToItem(index, 'center');  // an editor lays out its lines in view
+        await new Promise(done => requestAnimationFrame(() => requestAnimationFrame(done)));
+        for (const node of cell.node.querySelectorAll('.cm-scroller, .jp-InputPlaceholder'))
+            if (node.scrollWidth > node.clientWidth + 1)
+                found.push(`cell ${{index}}: ${{node.scrollWidth}} px of code in ${{node.clientWidth}} px`);
+    }}
+    return found;
+}}"""
+
+
 # Warnings a notebook provokes on purpose, and says so in its prose: 03 SIGKILLs replicas to show
 # the graph restarting them, and the graph warns as it does (a reader should see that).
 EXPECTED_STDERR = {"03_graphs": re.compile(r"^\S+ exited with -9; restart \d+ of \d+ in \d+ s$")}
@@ -338,6 +357,8 @@ def test_notebook_runs_in_jupyterlab(name: str, lab: dict[str, Any], browser: An
         assert not noise, f"{name}: printed to stderr (red in an output): {noise[:10]}"
         diagrams = diagram_problems(page, cells)
         assert not diagrams, f"{name}: diagrams a reader sees broken: {diagrams}"
+        sideways = page.evaluate(SIDEWAYS)
+        assert not sideways, f"{name}: code runs past the right edge: {sideways}"
 
         charts = [
             o
@@ -364,5 +385,32 @@ def test_notebook_runs_in_jupyterlab(name: str, lab: dict[str, Any], browser: An
         left = [pid for pid in [kernel_pid, *launched] if pid_alive(pid)]
         assert not left, f"{name}: still running after the kernel shut down from JupyterLab: {left}"
         assert not problems, problems
+    finally:
+        page.close()
+
+
+def test_the_mermaid_checker_agrees_with_jupyterlab(lab: dict[str, Any], browser: Any) -> None:
+    """JupyterLab's Mermaid draws each of the checker's samples, or shows its parse error, exactly
+    as the sample says: the fast check in the README suite follows Mermaid's real grammar."""
+    import nbformat
+
+    samples = nbformat.v4.new_notebook(metadata={"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}})  # fmt: skip
+    samples.cells = [
+        nbformat.v4.new_markdown_cell(f"```mermaid\n{block}```") for _, block in SAMPLES.values()
+    ]
+    nbformat.write(samples, lab["work"] / "notebooks" / "mermaid_samples.ipynb")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    try:
+        page.goto(f"{lab['base']}/lab/tree/notebooks/mermaid_samples.ipynb?reset&token={lab['token']}")
+        page.wait_for_function(READY, timeout=90_000)
+        drawn = {}
+        for index, name in enumerate(SAMPLES):
+            page.evaluate(DIAGRAM, index)
+            states = page.wait_for_function(
+                DIAGRAM_STATE, arg=index, timeout=30_000, polling=200
+            ).json_value()
+            drawn[name] = states == ["ok"]
+        assert drawn == {name: expected for name, (expected, _) in SAMPLES.items()}
+        assert drawn == {name: mermaid_problems(block) == [] for name, (_, block) in SAMPLES.items()}
     finally:
         page.close()
