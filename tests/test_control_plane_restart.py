@@ -97,6 +97,74 @@ async def test_etcd_killed_and_restarted_under_running_workers_and_a_frontend(
             await process.stop(timeout=5)
 
 
+async def test_etcd_back_without_its_data_under_load_loses_nothing(
+    private_services: LocalServices, tmp_path: Path
+) -> None:
+    """etcd SIGKILLed under steady load and started again from an empty data directory (every
+    key lost): the frontend keeps routing to the instances it knew while the workers register
+    again, so no request fails and /health never says there is no instance."""
+    services = private_services
+    bus = ["--discovery", services.etcd_url, "--request-plane", "tcp", "--lease-ttl", 2]
+    mocker = [*bus, "--endpoint", "wipe.backend.generate", "--speedup-ratio", 100]
+    workers = [await start(tmp_path, *mocker) for _ in range(2)]
+    port = free_port()
+    frontend = await start(tmp_path, *bus, "--http-port", port, script=FRONTEND)
+    wanted = {worker.instance_id for worker in workers}
+    failures: list[str] = []
+    served = [0]
+    progress = asyncio.Event()  # set at each answer: the test waits for answers, not for seconds
+    stop = asyncio.Event()
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            assert await until(lambda: _has(http, wanted))
+
+            async def load() -> None:
+                while not stop.is_set():
+                    answer = await http.post("/v1/completions", json=BODY)
+                    if answer.status_code != 200:
+                        failures.append(f"{answer.status_code} {answer.text[:200]}")
+                    served[0] += 1
+                    progress.set()
+
+            async def health() -> None:
+                while not stop.is_set():
+                    answer = await http.get("/health")
+                    if answer.status_code != 200 or not answer.json().get("instances"):
+                        failures.append(f"/health {answer.status_code} {answer.text[:200]}")
+                    await asyncio.sleep(0.02)
+
+            async def served_more(count: int) -> None:
+                target = served[0] + count
+                while served[0] < target:
+                    progress.clear()
+                    await asyncio.wait_for(progress.wait(), 30)
+
+            tasks = [asyncio.create_task(load()) for _ in range(3)] + [asyncio.create_task(health())]
+            await served_more(20)
+            await services.kill("etcd")
+            await served_more(20)  # served from the cached view
+            await services.restart("etcd", lose_data=True)
+            host, etcd_port = services.etcd_url.removeprefix("etcd://").split(":")
+            async with aetcd.Client(host=host, port=int(etcd_port)) as etcd:
+
+                async def registered_again() -> bool:
+                    return len(list(await etcd.get_prefix(b"v1/instances/wipe/backend/generate/"))) == len(
+                        wanted
+                    )
+
+                assert await until(registered_again, timeout=30)
+            await served_more(40)  # on the fresh etcd, each worker's records written again
+            stop.set()
+            await asyncio.gather(*tasks)
+            assert failures == []
+            assert await instances(http) == wanted
+            assert all(process.returncode is None for process in [*workers, frontend])
+    finally:
+        stop.set()
+        for process in [*workers, frontend]:
+            await process.stop(timeout=5)
+
+
 async def _has(http: httpx.AsyncClient, wanted: set[int]) -> bool:
     try:
         return await instances(http) == wanted and bool((await http.get("/v1/models")).json()["data"])

@@ -7,6 +7,7 @@ and two frontends serving the same workers."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import signal
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -123,3 +124,44 @@ async def test_two_frontends_serve_the_same_workers_without_etcd(tmp_path: Path)
     finally:
         for process in (*frontends, mocker):
             await process.stop(timeout=10)
+
+
+@pytest.mark.parametrize("wipe", ["the folder", "its files"])
+async def test_a_wiped_folder_loses_no_request(tmp_path: Path, wipe: str) -> None:
+    """The discovery folder wiped under a serving worker and its caller: the caller keeps the
+    instance it knew (calls answer throughout), both write their lease and keys again, and the
+    worker's key is back without restarting anything."""
+    root = tmp_path / "discovery"
+    url = f"file://{root}"
+    worker = await DistributedRuntime.create(url, lease_ttl=1.5)
+    caller = await DistributedRuntime.create(url, lease_ttl=1.5)
+    try:
+        server = await worker.endpoint("dyn.wipe.generate").serve(echo)
+        client = await caller.endpoint("dyn.wipe.generate").client()
+        assert await client.wait_for_instances(timeout=10) == [server.instance_id]
+        worker_key = f"@{worker.connection_id:x}"
+
+        def worker_key_back() -> bool:
+            return any(p.name.endswith(worker_key) for p in (root / "keys").glob("*"))
+
+        if wipe == "the folder":
+            shutil.rmtree(root)
+        else:
+            for file in [*root.glob("keys/*"), *root.glob("leases/*")]:
+                file.unlink()
+        answered = 0
+
+        async def call_until_the_worker_is_back() -> None:
+            nonlocal answered
+            while not worker_key_back() or answered < 20:
+                assert client.instance_ids() == [server.instance_id]
+                assert await collect(client.round_robin(answered)) == [answered]
+                answered += 1
+                await asyncio.sleep(0.02)  # a steady trickle over the caller's polls
+
+        await asyncio.wait_for(call_until_the_worker_is_back(), 15)
+        assert (root / "leases" / f"{caller.connection_id:x}").exists()  # the caller wrote its own lease
+        assert client.instance_ids() == [server.instance_id]
+    finally:
+        await caller.shutdown(grace=0)
+        await worker.shutdown(grace=0)

@@ -273,11 +273,21 @@ class LocalServices:
         await asyncio.to_thread(child.process.wait, 10)
         ledger().forget(child.process.pid)
 
-    async def restart(self, name: str, timeout: float = 30.0) -> None:
-        """Start service ``name`` again, on its port with its data (after `kill` or a crash)."""
+    async def restart(self, name: str, timeout: float = 30.0, *, lose_data: bool = False) -> None:
+        """Start service ``name`` again, on its port with its data (after `kill` or a crash);
+        with ``lose_data``, etcd starts from an empty data directory, as one whose disk was lost.
+
+        Example::
+
+            await services.kill("etcd")
+            await services.restart("etcd", lose_data=True)   # every key gone: workers re-register
+        """
         child = self._child(name)
         if child.process.poll() is None:
             raise ConfigError(f"{name} is running: kill it (or wait for it to exit) before restarting it")
+        if lose_data and "--data-dir" in child.command:
+            data = Path(child.command[child.command.index("--data-dir") + 1])
+            await asyncio.to_thread(shutil.rmtree, data, True)
         restarted = await self._spawn(name, child.command, child.url, child.port, timeout)
         if restarted is None:
             raise ServiceStartError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
@@ -18,11 +19,25 @@ Listener = Callable[[str, "bytes | None"], None]
 
 
 class PrefixWatch:
-    """A live copy of every key under ``prefix``; listeners hear each put (value) and delete (None)."""
+    """A live copy of every key under ``prefix``; listeners hear each put (value) and delete (None).
+
+    After a discovery reset (etcd back with an empty data directory, a wiped discovery folder)
+    the keys the store lost are *retained*: still listed, until their owner writes them again or
+    ``retain_seconds`` pass (the caller's request plane skips an instance that fails in-band
+    meanwhile), so serving goes on with what worked while the workers re-register.
+
+    Example:
+        >>> watch = PrefixWatch("v1/")
+        >>> watch.replace_all({"v1/a": b"1", "v1/b": b"2"})
+        >>> watch.replace_all({"v1/a": b"1"}, reset=True, retain_seconds=30)
+        >>> sorted(watch.items), sorted(watch.retained)
+        (['v1/a', 'v1/b'], ['v1/b'])
+    """
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.items: dict[str, bytes] = {}
+        self.retained: dict[str, float] = {}  # key the store lost in a reset → when to drop it (monotonic)
         self._listeners: list[Listener] = []
         self.on_close: Callable[[], object] | None = None
 
@@ -31,6 +46,7 @@ class PrefixWatch:
 
     def apply(self, key: str, value: bytes | None) -> None:
         """Record one change and tell the listeners."""
+        self.retained.pop(key, None)  # written or deleted by its owner again: no longer retained
         if value is None:
             if self.items.pop(key, None) is None:
                 return
@@ -44,12 +60,33 @@ class PrefixWatch:
             except Exception:
                 logger.exception("discovery listener failed for %s", key)
 
-    def replace_all(self, snapshot: dict[str, bytes]) -> None:
-        """Converge to ``snapshot`` (after a reconnect), emitting only the differences."""
+    def replace_all(
+        self, snapshot: dict[str, bytes], *, reset: bool = False, retain_seconds: float = 0.0
+    ) -> None:
+        """Converge to ``snapshot`` (after a reconnect, or a folder's poll), emitting only the
+        differences. With ``reset`` (the store lost its data) the keys missing from it are
+        retained for ``retain_seconds``; retained keys still missing are dropped once due."""
+        now = time.monotonic()
+        if reset:
+            lost = [key for key in self.items if key not in snapshot and key not in self.retained]
+            self.retained.update(dict.fromkeys(lost, now + retain_seconds))
+            if lost:
+                logger.warning(
+                    "discovery lost %d key(s) under %s in a reset; retaining them for %g s "
+                    "until their owners write them again",
+                    len(lost), self.prefix, retain_seconds,
+                )  # fmt: skip
         for key in [k for k in self.items if k not in snapshot]:
-            self.apply(key, None)
+            if self.retained.get(key, 0.0) <= now:
+                self.apply(key, None)
         for key, value in snapshot.items():
             self.apply(key, value)
+
+    def drop_retained(self) -> None:
+        """Drop the retained keys that are due (their owners never wrote them again)."""
+        now = time.monotonic()
+        for key in [k for k, due in self.retained.items() if due <= now]:
+            self.apply(key, None)
 
 
 class InstanceSet:

@@ -9,7 +9,8 @@ Dynamo's file-backed discovery store (``--discovery-backend file``) for dynamo_n
 A key lives while its lease file is fresher than its runtime's TTL (written in the lease file):
 a runtime that shuts down deletes its files, one that dies stops refreshing and every reader
 drops its keys after that runtime's ``lease_ttl`` seconds (and removes the stale files after
-twice that). Writes are atomic (a temporary file
+twice that). A folder wiped under running processes (each notices its own lease file gone) is
+written again by every runtime at once, and the keys it lost stay listed meanwhile. Writes are atomic (a temporary file
 renamed into place). Readers poll the folder (every ``poll_interval`` seconds, in a thread) and
 apply the differences to their watches, so a new worker is seen within a poll.
 
@@ -84,6 +85,8 @@ class FileDiscovery(KeyValueDiscovery):
             raise ConfigError(f"lease_ttl must be more than {3 * poll_interval:g} s, got {lease_ttl}")
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
+        # keys a wipe of the folder lost stay listed this long while their owners write them again
+        self.retain_seconds = 3.0 * lease_ttl
         self._leases = self.root / "leases"
         self._keys = self.root / "keys"
         self._owned: dict[str, bytes] = {}
@@ -99,8 +102,7 @@ class FileDiscovery(KeyValueDiscovery):
 
     async def start(self) -> None:
         try:
-            for folder in (self._leases, self._keys, self.root / "tmp"):
-                folder.mkdir(parents=True, exist_ok=True)
+            self._make_folders()
         except OSError as exc:
             raise ConfigError(
                 f"file discovery cannot use {self.root} ({exc}); pass a folder you can write"
@@ -146,6 +148,23 @@ class FileDiscovery(KeyValueDiscovery):
 
     # -- files
 
+    def _make_folders(self) -> None:
+        for folder in (self._leases, self._keys, self.root / "tmp"):
+            folder.mkdir(parents=True, exist_ok=True)
+
+    def _recover_if_wiped(self) -> bool:
+        """Whether the folder was wiped since we last looked (this runtime's own lease file is
+        gone, which only its close removes); if so, make the folders again and write our lease
+        and keys back at once. Runs in a thread."""
+        if self._closed or (self._leases / f"{self.connection_id:x}").exists():
+            return False
+        logger.warning("file discovery: %s was wiped; writing this process's lease and keys again", self.root)
+        self._make_folders()
+        self._touch_lease()
+        for key, value in list(self._owned.items()):
+            self._write(key, value)
+        return True
+
     def _write(self, key: str, value: bytes) -> None:
         self._replace(self._keys / _file_name(key, self.connection_id), value)
 
@@ -171,6 +190,13 @@ class FileDiscovery(KeyValueDiscovery):
         """Every live key and its value; removes files whose lease is long gone."""
         with self._scanning:
             return self._scan_unlocked()
+
+    def _scan_noting_wipes(self) -> tuple[dict[str, bytes], bool]:
+        """`_scan`, and whether the folder was wiped before or while it ran (the snapshot may
+        then lack keys whose owners have not written them again yet)."""
+        wiped = self._recover_if_wiped()
+        snapshot = self._scan()
+        return snapshot, self._recover_if_wiped() or wiped
 
     def _scan_unlocked(self) -> dict[str, bytes]:
         now = time.time()
@@ -219,6 +245,8 @@ class FileDiscovery(KeyValueDiscovery):
         while not self._closed:
             await asyncio.sleep(interval)
             try:
+                if await asyncio.to_thread(self._recover_if_wiped):
+                    continue
                 self._touch_lease()
                 for key, value in list(self._owned.items()):
                     if not (self._keys / _file_name(key, self.connection_id)).exists():
@@ -235,9 +263,10 @@ class FileDiscovery(KeyValueDiscovery):
             if not self._watches:
                 continue
             try:
-                snapshot = await asyncio.to_thread(self._scan)
+                snapshot, wiped = await asyncio.to_thread(self._scan_noting_wipes)
             except OSError as exc:
                 logger.warning("file discovery could not read %s (%s); retrying", self.root, exc)
                 continue
             for watch in list(self._watches):
-                watch.replace_all({k: v for k, v in snapshot.items() if k.startswith(watch.prefix)})
+                matching = {k: v for k, v in snapshot.items() if k.startswith(watch.prefix)}
+                watch.replace_all(matching, reset=wiped, retain_seconds=self.retain_seconds)
