@@ -147,6 +147,13 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         "default: %(default)s, no secret)",
     )
     group.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        default=_env("ALLOW_UNAUTHENTICATED", "") in ("1", "true"),
+        help="listen off loopback without a cluster secret or TLS, on a network you trust (by default a "
+        "component refuses to, as anyone reaching its port could use it) (env DYN_NB_ALLOW_UNAUTHENTICATED=1)",
+    )
+    group.add_argument(
         "--tls-cert",
         default=_env("TLS_CERT", None),
         help="PEM certificate: the TCP plane and the bootstrap server speak TLS (env DYN_NB_TLS_CERT; "

@@ -15,6 +15,7 @@ from dynamo_nb.disagg.bootstrap import BootstrapServer
 from dynamo_nb.errors import ConfigError
 from dynamo_nb.flags import hf_worker_parser
 from dynamo_nb.runtime.addresses import AddressRule, free_port, route_source, service_hosts
+from dynamo_nb.runtime.security import PlaneSecurity
 
 
 def test_local_discovery_means_loopback() -> None:
@@ -48,7 +49,8 @@ def test_the_route_source_is_an_address_of_this_machine() -> None:
 async def advertised_and_answered(tcp_host: str) -> str:
     """The address an echo endpoint on a TCP plane listening on ``tcp_host`` advertises, once a
     request to it went through."""
-    runtime = await DistributedRuntime.create("memory", "tcp", tcp_host=tcp_host)
+    trusting = PlaneSecurity(allow_unauthenticated=True)  # a wildcard is off loopback
+    runtime = await DistributedRuntime.create("memory", "tcp", tcp_host=tcp_host, security=trusting)
     try:
 
         async def handler(request: object) -> object:
@@ -72,7 +74,8 @@ async def test_a_bootstrap_server_advertises_what_decode_workers_can_reach() -> 
     with pytest.raises(ConfigError, match="cannot advertise"):
         await BootstrapServer.start("127.0.0.1", advertise_host="0.0.0.0")
     for listen, advertise in (("0.0.0.0", None), ("0.0.0.0", "127.0.0.1"), ("localhost", None)):
-        server = await BootstrapServer.start(listen, advertise_host=advertise)
+        trusting = PlaneSecurity(allow_unauthenticated=True)
+        server = await BootstrapServer.start(listen, advertise_host=advertise, security=trusting)
         try:  # never the wildcard: loopback unless told (a worker tells it the address others reach)
             assert server.endpoint["bootstrap_host"] == "127.0.0.1" and server.endpoint["bootstrap_port"] > 0
             _, writer = await asyncio.open_connection("127.0.0.1", server.port)

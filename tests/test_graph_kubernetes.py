@@ -205,6 +205,7 @@ def test_every_component_requires_the_cluster_secret_by_default(capsys: pytest.C
     for deployment in plain.values():
         names = [env["name"] for env in deployment["spec"]["template"]["spec"]["containers"][0]["env"]]
         assert "DYN_NB_CLUSTER_SECRET" not in names
+        assert "DYN_NB_ALLOW_UNAUTHENTICATED" in names  # else a pod on its address refuses to start
     assert serve_main([str(ROOT / "graphs/disagg_hf.yaml"), "--emit", "k8s"]) == 0
     emitted = capsys.readouterr()
     command = 'kubectl create secret generic disagg-hf-cluster-secret --from-literal=secret="$(openssl rand -hex 32)"'

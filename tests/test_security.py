@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import struct
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -355,3 +357,53 @@ async def test_etcd_and_nats_with_credentials(tmp_path: Path) -> None:
     finally:
         await etcd.stop()
         await nats_server.stop()
+
+
+async def echo(request: Any, context: Any) -> Any:
+    yield request
+
+
+async def test_off_loopback_a_plane_without_a_secret_or_tls_refuses_to_listen() -> None:
+    plain, trusting = PlaneSecurity(), PlaneSecurity(allow_unauthenticated=True)
+    runtime = await DistributedRuntime.create("memory", "tcp", tcp_host="0.0.0.0", security=plain)
+    try:
+        with pytest.raises(ConfigError, match="--allow-unauthenticated"):
+            await runtime.endpoint("open.echo.generate").serve(echo)
+    finally:
+        await runtime.shutdown(grace=0)
+    with pytest.raises(ConfigError, match="the bootstrap server would listen on"):
+        await BootstrapServer.start("0.0.0.0", security=plain)
+    await (await BootstrapServer.start("0.0.0.0", security=trusting)).stop()
+    secret = PlaneSecurity(SECRET)
+    await (await BootstrapServer.start("0.0.0.0", security=secret)).stop()
+    await (await BootstrapServer.start("127.0.0.1", security=plain)).stop()  # loopback: zero-config
+
+
+@pytest.mark.processes
+async def test_a_worker_on_a_wildcard_without_a_secret_refuses_to_start_naming_the_flag(
+    tmp_path: Path,
+) -> None:
+    flags = [
+        "--discovery",
+        f"file://{tmp_path}",
+        "--tcp-host",
+        "0.0.0.0",
+        "--endpoint",
+        "open.backend.generate",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYN_NB_")}
+    refused = await asyncio.create_subprocess_exec(
+        sys.executable, str(MOCKER_WORKER), *flags, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(refused.communicate(), 60)
+    assert refused.returncode == 2, err.decode()[-2000:]
+    last = err.decode().strip().splitlines()[-1]
+    assert (
+        last.startswith("error: the TCP request plane would listen on 0.0.0.0")
+        and "--allow-unauthenticated" in last
+    )
+    worker = await launch(MOCKER_WORKER, *flags, "--allow-unauthenticated", log_dir=tmp_path, show_logs=False)
+    try:
+        assert worker.instance_id
+    finally:
+        await worker.stop(timeout=5)

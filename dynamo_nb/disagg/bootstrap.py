@@ -139,6 +139,7 @@ class BootstrapServer:
                 f"cannot advertise {advertise_host!r} for a bootstrap server: give a reachable address"
             )
         server = cls(ttl, security)
+        server.security.check_listener(host, "the bootstrap server")
         server._server = await asyncio.start_server(
             server._serve, host, port, ssl=server.security.server_ssl()
         )

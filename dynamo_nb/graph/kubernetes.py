@@ -11,7 +11,9 @@ and a Service (etcd, NATS); one written as a URL is used as it is. No cluster is
 Every component requires the cluster secret (`dynamo_nb.runtime.security`): its container reads
 ``DYN_NB_CLUSTER_SECRET`` from the Secret ``<graph>-cluster-secret`` (key ``secret``), which
 you create once (`secret_command`), so a pod that can reach a worker's port still cannot make
-it generate without the secret. ``cluster_secret=False`` leaves it out.
+it generate without the secret. ``cluster_secret=False`` leaves it out and sets
+``DYN_NB_ALLOW_UNAUTHENTICATED=1`` instead (a component refuses to listen off loopback with
+neither).
 
 In a pod, a component listens on the pod's address: ``--tcp-host`` and ``--bootstrap-host`` are
 the pod IP (``$(POD_IP)``, from the downward API), the frontend's ``--http-host`` and a worker's
@@ -209,7 +211,8 @@ def _component(
         )
     env = [
         _pod_ip_env(),
-        *([_secret_env(secret)] if secret is not None else []),
+        # without the secret a pod listening on its address would refuse to start: say so
+        _secret_env(secret) if secret is not None else {"name": "DYN_NB_ALLOW_UNAUTHENTICATED", "value": "1"},
         *({"name": k, "value": v} for k, v in service.env.items()),
     ]
     written, _ = split_reference(service.component)  # FILE of FILE:NAME: the file in the image

@@ -280,6 +280,7 @@ class RuntimeConfig:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
+    allow_unauthenticated: bool = False  # listen off loopback with no secret and no TLS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, *, static: bool = False) -> RuntimeConfig:
@@ -302,6 +303,7 @@ class RuntimeConfig:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             tls_ca=args.tls_ca,
+            allow_unauthenticated=getattr(args, "allow_unauthenticated", False),
         )
 
     async def start(self) -> DistributedRuntime:
@@ -325,7 +327,7 @@ class RuntimeConfig:
                 f"--runtime {self.runtime!r}: use dynamo_nb (the kit's) or dynamo (NVIDIA Dynamo's)"
             )
         security = PlaneSecurity.from_settings(
-            self.cluster_secret_file, self.tls_cert, self.tls_key, self.tls_ca
+            self.cluster_secret_file, self.tls_cert, self.tls_key, self.tls_ca, self.allow_unauthenticated
         )
         configure(security)
         runtime = await DistributedRuntime.create(

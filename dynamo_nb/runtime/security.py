@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import AuthenticationError, ConfigError
+from .addresses import is_loopback
 
 __all__ = [
     "BOOTSTRAP",
@@ -171,10 +172,32 @@ class PlaneSecurity:
 
     secret: ClusterSecret | None = None
     tls: TlsFiles | None = None
+    allow_unauthenticated: bool = False  # listen off loopback with neither (a trusted network)
 
     @property
     def enabled(self) -> bool:
         return self.secret is not None or self.tls is not None
+
+    def check_listener(self, host: str, what: str) -> None:
+        """Refuse (`ConfigError`) to listen on ``host`` when it is not loopback and nothing
+        authenticates peers: anyone who reaches the port could make the worker generate. As
+        Redis's protected mode: loopback stays zero-config, and ``allow_unauthenticated`` (the
+        ``--allow-unauthenticated`` flag, ``DYN_NB_ALLOW_UNAUTHENTICATED=1``) opts out.
+
+        Example:
+            >>> PlaneSecurity().check_listener("127.0.0.1", "the TCP plane")
+            >>> PlaneSecurity().check_listener("0.0.0.0", "the TCP plane")
+            Traceback (most recent call last):
+            ...
+            dynamo_nb.errors.ConfigError: the TCP plane would listen on 0.0.0.0 with no cluster secret and no TLS, so anyone who reaches it could use it: set DYN_NB_CLUSTER_SECRET (or --cluster-secret-file FILE, or --tls-cert/--tls-key) on every process of the cluster, or pass --allow-unauthenticated on a network you trust
+        """
+        if self.enabled or self.allow_unauthenticated or is_loopback(host.strip("[]")):
+            return
+        raise ConfigError(
+            f"{what} would listen on {host} with no cluster secret and no TLS, so anyone who reaches it "
+            "could use it: set DYN_NB_CLUSTER_SECRET (or --cluster-secret-file FILE, or --tls-cert/--tls-key) "
+            "on every process of the cluster, or pass --allow-unauthenticated on a network you trust"
+        )
 
     @classmethod
     def from_settings(
@@ -183,9 +206,11 @@ class PlaneSecurity:
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_ca: str | None = None,
+        allow_unauthenticated: bool = False,
     ) -> PlaneSecurity:
         """From flags (a secret file, TLS files), else ``$DYN_NB_CLUSTER_SECRET``; checked now,
-        so a wrong path fails at start with what to change."""
+        so a wrong path fails at start with what to change. ``allow_unauthenticated`` (or
+        ``$DYN_NB_ALLOW_UNAUTHENTICATED=1``): listen off loopback without either."""
         secret = None
         if secret_file:
             secret = ClusterSecret.from_file(secret_file)
@@ -199,7 +224,8 @@ class PlaneSecurity:
         if tls is not None:
             tls.server_context()
             tls.client_context()
-        return cls(secret, tls)
+        allow = allow_unauthenticated or os.environ.get("DYN_NB_ALLOW_UNAUTHENTICATED", "") in ("1", "true")
+        return cls(secret, tls, allow)
 
     @classmethod
     def from_env(cls) -> PlaneSecurity:

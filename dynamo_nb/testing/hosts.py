@@ -38,6 +38,7 @@ import json
 import os
 import queue
 import re
+import secrets
 import shutil
 import socket
 import subprocess
@@ -142,9 +143,12 @@ class Host:
         return ["ip", "netns", "exec", self.netns, *command]
 
     async def launch(self, program: str | os.PathLike[str], *args: Any, **kwargs: Any) -> ManagedProcess:
-        """`dynamo_nb.launch.launch` inside this host (same READY lines, same clean stop)."""
+        """`dynamo_nb.launch.launch` inside this host (same READY lines, same clean stop), with
+        the network's cluster secret in ``DYN_NB_CLUSTER_SECRET`` (a component listening on a
+        host's address needs one; an ``env`` given wins)."""
         from ..launch.launcher import launch
 
+        kwargs["env"] = {"DYN_NB_CLUSTER_SECRET": self.network.cluster_secret, **(kwargs.get("env") or {})}
         return await launch(program, *args, host=self, **kwargs)
 
     async def services(self, *, etcd: bool = True, nats: bool = True, timeout: float = 30.0) -> LocalServices:
@@ -227,6 +231,7 @@ class HostNetwork:
     Attributes:
         hosts: the hosts by name, in the order given.
         subnet: the addresses' network (inside `TEST_NETWORK`).
+        cluster_secret: the secret every component launched on these hosts gets (``DYN_NB_CLUSTER_SECRET``).
     """
 
     def __init__(
@@ -240,6 +245,8 @@ class HostNetwork:
         self._services: list[LocalServices] = []
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        # what every component launched on these hosts authenticates its peers with
+        self.cluster_secret = secrets.token_hex(32)
         self._replies: queue.Queue[bytes] = queue.Queue()
         threading.Thread(target=self._read_replies, name="dynamo_nb netswitch replies", daemon=True).start()
 

@@ -476,6 +476,7 @@ class TcpPlane(RequestPlane):
         async with self._listen_lock:
             if self._listener is not None:
                 return
+            self.security.check_listener(self.host, "the TCP request plane")
             loop = asyncio.get_running_loop()
             try:
                 self._listener = await loop.create_server(
