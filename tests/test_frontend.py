@@ -291,6 +291,30 @@ async def test_bad_input_gets_an_openai_error_envelope(
     assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
 
 
+async def test_a_long_prompt_is_refused_after_tokenizing_only_its_head(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt the characters-per-token floor cannot refuse, but whose first 8 × context
+    characters alone overflow the context: refused after tokenizing those, not all of it."""
+    model = served.frontend.models.get(MODEL)
+    assert model is not None and model.card.context_length == 1024
+    seen: list[int] = []
+    encode = model.tokenizer.encode
+    monkeypatch.setattr(
+        model.tokenizer, "encode", lambda text, **kw: seen.append(len(text)) or encode(text, **kw)
+    )
+    prompt = "word " * 6000  # 30,000 characters: under the floor's 34 a token, about 6,000 tokens
+    assert model.tokenizer.fewest_tokens(prompt) < 1024
+    response = await served.http.post("/v1/completions", json={"model": MODEL, "prompt": prompt})
+    assert response.status_code == 400, response.text
+    assert "its first 8192 alone are" in response.json()["error"]["message"]
+    assert seen == [8 * 1024]  # the head only
+    seen.clear()
+    fits = {"model": MODEL, "prompt": "word " * 100, "max_tokens": 2}
+    assert (await served.http.post("/v1/completions", json=fits)).status_code == 200
+    assert seen == [len("word " * 100)]  # a prompt under the head's length: tokenized once
+
+
 async def test_text_beyond_the_bmp_is_served(served: Served) -> None:
     content = json.dumps({**GOOD, "messages": [{"role": "user", "content": "hi \U0001f600"}]})
     assert "\\ud83d\\ude00" in content  # escaped as a surrogate pair, as json.dumps does

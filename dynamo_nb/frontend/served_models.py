@@ -44,6 +44,12 @@ from ..runtime.names import EndpointPath
 from ..telemetry.tracing import inject_trace, span
 from .admission import DEFAULT_QUEUE_TIMEOUT, Admission
 
+# A prompt longer than this many characters per token of the model's context is tokenized in
+# two steps: its head first (typical text has 3-5 characters a token), refused if that alone
+# overflows the context by more than the few tokens a cut through a word can add.
+HEAD_CHARS_PER_TOKEN = 8
+HEAD_CUT_TOKENS = 8
+
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
 
@@ -138,8 +144,7 @@ class ServedModel:
         tokenized off the event loop."""
         if kind == "chat":
             text = self.tokenizer.render_chat(messages or [], add_generation_prompt=True)
-            self._refuse_past_context(text, "messages")
-            return await self.tokenizer.encode_off_loop(text, add_special_tokens=False)
+            return await self._encode_within_context(text, "messages", add_special_tokens=False)
         if isinstance(prompt, list):
             vocab = self.tokenizer.vocab_size
             bad = [t for t in prompt if not 0 <= t < vocab]
@@ -148,22 +153,35 @@ class ServedModel:
                     f"prompt token ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})", param="prompt"
                 )
             return prompt
-        self._refuse_past_context(prompt or "", "prompt")
-        return await self.tokenizer.encode_off_loop(prompt or "", add_special_tokens=True)
+        return await self._encode_within_context(prompt or "", "prompt", add_special_tokens=True)
 
-    def _refuse_past_context(self, text: str, param: str) -> None:
-        """A 400 for a text longer than the context can hold however it tokenizes (one huge body
-        would otherwise hold the event loop and gigabytes while it is tokenized)."""
+    async def _encode_within_context(self, text: str, param: str, *, add_special_tokens: bool) -> list[int]:
+        """Token ids of ``text``, with the work bounded by the model's context: a 400 for a text
+        longer than the context can hold however it tokenizes (without tokenizing it), else for
+        one whose first `HEAD_CHARS_PER_TOKEN` × context characters alone overflow it (tokenizing
+        only those); a long text is tokenized off the event loop. One huge body would otherwise
+        hold the event loop, or a thread, and gigabytes while it is tokenized whole."""
         context = self.card.context_length
-        if not context:
-            return
-        fewest = self.tokenizer.fewest_tokens(text)
-        if fewest >= context:
-            raise InvalidRequestError(
-                f"the prompt is {len(text)} characters, at least {fewest} tokens, and {self.name!r} "
-                f"has a context of {context}: shorten it",
-                param=param,
-            )
+        encode = self.tokenizer.encode_off_loop
+        if context:
+            fewest = self.tokenizer.fewest_tokens(text)
+            if fewest >= context:
+                raise InvalidRequestError(
+                    f"the prompt is {len(text)} characters, at least {fewest} tokens, and {self.name!r} "
+                    f"has a context of {context}: shorten it",
+                    param=param,
+                )
+            head_chars = HEAD_CHARS_PER_TOKEN * context
+            if len(text) > head_chars:
+                head = await encode(text[:head_chars], add_special_tokens=add_special_tokens)
+                # a cut through a word adds at most a few tokens that the whole text would not have
+                if len(head) > context + HEAD_CUT_TOKENS:
+                    raise InvalidRequestError(
+                        f"the prompt is {len(text)} characters, and its first {head_chars} alone are "
+                        f"{len(head)} tokens; {self.name!r} has a context of {context}: shorten it",
+                        param=param,
+                    )
+        return await encode(text, add_special_tokens=add_special_tokens)
 
 
 class ModelManager:
