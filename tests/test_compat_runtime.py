@@ -13,7 +13,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
+import aetcd
 import httpx
 import pytest
 from helpers import ROOT
@@ -24,6 +26,9 @@ from dynamo_nb.compat.runtime import Context, DistributedRuntime, dynamo_endpoin
 pytestmark = pytest.mark.timeout(120)
 
 SHAPED = ROOT / "tests" / "dynamo_shaped"
+# Seconds a program gets to end after a signal it must end on: far above a busy machine's delay
+# (Dynamo 1.6.1 takes 0.3 s), while a program that ignores the signal never ends and fails it.
+SIGNALLED_EXIT_WITHIN = 60.0
 
 
 async def test_a_dynamo_worker_and_client_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -115,6 +120,15 @@ def environments(services: Any, tmp_path: Path) -> dict[str, dict[str, str]]:
         "etcd-nats": {**etcd, "DYN_REQUEST_PLANE": "nats", "NATS_SERVER": services.nats_url},
         "file-tcp": {"DYN_NB_DISCOVERY": f"file://{tmp_path / 'kv'}"},
     }
+
+
+async def stored_instance_keys(services: Any, tmp_path: Path, mode: str) -> str:
+    """Every instance record the discovery store of ``mode`` holds now, as one text."""
+    if mode.startswith("file"):
+        return " ".join(unquote(path.name) for path in (tmp_path / "kv" / "keys").iterdir())
+    host, port = services.etcd_url.removeprefix("etcd://").split(":")
+    async with aetcd.Client(host=host, port=int(port)) as etcd:
+        return " ".join(kv.key.decode() for kv in await etcd.get_prefix(b"v1/instances/"))
 
 
 def use_environment(
@@ -239,7 +253,8 @@ async def test_a_signal_ends_a_looping_dynamo_client(
             )  # fmt: skip
         try:
             client.send_signal(signum)
-            returncode = await client.wait(timeout=5)  # Dynamo 1.6.1: 0.3 s
+            # Dynamo 1.6.1 ends in 0.3 s; one that ignores the signal never ends (the loop is endless)
+            returncode = await client.wait(timeout=SIGNALLED_EXIT_WITHIN)
             assert returncode in (-signum, 1, 128 + signum), returncode  # ended by the signal, not by itself
             if signum == signal.SIGINT:
                 assert any("KeyboardInterrupt" in line for line in client.logs()), client.tail()
@@ -262,12 +277,18 @@ async def test_sigterm_ends_a_dynamo_worker_after_it_left_discovery(
         client = await watcher.endpoint("hello_world.backend.generate").client()
         assert worker.instance_id in await client.wait_for_instances(timeout=10)
         worker.send_signal(signal.SIGTERM)
-        assert await worker.wait(timeout=5) == -signal.SIGTERM
-        for _ in range(40):
-            if worker.instance_id not in client.instance_ids():
-                break
-            await asyncio.sleep(0.05)
-        assert worker.instance_id not in client.instance_ids()  # within 2 s; a lease takes 10
+        assert await worker.wait(timeout=SIGNALLED_EXIT_WITHIN) == -signal.SIGTERM
+        # it deleted its record before it exited: the store no longer has it now (a record
+        # left for its lease to expire would still be there for 10 s)
+        assert f"{worker.instance_id:x}" not in await stored_instance_keys(services, tmp_path, mode)
+
+        async def the_watch_hears_it() -> None:
+            while True:
+                if worker.instance_id not in client.instance_ids():
+                    return
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(the_watch_hears_it(), SIGNALLED_EXIT_WITHIN)
     finally:
         await watcher.shutdown_async()
 
@@ -324,8 +345,9 @@ def cancellations(server: Any) -> int:
 
 # Seconds from the moment a caller lets a request go until the server sees it stopped. On Dynamo
 # 1.6.1 and here the stop arrives within one server iteration (0.1 s); a stop that is lost is
-# seen only when the server's 1000 iterations end (100 s).
-STOP_SEEN_WITHIN = 2.5
+# seen only when the server's 1000 iterations end (100 s). The bound lies far from both, so a
+# busy machine never fails it and a lost stop always does.
+STOP_SEEN_WITHIN = 30.0
 
 HOW_A_CALLER_LETS_GO = {
     "etcd-tcp": [("server", "stop"), ("server", "break"), ("server", "exit"), ("server", "die"),
