@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -171,6 +172,8 @@ def test_notebooks_are_stored_executed_without_widget_state(notebook: Path) -> N
     assert "widgets" not in stored.metadata, "re-execute with --ExecutePreprocessor.store_widget_state=False"
     code = [cell for cell in stored.cells if cell.cell_type == "code" and cell.source.strip()]
     assert code and all(cell.execution_count is not None for cell in code), "store the notebook executed"
+    ids = [cell["id"] for cell in json.loads(notebook.read_text())["cells"]]
+    assert len(set(ids)) == len(ids), "two cells share an id (a copied cell): give the copy its own"
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
