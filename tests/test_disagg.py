@@ -289,6 +289,16 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
     await bench.wait_for_model(url, "tiny-llama", timeout=30)
     body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 16, "temperature": 0}
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+
+        async def both_prefill_workers_known() -> None:  # else both requests may take one path
+            while True:
+                health = (await http.get("/health")).json()
+                known = {int(i["instance_id"], 16) for i in health.get("prefill_instances", [])}
+                if {fast_id, fallback_id} <= known:
+                    return
+                await asyncio.sleep(0.1)
+
+        await asyncio.wait_for(both_prefill_workers_known(), 60)
         seen = {}
         for _ in range(2):  # round robin over the two prefill workers: one of each path
             response = await http.post("/v1/completions", json=body)
