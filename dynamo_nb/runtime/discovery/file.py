@@ -120,10 +120,15 @@ class FileDiscovery(KeyValueDiscovery):
             return
         self._closed = True
         await cancel_tasks(self._tasks)
-        for key in list(self._owned):
-            self._unlink(self._keys / _file_name(key, self.connection_id))
-        self._owned.clear()
-        self._unlink(self._leases / f"{self.connection_id:x}")
+        await asyncio.to_thread(self._remove_own_files)
+
+    def _remove_own_files(self) -> None:
+        """Our keys and lease, removed once no scan of ours is writing them back (the lock)."""
+        with self._scanning:
+            for key in list(self._owned):
+                self._unlink(self._keys / _file_name(key, self.connection_id))
+            self._owned.clear()
+            self._unlink(self._leases / f"{self.connection_id:x}")
 
     async def put(self, key: str, value: bytes) -> None:
         self._owned[key] = value
@@ -153,9 +158,14 @@ class FileDiscovery(KeyValueDiscovery):
             folder.mkdir(parents=True, exist_ok=True)
 
     def _recover_if_wiped(self) -> bool:
+        with self._scanning:
+            return self._recover_unlocked()
+
+    def _recover_unlocked(self) -> bool:
         """Whether the folder was wiped since we last looked (this runtime's own lease file is
         gone, which only its close removes); if so, make the folders again and write our lease
-        and keys back at once. Runs in a thread."""
+        and keys back at once. Runs in a thread, holding ``_scanning`` (so a close that removes
+        our files never races it)."""
         if self._closed or (self._leases / f"{self.connection_id:x}").exists():
             return False
         logger.warning("file discovery: %s was wiped; writing this process's lease and keys again", self.root)
@@ -194,9 +204,10 @@ class FileDiscovery(KeyValueDiscovery):
     def _scan_noting_wipes(self) -> tuple[dict[str, bytes], bool]:
         """`_scan`, and whether the folder was wiped before or while it ran (the snapshot may
         then lack keys whose owners have not written them again yet)."""
-        wiped = self._recover_if_wiped()
-        snapshot = self._scan()
-        return snapshot, self._recover_if_wiped() or wiped
+        with self._scanning:
+            wiped = self._recover_unlocked()
+            snapshot = self._scan_unlocked()
+            return snapshot, self._recover_unlocked() or wiped
 
     def _scan_unlocked(self) -> dict[str, bytes]:
         now = time.time()
