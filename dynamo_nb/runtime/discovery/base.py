@@ -225,6 +225,13 @@ class Discovery(ABC):
 class KeyValueDiscovery(Discovery):
     """A discovery backend over a key-value store whose keys live as long as the runtime."""
 
+    lease_ttl: float = 0.0  # seconds a dead runtime's keys outlive it (a backend with leases sets it)
+
+    @property
+    def retain_seconds(self) -> float:
+        """How long the keys a reset lost stay listed while their owners write them again."""
+        return 3.0 * self.lease_ttl
+
     @abstractmethod
     async def put(self, key: str, value: bytes) -> None:
         """Write a key owned by this runtime (removed when it shuts down or dies)."""

@@ -100,8 +100,6 @@ class EtcdDiscovery(KeyValueDiscovery):
             )
         self.lease_ttl = math.ceil(lease_ttl)
         self.connect_timeout = connect_timeout
-        # keys a reset lost stay listed this long while their owners write them again
-        self.retain_seconds = 3.0 * self.lease_ttl
         self._client: aetcd.Client | None = None
         self._lease_id = 0
         self._owned: dict[str, bytes] = {}
@@ -165,8 +163,9 @@ class EtcdDiscovery(KeyValueDiscovery):
     async def _keep_alive(self) -> None:
         """Renew the lease every third of its TTL. While etcd is away, keep trying twice a second
         (the cached views serve on); once it answers, re-grant a lost lease (the same id) and put
-        back every key we own that it may not hold, without restarting anything: a worker is
-        registered again within half a second of etcd's return, even with its data lost."""
+        back every key we own that it may not hold, without restarting anything: even with its data
+        lost, a worker is registered again at its next renewal (within half a second of etcd's
+        return once it has seen etcd away)."""
         interval = max(self.lease_ttl / 3, 0.3)
         while not self._closed:
             await asyncio.sleep(min(interval, _OUTAGE_RETRY_SECONDS) if self._outage else interval)

@@ -85,8 +85,6 @@ class FileDiscovery(KeyValueDiscovery):
             raise ConfigError(f"lease_ttl must be more than {3 * poll_interval:g} s, got {lease_ttl}")
         self.lease_ttl = lease_ttl
         self.poll_interval = poll_interval
-        # keys a wipe of the folder lost stay listed this long while their owners write them again
-        self.retain_seconds = 3.0 * lease_ttl
         self._leases = self.root / "leases"
         self._keys = self.root / "keys"
         self._owned: dict[str, bytes] = {}
