@@ -32,6 +32,7 @@ SHAPES = (
     ("[/", "/]"), ("[\\", "\\]"), ("[", "]"), ("(", ")"), ("{", "}"), (">", "]"),
 )  # fmt: skip
 NODE_ID = re.compile(r"[A-Za-z0-9_]+")
+SUBGRAPH = re.compile(r'subgraph\s+(?:[A-Za-z0-9_]+(?:\s*\[(?:"[^"]*"|[^\[\]"()]*)\])?|"[^"]*")')
 # -->, --->, ---, ==>, ===, -.->, -.-, with an optional start arrow and circle/cross ends
 PLAIN_LINK = re.compile(r"<?(?:-{2,}[->ox]|={2,}[=>ox]|-\.+-[>ox]?)")
 TEXT_LINKS = (  # -- text -->, == text ==>, -. text .->
@@ -143,10 +144,18 @@ def _flowchart(body: list[tuple[int, str]]) -> list[str]:
     for number, line in body:
         for statement in (part.strip() for part in line.split(";")):
             word = statement.split(maxsplit=1)[0] if statement else ""
-            if not statement or word in ("style", "classDef", "class", "linkStyle", "click"):
+            if not statement:
                 continue
-            if word == "subgraph":
+            if word in ("style", "classDef", "class", "linkStyle", "click"):
+                problems.append(
+                    f"line {number}: {word!r} lines are outside what this checker knows (extend it)"
+                )
+            elif word == "subgraph":
                 depth += 1
+                if SUBGRAPH.fullmatch(statement) is None or statement.split()[1] in FLOW_KEYWORDS:
+                    problems.append(
+                        f'line {number}: {statement!r}: subgraph NAME, subgraph NAME[text] or subgraph "text"'
+                    )
             elif word == "end":
                 depth -= 1
                 if depth < 0:

@@ -259,3 +259,34 @@ def test_a_component_gives_up_on_etcd_after_its_connect_timeout(tmp_path: Path) 
     assert result.returncode != 0
     assert "waiting for etcd at etcd://127.0.0.1:1" in result.stderr
     assert "could not reach etcd" in result.stderr and "LocalServices" in result.stderr
+
+
+async def test_a_restart_after_a_reset_is_not_taken_for_another_reset(
+    private_services: LocalServices, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd back empty is a reset (its revision fell); etcd restarted again with its data is
+    not, though its revision is still below the one seen before the reset."""
+    services = private_services
+    runtime = await DistributedRuntime.create(services.etcd_url, "tcp")
+    try:
+        host, etcd_port = services.etcd_url.removeprefix("etcd://").split(":")
+        async with aetcd.Client(host=host, port=int(etcd_port)) as etcd:
+            for n in range(30):  # a revision well above what the empty store reaches (no owner
+                await etcd.put(f"v1/reset/{n}".encode(), b"x")  # writes these again)
+        watch = await runtime.discovery.watch_prefix("v1/reset/")
+        resets = "came back at revision"
+        for lose_data in (True, False):
+            await services.kill("etcd")
+            await services.restart("etcd", lose_data=lose_data)
+            value = str(lose_data).encode()
+
+            async def resynced(value: bytes = value) -> bool:
+                # written by another client: this watch sees it once it follows etcd again
+                async with aetcd.Client(host=host, port=int(etcd_port)) as etcd:
+                    await etcd.put(b"v1/reset/again", value)
+                return watch.items.get("v1/reset/again") == value
+
+            assert await until(resynced, timeout=30)
+        assert sum(resets in record.getMessage() for record in caplog.records) == 1, caplog.text
+    finally:
+        await runtime.shutdown(grace=0)

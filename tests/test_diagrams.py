@@ -55,3 +55,14 @@ def test_the_old_diagram_of_notebook_12_is_refused_naming_the_node() -> None:
         "line 2: a node named 'graph', a Mermaid keyword (rename it)",
         "line 3: a node named 'graph', a Mermaid keyword (rename it)",
     ]
+
+
+def test_subgraph_titles_and_style_lines_are_checked_too() -> None:
+    """A subgraph named by a keyword or with brackets in an unquoted title is refused, and so are
+    style and class lines, which this checker does not know (rather than passing them unread)."""
+    good = 'flowchart LR\n  subgraph one["the (first) one"]\n    a --> b\n  end\n  subgraph "two"\n  end\n'
+    assert mermaid_problems(good) == []
+    for line in ("subgraph end", "subgraph one[a (b)]", 'subgraph one["unclosed]'):
+        assert mermaid_problems(f"flowchart LR\n  {line}\n    a --> b\n  end\n"), line
+    for line in ("style a fill:#f9f", "classDef warm fill:#f96", "class a warm"):
+        assert mermaid_problems(f"flowchart LR\n  a --> b\n  {line}\n"), line

@@ -165,3 +165,20 @@ async def test_a_wiped_folder_loses_no_request(tmp_path: Path, wipe: str) -> Non
     finally:
         await caller.shutdown(grace=0)
         await worker.shutdown(grace=0)
+
+
+async def test_a_wipe_the_keep_alive_noticed_first_still_reaches_the_watches(tmp_path: Path) -> None:
+    """The lease keep-alive can notice a wipe before the poll does; it writes the lease back, so
+    the folder no longer shows the wipe, yet the next scan must still report it (else the
+    watches drop the keys whose owners have not written them again)."""
+    discovery = FileDiscovery(f"file://{tmp_path / 'discovery'}", lease_ttl=60)
+    await discovery.start()
+    try:
+        await discovery.put("v1/mine", b"1")
+        shutil.rmtree(tmp_path / "discovery")
+        await asyncio.to_thread(discovery._refresh_lease)  # the keep-alive's step, first
+        snapshot, wiped = await asyncio.to_thread(discovery._scan_noting_wipes)
+        assert (snapshot, wiped) == ({"v1/mine": b"1"}, True)
+        assert (await asyncio.to_thread(discovery._scan_noting_wipes))[1] is False  # told once
+    finally:
+        await discovery.close()

@@ -379,6 +379,15 @@ async def test_off_loopback_a_plane_without_a_secret_or_tls_refuses_to_listen() 
     await (await BootstrapServer.start("127.0.0.1", security=plain)).stop()  # loopback: zero-config
 
 
+def test_off_loopback_only_a_secret_or_mutual_tls_counts() -> None:
+    """TLS that only encrypts (no CA to check clients against), or a CA alone, lets any client in."""
+    for tls in (TlsFiles("node.pem", "node.key"), TlsFiles(ca="ca.pem")):
+        with pytest.raises(ConfigError, match="no mutual TLS"):
+            PlaneSecurity(tls=tls).check_listener("0.0.0.0", "the TCP request plane")
+    PlaneSecurity(tls=TlsFiles("node.pem", "node.key", "ca.pem")).check_listener("0.0.0.0", "the plane")
+    PlaneSecurity(SECRET).check_listener("0.0.0.0", "the TCP request plane")
+
+
 @pytest.mark.processes
 async def test_a_worker_on_a_wildcard_without_a_secret_refuses_to_start_naming_the_flag(
     tmp_path: Path,

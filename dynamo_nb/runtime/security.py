@@ -178,6 +178,17 @@ class PlaneSecurity:
     def enabled(self) -> bool:
         return self.secret is not None or self.tls is not None
 
+    @property
+    def authenticates_peers(self) -> bool:
+        """Whether a stranger is refused: a cluster secret, or mutual TLS (a certificate and a CA
+        that clients' certificates are checked against). TLS without a CA only encrypts.
+
+        Example:
+            >>> PlaneSecurity(tls=TlsFiles("cert.pem", "key.pem")).authenticates_peers
+            False
+        """
+        return self.secret is not None or (self.tls is not None and bool(self.tls.cert and self.tls.ca))
+
     def check_listener(self, host: str, what: str) -> None:
         """Refuse (`ConfigError`) to listen on ``host`` when it is not loopback and nothing
         authenticates peers: anyone who reaches the port could make the worker generate. As
@@ -189,14 +200,15 @@ class PlaneSecurity:
             >>> PlaneSecurity().check_listener("0.0.0.0", "the TCP plane")
             Traceback (most recent call last):
             ...
-            dynamo_nb.errors.ConfigError: the TCP plane would listen on 0.0.0.0 with no cluster secret and no TLS, so anyone who reaches it could use it: set DYN_NB_CLUSTER_SECRET (or --cluster-secret-file FILE, or --tls-cert/--tls-key) on every process of the cluster, or pass --allow-unauthenticated on a network you trust
+            dynamo_nb.errors.ConfigError: the TCP plane would listen on 0.0.0.0 with no cluster secret and no mutual TLS, so anyone who reaches it could use it: set DYN_NB_CLUSTER_SECRET (or --cluster-secret-file FILE, or --tls-cert, --tls-key and --tls-ca) on every process of the cluster, or pass --allow-unauthenticated on a network you trust
         """
-        if self.enabled or self.allow_unauthenticated or is_loopback(host.strip("[]")):
+        if self.authenticates_peers or self.allow_unauthenticated or is_loopback(host.strip("[]")):
             return
         raise ConfigError(
-            f"{what} would listen on {host} with no cluster secret and no TLS, so anyone who reaches it "
-            "could use it: set DYN_NB_CLUSTER_SECRET (or --cluster-secret-file FILE, or --tls-cert/--tls-key) "
-            "on every process of the cluster, or pass --allow-unauthenticated on a network you trust"
+            f"{what} would listen on {host} with no cluster secret and no mutual TLS, so anyone who reaches "
+            "it could use it: set DYN_NB_CLUSTER_SECRET (or --cluster-secret-file FILE, or --tls-cert, "
+            "--tls-key and --tls-ca) on every process of the cluster, or pass --allow-unauthenticated on a "
+            "network you trust"
         )
 
     @classmethod
@@ -224,7 +236,8 @@ class PlaneSecurity:
         if tls is not None:
             tls.server_context()
             tls.client_context()
-        allow = allow_unauthenticated or os.environ.get("DYN_NB_ALLOW_UNAUTHENTICATED", "") in ("1", "true")
+        allowed_by_env = os.environ.get("DYN_NB_ALLOW_UNAUTHENTICATED", "").strip().lower()
+        allow = allow_unauthenticated or allowed_by_env in ("1", "true", "yes", "on")
         return cls(secret, tls, allow)
 
     @classmethod

@@ -106,6 +106,7 @@ class EtcdDiscovery(KeyValueDiscovery):
         self._unpublished: set[str] = set()  # owned keys etcd may not hold (a put failed, a lease was lost)
         self._outage = False  # logged once per outage
         self._tasks: list[asyncio.Task[None]] = []
+        self._timers: list[asyncio.TimerHandle] = []  # retained keys' drops, after a reset
         self._closed = False
 
     def describe(self) -> str:
@@ -211,6 +212,8 @@ class EtcdDiscovery(KeyValueDiscovery):
             return
         self._closed = True
         await cancel_tasks(self._tasks)
+        for timer in self._timers:
+            timer.cancel()
         if self._client is not None:
             try:
                 await asyncio.wait_for(self._client.revoke_lease(self._lease_id), 2.0)
@@ -268,10 +271,13 @@ class EtcdDiscovery(KeyValueDiscovery):
                         self.shown, revision, seen_revision,
                     )  # fmt: skip
                     retain = self.retain_seconds
-                    asyncio.get_running_loop().call_later(retain + 0.05, watch.drop_retained)
+                    self._timers.append(  # cancelled at close (a reset is rare: the list stays short)
+                        asyncio.get_running_loop().call_later(retain + 0.05, watch.drop_retained)
+                    )
                 snapshot_items = {kv.key.decode(): kv.value for kv in snapshot}
                 watch.replace_all(snapshot_items, reset=reset, retain_seconds=self.retain_seconds)
-                seen_revision = max(seen_revision, revision)
+                # after a reset the store counts again from its new revision
+                seen_revision = revision if reset else max(seen_revision, revision)
                 if not first_sync.done():
                     first_sync.set_result(None)
                 events = await self.client.watch_prefix(prefix, start_revision=revision + 1)

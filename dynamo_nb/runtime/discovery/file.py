@@ -91,6 +91,7 @@ class FileDiscovery(KeyValueDiscovery):
         self._watches: list[PrefixWatch] = []
         self._cache: dict[str, tuple[int, bytes]] = {}  # file name → (mtime_ns, value)
         self._scanning = threading.Lock()  # scans run in threads
+        self._wipe_noticed = False  # a wipe recovered from, not yet told to the watches (the poll does)
         self._ttls: dict[str, float] = {}  # lease file → the TTL its runtime wrote in it
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
@@ -155,10 +156,6 @@ class FileDiscovery(KeyValueDiscovery):
         for folder in (self._leases, self._keys, self.root / "tmp"):
             folder.mkdir(parents=True, exist_ok=True)
 
-    def _recover_if_wiped(self) -> bool:
-        with self._scanning:
-            return self._recover_unlocked()
-
     def _recover_unlocked(self) -> bool:
         """Whether the folder was wiped since we last looked (this runtime's own lease file is
         gone, which only its close removes); if so, make the folders again and write our lease
@@ -167,11 +164,26 @@ class FileDiscovery(KeyValueDiscovery):
         if self._closed or (self._leases / f"{self.connection_id:x}").exists():
             return False
         logger.warning("file discovery: %s was wiped; writing this process's lease and keys again", self.root)
+        self._wipe_noticed = True
         self._make_folders()
         self._touch_lease()
-        for key, value in list(self._owned.items()):
+        for key, value in self._owned.copy().items():  # a copy: put and delete run on the loop
             self._write(key, value)
         return True
+
+    def _refresh_lease(self) -> None:
+        """The keep-alive's step, in a thread: recover from a wipe, or refresh our lease and put
+        back any key of ours a reader removed (it judged us stalled)."""
+        with self._scanning:
+            if self._recover_unlocked() or self._closed:
+                return
+            self._touch_lease()
+            for key, value in self._owned.copy().items():
+                if not (self._keys / _file_name(key, self.connection_id)).exists():
+                    logger.warning(
+                        "file discovery: %s was removed (this process stalled?); writing it again", key
+                    )
+                    self._write(key, value)
 
     def _write(self, key: str, value: bytes) -> None:
         self._replace(self._keys / _file_name(key, self.connection_id), value)
@@ -200,12 +212,15 @@ class FileDiscovery(KeyValueDiscovery):
             return self._scan_unlocked()
 
     def _scan_noting_wipes(self) -> tuple[dict[str, bytes], bool]:
-        """`_scan`, and whether the folder was wiped before or while it ran (the snapshot may
-        then lack keys whose owners have not written them again yet)."""
+        """`_scan`, and whether the folder was wiped since the last one (the snapshot may then
+        lack keys whose owners have not written them again yet). A wipe the keep-alive noticed
+        first counts too: it wrote our lease back, so the folder alone no longer shows it."""
         with self._scanning:
-            wiped = self._recover_unlocked()
+            self._recover_unlocked()
             snapshot = self._scan_unlocked()
-            return snapshot, self._recover_unlocked() or wiped
+            self._recover_unlocked()
+            wiped, self._wipe_noticed = self._wipe_noticed, False
+            return snapshot, wiped
 
     def _scan_unlocked(self) -> dict[str, bytes]:
         now = time.time()
@@ -254,15 +269,7 @@ class FileDiscovery(KeyValueDiscovery):
         while not self._closed:
             await asyncio.sleep(interval)
             try:
-                if await asyncio.to_thread(self._recover_if_wiped):
-                    continue
-                self._touch_lease()
-                for key, value in list(self._owned.items()):
-                    if not (self._keys / _file_name(key, self.connection_id)).exists():
-                        logger.warning(
-                            "file discovery: %s was removed (this process stalled?); writing it again", key
-                        )
-                        self._write(key, value)
+                await asyncio.to_thread(self._refresh_lease)
             except OSError as exc:
                 logger.warning("file discovery lease refresh failed (%s); retrying", exc)
 
