@@ -4,7 +4,7 @@ A stub OpenAI server (`dynamo_nb.testing.stub_server`, its own process: every an
 precomputed write) answers streamed 32-token chat requests. In the same run, at each
 concurrency, this process drives it two ways:
 
-- ``bench.run``: the real load generator (its own HTTP/1.1 client, ``bench.lean_http``, SSE
+- ``bench.run``: the real load generator (its own HTTP/1.1 client, ``http.lean_client``, SSE
   parsing, a record per request with TTFT, every inter-token gap, usage and worker ids);
 - baseline 1, aiohttp alone: aiohttp's client posting the same bodies and reading each whole
   answer, with no SSE parsing and no records (what `bench.run` used before its own client);

@@ -183,7 +183,7 @@ def test_building_a_workers_parser_loads_no_http_app_no_netns_harness_no_stub_se
         "from dynamo_nb.flags import hf_worker_parser\n"
         "hf_worker_parser().parse_args([])\n"
         "print(sorted(m for m in sys.modules if m.startswith(("
-        "'dynamo_nb.frontend.app', 'dynamo_nb.frontend.http1', 'dynamo_nb.testing.hosts', "
+        "'dynamo_nb.frontend.app', 'dynamo_nb.testing.hosts', "
         "'dynamo_nb.testing.netswitch', 'dynamo_nb.testing.stub_server'))))\n"
     )
     out = subprocess.run(

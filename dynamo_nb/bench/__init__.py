@@ -5,8 +5,8 @@ Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
 - ``runner.py``: `run`, a load sweep over concurrency levels (closed loop) or request rates
   (open loop), one row per request; `wait_for_model`;
 - ``records.py``: `records_frame`, a run's records as a DataFrame;
-- ``http_client.py``: one timed request (TTFT, inter-token gaps, usage, workers), the row of `run`;
-  ``lean_http.py``: `LeanHttpClient`, the small HTTP/1.1 client it sends with;
+- ``http_client.py``: one timed request (TTFT, inter-token gaps, usage, workers), the row of `run`
+  (sent with `dynamo_nb.http.LeanHttpClient`);
 - ``prompts.py``: prompt sets (random, shared system prompt, multi-turn conversations);
 - ``progress.py``: a sweep's progress bar; ``live.py``: `live`, a chart redrawn while `run` goes;
 - ``stats.py``: `summary` (percentiles and throughput per level), JSON and CSV in and out;

@@ -17,7 +17,7 @@ import re
 from time import perf_counter
 from typing import Any
 
-from .lean_http import HttpAnswer, LeanHttpClient
+from ..http.lean_client import HttpAnswer, LeanHttpClient
 
 __all__ = ["RECORD_COLUMNS", "send_request", "text_pieces"]
 

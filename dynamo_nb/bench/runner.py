@@ -13,8 +13,8 @@ import aiohttp
 import pandas as pd
 
 from ..errors import ConfigError, NoInstancesError
+from ..http.lean_client import LeanHttpClient
 from .http_client import RECORD_COLUMNS, send_request
-from .lean_http import LeanHttpClient
 from .progress import progress_bar
 from .prompts import Prompt, as_prompts
 from .records import records_frame

@@ -24,8 +24,8 @@ from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..http.lean_client import LeanHttpClient
 from .http_client import RECORD_COLUMNS, send_request
-from .lean_http import LeanHttpClient
 from .progress import progress_bar
 from .records import records_frame
 from .runner import ENDPOINTS, _base_url

@@ -1,7 +1,7 @@
 """The OpenAI-compatible frontend: HTTP in, routed to the workers that registered a model.
 
 - ``app.py``: `Frontend`, its routes (chat, completions, models, health, live, metrics) and
-  the error envelope; ``http1/``: the HTTP/1.1 server under it (``connections.py``: its limits);
+  the error envelope (handed to the HTTP/1.1 server under it, `dynamo_nb.http`);
 - ``pipeline.py``: a generate request's steps (preprocess, admit, plan, open with retries,
   relay, write); ``relay.py``: tokens to text, what a stream ended with; ``migration.py``:
   a request carried on by another worker; ``writers.py``: SSE chunks or one JSON body;

@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP frontend: its routes and the error envelope, on the HTTP/1.1
-server of `dynamo_nb.frontend.http1`.
+server of `dynamo_nb.http`.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE with ``stream: true``,
 ending in ``data: [DONE]``; else one JSON body), ``GET /v1/models``, ``GET /health`` (the
@@ -24,6 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
+from ..http import Handler, HttpRequest, HttpResponse, HttpServer, StreamedResponse, json_response
+from ..http.connections import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    ConnectionGuard,
+)
 from ..llm.card import ModelCard, card_from_folder
 from ..router.base import Router
 from ..router.decision import RoutingRecords
@@ -32,14 +39,7 @@ from ..router.kv.router import KvRouterConfig
 from ..runtime.addresses import host_port
 from ..runtime.bounded_decode import json_nesting_problem
 from .admission import DEFAULT_QUEUE_TIMEOUT
-from .connections import (
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    ConnectionGuard,
-)
-from .error_envelope import http_error
-from .http1 import Handler, HttpRequest, HttpResponse, HttpServer, StreamedResponse, json_response
+from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
 from .openai import check_text, parse_request
@@ -196,7 +196,7 @@ class Frontend:
             request_trace: a file to append one JSON line to per finished request
                 (`dynamo_nb.frontend.request_trace`; read it with `dynamo_nb.bench.read_trace`).
             header_timeout: seconds a new connection has to send its first request's headers
-                (a slowloris is closed after it; `dynamo_nb.frontend.connections`).
+                (a slowloris is closed after it; `dynamo_nb.http.connections`).
             idle_timeout: seconds a keep-alive connection may stay idle between requests.
             max_connections: open connections at most; one more gets a 503 and is closed.
         """
@@ -307,7 +307,14 @@ class Frontend:
             "/live": {"GET": self._errors(self._live)},
             "/metrics": {"GET": self._errors(self._metrics)},
         }
-        server = HttpServer(routes, self.connections, idle_timeout=self.idle_timeout, max_body=MAX_BODY_BYTES)
+        server = HttpServer(
+            routes,
+            self.connections,
+            idle_timeout=self.idle_timeout,
+            max_body=MAX_BODY_BYTES,
+            error_body=error_body,
+            name="the frontend",
+        )
         try:
             await server.start(self.host, self.port, reuse_port=reuse_port)
         except OSError as exc:

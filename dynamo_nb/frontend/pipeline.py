@@ -40,6 +40,7 @@ from ..errors import (
     OverloadedError,
     RemoteHandlerError,
 )
+from ..http import HttpRequest, HttpResponse, StreamedResponse
 from ..llm import limits
 from ..llm.protocol import PreprocessedRequest
 from ..router.base import RoutedStream
@@ -50,7 +51,6 @@ from ..runtime.context import Context
 from ..runtime.ids import new_request_id
 from ..telemetry.request_ids import set_request_id
 from ..telemetry.tracing import inject_trace, span
-from .http1 import HttpRequest, HttpResponse, StreamedResponse
 from .metrics import FrontendMetrics
 from .migration import Migration
 from .openai import OpenAIRequest

@@ -15,11 +15,11 @@ import argparse
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
+from ..http.connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from ..llm.card import check_model_dir
 from ..router.kv.router import KvRouterConfig
 from ..runtime.names import DEFAULT_WORKER_ENDPOINT, EndpointPath
 from .admission import DEFAULT_QUEUE_TIMEOUT
-from .connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from .migration import DEFAULT_MIGRATION_LIMIT
 
 __all__ = ["DEFAULT_HTTP_PORT", "FrontendConfig", "check_frontend_args"]

@@ -16,10 +16,10 @@ from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from ..errors import EngineError
+from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
 from ..llm.protocol import completion_usage
 from ..runtime.ids import new_request_id
 from .error_envelope import error_body
-from .http1 import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .openai import OpenAIRequest
 from .relay import Outcome
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from dynamo_nb.frontend.connections import ConnectionGuard
-from dynamo_nb.frontend.http1 import (
+from dynamo_nb.http import (
     HttpError,
     HttpRequest,
     HttpResponse,
@@ -22,7 +21,8 @@ from dynamo_nb.frontend.http1 import (
     StreamedResponse,
     json_response,
 )
-from dynamo_nb.frontend.http1.parser import MAX_HEAD_BYTES, ChunkedDecoder, parse_head
+from dynamo_nb.http.connections import ConnectionGuard
+from dynamo_nb.http.parser import MAX_HEAD_BYTES, ChunkedDecoder, parse_head
 
 # -- the parser
 

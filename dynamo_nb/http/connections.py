@@ -1,7 +1,7 @@
 """Slow and idle clients: the limits of the frontend's connections, and what they did.
 
 Without limits, 100 connections that each send a header byte now and then would hold 100
-connections for ever (slowloris). The frontend's HTTP server (`dynamo_nb.frontend.http1`)
+connections for ever (slowloris). An `HttpServer` (`dynamo_nb.http.http_server`)
 applies a `ConnectionGuard`:
 
 - **header timeout** (``--http-header-timeout``): a connection whose first request's head

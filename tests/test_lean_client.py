@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from dynamo_nb.bench.http_client import send_request
-from dynamo_nb.bench.lean_http import LeanHttpClient, ServerAnswerError
 from dynamo_nb.errors import ConfigError, DynamoNBError
+from dynamo_nb.http.lean_client import LeanHttpClient, ServerAnswerError
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
 """Given a request's head and body, writes an answer; True keeps the connection open."""

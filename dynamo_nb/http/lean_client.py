@@ -31,7 +31,7 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, DynamoNBError
-from ..frontend.http1.parser import (
+from .parser import (
     MAX_HEAD_BYTES,
     ChunkedDecoder,
     HttpError,

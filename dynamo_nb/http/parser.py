@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ...errors import InvalidRequestError
+from ..errors import InvalidRequestError
 
 __all__ = [
     "MAX_HEAD_BYTES",

@@ -35,17 +35,31 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ..connections import ConnectionGuard
-from ..error_envelope import error_body
+from .connections import ConnectionGuard
 from .messages import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .parser import MAX_HEAD_BYTES, ChunkedDecoder, HttpError, RequestHead, parse_head
 
 __all__ = ["Handler", "HttpConnection", "HttpServer"]
 
-logger = logging.getLogger("dynamo_nb.frontend.http")
+logger = logging.getLogger("dynamo_nb.http")
 
 Handler = Callable[[HttpRequest], Awaitable["HttpResponse | StreamedResponse"]]
 """A route's handler: the request in, its answer out."""
+
+ErrorBody = Callable[[int, str], Any]
+"""The JSON body of an error the server answers itself (status, message → body): an app hands
+its own envelope (the frontend, OpenAI's)."""
+
+
+def plain_error_body(status: int, message: str) -> dict[str, Any]:
+    """The default error body: ``{"error": {"message": ..., "code": status}}``.
+
+    Example:
+        >>> plain_error_body(404, "no route GET /x")
+        {'error': {'message': 'no route GET /x', 'code': 404}}
+    """
+    return {"error": {"message": message, "code": status}}
+
 
 _READ_AHEAD = 1 << 20  # bytes buffered for the next request while one is served, before reading pauses
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -66,6 +80,8 @@ class HttpServer:
         idle_timeout: seconds a keep-alive connection may idle between requests (and a body
             stall, and a write wait on a client that does not read).
         max_body: the largest request body taken, in bytes.
+        error_body: the JSON body of the errors the server answers itself (404, 413, 503 …).
+        name: what the server is, in its own error messages ("the frontend").
     """
 
     def __init__(
@@ -75,8 +91,12 @@ class HttpServer:
         *,
         idle_timeout: float = 60.0,
         max_body: int = 32 * 1024 * 1024,
+        error_body: ErrorBody = plain_error_body,
+        name: str = "the server",
     ) -> None:
         self.routes = routes
+        self.error_body = error_body
+        self.name = name
         self.guard = guard
         self.idle_timeout = idle_timeout
         self.max_body = max_body
@@ -165,11 +185,11 @@ class HttpServer:
             raise error
         return handler
 
-
-def error_response(exc: HttpError) -> HttpResponse:
-    """A request the server refuses, in OpenAI's error envelope (its type from the status)."""
-    headers = {"Allow": ", ".join(exc.allow)} if exc.allow else None
-    return json_response(error_body(exc.http_status, str(exc)), status=exc.http_status, headers=headers)
+    def error_response(self, exc: HttpError) -> HttpResponse:
+        """A request the server refuses, in the app's error envelope."""
+        headers = {"Allow": ", ".join(exc.allow)} if exc.allow else None
+        body = self.error_body(exc.http_status, str(exc))
+        return json_response(body, status=exc.http_status, headers=headers)
 
 
 class HttpConnection(asyncio.Protocol):
@@ -199,7 +219,9 @@ class HttpConnection(asyncio.Protocol):
         guard = self.server.guard
         if guard.open >= guard.max_connections or self.server.stopping:
             guard.refused_total += 1
-            refused = error_body(503, "the frontend has too many open connections; retry later")
+            refused = self.server.error_body(
+                503, f"{self.server.name} has too many open connections; retry later"
+            )
             response = json_response(refused, status=503, headers={"Retry-After": "1"})
             transport.write(response.encode(_CLOSE))
             transport.close()
@@ -381,7 +403,7 @@ class HttpConnection(asyncio.Protocol):
         self.buffer = b""
         if not self.closed and not self.started:
             try:
-                self.send(error_response(exc).encode(_CLOSE))
+                self.send(self.server.error_response(exc).encode(_CLOSE))
             except ConnectionResetError:
                 pass
         transport = self.transport
@@ -399,7 +421,7 @@ class HttpConnection(asyncio.Protocol):
             try:
                 response = await self.server.handler(request)(request)
             except HttpError as exc:
-                response = error_response(exc)
+                response = self.server.error_response(exc)
             if isinstance(response, StreamedResponse):
                 await response.write_eof()
             elif self.started:  # an answer in the middle of a stream under way: cut it short
@@ -421,7 +443,7 @@ class HttpConnection(asyncio.Protocol):
             if self.started:  # the answer is under way: the client sees it cut short
                 self.abort()
                 return
-            body = error_body(500, "internal error in the frontend; see its log")
+            body = self.server.error_body(500, f"internal error in {self.server.name}; see its log")
             try:
                 await self._send_whole(request, json_response(body, status=500))
             except ConnectionResetError:
