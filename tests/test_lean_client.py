@@ -221,11 +221,11 @@ async def test_a_body_cut_short_or_bytes_that_are_not_http_are_errors_that_say_s
         with pytest.raises(ServerAnswerError, match="closed the connection before its answer's end"):
             await answer.read()
     async with RawServer(not_http) as server:
-        with pytest.raises(ServerAnswerError, match="malformed status line"):
+        with pytest.raises(ServerAnswerError, match=r"not HTTP/1\.1: Expected HTTP/"):
             await client.request("POST", server.url, b"")
     async with RawServer(bad_chunk) as server:
         answer = await client.request("POST", server.url, b"")
-        with pytest.raises(ServerAnswerError, match="malformed chunk size line"):
+        with pytest.raises(ServerAnswerError, match=r"not HTTP/1\.1: Invalid character in chunk size"):
             await answer.read()
     assert issubclass(ServerAnswerError, DynamoNBError) and issubclass(ServerAnswerError, ConnectionError)
 

@@ -32,12 +32,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from .connections import ConnectionGuard
 from .messages import HttpRequest, HttpResponse, StreamedResponse, json_response
-from .parser import MAX_HEAD_BYTES, ChunkedDecoder, HttpError, RequestHead, parse_head
+from .parser import HttpError, RequestHead, RequestParser
 
 __all__ = ["Handler", "HttpConnection", "HttpServer"]
 
@@ -61,7 +62,7 @@ def plain_error_body(status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "code": status}}
 
 
-_READ_AHEAD = 1 << 20  # bytes buffered for the next request while one is served, before reading pauses
+_READ_AHEAD = 1 << 20  # bytes held for the next requests while one is served, before reading pauses
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _CLOSE = b"Connection: close\r\n"
 _KEEP_ALIVE = b"Connection: keep-alive\r\n"
@@ -198,9 +199,9 @@ class HttpConnection(asyncio.Protocol):
     def __init__(self, server: HttpServer) -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
-        self.buffer: bytes | bytearray = b""
-        self.head: RequestHead | None = None  # read, its body not yet in
-        self.chunks: ChunkedDecoder | None = None
+        self.parser = RequestParser(server.max_body, on_head=self._head_read)
+        self.waiting: deque[HttpRequest | HttpError] = deque()  # read, in order; an error ends them
+        self.read_ahead = 0  # bytes received while requests were served or waiting
         self.task: asyncio.Task[None] | None = None  # the request being served
         self.deadline = 0.0  # the loop time the pending wait ends at (0: none); the server's sweep checks it
         self.on_deadline: Callable[[], None] = self.abort
@@ -235,18 +236,27 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed or self.discarding:
             return
-        if self.buffer:
-            if type(self.buffer) is bytes:  # appended to from now on: in place, not copied each time
-                self.buffer = bytearray(self.buffer)
-            self.buffer += data
-        else:
-            self.buffer = data
-        if self.task is not None:  # the next request waits for this one's answer
-            if len(self.buffer) > _READ_AHEAD and not self.reading_paused:
-                self.reading_paused = True
-                self.transport.pause_reading()  # type: ignore[union-attr]  # data_received runs only while connected
-            return
-        self._next()
+        if self.task is not None or self.waiting:
+            self.read_ahead += len(data)
+        parser = self.parser
+        try:
+            parser.feed(data)
+        except HttpError as exc:
+            self.discarding = True  # what follows the malformed request is never read
+            self.waiting.append(exc)
+        while parser.ready:
+            head, body = parser.ready.popleft()
+            self.waiting.append(
+                HttpRequest(
+                    self, head.method, head.path, head.query, head.version, head.headers, body, head.keep_alive
+                )
+            )
+        if self.task is None:
+            if self.waiting and not self.write_paused:
+                self._next()
+        elif self.read_ahead > _READ_AHEAD and not self.reading_paused:  # the next ones wait
+            self.reading_paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]  # data_received runs only while connected
 
     def eof_received(self) -> bool:
         """The client closed its side: taken as the client gone (a request under way is
@@ -274,7 +284,7 @@ class HttpConnection(asyncio.Protocol):
         self.write_paused = False
         if self._drain is not None and not self._drain.done():
             self._drain.set_result(None)
-        elif self.task is None and self.buffer and not self.closed and not self.discarding:
+        elif self.task is None and self.waiting and not self.closed:
             self._next()  # a pipelined request waited for the client to read the last answer
 
     # -- writing
@@ -337,70 +347,29 @@ class HttpConnection(asyncio.Protocol):
 
     # -- reading
 
+    def _head_read(self, head: RequestHead) -> None:
+        """A head is read: its body must follow within the idle timeout (answered ``100 Continue``
+        first when the client waits for it)."""
+        if self.task is None and not self.waiting and not self.parser.ready:  # (never inside another answer)
+            self._time(self.server.idle_timeout, self._slow)
+            if head.expect_continue and (head.chunked or head.content_length):
+                self.transport.write(_CONTINUE)  # type: ignore[union-attr]  # not the answer: no `send`
+
     def _next(self) -> None:
-        """Start serving the next request once its head and body are in."""
-        try:
-            request = self._read()
-        except HttpError as exc:
-            self._refuse(exc)
-            return
-        except ValueError as exc:  # a parser's gap: still the client's request, still a 400
-            self._refuse(HttpError(400, f"the request could not be read: {exc}"[:200]))
-            return
-        if request is None:
+        """Serve the next request read (or refuse the malformed one)."""
+        request = self.waiting.popleft()
+        if isinstance(request, HttpError):
+            self._refuse(request)
             return
         self._untime()
         self.task = asyncio.get_running_loop().create_task(self._serve(request))
-
-    def _read(self) -> HttpRequest | None:
-        if self.head is None:
-            buffer = self.buffer
-            if buffer[:2] == b"\r\n":  # empty lines before a request line are ignored
-                buffer = self.buffer = bytes(buffer).lstrip(b"\r\n")
-            end = buffer.find(b"\r\n\r\n")
-            if end < 0 or end > MAX_HEAD_BYTES:
-                if len(buffer) > MAX_HEAD_BYTES:
-                    raise HttpError(431, f"the request's head is larger than {MAX_HEAD_BYTES} bytes")
-                return None
-            head = self.head = parse_head(bytes(buffer[:end]))
-            self.buffer = buffer[end + 4 :]
-            if head.content_length is not None and head.content_length > self.server.max_body:
-                raise HttpError(413, f"the request body is larger than {self.server.max_body} bytes")
-            if head.chunked:
-                self.chunks = ChunkedDecoder(self.server.max_body)
-                self.buffer = bytearray(self.buffer)
-            if not self._body_in(head):  # the whole body within the idle timeout of its head
-                self._time(self.server.idle_timeout, self._slow)
-                if head.expect_continue:
-                    self.transport.write(_CONTINUE)  # type: ignore[union-attr]  # not the answer: no `send`
-                return None
-        head = self.head
-        if not self._body_in(head):
-            return None
-        if self.chunks is not None:
-            body = bytes(self.chunks.body)
-            self.chunks = None
-        else:
-            length = head.content_length or 0
-            body = bytes(self.buffer[:length])
-            self.buffer = self.buffer[length:]
-        self.head = None
-        return HttpRequest(
-            self, head.method, head.path, head.query, head.version, head.headers, body, head.keep_alive
-        )
-
-    def _body_in(self, head: RequestHead) -> bool:
-        if self.chunks is not None:
-            return self.chunks.feed(self.buffer)  # type: ignore[arg-type]  # a bytearray
-        return len(self.buffer) >= (head.content_length or 0)
 
     def _refuse(self, exc: HttpError) -> None:
         """Answer a request that could not be read, and close once the client had time to
         read the answer: what it still sends meanwhile is dropped (a lingering close), so a
         client still sending a body too large sees the 413 rather than a reset."""
-        self.head = self.chunks = None
         self.discarding = True
-        self.buffer = b""
+        self.waiting.clear()
         if not self.closed and not self.started:
             try:
                 self.send(self.server.error_response(exc).encode(_CLOSE))
@@ -476,9 +445,11 @@ class HttpConnection(asyncio.Protocol):
         if self.closing(request):
             self.close()
             return
-        if self.reading_paused:
-            self.reading_paused = False
-            self.transport.resume_reading()  # type: ignore[union-attr]  # paused only while connected
+        if not self.waiting:
+            self.read_ahead = 0
+            if self.reading_paused:
+                self.reading_paused = False
+                self.transport.resume_reading()  # type: ignore[union-attr]  # paused only while connected
         self._time(self.server.idle_timeout, self._idle)
-        if self.buffer and not self.write_paused:  # else once the client read the last answer
+        if self.waiting and not self.write_paused:  # else once the client read the last answer
             self._next()

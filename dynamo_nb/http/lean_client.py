@@ -24,26 +24,18 @@ Example::
 from __future__ import annotations
 
 import asyncio
-import re
 import ssl as _ssl
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from urllib.parse import urlsplit
 
+import httptools
+
 from ..errors import ConfigError, DynamoNBError
-from .parser import (
-    MAX_HEAD_BYTES,
-    ChunkedDecoder,
-    HttpError,
-    keeps_alive,
-    read_content_length,
-    read_header_lines,
-)
+from .parser import MAX_HEAD_BYTES
 
 __all__ = ["HttpAnswer", "LeanHttpClient", "ServerAnswerError"]
 
-_STATUS_LINE = re.compile(rb"HTTP/(\d)\.(\d) (\d{3})(?: [^\r\n]*)?")
-_UNLIMITED = 1 << 62  # the de-chunked body is handed over as it comes, never held whole
 _PAUSE_ABOVE = 1 << 20  # body bytes not yet read by the caller before reading pauses
 
 
@@ -126,7 +118,8 @@ class HttpAnswer:
 
 
 class _Connection(asyncio.Protocol):
-    """One connection: writes a request, reads its answer's head, then its body."""
+    """One connection: writes a request, reads its answer (by llhttp, through `httptools`): the
+    head, then the body as it arrives, de-chunked."""
 
     def __init__(self, client: LeanHttpClient, key: tuple[str, int, bool]) -> None:
         self.client = client
@@ -134,13 +127,16 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.reused = False
-        self._buffer = bytearray()
+        self._parser = httptools.HttpResponseParser(self)
         self._answer: HttpAnswer | None = None
         self._head: asyncio.Future[HttpAnswer] | None = None
+        self._headers: dict[str, str] = {}
+        self._head_bytes = 0  # of the head not yet read (interim answers' included)
         self._got_bytes = False
         self._keep_alive = False
-        self._chunked: ChunkedDecoder | None = None
-        self._left = -1  # Content-Length bytes still to come; -1: until the connection closes
+        self._until_close = False  # the body ends with the connection (no length, not chunked)
+        self._complete = False  # the answer's end was read in this feed
+        self._extra = False  # bytes after the answer's end: the connection is not reused
 
     # --- asyncio callbacks
 
@@ -152,11 +148,17 @@ class _Connection(asyncio.Protocol):
             self.abort("the server sent bytes before a request")
             return
         self._got_bytes = True
-        self._buffer += data
+        if self._head is not None:
+            self._head_bytes += len(data)
         try:
-            self._parse()
-        except (HttpError, ServerAnswerError) as exc:
+            self._parser.feed_data(data)
+            if self._head is not None and self._head_bytes > MAX_HEAD_BYTES:
+                raise ServerAnswerError(f"the answer's head is longer than {MAX_HEAD_BYTES} bytes")
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, ServerAnswerError) as exc:
             self.abort(f"the server's answer is not HTTP/1.1: {exc}")
+            return
+        if self._complete:
+            self._end()
 
     def eof_received(self) -> bool:
         return False  # close our side too
@@ -172,11 +174,50 @@ class _Connection(asyncio.Protocol):
             error = ServerAnswerError(f"{why} ({exc})" if exc else why)
             if not self._head.done():
                 self._head.set_exception(error)
-        elif self._chunked is None and self._left < 0:
+        elif self._until_close:
             answer._finish()  # a body that ends with the connection
         else:
             answer._finish(ServerAnswerError("the server closed the connection before its answer's end"))
         self._answer = None
+
+    # --- llhttp's callbacks (httptools calls them by these names)
+
+    def on_message_begin(self) -> None:
+        if self._answer is None or self._complete:
+            self._extra = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        headers = self._headers
+        headers[key] = headers[key] + ", " + text if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        headers, self._headers = self._headers, {}
+        status = self._parser.get_status_code()
+        if 100 <= status < 200:  # an interim answer: the real one follows
+            return
+        answer, head = self._answer, self._head
+        if answer is None or head is None:
+            return
+        answer.status, answer.headers = status, headers
+        self._keep_alive = self._parser.should_keep_alive()
+        self._until_close = (
+            status not in (204, 304)
+            and "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+        )
+        self._head = None
+        if not head.done():
+            head.set_result(answer)
+
+    def on_body(self, piece: bytes) -> None:
+        if self._answer is not None and not self._complete:
+            self._answer._push(piece)
+
+    def on_message_complete(self) -> None:
+        if self._head is None:  # not an interim answer's end
+            self._complete = True
 
     # --- used by the client and the answer
 
@@ -184,7 +225,8 @@ class _Connection(asyncio.Protocol):
         """Send ``request``; the returned future holds ``answer`` once its head is read."""
         assert self.transport is not None
         self._answer = answer
-        self._got_bytes = False
+        self._got_bytes = self._complete = False
+        self._head_bytes = 0
         self._head = answer._loop.create_future()
         self.transport.write(request)
         return self._head
@@ -208,81 +250,12 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
-    # --- reading
-
-    def _parse(self) -> None:
-        if self._head is not None:
-            if not self._read_head():
-                return
-        answer = self._answer
-        assert answer is not None
-        buffer = self._buffer
-        if self._chunked is not None:
-            done = self._chunked.feed(buffer)
-            body = self._chunked.body
-            if body:
-                answer._push(bytes(body))
-                body.clear()
-            if done:
-                self._end()
-        elif self._left >= 0:
-            if buffer:
-                piece = bytes(buffer[: self._left])
-                del buffer[: self._left]
-                self._left -= len(piece)
-                answer._push(piece)
-            if self._left == 0:
-                self._end()
-        elif buffer:  # until the connection closes
-            answer._push(bytes(buffer))
-            buffer.clear()
-
-    def _read_head(self) -> bool:
-        """Read the head once it is in (1xx interim answers skipped); False: wait for more."""
-        while True:
-            end = self._buffer.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self._buffer) > MAX_HEAD_BYTES:
-                    raise ServerAnswerError(f"the answer's head is longer than {MAX_HEAD_BYTES} bytes")
-                return False
-            lines = bytes(self._buffer[:end]).split(b"\r\n")
-            del self._buffer[: end + 4]
-            match = _STATUS_LINE.fullmatch(lines[0])
-            if match is None:
-                raise ServerAnswerError(f"malformed status line {lines[0][:80]!r}")
-            status = int(match.group(3))
-            if 100 <= status < 200:
-                continue
-            break
-        headers, lengths = read_header_lines(lines[1:])
-        answer = self._answer
-        assert answer is not None and self._head is not None
-        answer.status, answer.headers = status, headers
-        self._keep_alive = keeps_alive(match.group(1, 2) != (b"1", b"0"), headers)
-        self._frame(status, headers, read_content_length(lengths))
-        head, self._head = self._head, None
-        if not head.done():
-            head.set_result(answer)
-        return True
-
-    def _frame(self, status: int, headers: dict[str, str], length: int | None) -> None:
-        """How the body ends: chunked, a length, or the connection's close (RFC 9112 §6.3)."""
-        self._chunked, self._left = None, -1
-        if status in (204, 304):
-            self._left = 0
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
-            self._chunked = ChunkedDecoder(limit=_UNLIMITED)
-            self._keep_alive = self._keep_alive and length is None
-        elif length is not None:
-            self._left = length
-        else:
-            self._keep_alive = False
-
     def _end(self) -> None:
         answer, self._answer = self._answer, None
+        self._complete = False
         assert answer is not None
         answer._finish()
-        if self._keep_alive and not self._buffer and not self.client.new_connection:
+        if self._keep_alive and not self._extra and not self.client.new_connection:
             self.client._release(self)
         elif self.transport is not None:
             self.transport.close()

@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 from email.utils import formatdate
@@ -35,6 +36,9 @@ def _reasons() -> dict[int, bytes]:
 
 
 _REASONS = _reasons()
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a value's tab is allowed, no other control
+_CHECKED_NAMES: set[str] = set()
 _date: tuple[int, bytes] = (0, b"")
 
 
@@ -50,14 +54,27 @@ def http_date() -> bytes:
 def response_head(status: int, headers: Mapping[str, str], framing: bytes, connection: bytes) -> bytes:
     """A response's status line and headers, ``framing`` (a ``Content-Length`` or
     ``Transfer-Encoding`` line, or nothing) and ``connection`` (its ``Connection`` line, or
-    nothing) included, through the blank line. A header with a line break is refused (it
-    would start a header of its own)."""
+    nothing) included, through the blank line. A header name that is not a token, or a value
+    with a line break or control character, is refused (`ValueError`): it could start a header
+    of its own, or end the head early.
+
+    Example:
+        >>> response_head(200, {"Bad Name": "x"}, b"", b"")
+        Traceback (most recent call last):
+        ...
+        ValueError: the response header name 'Bad Name' is not an HTTP token (letters, digits, -)
+    """
     lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Unknown"))]
     for name, value in headers.items():
-        line = f"{name}: {value}\r\n"
-        if line.count("\n") != 1 or "\r" in line[:-2]:
-            raise ValueError(f"the response header {name!r} has a line break in its name or value")
-        lines.append(line.encode("latin-1"))
+        if name not in _CHECKED_NAMES:
+            if _TOKEN.fullmatch(name) is None:
+                raise ValueError(f"the response header name {name!r} is not an HTTP token (letters, digits, -)")
+            if len(_CHECKED_NAMES) < 1024:  # names are few and fixed: check each once
+                _CHECKED_NAMES.add(name)
+        value = str(value)
+        if _BAD_VALUE.search(value) is not None:
+            raise ValueError(f"the response header {name!r} has a line break or control character in its value")
+        lines.append(f"{name}: {value}\r\n".encode("latin-1"))
     lines.append(b"Date: " + http_date() + b"\r\n" + framing + connection + b"\r\n")
     return b"".join(lines)
 
