@@ -69,7 +69,11 @@ def test_a_head_is_read_with_its_framing_and_connection() -> None:
         (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0x10", 400, "one number"),
         (b"POST / HTTP/1.1\r\nHost: h\r\nExpect: magic", 417, "cannot be met"),
         (b"GET / HTTP/1.1\r\nHost: h" + b"\r\nX: y" * 100, 431, "more than 100 headers"),
-        (b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: " + b"1" * 5000, 413, "larger than this server takes"),
+        (
+            b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: " + b"1" * 5000,
+            413,
+            "larger than this server takes",
+        ),
         # the Host rule (RFC 9112 3.2): exactly one in an HTTP/1.1 request
         (b"GET / HTTP/1.1\r\nAccept: */*", 400, "must have a Host header"),
         (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b", 400, "one Host header"),
@@ -333,7 +337,11 @@ async def test_head_and_http_1_0(served: tuple[HttpServer, Handlers]) -> None:
         (b"DELETE /events HTTP/1.1\r\nHost: x\r\n\r\n", 405, "DELETE is not allowed on /events"),
         (b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1001\r\n\r\n", 413, "larger than 1000 bytes"),
         (b"GET /echo HTTP/1.1\r\nHost: x\r\nX: " + b"y" * MAX_HEAD_BYTES + b"\r\n\r\n", 431, "larger than"),
-        (b"GET /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400, "one number"),
+        (
+            b"GET /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            400,
+            "one number",
+        ),
         (b"GET /broken HTTP/1.1\r\nHost: x\r\n\r\n", 500, "internal error"),
     ],
 )

@@ -9,11 +9,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import pandas as pd
 
 from ..errors import ConfigError, NoInstancesError
-from ..http.lean_client import LeanHttpClient
+from ..http.lean_client import LeanHttpClient, fetch
 from .http_client import RECORD_COLUMNS, send_request
 from .progress import progress_bar
 from .prompts import Prompt, as_prompts
@@ -267,25 +266,24 @@ async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: f
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     seen = "no answer"
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        while True:
-            try:
-                async with session.get(base + "/v1/models") as response:
-                    names = [m.get("id") for m in (await response.json(content_type=None)).get("data", [])]
-                seen = f"models {names}"
-                if model in names and instances > 0:
-                    async with session.get(base + "/health") as response:
-                        health = await response.json(content_type=None)
-                    serving = [i for i in health.get("instances", []) if i.get("model") == model]
-                    seen += f", {len(serving)} instance(s) of {model!r}"
-                    if len(serving) >= instances:
-                        return names
-                elif model in names:
+    while True:
+        try:
+            names = [
+                m.get("id") for m in json.loads((await fetch(base + "/v1/models", timeout=5))[1])["data"]
+            ]
+            seen = f"models {names}"
+            if model in names and instances > 0:
+                health = json.loads((await fetch(base + "/health", timeout=5))[1])
+                serving = [i for i in health.get("instances", []) if i.get("model") == model]
+                seen += f", {len(serving)} instance(s) of {model!r}"
+                if len(serving) >= instances:
                     return names
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, AttributeError) as exc:
-                seen = f"{type(exc).__name__}: {exc}"
-            if loop.time() >= deadline:
-                raise NoInstancesError(
-                    f"{model!r} was not ready at {base} within {timeout:g} s (last seen: {seen})"
-                )
-            await asyncio.sleep(0.2)
+            elif model in names:
+                return names
+        except (ConnectionError, TimeoutError, ValueError, AttributeError, KeyError, TypeError) as exc:
+            seen = f"{type(exc).__name__}: {exc}"
+        if loop.time() >= deadline:
+            raise NoInstancesError(
+                f"{model!r} was not ready at {base} within {timeout:g} s (last seen: {seen})"
+            )
+        await asyncio.sleep(0.2)

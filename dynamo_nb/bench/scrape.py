@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
+from ..http.lean_client import ServerAnswerError, fetch
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,11 +44,11 @@ def parse_metrics(text: str) -> pd.DataFrame:
 
 async def scrape_metrics(url: str, timeout: float = 10.0) -> pd.DataFrame:
     """`parse_metrics` of ``url``'s ``/metrics`` (``url`` is the server's base URL)."""
-    limit = aiohttp.ClientTimeout(total=timeout)
-    async with aiohttp.ClientSession(timeout=limit) as session:
-        async with session.get(url.rstrip("/") + "/metrics") as response:
-            response.raise_for_status()
-            return parse_metrics(await response.text())
+    metrics_url = url.rstrip("/") + "/metrics"
+    status, body = await fetch(metrics_url, timeout=timeout)
+    if status != 200:
+        raise ServerAnswerError(f"{metrics_url} answered {status}: {body[:200].decode(errors='replace')}")
+    return parse_metrics(body.decode())
 
 
 def histogram(metrics: pd.DataFrame, name: str, **labels: str) -> pd.DataFrame:

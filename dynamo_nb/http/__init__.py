@@ -11,7 +11,8 @@ stub listen with, and the small client the load generator sends with.
 - ``connections.py``: `ConnectionGuard`: the header timeout and connection cap a server applies,
   and their counters.
 - ``lean_client.py``: `LeanHttpClient`: a small HTTP/1.1 client (kept-alive connections, bodies
-  handed over as they arrive).
+  handed over as they arrive), and `fetch`, one request read whole within a timeout (the kit's
+  metrics scrapes and readiness waits).
 
 It imports nothing of the kit but `dynamo_nb.errors`. Lean on purpose: a request costs a
 fraction of what a general web framework spends on it (`benchmarks/frontend_overhead.py` part 4
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 from .connections import ConnectionGuard
 from .http_server import ErrorBody, Handler, HttpServer, plain_error_body
-from .lean_client import HttpAnswer, LeanHttpClient, ServerAnswerError
+from .lean_client import HttpAnswer, LeanHttpClient, ServerAnswerError, fetch
 from .messages import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .parser import HttpError
 
@@ -48,6 +49,7 @@ __all__ = [
     "LeanHttpClient",
     "ServerAnswerError",
     "StreamedResponse",
+    "fetch",
     "json_response",
     "plain_error_body",
 ]

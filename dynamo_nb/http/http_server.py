@@ -248,7 +248,14 @@ class HttpConnection(asyncio.Protocol):
             head, body = parser.ready.popleft()
             self.waiting.append(
                 HttpRequest(
-                    self, head.method, head.path, head.query, head.version, head.headers, body, head.keep_alive
+                    self,
+                    head.method,
+                    head.path,
+                    head.query,
+                    head.version,
+                    head.headers,
+                    body,
+                    head.keep_alive,
                 )
             )
         if self.task is None:

@@ -34,7 +34,7 @@ import httptools
 from ..errors import ConfigError, DynamoNBError
 from .parser import MAX_HEAD_BYTES
 
-__all__ = ["HttpAnswer", "LeanHttpClient", "ServerAnswerError"]
+__all__ = ["HttpAnswer", "LeanHttpClient", "ServerAnswerError", "fetch"]
 
 _PAUSE_ABOVE = 1 << 20  # body bytes not yet read by the caller before reading pauses
 
@@ -410,3 +410,23 @@ class LeanHttpClient:
         idle = self._idle.get(connection.key)
         if idle and connection in idle:
             idle.remove(connection)
+
+
+async def fetch(
+    url: str, *, method: str = "GET", body: bytes = b"", timeout: float = 10.0
+) -> tuple[int, bytes]:
+    """One request on a connection of its own, read whole: ``(status, body)``, within ``timeout``
+    seconds (else `TimeoutError`). A connection that fails or closes early raises
+    `ServerAnswerError` (a `ConnectionError`).
+
+    Example::
+
+        status, text = await fetch("http://127.0.0.1:8000/metrics", timeout=5)
+    """
+    async with LeanHttpClient(new_connection=True) as client:
+
+        async def whole() -> tuple[int, bytes]:
+            answer = await client.request(method, url, body)
+            return answer.status, await answer.read()
+
+        return await asyncio.wait_for(whole(), timeout)

@@ -68,12 +68,16 @@ def response_head(status: int, headers: Mapping[str, str], framing: bytes, conne
     for name, value in headers.items():
         if name not in _CHECKED_NAMES:
             if _TOKEN.fullmatch(name) is None:
-                raise ValueError(f"the response header name {name!r} is not an HTTP token (letters, digits, -)")
+                raise ValueError(
+                    f"the response header name {name!r} is not an HTTP token (letters, digits, -)"
+                )
             if len(_CHECKED_NAMES) < 1024:  # names are few and fixed: check each once
                 _CHECKED_NAMES.add(name)
         value = str(value)
         if _BAD_VALUE.search(value) is not None:
-            raise ValueError(f"the response header {name!r} has a line break or control character in its value")
+            raise ValueError(
+                f"the response header {name!r} has a line break or control character in its value"
+            )
         lines.append(f"{name}: {value}\r\n".encode("latin-1"))
     lines.append(b"Date: " + http_date() + b"\r\n" + framing + connection + b"\r\n")
     return b"".join(lines)

@@ -128,7 +128,11 @@ def _origin_form(target: bytes) -> tuple[str, str]:
 
 # llhttp's reasons → what the client should change (status, message); the rest are a 400 as read
 _LLHTTP_REASONS = (
-    ("can't be present with", 400, "a request cannot have both Content-Length and Transfer-Encoding: send one"),
+    (
+        "can't be present with",
+        400,
+        "a request cannot have both Content-Length and Transfer-Encoding: send one",
+    ),
     ("Content-Length overflow", 413, "the body is larger than this server takes"),
     ("Duplicate Content-Length", 400, "the Content-Length header must be one number of bytes, sent once"),
     ("Content-Length", 400, "the Content-Length header must be one number of bytes"),
@@ -136,7 +140,11 @@ _LLHTTP_REASONS = (
     ("url", 400, "the request target must be a path starting with '/', in characters a URL allows"),
     ("method", 400, "malformed request line: send 'METHOD /path HTTP/1.1' with a method HTTP defines"),
     ("version", 400, "malformed request line: send 'METHOD /path HTTP/1.1' and CRLF line ends"),
-    ("header", 400, "malformed header line: send 'Name: value' lines with CRLF ends and no control characters"),
+    (
+        "header",
+        400,
+        "malformed header line: send 'Name: value' lines with CRLF ends and no control characters",
+    ),
     ("chunk", 400, "malformed chunk size line: send the size in hex, then CRLF"),
 )
 

@@ -15,10 +15,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
-
 from ..errors import LaunchError
 from ..extras import require_extra
+from ..http import fetch
 from ..launch.launcher import ManagedProcess, launch
 from ..runtime.addresses import free_port
 from .planes import LOOPBACK, DynamoPlanes
@@ -83,18 +82,16 @@ async def _wait_listening(process: ManagedProcess, url: str, timeout: float) -> 
     """Until ``GET /v1/models`` answers (the frontend listens), the process exits, or ``timeout``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        while True:
-            try:
-                async with session.get(f"{url}/v1/models") as response:
-                    if response.status == 200:
-                        return
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
-            if process.returncode is not None:
-                raise LaunchError(f"Dynamo's frontend exited with {process.returncode}: {process.tail()}")
-            if loop.time() >= deadline:
-                raise LaunchError(
-                    f"Dynamo's frontend did not answer at {url} within {timeout:g} s: {process.tail()}"
-                )
-            await asyncio.sleep(0.1)
+    while True:
+        try:
+            if (await fetch(f"{url}/v1/models", timeout=5))[0] == 200:
+                return
+        except (ConnectionError, TimeoutError):
+            pass
+        if process.returncode is not None:
+            raise LaunchError(f"Dynamo's frontend exited with {process.returncode}: {process.tail()}")
+        if loop.time() >= deadline:
+            raise LaunchError(
+                f"Dynamo's frontend did not answer at {url} within {timeout:g} s: {process.tail()}"
+            )
+        await asyncio.sleep(0.1)

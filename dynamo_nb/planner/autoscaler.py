@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..bench.scrape import histogram_quantile, parse_metrics
+from ..bench.scrape import histogram_quantile, scrape_metrics
 from ..bench.slo import SLO
 from ..errors import ConfigError
 from ..notebook.display import PngDisplay
@@ -225,13 +225,7 @@ class Autoscaler:
             self.drawn_decisions = rows
 
     async def _scrape(self) -> pd.DataFrame:
-        import aiohttp
-
-        limit = aiohttp.ClientTimeout(total=max(self.interval, 2.0))
-        async with aiohttp.ClientSession(timeout=limit) as session:
-            async with session.get(self.url + "/metrics") as response:
-                response.raise_for_status()
-                return parse_metrics(await response.text())
+        return await scrape_metrics(self.url, timeout=max(self.interval, 2.0))
 
     async def step(self) -> dict[str, Any]:
         """One decision now (the background task calls it every ``interval``): its row."""

@@ -23,6 +23,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..http import ConnectionGuard, HttpRequest, HttpResponse, HttpServer, json_response
 
 if TYPE_CHECKING:
     from .distributed import DistributedRuntime
@@ -51,38 +52,31 @@ async def start_system_status(runtime: DistributedRuntime, host: str, port: int)
 
         url = await start_system_status(runtime, "127.0.0.1", 0)   # http://127.0.0.1:41234
     """
-    from aiohttp import web
-
     event_loop = type(asyncio.get_running_loop()).__module__.split(".")[0]  # "uvloop" or "asyncio"
 
-    async def live(_request: web.Request) -> web.Response:
-        return web.json_response({"status": "live", "event_loop": event_loop})
+    async def live(_request: HttpRequest) -> HttpResponse:
+        return json_response({"status": "live", "event_loop": event_loop})
 
-    async def health(_request: web.Request) -> web.Response:
+    async def health(_request: HttpRequest) -> HttpResponse:
         status, body = health_of(runtime)
-        return web.json_response(body, status=status)
+        return json_response(body, status=status)
 
-    app = web.Application()
-    app.router.add_get("/live", live)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    server = HttpServer(
+        {"/live": {"GET": live}, "/health": {"GET": health}}, ConnectionGuard(), name="the status server"
+    )
     try:
-        await site.start()
+        await server.start(host, port)
     except OSError as exc:
-        await runner.cleanup()
         raise ConfigError(
             f"--system-port {port}: cannot listen on {host}:{port} ({exc}); choose another port or 0"
         ) from None
-    bound = runner.addresses[0][1] if runner.addresses else port
-    url = f"http://{host}:{bound}"
+    url = f"http://{host}:{server.port}"
 
     async def serve_until_shutdown() -> None:
         try:
             await asyncio.Event().wait()  # cancelled when the runtime shuts down
         finally:
-            await runner.cleanup()
+            await server.stop(grace=0)
 
     runtime.spawn(serve_until_shutdown(), name="dynamo_nb system status")
     logger.info("system status at %s (/live, /health)", url)

@@ -28,41 +28,40 @@ import signal
 import sys
 from typing import Any
 
+from ..http import (
+    ConnectionGuard,
+    Handler,
+    HttpRequest,
+    HttpResponse,
+    HttpServer,
+    StreamedResponse,
+    json_response,
+)
 from ..llm.protocol import completion_usage
 from ..runtime.program import announce_ready
 
 __all__ = ["StubServer"]
 
-_STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 _WORKER_BASE = 0x5EED0000
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
+_EVENTS = {"Content-Type": "text/event-stream"}
 
 
 def _event(obj: Any) -> bytes:
-    return _chunk(b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n")
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _json_response(status: int, body: Any) -> bytes:
-    data = json.dumps(body).encode()
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}.get(status, "Error")
-    head = (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-    )
-    return head.encode() + data
-
-
-def _error(status: int, message: str, param: str | None = None) -> bytes:
+def _error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error envelope."""
     kind = "invalid_request_error" if status < 500 else "internal_error"
-    return _json_response(
-        status, {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    )
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def _error(status: int, message: str, param: str | None = None) -> HttpResponse:
+    return json_response(_error_body(status, message, param), status=status)
 
 
 class _Answer:
-    """The pieces of one streamed answer."""
+    """The events of one streamed answer."""
 
     def __init__(self, chat: bool, model: str, tokens: int, usage: bool, worker: int | None) -> None:
         head = {
@@ -84,102 +83,8 @@ class _Answer:
         if usage:
             counts = completion_usage(8, tokens)
             self.last += _event({**head, "choices": [], "usage": counts})
-        self.last += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+        self.last += b"data: [DONE]\n\n"
         self.tokens = tokens
-
-
-class _Connection(asyncio.Protocol):
-    """HTTP/1.1 keep-alive, one request at a time (no pipelining needed by clients)."""
-
-    def __init__(self, server: StubServer) -> None:
-        self.server = server
-        self.buffer = b""
-        self.busy = False
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # a stream connection's transport is an asyncio.Transport
-        self.server.connections.add(self)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        self.server.connections.discard(self)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        self._next()
-
-    def _next(self) -> None:
-        while not self.busy and self.transport is not None:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            lines = self.buffer[:end].decode("latin-1").split("\r\n")
-            length = 0
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            if len(self.buffer) < end + 4 + length:
-                return
-            body, self.buffer = self.buffer[end + 4 : end + 4 + length], self.buffer[end + 4 + length :]
-            method, path = ([*lines[0].split(" "), "", ""])[:2]
-            self._handle(method, path, body)
-
-    def _handle(self, method: str, path: str, body: bytes) -> None:
-        server, transport = self.server, self.transport
-        assert transport is not None
-        if path == "/v1/models" and method == "GET":
-            models = {"object": "list", "data": [{"id": server.model, "object": "model", "owned_by": "stub"}]}
-            transport.write(_json_response(200, models))
-            return
-        if path not in ("/v1/chat/completions", "/v1/completions"):
-            transport.write(_error(404, f"no route {path}"))
-            return
-        if method != "POST":
-            transport.write(_error(405, f"{path} takes POST"))
-            return
-        chat = path.endswith("chat/completions")
-        answer_or_error = server.answer_for(body, chat)
-        if isinstance(answer_or_error, bytes):
-            transport.write(answer_or_error)
-            return
-        answer, stream = answer_or_error
-        if not stream:
-            text = " tok" * answer.tokens
-            choice = (
-                {"index": 0, "message": {"role": "assistant", "content": text}}
-                if chat
-                else {"index": 0, "text": text}
-            )
-            transport.write(
-                _json_response(200, {"choices": [choice], "usage": {"completion_tokens": answer.tokens}})
-            )
-            return
-        if server.ttft == 0 and server.itl == 0 and server.slots is None:
-            transport.write(_STREAM_HEAD + answer.first + answer.token * answer.tokens + answer.last)
-            return
-        self.busy = True
-        asyncio.get_running_loop().create_task(self._stream(answer))
-
-    async def _stream(self, answer: _Answer) -> None:
-        server = self.server
-        try:
-            self._write(_STREAM_HEAD + answer.first)
-            async with server.slots if server.slots is not None else contextlib.nullcontext():
-                await asyncio.sleep(server.ttft)
-                for i in range(answer.tokens):
-                    if i:
-                        await asyncio.sleep(server.itl)
-                    self._write(answer.token)
-            self._write(answer.last)
-        finally:
-            self.busy = False
-        self._next()
-
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None:
-            self.transport.write(data)
 
 
 class StubServer:
@@ -192,9 +97,8 @@ class StubServer:
         self.itl = itl
         self.slots = asyncio.Semaphore(slots) if slots else None
         self.requests = 0
-        self.connections: set[_Connection] = set()
         self._workers = itertools.cycle(range(_WORKER_BASE, _WORKER_BASE + workers)) if workers else None
-        self._server: asyncio.base_events.Server | None = None
+        self._server: HttpServer | None = None
         self.url = ""
 
     @classmethod
@@ -212,12 +116,55 @@ class StubServer:
         """Listen on ``host:port`` (0: a free port); ``url`` says where. ``slots``: answers
         streamed at once (None: no limit)."""
         stub = cls(model, ttft, itl, workers, slots)
-        stub._server = await asyncio.get_running_loop().create_server(lambda: _Connection(stub), host, port)
-        bound = stub._server.sockets[0].getsockname()
-        stub.url = f"http://{bound[0]}:{bound[1]}"
+        routes: dict[str, dict[str, Handler]] = {
+            "/v1/models": {"GET": stub._models},
+            "/v1/chat/completions": {"POST": stub._chat},
+            "/v1/completions": {"POST": stub._completions},
+        }
+        server = HttpServer(routes, ConnectionGuard(), error_body=_error_body, name="the stub")
+        await server.start(host, port)
+        stub._server = server
+        stub.url = f"http://{host}:{server.port}"
         return stub
 
-    def answer_for(self, body: bytes, chat: bool) -> tuple[_Answer, bool] | bytes:
+    async def _models(self, request: HttpRequest) -> HttpResponse:
+        return json_response(
+            {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]}
+        )
+
+    async def _chat(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        return await self._complete(request, chat=True)
+
+    async def _completions(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: HttpRequest, chat: bool) -> HttpResponse | StreamedResponse:
+        answer_or_error = self.answer_for(request.body, chat)
+        if isinstance(answer_or_error, HttpResponse):
+            return answer_or_error
+        answer, stream = answer_or_error
+        if not stream:
+            text = " tok" * answer.tokens
+            choice = (
+                {"index": 0, "message": {"role": "assistant", "content": text}}
+                if chat
+                else {"index": 0, "text": text}
+            )
+            return json_response({"choices": [choice], "usage": {"completion_tokens": answer.tokens}})
+        if self.ttft == 0 and self.itl == 0 and self.slots is None:  # the whole answer in one write
+            return HttpResponse(answer.first + answer.token * answer.tokens + answer.last, headers=_EVENTS)
+        response = request.stream(_EVENTS)
+        await response.write(answer.first)
+        async with self.slots if self.slots is not None else contextlib.nullcontext():
+            await asyncio.sleep(self.ttft)
+            for i in range(answer.tokens):
+                if i:
+                    await asyncio.sleep(self.itl)
+                await response.write(answer.token)
+        await response.write_eof(answer.last)
+        return response
+
+    def answer_for(self, body: bytes, chat: bool) -> tuple[_Answer, bool] | HttpResponse:
         """The answer to a request body, or an encoded 4xx error that says what to change."""
         try:
             request = json.loads(body)
@@ -244,11 +191,7 @@ class StubServer:
     async def stop(self) -> None:
         """Stop listening and close the connections."""
         if self._server is not None:
-            self._server.close()
-            for connection in list(self.connections):
-                if connection.transport is not None:
-                    connection.transport.close()
-            await self._server.wait_closed()
+            await self._server.stop(grace=0)
             self._server = None
 
     async def __aenter__(self) -> StubServer:
