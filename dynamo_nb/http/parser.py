@@ -194,9 +194,13 @@ class RequestParser:
         llhttp is handed whole heads (gathered here, each byte scanned once: a head dripped a
         byte at a time costs linear time, and more than `MAX_HEAD_BYTES` is a 431 at once), a
         body up to its end, and a chunked body in slices (so a chunk line too long is seen
-        however it arrives)."""
+        however it arrives). A read of at most a slice that ends a head, or continues a body,
+        goes in whole."""
         if self._error is not None:
             raise self._error
+        if len(data) <= _SLICE and (self.head is not None or (not self._pending and b"\r\n\r\n" in data)):
+            self._feed(data)  # the usual request, whole in one read: one call into llhttp
+            return
         while data:
             head = self.head
             if head is None:
