@@ -10,14 +10,17 @@ or after the limit; then the stream ends with the error.
 Example::
 
     migration = Migration(limit=3, reopen=pipeline.open_planned, counter=metrics.migrations)
-    first = await migration.carry_on(model, request, generated, count, down, outcome)
-    # None: it could not (outcome.error says why); else the new stream's first item
+    moving = migration.follow(model, request, request_id)   # one per request: its own state
+    moving.record(token_ids)                                 # as they stream
+    moved = await moving.carry_on(count, down)               # after an InstanceDownError
+    # an `Opened` (the new stream and its first item), or a `Stopped` saying why not
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InstanceDownError, RequestError
@@ -25,10 +28,9 @@ from ..llm.protocol import PreprocessedRequest
 
 if TYPE_CHECKING:
     from .pipeline import Opened
-    from .relay import Outcome
     from .served_models import ServedModel
 
-__all__ = ["DEFAULT_MIGRATION_LIMIT", "Migration"]
+__all__ = ["DEFAULT_MIGRATION_LIMIT", "MigratingRequest", "Migration", "Stopped"]
 
 logger = logging.getLogger("dynamo_nb.frontend")
 
@@ -37,6 +39,19 @@ DEFAULT_MIGRATION_LIMIT = 3  # as Dynamo's guidance
 Reopen = Callable[["ServedModel", PreprocessedRequest, str], Awaitable["Opened"]]
 """Opens a request (its model, the request, its id) afresh, planned and routed: its stream, first
 item, prefill plan and routing decision."""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A request that was not carried on: how its stream ends.
+
+    Attributes:
+        error: why not (the stream ends with it), or None when nothing was lost;
+        finish_reason: OpenAI's, when every token came and only the last item was lost.
+    """
+
+    error: str | None = None
+    finish_reason: str | None = None
 
 
 class Migration:
@@ -55,53 +70,65 @@ class Migration:
 
     @property
     def enabled(self) -> bool:
-        """Whether requests move at all (the relay then keeps the tokens it streamed)."""
+        """Whether requests move at all (a request then keeps the tokens it streamed)."""
         return self.limit > 0
 
-    async def carry_on(
-        self,
-        model: ServedModel,
-        request: PreprocessedRequest,
-        generated: list[int] | None,
-        count: int,
-        down: InstanceDownError,
-        outcome: Outcome,
-    ) -> Any | None:
-        """The first item of ``request`` carried on by another worker after ``generated`` tokens
-        (``count`` came), with ``outcome`` now served by the new stream; None when it cannot
-        (``outcome`` then holds the error, or the end: every token came but the final item)."""
+    def follow(self, model: ServedModel, request: PreprocessedRequest, request_id: str) -> MigratingRequest:
+        """The migration state of one request: what it streamed, how often it moved."""
+        return MigratingRequest(self, model, request, request_id)
+
+
+class MigratingRequest:
+    """One request's migration state, owned here: the tokens it streamed (kept only when
+    migration is on) and the moves so far.
+
+    Attributes:
+        generated: the token ids streamed so far (None: migration is off, nothing is kept).
+        moves: how often another worker carried it on.
+    """
+
+    def __init__(
+        self, migration: Migration, model: ServedModel, request: PreprocessedRequest, request_id: str
+    ) -> None:
+        self._migration = migration
+        self._model = model
+        self._request = request
+        self._request_id = request_id
+        self.generated: list[int] | None = [] if migration.enabled else None
+        self.moves = 0
+
+    def record(self, token_ids: Sequence[int]) -> None:
+        """Tokens streamed (kept for a migration)."""
+        if self.generated is not None:
+            self.generated.extend(token_ids)
+
+    async def carry_on(self, count: int, down: InstanceDownError) -> Opened | Stopped:
+        """The request carried on by another worker after its worker went down (``count``
+        tokens came): the new stream opened, or `Stopped` when it is not moved."""
+        migration, model, request, generated = self._migration, self._model, self._request, self.generated
         asked = request.stop_conditions.max_tokens
         if asked is not None and count >= asked:
-            outcome.finish_reason = "length"  # every token came; only the last item was lost
-            return None
+            return Stopped(finish_reason="length")  # every token came; only the last item was lost
         if generated is None:
-            outcome.error = f"{down} (no migration: the frontend runs with --migration-limit 0)"
-            return None
+            return Stopped(f"{down} (no migration: the frontend runs with --migration-limit 0)")
         if request.routing and "backend_instance_id" in request.routing:
-            outcome.error = f"{down} (the request named this instance, so it is not moved)"
-            return None
-        if outcome.migrations >= self.limit:
-            outcome.error = (
-                f"{down} (after {outcome.migrations} migrations, the frontend's --migration-limit)"
-            )
-            return None
-        outcome.migrations += 1
+            return Stopped(f"{down} (the request named this instance, so it is not moved)")
+        if self.moves >= migration.limit:
+            return Stopped(f"{down} (after {self.moves} migrations, the frontend's --migration-limit)")
+        self.moves += 1
         logger.warning(
             "a worker of %r went down after %d tokens of a request (%s): another carries it on (%d of at most %d)",
             model.name,
             len(generated),
             down,
-            outcome.migrations,
-            self.limit,
+            self.moves,
+            migration.limit,
         )
         if asked is None and model.card.context_length:  # else every leg starts a full budget
             request = request.with_max_tokens(model.card.context_length - len(request.token_ids))
         try:
-            opened = await self._reopen(model, request.continued(generated), outcome.request_id)
+            opened = await migration._reopen(model, request.continued(generated), self._request_id)
         except RequestError as exc:
-            outcome.error = f"{down}; no other worker could carry the request on: {exc}"
-            return None
-        self._counter.labels(model.name).inc()
-        # a unary answer's headers and the last chunk's nvext say so
-        outcome.served_by(opened.stream, opened.plan, opened.decision)
-        return opened.first
+            return Stopped(f"{down}; no other worker could carry the request on: {exc}")
+        migration._counter.labels(model.name).inc()
+        return opened

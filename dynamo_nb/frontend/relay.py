@@ -24,10 +24,10 @@ from ..llm.protocol import PreprocessedRequest
 from ..router.decision import RoutingDecision
 from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
+from .migration import Migration, Stopped
 
 if TYPE_CHECKING:
     from ..router.base import RoutedStream
-    from .migration import Migration
     from .served_models import ServedModel
 
 __all__ = ["Outcome", "relay"]
@@ -79,7 +79,6 @@ class Outcome:
         cached_tokens: prompt tokens whose KV the (last) engine reused, when it said (OpenAI's
             ``usage.prompt_tokens_details.cached_tokens``).
         error: why it ended early, when it did.
-        migrations: how often another worker carried it on.
         ending: the relay has the stream's last item (what it yields now is the last text).
     """
 
@@ -94,7 +93,6 @@ class Outcome:
     completion_tokens: int = 0
     cached_tokens: int | None = None
     error: str | None = None
-    migrations: int = 0
     ending: bool = False
 
     def __post_init__(self) -> None:
@@ -171,7 +169,7 @@ async def relay(
     detok = StreamDetokenizer(model.tokenizer, request.stop_conditions.stop or [])
     push = detok.push
     stream = outcome.stream
-    generated: list[int] | None = [] if migration.enabled else None  # kept for a migration
+    moving = migration.follow(model, request, outcome.request_id)
     # items are `LLMEngineOutput` dicts, read as they are: no object per token on this hot path
     item = first
     last = time.perf_counter()
@@ -180,8 +178,7 @@ async def relay(
     while True:
         ids: Sequence[int] = item.get("token_ids") or ()
         count += len(ids)
-        if generated is not None:
-            generated.extend(ids)
+        moving.record(ids)
         text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
         finish = item.get("finish_reason")
         if finish is not None or detok.stopped:
@@ -206,10 +203,16 @@ async def relay(
         except StopAsyncIteration:
             break
         except InstanceDownError as exc:
-            moved = await migration.carry_on(model, request, generated, count, exc, outcome)
-            if moved is None:
+            moved = await moving.carry_on(count, exc)
+            if isinstance(moved, Stopped):
+                if moved.finish_reason is not None:
+                    outcome.finish_reason = moved.finish_reason
+                else:
+                    outcome.error = moved.error
                 break
-            item, stream, earlier = moved, outcome.stream, count
+            # a unary answer's headers and the last chunk's nvext say who carried it on
+            outcome.served_by(moved.stream, moved.plan, moved.decision)
+            item, stream, earlier = moved.first, moved.stream, count
             continue
         except RequestError as exc:
             outcome.error = str(exc)
