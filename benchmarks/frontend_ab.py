@@ -12,6 +12,12 @@ generator (this process) drives them in interleaved rounds, the order swapped ev
 Medians over the rounds; ratios are this tree / the baseline (requests/s: above 1 is faster; CPU:
 below 1 is cheaper). A level whose median is more than 5 % worse is flagged in the table.
 
+CPU time is read from ``/proc/PID/task/*/schedstat`` (nanoseconds, every thread) rather than the
+10 ms ticks of ``/proc/PID/stat``. Run it with ``--baseline HEAD`` first: the same code against
+itself shows the machine's noise (on the 2-core machine here, medians of 9–15 rounds differed by
+up to 10 % per level, 23 % at concurrency 128; neither pinning the frontends to a core of their
+own nor more rounds brought that under 5 %).
+
     python benchmarks/frontend_ab.py --baseline 63c3c54 [--rounds 5] [--requests 1024]
 """
 
@@ -62,14 +68,25 @@ async def start_frontend(tree: Path, etcd: str, port: int) -> ManagedProcess:
     )  # fmt: skip
 
 
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of process ``pid`` so far, in nanoseconds."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that just ended
+            continue
+    return total
+
+
 async def cpu_per_request(
     process: ManagedProcess, call: Any, concurrency: int, total: int
 ) -> tuple[float, float]:
     """(requests/s, the process's CPU ms per request) over ``total`` calls, after a warm-up."""
     await throughput(call, concurrency, concurrency)
-    cpu = process.cpu_seconds()
+    cpu = cpu_ns(process.pid)
     rps = await throughput(call, concurrency, total)
-    return rps, (process.cpu_seconds() - cpu) / total * 1e3
+    return rps, (cpu_ns(process.pid) - cpu) / total / 1e6
 
 
 async def main(baseline: str, rounds: int, requests: int) -> dict[str, Any]:
