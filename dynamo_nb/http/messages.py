@@ -21,10 +21,7 @@ import time
 from collections.abc import Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .http_server import HttpConnection
+from typing import Any, Protocol
 
 __all__ = ["HttpRequest", "HttpResponse", "StreamedResponse", "json_response"]
 
@@ -33,6 +30,18 @@ JSON_TYPE = "application/json; charset=utf-8"
 
 def _reasons() -> dict[int, bytes]:
     return {status.value: status.phrase.encode() for status in HTTPStatus}
+
+
+class Connection(Protocol):
+    """What a response needs of its connection (`http_server.HttpConnection` is one)."""
+
+    write_paused: bool
+
+    def send(self, data: bytes) -> None: ...
+
+    async def drained(self) -> None: ...
+
+    def connection_header(self, request: HttpRequest) -> bytes: ...
 
 
 _REASONS = _reasons()
@@ -98,7 +107,7 @@ class HttpRequest:
 
     def __init__(
         self,
-        connection: HttpConnection,
+        connection: Connection,
         method: str,
         path: str,
         query: str,
