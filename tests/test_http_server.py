@@ -370,6 +370,20 @@ async def test_a_413_is_read_by_a_client_still_sending_its_body(served: tuple[Ht
     assert raw.startswith(b"HTTP/1.1 413 ")
 
 
+@pytest.mark.parametrize(("head", "status"), [(b"POST /nowhere", 404), (b"PUT /echo", 405)])
+async def test_a_body_no_route_takes_is_refused_before_it_is_sent(
+    served: tuple[HttpServer, Handlers], head: bytes, status: int
+) -> None:
+    """The answer comes from the head alone: a client that waits for 100 Continue gets the 404 or
+    405 instead, and sends nothing more (nor is anything held for it)."""
+    server, _ = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(head + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 900\r\nExpect: 100-continue\r\n\r\n")
+    raw = await asyncio.wait_for(reader.read(-1), 10)
+    writer.close()
+    assert raw.startswith(b"HTTP/1.1 %d " % status) and b"100 Continue" not in raw, raw[:200]
+
+
 async def test_a_client_that_leaves_cancels_its_handler(served: tuple[HttpServer, Handlers]) -> None:
     server, handlers = served
     _reader, writer = await asyncio.open_connection("127.0.0.1", server.port)

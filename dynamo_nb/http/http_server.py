@@ -172,16 +172,16 @@ class HttpServer:
         if self._emptied is not None and not self.connections:
             self._emptied.set()
 
-    def handler(self, request: HttpRequest) -> Handler:
-        """The handler of ``request``'s path and method; an `HttpError` (404, 405) when none."""
-        methods = self.routes.get(request.path)
+    def route(self, method: str, path: str) -> Handler:
+        """The handler of ``method`` on ``path``; an `HttpError` (404, 405) when none."""
+        methods = self.routes.get(path)
         if methods is None:
-            raise HttpError(404, f"no route {request.method} {request.path}: see {', '.join(self.routes)}")
-        handler = methods.get(request.method)
-        if handler is None and request.method == "HEAD":
+            raise HttpError(404, f"no route {method} {path}: see {', '.join(self.routes)}")
+        handler = methods.get(method)
+        if handler is None and method == "HEAD":
             handler = methods.get("GET")
         if handler is None:
-            error = HttpError(405, f"{request.method} is not allowed on {request.path}")
+            error = HttpError(405, f"{method} is not allowed on {path}")
             error.allow = sorted({*methods, "HEAD"} if "GET" in methods else methods)
             raise error
         return handler
@@ -355,8 +355,11 @@ class HttpConnection(asyncio.Protocol):
     # -- reading
 
     def _head_read(self, head: RequestHead) -> None:
-        """A head is read: its body must follow within the idle timeout (answered ``100 Continue``
-        first when the client waits for it)."""
+        """A head is read: a body no route takes is refused now, before it is read (404, 405);
+        else it must follow within the idle timeout (answered ``100 Continue`` first when the
+        client waits for it)."""
+        if head.chunked or head.content_length:
+            self.server.route(head.method, head.path)
         if self.task is None and not self.waiting and not self.parser.ready:  # (never inside another answer)
             self._time(self.server.idle_timeout, self._slow)
             if head.expect_continue and (head.chunked or head.content_length):
@@ -395,7 +398,7 @@ class HttpConnection(asyncio.Protocol):
         response: HttpResponse | StreamedResponse
         try:
             try:
-                response = await self.server.handler(request)(request)
+                response = await self.server.route(request.method, request.path)(request)
             except HttpError as exc:
                 response = self.server.error_response(exc)
             if isinstance(response, StreamedResponse):

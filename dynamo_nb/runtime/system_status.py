@@ -62,7 +62,10 @@ async def start_system_status(runtime: DistributedRuntime, host: str, port: int)
         return json_response(body, status=status)
 
     server = HttpServer(
-        {"/live": {"GET": live}, "/health": {"GET": health}}, ConnectionGuard(), name="the status server"
+        {"/live": {"GET": live}, "/health": {"GET": health}},
+        ConnectionGuard(),
+        max_body=64 * 1024,  # its routes take no body
+        name="the status server",
     )
     try:
         await server.start(host, port)
