@@ -9,6 +9,10 @@ generator (this process) drives them in interleaved rounds, the order swapped ev
 - the frontend's CPU per request with 1-token streams and per token with 256-token streams at
   concurrency 128 (frontend_overhead.py's part 4).
 
+- the HTTP server alone, in one process with no sockets (``_http_layer.py`` run with each tree's
+  code, alternating): CPU per request kept alive, with a new connection, and streaming 64
+  events. No scheduler or other process in the way, so this part resolves a few per cent.
+
 Medians over the rounds; ratios are this tree / the baseline (requests/s: above 1 is faster; CPU:
 below 1 is cheaper). A level whose median is more than 5 % worse is flagged in the table.
 
@@ -89,6 +93,23 @@ async def cpu_per_request(
     return rps, (cpu_ns(process.pid) - cpu) / total / 1e6
 
 
+async def http_layer(tree: Path) -> dict[str, float]:
+    """`_http_layer.py` with the code of ``tree``: µs of CPU per request by shape."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    script = str(ROOT / "benchmarks" / "_http_layer.py")
+    run = functools.partial(
+        subprocess.run,
+        [sys.executable, script],
+        cwd=tree,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    done = await asyncio.to_thread(run)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 async def main(baseline: str, rounds: int, requests: int) -> dict[str, Any]:
     services = await LocalServices.start(nats=False)
     etcd = services.etcd_url
@@ -117,6 +138,11 @@ async def main(baseline: str, rounds: int, requests: int) -> dict[str, Any]:
             await wait_for_model(http, url, "tiny-llama")
             fronts[name] = (process, url)
         order = ["baseline", "this"]
+        for round_number in range(3):  # the HTTP layer alone, first, while nothing else runs
+            for name in order if round_number % 2 == 0 else order[::-1]:
+                shapes = await http_layer(base_tree if name == "baseline" else ROOT)
+                for shape, cost in shapes.items():
+                    samples[name].setdefault(f"http_layer_us_{shape}", []).append(cost)
         for round_number in range(rounds):
             for name in order if round_number % 2 == 0 else order[::-1]:
                 process, url = fronts[name]
