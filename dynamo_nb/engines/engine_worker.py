@@ -27,7 +27,6 @@ Example::
 from __future__ import annotations
 
 import inspect
-import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +43,27 @@ if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime, Endpoint
     from ..runtime.server import EndpointServer
 
-__all__ = ["EngineWorker", "serve_engine"]
+__all__ = ["EngineWorker", "serve_engine", "serve_engines_on"]
 
 EngineFactory = Callable[[KvEventSink | None], "Engine | Awaitable[Engine]"]
 """``make_engine(kv_events)``: builds the engine with its KV-event sink (may be a coroutine)."""
+
+
+EngineServer = Callable[..., Awaitable[Any]]
+"""Serves an engine on another runtime: ``(runtime, role, model_path, model_name, make_engine)``."""
+_OTHER_RUNTIMES: dict[type, EngineServer] = {}
+
+
+def serve_engines_on(runtime_type: type, serve: EngineServer) -> None:
+    """Serve engines on runtimes of ``runtime_type`` with ``serve`` (another runtime's way of
+    registering a model and serving it: `dynamo_nb.on_dynamo` registers NVIDIA Dynamo's when it
+    is imported). `serve_engine` then hands such a runtime to it.
+
+    Example::
+
+        serve_engines_on(DynamoRuntime, serve_engine_on_dynamo)
+    """
+    _OTHER_RUNTIMES[runtime_type] = serve
 
 
 @dataclass
@@ -79,11 +95,9 @@ async def serve_engine(
     """Build the engine with ``make_engine(kv_events)`` and serve it in ``role`` (see the module
     docstring). On NVIDIA Dynamo's runtime (``--runtime dynamo``) the engine is served and its
     model registered with Dynamo's calls (`dynamo_nb.on_dynamo.serve_engine_on_dynamo`)."""
-    on_dynamo = sys.modules.get("dynamo_nb.on_dynamo.runtime")  # loaded by whoever made a DynamoRuntime
-    if on_dynamo is not None and isinstance(runtime, on_dynamo.DynamoRuntime):
-        from ..on_dynamo.worker import serve_engine_on_dynamo
-
-        return await serve_engine_on_dynamo(runtime, role, model_path, model_name, make_engine)  # type: ignore[return-value]  # the same methods on Dynamo's runtime
+    serve_elsewhere = _OTHER_RUNTIMES.get(type(runtime))
+    if serve_elsewhere is not None:  # another runtime (NVIDIA Dynamo's) serves it its own way
+        return await serve_elsewhere(runtime, role, model_path, model_name, make_engine)  # an EngineWorker in all but type
     endpoint = runtime.endpoint(role.endpoint)
     publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
     made = make_engine(publisher.publish if publisher is not None else None)

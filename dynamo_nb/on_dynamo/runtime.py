@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DynamoNBError, NotReadyError
 from ..extras import require_extra
@@ -30,7 +30,10 @@ from ..runtime.server import adapt_handler
 from ..runtime.streams import closing
 from .planes import DynamoPlanes
 
-__all__ = ["DynamoEndpoint", "DynamoRuntime", "DynamoServer"]
+if TYPE_CHECKING:
+    from ..runtime.program import RuntimeConfig
+
+__all__ = ["DynamoEndpoint", "DynamoRuntime", "DynamoServer", "runtime_from_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -214,3 +217,21 @@ def _http_error(exc: DynamoNBError) -> Exception:
     from dynamo.llm.exceptions import HttpError
 
     return HttpError(int(getattr(exc, "http_status", 500)), str(exc))
+
+
+async def runtime_from_config(config: RuntimeConfig) -> DynamoRuntime:
+    """NVIDIA Dynamo's runtime from the kit's runtime settings (``--runtime dynamo``): what
+    `RuntimeConfig.start` runs for it (`dynamo_nb.runtime.program.OTHER_RUNTIMES`).
+
+    Example::
+
+        runtime = await RuntimeConfig(runtime="dynamo", discovery="file:///tmp/kv").start()
+    """
+    planes = DynamoPlanes.from_flags(
+        "static" if config.static else config.discovery,
+        config.request_plane,
+        config.nats_url,
+        tcp_host=config.tcp_host,
+        system_host=config.system_host,
+    )
+    return await DynamoRuntime.create(planes)

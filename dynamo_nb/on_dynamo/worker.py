@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..disagg.decode import DecodeHandler
 from ..engines.base import stats_handler
+from ..engines.engine_worker import serve_engines_on
 from ..llm.register import engine_handler
 from ..runtime.program import announce_ready
 from ..runtime.streams import closing
@@ -159,3 +160,6 @@ def with_handoff_token(request: Any) -> Any:
     else:
         return request
     return {**request, "bootstrap_info": {**info, "bootstrap_token": token}}
+
+
+serve_engines_on(DynamoRuntime, serve_engine_on_dynamo)  # `serve_engine` hands a DynamoRuntime here

@@ -24,6 +24,7 @@ import asyncio
 import atexit
 import functools
 import gc
+import importlib
 import logging
 import os
 import signal
@@ -250,6 +251,9 @@ def run_program(main: Callable[[], Awaitable[int]]) -> int:
 
 RUNTIMES = ("dynamo_nb", "dynamo")
 """Whose runtime a program runs on: the kit's, or NVIDIA Dynamo's (`dynamo_nb.on_dynamo`)."""
+OTHER_RUNTIMES = {"dynamo": "dynamo_nb.on_dynamo.runtime:runtime_from_config"}
+"""Each runtime but the kit's: the coroutine function that starts it from a `RuntimeConfig`, by its
+import path, loaded only when chosen (its package needs an extra; nothing here depends on it)."""
 
 
 @dataclass(frozen=True)
@@ -311,17 +315,10 @@ class RuntimeConfig:
         ``system_port`` is 0 or more; what peers must present (the cluster secret, TLS) holds for
         the whole process (`dynamo_nb.runtime.security.configure`). With ``runtime="dynamo"``:
         NVIDIA Dynamo's runtime (`dynamo_nb.on_dynamo.DynamoRuntime`), created from these settings."""
-        if self.runtime == "dynamo":
-            from ..on_dynamo import DynamoPlanes, DynamoRuntime
-
-            planes = DynamoPlanes.from_flags(
-                "static" if self.static else self.discovery,
-                self.request_plane,
-                self.nats_url,
-                tcp_host=self.tcp_host,
-                system_host=self.system_host,
-            )
-            return await DynamoRuntime.create(planes)  # type: ignore[return-value]  # Dynamo's runtime, duck-typed as ours
+        starter = OTHER_RUNTIMES.get(self.runtime)
+        if starter is not None:
+            module, _, name = starter.partition(":")
+            return await getattr(importlib.import_module(module), name)(self)  # the other runtime, duck-typed as ours
         if self.runtime != "dynamo_nb":
             raise ConfigError(
                 f"--runtime {self.runtime!r}: use dynamo_nb (the kit's) or dynamo (NVIDIA Dynamo's)"
