@@ -190,3 +190,28 @@ def test_building_a_workers_parser_loads_no_http_app_no_netns_harness_no_stub_se
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def modules_in_circles(graph: dict[str, set[str]]) -> set[str]:
+    """Every module on an import circle of ``graph``, a package's own modules included (its
+    ``__init__`` runs their imports)."""
+
+    def reach(start: str) -> set[str]:
+        seen, stack = set(), [start]
+        while stack:
+            for after in graph.get(stack.pop(), ()):
+                if after not in seen:
+                    seen.add(after)
+                    stack.append(after)
+        return seen
+
+    return {name for name in graph if name in reach(name)}
+
+
+def test_no_import_circle_of_any_length_outside_type_checking() -> None:
+    """Through lazy imports and package ``__init__`` files too: an optional backend plugs in by
+    name or registers itself (as `dynamo_nb.on_dynamo` does), it is never imported back."""
+    assert modules_in_circles(package_graph(lazy=True)) == set()
+    looped = package_graph(lazy=True)
+    looped["dynamo_nb.runtime.program"] = looped["dynamo_nb.runtime.program"] | {"dynamo_nb.on_dynamo"}
+    assert {"dynamo_nb.runtime.program", "dynamo_nb.on_dynamo.worker"} <= modules_in_circles(looped)
