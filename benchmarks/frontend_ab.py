@@ -22,7 +22,7 @@ itself shows the machine's noise (on the 2-core machine here, medians of 9–15 
 up to 10 % per level, 23 % at concurrency 128; neither pinning the frontends to a core of their
 own nor more rounds brought that under 5 %).
 
-    python benchmarks/frontend_ab.py --baseline 63c3c54 [--rounds 5] [--requests 1024]
+    python benchmarks/frontend_ab.py --baseline 63c3c54 [--rounds 5] [--requests 1024] [--one-token-only]
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ async def http_layer(tree: Path) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-async def main(baseline: str, rounds: int, requests: int) -> dict[str, Any]:
+async def main(baseline: str, rounds: int, requests: int, one_token_only: bool = False) -> dict[str, Any]:
     services = await LocalServices.start(nats=False)
     etcd = services.etcd_url
     folder = Path(tempfile.mkdtemp(prefix="frontend-ab-"))
@@ -147,13 +147,16 @@ async def main(baseline: str, rounds: int, requests: int) -> dict[str, Any]:
             for name in order if round_number % 2 == 0 else order[::-1]:
                 process, url = fronts[name]
                 seen = samples[name]
-                for concurrency in CONCURRENCY:
+                for concurrency in () if one_token_only else CONCURRENCY:
                     call = functools.partial(via_frontend, http, url, "tiny-llama")
                     total = max(requests, concurrency * 16)
                     rps, cpu = await cpu_per_request(process, call, concurrency, total)
                     seen.setdefault(f"rps_c{concurrency}", []).append(rps)
                     seen.setdefault(f"cpu_ms_c{concurrency}", []).append(cpu)
-                for tokens, total in ((SHORT, 2 * requests), (LONG, requests // 2)):
+                for tokens, total in (
+                    (SHORT, 2 * requests),
+                    *(() if one_token_only else ((LONG, requests // 2),)),
+                ):
                     call = functools.partial(stream_tokens, http, url, tokens)
                     _, cpu = await cpu_per_request(process, call, PER_TOKEN_CONCURRENCY, total)
                     seen.setdefault(f"cpu_ms_{tokens}_token", []).append(cpu)
@@ -170,17 +173,18 @@ async def main(baseline: str, rounds: int, requests: int) -> dict[str, Any]:
         ratio = ours / theirs
         worse = ratio < 1 / WORSE if key.startswith("rps") else ratio > WORSE
         levels[key] = {"this": ours, "baseline": theirs, "ratio": ratio, "worse_than_5_percent": worse}
-    per_token = {}
-    for name in ("this", "baseline"):
-        short = statistics.median(samples[name][f"cpu_ms_{SHORT}_token"])
-        long = statistics.median(samples[name][f"cpu_ms_{LONG}_token"])
-        per_token[name] = (long - short) / (LONG - SHORT) * 1e3
-    levels["cpu_us_per_token"] = {
-        "this": per_token["this"],
-        "baseline": per_token["baseline"],
-        "ratio": per_token["this"] / per_token["baseline"],
-        "worse_than_5_percent": per_token["this"] / per_token["baseline"] > WORSE,
-    }
+    if not one_token_only:
+        per_token = {}
+        for name in ("this", "baseline"):
+            short = statistics.median(samples[name][f"cpu_ms_{SHORT}_token"])
+            long = statistics.median(samples[name][f"cpu_ms_{LONG}_token"])
+            per_token[name] = (long - short) / (LONG - SHORT) * 1e3
+        levels["cpu_us_per_token"] = {
+            "this": per_token["this"],
+            "baseline": per_token["baseline"],
+            "ratio": per_token["this"] / per_token["baseline"],
+            "worse_than_5_percent": per_token["this"] / per_token["baseline"] > WORSE,
+        }
     return {
         "baseline": revision,
         "this": here,
@@ -213,8 +217,13 @@ if __name__ == "__main__":
         "--requests", type=int, default=1024, help="requests per level and round (default: %(default)s)"
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "frontend_ab.json", help="where the JSON goes")
+    parser.add_argument(
+        "--one-token-only",
+        action="store_true",
+        help="only the HTTP layer and 1-token streams at concurrency 128 (the fixed cost, for many rounds)",
+    )
     args = parser.parse_args()
-    result = asyncio.run(main(args.baseline, args.rounds, args.requests))
+    result = asyncio.run(main(args.baseline, args.rounds, args.requests, args.one_token_only))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
