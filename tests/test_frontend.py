@@ -223,11 +223,19 @@ GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
             "messages",
             "context",
         ),
-        # a body that cannot fit the context however it tokenizes is refused before it is tokenized
+        # a body larger than any served context could take is refused before it is decoded
         # (10 MB of short words would hold the event loop for seconds and a gigabyte)
         (
             CHAT,
             {**GOOD, "messages": [{"role": "user", "content": "a b " * 2_500_000}]},
+            400,
+            "messages",
+            "more than a prompt that fits",
+        ),
+        # a text that cannot fit however it tokenizes is refused before it is tokenized
+        (
+            CHAT,
+            {**GOOD, "messages": [{"role": "user", "content": "a b " * 200_000}]},
             400,
             "messages",
             "characters, at least",

@@ -97,7 +97,8 @@ async def serve_engine(
     model registered with Dynamo's calls (`dynamo_nb.on_dynamo.serve_engine_on_dynamo`)."""
     serve_elsewhere = _OTHER_RUNTIMES.get(type(runtime))
     if serve_elsewhere is not None:  # another runtime (NVIDIA Dynamo's) serves it its own way
-        return await serve_elsewhere(runtime, role, model_path, model_name, make_engine)  # an EngineWorker in all but type
+        # an EngineWorker in all but type
+        return await serve_elsewhere(runtime, role, model_path, model_name, make_engine)
     endpoint = runtime.endpoint(role.endpoint)
     publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
     made = make_engine(publisher.publish if publisher is not None else None)

@@ -431,7 +431,23 @@ class Frontend:
         return json_response(body, status=200 if healthy else 503)
 
     async def _chat(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
-        return await self.pipeline.serve(request, parse_request(self._json(request), "chat"))
+        return await self.pipeline.serve(
+            request, parse_request(self._prompt_json(request, "messages"), "chat")
+        )
 
     async def _completions(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
-        return await self.pipeline.serve(request, parse_request(self._json(request), "completions"))
+        return await self.pipeline.serve(
+            request, parse_request(self._prompt_json(request, "prompt"), "completions")
+        )
+
+    def _prompt_json(self, request: HttpRequest, param: str) -> Any:
+        """A generate request's JSON; a body larger than any served model's context could take
+        is refused before it is decoded, rendered or tokenized (the work bounded by the model)."""
+        bound = self.models.body_bytes_bound()
+        if bound is not None and len(request.body) > bound:
+            raise InvalidRequestError(
+                f"the body is {len(request.body)} bytes, more than a prompt that fits the served models' "
+                f"contexts can take ({bound} bytes at most): shorten the prompt",
+                param=param,
+            )
+        return self._json(request)

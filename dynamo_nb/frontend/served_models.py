@@ -49,6 +49,10 @@ from .admission import DEFAULT_QUEUE_TIMEOUT, Admission
 # overflows the context by more than the few tokens a cut through a word can add.
 HEAD_CHARS_PER_TOKEN = 8
 HEAD_CUT_TOKENS = 8
+JSON_BYTES_PER_CHAR = 6
+"""The most bytes one character of a prompt takes in a JSON body (``\\u00e9``)."""
+BODY_SLACK_BYTES = 1 << 20
+"""What a request body holds beside its prompt's text (other fields, messages' markup), at most."""
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -89,6 +93,17 @@ class ServedModel:
         self.card_instances: set[int] = set()
         self._keyed = False
         client.serves = self.serves
+
+    @property
+    def body_bytes_bound(self) -> int | None:
+        """The largest request body that can hold a prompt this model's context takes (None: its
+        context is unknown): such a prompt has fewer than twice the longest token's characters
+        per context token (more is refused unread, `ModelTokenizer.fewest_tokens`), each at most
+        `JSON_BYTES_PER_CHAR` bytes, plus `BODY_SLACK_BYTES`."""
+        context = self.card.context_length
+        if not context:
+            return None
+        return 2 * self.tokenizer.longest_token_chars * context * JSON_BYTES_PER_CHAR + BODY_SLACK_BYTES
 
     def serves(self, instance_id: int) -> bool:
         """Whether requests for this model may go to ``instance_id`` (its card names this model)."""
@@ -221,6 +236,14 @@ class ModelManager:
 
     def live_models(self) -> list[ServedModel]:
         return [m for m in self.models.values() if m.live]
+
+    def body_bytes_bound(self) -> int | None:
+        """The largest request body a served model's context could take (None: no bound known:
+        no model yet, or one whose context is unknown). A larger body is refused unread."""
+        bounds = [model.body_bytes_bound for model in self.live_models()]
+        if not bounds or any(bound is None for bound in bounds):
+            return None
+        return max(bound for bound in bounds if bound is not None)
 
     async def add_card(
         self, card: ModelCard, key: str | None = None, *, address: str | None = None

@@ -318,7 +318,8 @@ class RuntimeConfig:
         starter = OTHER_RUNTIMES.get(self.runtime)
         if starter is not None:
             module, _, name = starter.partition(":")
-            return await getattr(importlib.import_module(module), name)(self)  # the other runtime, duck-typed as ours
+            start_other = getattr(importlib.import_module(module), name)
+            return await start_other(self)  # the other runtime, duck-typed as ours
         if self.runtime != "dynamo_nb":
             raise ConfigError(
                 f"--runtime {self.runtime!r}: use dynamo_nb (the kit's) or dynamo (NVIDIA Dynamo's)"
