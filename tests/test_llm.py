@@ -170,6 +170,32 @@ async def test_a_long_text_is_tokenized_off_the_event_loop_and_a_floor_bounds_it
         assert tokenizer.fewest_tokens(text) <= len(encode(text, add_special_tokens=False)), text[:40]
 
 
+async def test_a_long_chat_is_rendered_off_the_event_loop(tiny_path: Path) -> None:
+    """Messages holding more than LONG_TEXT_CHARS characters (their text, plain or in parts) are
+    rendered in a thread, to the same text."""
+    import threading
+
+    from dynamo_nb.llm.tokenizer import LONG_TEXT_CHARS, ModelTokenizer, _text_size
+
+    tokenizer = ModelTokenizer.load(tiny_path)
+    threads = []
+    render = tokenizer.render_chat
+
+    def recorded(messages: list[dict[str, Any]], **options: Any) -> str:
+        threads.append(threading.get_ident())
+        return render(messages, **options)
+
+    tokenizer.render_chat = recorded  # type: ignore[method-assign]
+    word = "Tell me about the router. "
+    short = [{"role": "user", "content": word}]
+    long = [{"role": "user", "content": word * (LONG_TEXT_CHARS // 20)}]
+    assert await tokenizer.render_chat_off_loop(short) == render(short)
+    assert await tokenizer.render_chat_off_loop(long) == render(long)
+    assert threads[0] == threading.get_ident() != threads[1]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "ab"}, {"type": "image_url"}]}]
+    assert _text_size([*short, *parts]) == len(word) + 2  # text parts count as text
+
+
 def test_model_folder_checks_say_what_to_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a directory"):
         check_model_dir(tmp_path / "missing")

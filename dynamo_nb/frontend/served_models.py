@@ -158,7 +158,7 @@ class ServedModel:
         the model's context whatever its tokens is refused before it is tokenized; a long one is
         tokenized off the event loop."""
         if kind == "chat":
-            text = self.tokenizer.render_chat(messages or [], add_generation_prompt=True)
+            text = await self.tokenizer.render_chat_off_loop(messages or [], add_generation_prompt=True)
             return await self._encode_within_context(text, "messages", add_special_tokens=False)
         if isinstance(prompt, list):
             vocab = self.tokenizer.vocab_size

@@ -28,6 +28,18 @@ LONG_TEXT_CHARS = 65_536
 (every other stream of the frontend, its health checks) keeps running meanwhile."""
 
 
+def _text_size(messages: list[dict[str, Any]]) -> int:
+    """The characters of the messages' text (plain contents and text parts)."""
+    size = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(part.get("text") or "") for part in content if isinstance(part, dict))
+    return size
+
+
 def _token_text(value: Any) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
@@ -99,6 +111,17 @@ class ModelTokenizer:
             raise InvalidRequestError(
                 f"the chat template failed on these messages: {exc}", "messages"
             ) from None
+
+    async def render_chat_off_loop(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        """`render_chat`, in a thread when the messages hold more than `LONG_TEXT_CHARS` characters
+        (a template is Python: the event loop runs between its steps instead of after them all)."""
+        if _text_size(messages) <= LONG_TEXT_CHARS:
+            return self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        return await asyncio.to_thread(
+            self.render_chat, messages, add_generation_prompt=add_generation_prompt
+        )
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``; without the character offsets a plain ``encode`` also tracks
