@@ -109,6 +109,17 @@ def upward_imports(table: dict[str, int], graph: dict[str, set[str]]) -> list[st
     )
 
 
+def reach(edges: dict[str, set[str]], start: str) -> set[str]:
+    """What ``start`` leads to through ``edges``."""
+    seen, stack = set(), [start]
+    while stack:
+        for after in edges.get(stack.pop(), ()):
+            if after not in seen:
+                seen.add(after)
+                stack.append(after)
+    return seen
+
+
 def circles(graph: dict[str, set[str]], key=lambda name: name) -> list[tuple[str, str]]:
     """Pairs (under ``key``: a module, or its part) that reach each other, a package and its own
     modules aside."""
@@ -118,16 +129,7 @@ def circles(graph: dict[str, set[str]], key=lambda name: name) -> list[tuple[str
             if not (target.startswith(source + ".") or source.startswith(target + ".")):
                 edges.setdefault(key(source), set()).add(key(target))
 
-    def reach(start: str) -> set[str]:
-        seen, stack = set(), [start]
-        while stack:
-            for after in edges.get(stack.pop(), ()):
-                if after not in seen:
-                    seen.add(after)
-                    stack.append(after)
-        return seen
-
-    return sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if a != b and a in reach(b)})
+    return sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if a != b and a in reach(edges, b)})
 
 
 def package_graph(*, lazy: bool = False) -> dict[str, set[str]]:
@@ -195,17 +197,7 @@ def test_building_a_workers_parser_loads_no_http_app_no_netns_harness_no_stub_se
 def modules_in_circles(graph: dict[str, set[str]]) -> set[str]:
     """Every module on an import circle of ``graph``, a package's own modules included (its
     ``__init__`` runs their imports)."""
-
-    def reach(start: str) -> set[str]:
-        seen, stack = set(), [start]
-        while stack:
-            for after in graph.get(stack.pop(), ()):
-                if after not in seen:
-                    seen.add(after)
-                    stack.append(after)
-        return seen
-
-    return {name for name in graph if name in reach(name)}
+    return {name for name in graph if name in reach(graph, name)}
 
 
 def test_no_import_circle_of_any_length_outside_type_checking() -> None:
