@@ -183,11 +183,6 @@ class RequestParser:
         self._trailer_bytes = 0
         self._error: HttpError | None = None
 
-    @property
-    def buffered(self) -> int:
-        """Bytes held for requests not yet served: the one in progress and those in `ready`."""
-        return len(self._body) + sum(len(body) for _, body in self.ready)
-
     def feed(self, data: bytes) -> None:
         """Read ``data``: complete requests are appended to `ready`.
 
