@@ -531,3 +531,13 @@ def test_a_response_header_that_would_break_the_head_is_refused(headers: dict[st
     with pytest.raises(ValueError, match=says):
         json_response({}, headers=headers).encode()
     assert b"X-Tab: a\tb\r\n" in json_response({}, headers={"X-Tab": "a\tb"}).encode()
+
+
+async def test_requests_read_before_a_malformed_one_are_answered_first(
+    served: tuple[HttpServer, Handlers],
+) -> None:
+    server, _ = served
+    raw = b"GET /echo?n=1 HTTP/1.1\r\nHost: x\r\n\r\nGET /echo HTTP/1.1\r\nNo colon here\r\n\r\n"
+    answers = responses(await exchange(server.port, raw))
+    assert [status.split()[1] for status, _, _ in answers] == ["200", "400"]
+    assert json.loads(answers[0][2])["query"] == "n=1"

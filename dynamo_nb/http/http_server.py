@@ -239,12 +239,13 @@ class HttpConnection(asyncio.Protocol):
         if self.task is not None or self.waiting:
             self.read_ahead += len(data)
         parser = self.parser
+        refused: HttpError | None = None
         try:
             parser.feed(data)
         except HttpError as exc:
             self.discarding = True  # what follows the malformed request is never read
-            self.waiting.append(exc)
-        while parser.ready:
+            refused = exc
+        while parser.ready:  # the requests read before a malformed one are answered first
             head, body = parser.ready.popleft()
             self.waiting.append(
                 HttpRequest(
@@ -258,6 +259,8 @@ class HttpConnection(asyncio.Protocol):
                     head.keep_alive,
                 )
             )
+        if refused is not None:
+            self.waiting.append(refused)
         if self.task is None:
             if self.waiting and not self.write_paused:
                 self._next()
