@@ -32,7 +32,7 @@ from typing import Any
 
 from ..errors import AuthenticationError, ConfigError, DisaggregationError
 from ..runtime.addresses import AddressRule, host_port, is_wildcard
-from ..runtime.bounded_decode import json_nesting_problem
+from ..runtime.bounded_decode import json_cost_problem
 from ..runtime.planes.base import set_nodelay
 from ..runtime.security import (
     BOOTSTRAP,
@@ -73,7 +73,7 @@ async def _read_header(reader: asyncio.StreamReader, max_bytes: int = MAX_HEADER
             hint or f"a bootstrap header of {size} bytes is too large (limit {max_bytes})"
         )
     raw = await reader.readexactly(size)
-    problem = json_nesting_problem(raw)
+    problem = json_cost_problem(raw)
     if problem is not None:
         raise DisaggregationError(f"a bootstrap header was refused: {problem}")
     header = json.loads(raw)

@@ -37,7 +37,7 @@ from ..router.decision import RoutingRecords
 from ..router.function import FunctionRouter, PickFunction
 from ..router.kv.router import KvRouterConfig
 from ..runtime.addresses import host_port
-from ..runtime.bounded_decode import json_nesting_problem
+from ..runtime.bounded_decode import json_cost_problem
 from .admission import DEFAULT_QUEUE_TIMEOUT
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
@@ -374,7 +374,7 @@ class Frontend:
     @staticmethod
     def _json(request: HttpRequest) -> Any:
         raw = request.body
-        problem = json_nesting_problem(raw)
+        problem = json_cost_problem(raw)
         if problem is not None:
             raise InvalidRequestError(problem)
         try:
