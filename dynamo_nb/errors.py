@@ -10,6 +10,7 @@ OpenAI's error ``openai_type`` and ``code``), so the status never depends on a c
     │   ├── InvalidNameError                           a namespace/component/endpoint name
     │   └── MissingExtraError                          an optional extra that is not installed
     ├── InvalidHandlerError (TypeError)                a handler that is not an async generator
+    ├── AdminAuthError                                 401 / 403 an admin route's request, without or with wrong credentials
     ├── ProtocolError (ValueError)                     a message that breaks the protocol
     │   ├── FrameTooLargeError                         a wire frame over the size limit
     │   └── AuthenticationError                        a peer without the cluster secret
@@ -50,6 +51,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 __all__ = [
+    "AdminAuthError",
     "AuthenticationError",
     "BinaryNotFoundError",
     "ClaimError",
@@ -129,6 +131,16 @@ class FrameTooLargeError(ProtocolError):
 class AuthenticationError(ProtocolError):
     """A peer that does not know the cluster secret (`dynamo_nb.runtime.security`), or that
     expects one this process was not given; the message says which and what to set."""
+
+
+class AdminAuthError(DynamoNBError):
+    """An admin route's request without credentials (401) or with wrong ones (403)."""
+
+    openai_type = "authentication_error"
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.http_status = status  # type: ignore[misc]  # 401 or 403, per request
 
 
 class ProcessError(DynamoNBError):

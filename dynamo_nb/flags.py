@@ -31,7 +31,7 @@ from .disagg.modes import WORKER_MODES, WorkerRole
 from .extras import broken_extra_error, extra_installed
 from .frontend.settings import FrontendConfig
 from .router import ROUTER_MODES
-from .router.kv.router import KvRouterConfig
+from .router.policy import RouterPolicy
 from .runtime.discovery import DEFAULT_LEASE_TTL
 from .runtime.names import DEFAULT_WORKER_ENDPOINT
 from .runtime.program import RUNTIMES, RuntimeConfig
@@ -294,17 +294,43 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "(default: off)",
     )
     group.add_argument(
+        "--router-kv-overlap-score-credit",
+        type=float,
+        default=RouterPolicy.overlap_score_credit,
+        help="kv router: how much a prefix block a worker already holds takes off its prefill cost; 0 "
+        "ignores the caches, above 1 favours them more (Dynamo's name; default: %(default)s)",
+    )
+    group.add_argument(
+        "--router-prefill-load-scale",
+        type=float,
+        default=None,
+        help="kv router: weight of a worker's prefill blocks against its decode blocks; raise it for "
+        f"TTFT (Dynamo's name; default: {RouterPolicy.prefill_load_scale})",
+    )
+    group.add_argument(
         "--kv-overlap-score-weight",
         type=float,
-        default=KvRouterConfig.overlap_weight,
-        help="kv router: weight of the prefill blocks against the decode blocks in a worker's cost "
-        "(default: %(default)s)",
+        default=None,
+        help="the older name of --router-prefill-load-scale (default: off)",
     )
     group.add_argument(
         "--router-temperature",
         type=float,
-        default=KvRouterConfig.temperature,
+        default=RouterPolicy.temperature,
         help="kv router: 0 picks the cheapest worker, more samples by a softmax of the costs (default: %(default)s)",
+    )
+    group.add_argument(
+        "--admin-api",
+        action="store_true",
+        help="serve the admin routes (GET/PATCH /router_policy), signed with the cluster secret "
+        "(DYN_NB_CLUSTER_SECRET or --cluster-secret-file) or with --admin-token-file's token (default: off)",
+    )
+    group.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="FILE",
+        help="the admin routes' bearer token (its first line, 16 characters or more); turns them on "
+        "(default: off)",
     )
     group.add_argument(
         "--no-kv-events",

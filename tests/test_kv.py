@@ -29,6 +29,7 @@ from dynamo_nb.router.kv import (
     pick,
     sequence_hashes,
 )
+from dynamo_nb.router.policy import RouterPolicy
 
 
 def reference_local(tokens: list[int]) -> int:
@@ -181,8 +182,14 @@ def test_cost_function_worked_example_from_dynamos_docs() -> None:
     assert worker_costs == {"a": 18.0, "b": 10.0, "c": 11.0}
     assert pick(worker_costs) == "b"
     heavier = costs(["a", "b", "c"], prompt_tokens=128, block_size=16, overlaps={"b": 3, "c": 6}, loads=loads,
-                    overlap_weight=2.0)  # fmt: skip
+                    prefill_load_scale=2.0)  # fmt: skip
     assert heavier == {"a": 26.0, "b": 15.0, "c": 13.0} and pick(heavier) == "c"
+    blind = costs(["a", "b", "c"], prompt_tokens=128, block_size=16, overlaps={"b": 3, "c": 6}, loads=loads,
+                  overlap_score_credit=0.0)  # fmt: skip
+    assert blind == {"a": 18.0, "b": 13.0, "c": 17.0}  # the caches ignored: only the loads differ
+    eager = costs(["a", "b", "c"], prompt_tokens=128, block_size=16, overlaps={"b": 3, "c": 6}, loads=loads,
+                  overlap_score_credit=2.0)  # fmt: skip
+    assert eager == {"a": 18.0, "b": 7.0, "c": 5.0} and pick(eager) == "c"  # a cached block twice as good
 
 
 def test_pick_breaks_ties_by_cache_size_then_at_random_and_samples_with_temperature() -> None:
@@ -384,7 +391,9 @@ def test_kv_router_mode_across_processes_needs_nats_or_approximate_mode() -> Non
             ["--router-mode", "kv", "--kv-overlap-score-weight", "2", "--router-temperature", "0.5"]
         )
     )
-    assert config == KvRouterConfig(overlap_weight=2.0, temperature=0.5, use_kv_events=True)
+    assert config == KvRouterConfig(
+        policy=RouterPolicy(prefill_load_scale=2.0, temperature=0.5), use_kv_events=True
+    )
 
 
 def args_list(args: Any) -> list[str]:

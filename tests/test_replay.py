@@ -17,6 +17,7 @@ from dynamo_nb import bench
 from dynamo_nb.engines.mocker_scheduler import MockerScheduler, MockJob
 from dynamo_nb.errors import ConfigError
 from dynamo_nb.replay import Fleet, MockerSettings, TraceBlocks, replay
+from dynamo_nb.router.policy import RouterPolicy
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,7 +48,7 @@ def test_a_replay_gives_every_request_the_columns_of_a_live_run() -> None:
 
 def test_a_replay_is_the_same_for_the_same_seed_and_draws_differently_for_another() -> None:
     trace = shared_prefix_trace(200)
-    for fleet in (Fleet(workers=4, router="random"), Fleet(workers=4, router="kv", router_temperature=0.5),
+    for fleet in (Fleet(workers=4, router="random"), Fleet(workers=4, router="kv", router_policy=RouterPolicy(temperature=0.5)),
                   Fleet(workers=4, router="least-loaded"), Fleet(prefill=2, decode=2, router="kv")):  # fmt: skip
         first, again = replay(trace, fleet, seed=7).requests, replay(trace, fleet, seed=7).requests
         columns = ["worker", "prefill_worker", "ttft_s", "e2e_s", "cached_tokens"]
@@ -180,3 +181,19 @@ async def test_a_trace_replayed_live_sends_its_arrivals_lengths_and_prefixes(
     assert live["cached_tokens"].sum() > 0 and live["worker"].nunique() == 2  # the prefixes were found
     offline = replay(trace, Fleet(workers=2, router="kv"))
     assert live["cached_tokens"].sum() >= 0.8 * offline.requests["cached_tokens"].sum()
+
+
+def test_a_closed_loop_keeps_that_many_requests_in_flight() -> None:
+    trace = bench.synthetic_trace(60, rate=1000.0, seed=4)
+    result = replay(trace, Fleet(workers=2), concurrency=3)
+    requests = result.requests
+    starts = requests["sent_s"].astype(float).tolist()
+    ends = (requests["sent_s"] + requests["e2e_s"]).astype(float).tolist()
+    assert sorted(starts)[:3] == [0.0, 0.0, 0.0] and sorted(starts)[3] > 0
+    for start in starts:  # never more than 3 in flight: each later one is sent as one finishes
+        in_flight = sum(1 for s, e in zip(starts, ends, strict=True) if s <= start < e)
+        assert in_flight <= 3
+    assert all(start == 0.0 or any(abs(start - end) < 1e-12 for end in ends) for start in starts)
+    assert set(requests["concurrency"]) == {3} and requests["error"].isna().all()
+    with pytest.raises(ConfigError, match="at least 1"):
+        replay(trace, Fleet(workers=2), concurrency=0)

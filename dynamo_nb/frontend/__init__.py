@@ -7,6 +7,7 @@
   a request carried on by another worker; ``writers.py``: SSE chunks or one JSON body;
   ``admission.py``: the queue in front of full workers;
 - ``openai.py``: request bodies checked field by field (`parse_request`);
+- ``admin.py``: `AdminAuth`, who may use the admin routes (``GET``/``PATCH /router_policy``);
 - ``served_models.py``: the served models, from model cards in discovery (or given in static mode),
   each with its tokenizer, client and router;
 - ``settings.py``: `FrontendConfig`, the frontend's flags typed (`Frontend.from_config` starts

@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
+from ..errors import AdminAuthError, ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
 from ..http import Handler, HttpRequest, HttpResponse, HttpServer, StreamedResponse, json_response
 from ..http.connections import (
     DEFAULT_HEADER_TIMEOUT,
@@ -35,9 +37,12 @@ from ..llm.card import ModelCard, card_from_folder
 from ..router.base import Router
 from ..router.decision import RoutingRecords
 from ..router.function import FunctionRouter, PickFunction
-from ..router.kv.router import KvRouterConfig
+from ..router.kv.router import KvRouter, KvRouterConfig
+from ..router.policy import RouterPolicy
 from ..runtime.addresses import host_port
 from ..runtime.bounded_decode import json_cost_problem
+from ..runtime.security import current_security
+from .admin import AdminAuth
 from .admission import DEFAULT_QUEUE_TIMEOUT
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
@@ -87,6 +92,8 @@ class Frontend:
         self.connections = ConnectionGuard()
         """The header timeout and connection cap, with their counters (`ConnectionGuard`)."""
         self.idle_timeout = DEFAULT_IDLE_TIMEOUT
+        self.admin: AdminAuth | None = None
+        """Who may use the admin routes; None (the default): they answer 404, saying how to turn them on."""
         self._url: str | None = None
 
     @classmethod
@@ -132,6 +139,9 @@ class Frontend:
             header_timeout=config.header_timeout,
             idle_timeout=config.idle_timeout,
             max_connections=config.max_connections,
+            admin=AdminAuth.from_token_file(config.admin_token_file, current_security().secret)
+            if config.admin_api
+            else None,
         )
         if config.static_endpoint is not None:
             if config.model_path is None:
@@ -166,6 +176,7 @@ class Frontend:
         header_timeout: float = DEFAULT_HEADER_TIMEOUT,
         idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        admin: AdminAuth | None = None,
     ) -> Frontend:
         """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
 
@@ -199,6 +210,7 @@ class Frontend:
                 (a slowloris is closed after it; `dynamo_nb.http.connections`).
             idle_timeout: seconds a keep-alive connection may stay idle between requests.
             max_connections: open connections at most; one more gets a 503 and is closed.
+            admin: who may use the admin routes (``GET``/``PATCH /router_policy``); None: they are off.
         """
         if overload_status not in (503, 529):
             raise ConfigError(f"overload_status must be 503 or 529, got {overload_status}")
@@ -228,10 +240,44 @@ class Frontend:
         frontend = cls(runtime, manager, host, port, metrics, migration_limit)
         frontend.overload_status = overload_status
         frontend.connections, frontend.idle_timeout = guard, idle_timeout
+        frontend.admin = admin
+        metrics.show_router_policy(manager.kv_config.policy)
         if request_trace is not None:
             frontend.pipeline.trace = RequestTraceWriter(request_trace)
         await frontend._listen(reuse_port)
         return frontend
+
+    def kv_router_policy(self) -> RouterPolicy:
+        """The KV routers' policy (`dynamo_nb.router.policy.RouterPolicy`): every KV router
+        of this frontend, and those it makes for models that come later, decide by it."""
+        return self.models.kv_config.policy
+
+    def change_kv_router_policy(
+        self, updates: Mapping[str, Any], *, by: str = "this process", peer: str = ""
+    ) -> RouterPolicy:
+        """Apply ``updates`` (knob → value, Dynamo's names or their aliases) to every KV router
+        at once, between two decisions (each decision reads the policy once); logged with
+        ``by`` (and the ``peer`` address), old → new, and counted in ``/metrics``
+        (``dynamo_frontend_router_policy_changes_total{by}``; the knobs in
+        ``dynamo_frontend_router_policy{knob}``). Returns the new policy.
+
+        Example::
+
+            frontend.change_kv_router_policy({"prefill_load_scale": 16, "temperature": 0})
+        """
+        old = self.kv_router_policy()
+        new = old.changed(updates)
+        manager = self.models
+        manager.kv_config = replace(manager.kv_config, policy=new)
+        routers = [m.router for m in manager.models.values()] + [p.router for p in manager.prefill.values()]
+        for router in routers:
+            if isinstance(router, KvRouter):
+                router.policy = new
+        changes = ", ".join(f"{knob} {a:g} → {b:g}" for knob, (a, b) in old.differences(new).items())
+        source = f"{by} from {peer}" if peer else by
+        logger.warning("the KV router policy was changed by %s: %s", source, changes or "nothing")
+        self.metrics.router_policy_changed(by, new)
+        return new
 
     async def add_model(self, card: ModelCard, *, address: str | None = None) -> ServedModel:
         """Serve ``card``'s model without discovery (static mode); ``address`` for static TCP."""
@@ -306,6 +352,10 @@ class Frontend:
             "/health": {"GET": self._errors(self._health)},
             "/live": {"GET": self._errors(self._live)},
             "/metrics": {"GET": self._errors(self._metrics)},
+            "/router_policy": {
+                "GET": self._errors(self._get_router_policy),
+                "PATCH": self._errors(self._patch_router_policy),
+            },
         }
         server = HttpServer(
             routes,
@@ -397,6 +447,33 @@ class Frontend:
 
     async def _metrics(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse(self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
+
+    def _admin(self, request: HttpRequest) -> str:
+        """Who sent this admin request (`AdminAuth.check`), or the error that refuses it."""
+        if self.admin is None:
+            raise AdminAuthError(
+                404,
+                f"{request.path} is an admin route, off on this frontend: start it with --admin-token-file "
+                "FILE, or --admin-api with a cluster secret",
+            )
+        return self.admin.check(request.method, request.path, request.headers, request.body)
+
+    async def _get_router_policy(self, request: HttpRequest) -> HttpResponse:
+        self._admin(request)
+        return json_response({"policy": self.kv_router_policy().to_dict()})
+
+    async def _patch_router_policy(self, request: HttpRequest) -> HttpResponse:
+        who = self._admin(request)
+        body = self._json(request)
+        if isinstance(body, dict) and isinstance(body.get("policy"), dict):
+            body = body["policy"]  # GET's shape, sent back changed
+        old = self.kv_router_policy()
+        try:
+            new = self.change_kv_router_policy(body, by=who, peer=request.peer)
+        except ConfigError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        changed = {knob: {"old": a, "new": b} for knob, (a, b) in old.differences(new).items()}
+        return json_response({"policy": new.to_dict(), "changed": changed})
 
     async def _list_models(self, request: HttpRequest) -> HttpResponse:
         data = [

@@ -31,6 +31,7 @@ from .loop_histogram import LoopHistogram
 
 if TYPE_CHECKING:
     from ..router.decision import RoutingDecision
+    from ..router.policy import RouterPolicy
     from .admission import Admission
 
 __all__ = ["FrontendMetrics", "ModelMetrics"]
@@ -167,9 +168,31 @@ class FrontendMetrics:
             ("model", "stage"),
             registry=registry,
         )
+        self.router_policy = Gauge(
+            "dynamo_frontend_router_policy",
+            "the KV routers' policy: overlap_score_credit, prefill_load_scale, temperature",
+            ("knob",),
+            registry=registry,
+        )
+        self.router_policy_changes = Counter(
+            "dynamo_frontend_router_policy_changes",
+            "changes of the KV routers' policy, by who made them (the admin token, the cluster secret, this process)",
+            ("by",),
+            registry=registry,
+        )
         self._queues_watched: set[str] = set()
         self._models: dict[str, ModelMetrics] = {}
         self._request_counters: dict[tuple[str, str, str, str], Any] = {}  # labels() costs µs a call
+
+    def show_router_policy(self, policy: RouterPolicy) -> None:
+        """Set ``dynamo_frontend_router_policy{knob}`` to ``policy``'s knobs."""
+        for knob, value in policy.to_dict().items():
+            self.router_policy.labels(knob).set(value)
+
+    def router_policy_changed(self, by: str, policy: RouterPolicy) -> None:
+        """Count a policy change made by ``by`` and show the new knobs."""
+        self.router_policy_changes.labels(by).inc()
+        self.show_router_policy(policy)
 
     def of(self, model: str) -> ModelMetrics:
         """The series of ``model`` (made on first use, then cached)."""

@@ -5,7 +5,7 @@ then built once (`FrontendConfig.from_args`; the flags' defaults are these) and 
 Example:
     >>> from dynamo_nb.flags import frontend_parser
     >>> config = FrontendConfig.from_args(frontend_parser().parse_args(["--router-mode", "kv"]))
-    >>> config.port, config.router_mode, config.kv.overlap_weight, config.migration_limit
+    >>> config.port, config.router_mode, config.kv.policy.prefill_load_scale, config.migration_limit
     (8000, 'kv', 1.0, 3)
 """
 
@@ -61,6 +61,8 @@ class FrontendConfig:
     header_timeout: float = DEFAULT_HEADER_TIMEOUT
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    admin_api: bool = False  # GET/PATCH /router_policy, with the cluster secret or the token below
+    admin_token_file: str | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FrontendConfig:
@@ -87,6 +89,8 @@ class FrontendConfig:
             header_timeout=args.http_header_timeout,
             idle_timeout=args.http_idle_timeout,
             max_connections=args.http_max_connections,
+            admin_api=args.admin_api or args.admin_token_file is not None,
+            admin_token_file=args.admin_token_file,
         )
 
 

@@ -215,6 +215,12 @@ class HttpConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol
 
+    @property
+    def peer(self) -> str:
+        """The client's address, ``host:port``."""
+        address = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{address[0]}:{address[1]}" if isinstance(address, tuple) and len(address) >= 2 else "?"
+
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         guard = self.server.guard

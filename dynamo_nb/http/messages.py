@@ -37,6 +37,11 @@ class Connection(Protocol):
 
     write_paused: bool
 
+    @property
+    def peer(self) -> str:
+        """The client's address, ``host:port`` (for logs)."""
+        ...
+
     def send(self, data: bytes) -> None: ...
 
     async def drained(self) -> None: ...
@@ -119,6 +124,11 @@ class HttpRequest:
         self._connection = connection
         self.method, self.path, self.query, self.version = method, path, query, version
         self.headers, self.body, self.keep_alive = headers, body, keep_alive
+
+    @property
+    def peer(self) -> str:
+        """The client's address, ``host:port`` (for logs)."""
+        return self._connection.peer
 
     def stream(self, headers: Mapping[str, str] | None = None, status: int = 200) -> StreamedResponse:
         """A response whose body is written as it comes (chunked); its head goes out with the

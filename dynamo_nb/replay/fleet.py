@@ -17,11 +17,12 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..engines.mocker_scheduler import MockerSettings
 from ..errors import ConfigError
 from ..router import ROUTER_MODES
+from ..router.policy import RouterPolicy
 
 __all__ = ["Fleet", "MockerSettings"]
 
@@ -37,8 +38,8 @@ class Fleet:
 
     Attributes:
         router: one of `dynamo_nb.router.ROUTER_MODES`, for every pool.
-        kv_overlap_weight, router_temperature: the KV router's ``--kv-overlap-score-weight``
-            and ``--router-temperature``.
+        router_policy: the KV router's knobs (`dynamo_nb.router.policy.RouterPolicy`:
+            ``overlap_score_credit``, ``prefill_load_scale``, ``temperature``).
         transfer_ms: simulated time from a prefill's end to its decode's start (the KV transfer;
             the live mocker's handoff carries no tensors).
     """
@@ -47,8 +48,7 @@ class Fleet:
     prefill: int = 0
     decode: int = 0
     router: str = "kv"
-    kv_overlap_weight: float = 1.0
-    router_temperature: float = 0.0
+    router_policy: RouterPolicy = field(default_factory=RouterPolicy)
     transfer_ms: float = 0.0
 
     def __post_init__(self) -> None:

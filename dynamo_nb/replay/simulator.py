@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import math
@@ -149,6 +150,7 @@ class _Simulation:
         self.blocks = TraceBlocks(trace_block_size, settings.block_size)
         self._events: list[tuple[float, int, int, Any]] = []  # (time, order, kind, what)
         self._order = 0
+        self._waiting: collections.deque[Any] = collections.deque()  # closed loop: not yet sent
         self.rows: list[dict[str, Any]] = []
         next_id = iter(range(1, 1 << 30))
         if fleet.disaggregated:
@@ -166,9 +168,7 @@ class _Simulation:
         router: Router
         if mode == "kv":
             tree = RadixTree(clock=lambda: self.now)
-            config = KvRouterConfig(
-                overlap_weight=self.fleet.kv_overlap_weight, temperature=self.fleet.router_temperature
-            )
+            config = KvRouterConfig(policy=self.fleet.router_policy)
             rng = random.Random(self.rng.random())
             router = KvRouter(client, self.settings.block_size, config, None, rng, tree=tree)  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
         elif mode == "least-loaded":
@@ -194,8 +194,19 @@ class _Simulation:
         self._order += 1
         heapq.heappush(self._events, (when, self._order, kind, what))
 
-    def run(self, arrivals: list[tuple[float, dict[str, Any], list[int], list[int]]]) -> None:
+    def run(
+        self,
+        arrivals: list[tuple[float, dict[str, Any], list[int], list[int]]],
+        concurrency: int | None = None,
+    ) -> None:
+        """Play ``arrivals`` at their times (open loop), or with ``concurrency`` requests in
+        flight, each sent as one before it finishes (closed loop: the first ones at 0 s)."""
         events = self._events
+        if concurrency is not None:
+            self._waiting.extend(arrivals)
+            for _ in range(min(concurrency, len(arrivals))):
+                self._at(0.0, 2, self._waiting.popleft())
+            arrivals = []
         index = 0
         while index < len(arrivals) or events:
             if index < len(arrivals) and (not events or arrivals[index][0] <= events[0][0]):
@@ -208,6 +219,10 @@ class _Simulation:
             self.now = when
             if kind == 0:
                 self._step_ended(what)
+            elif kind == 2:  # closed loop: sent now
+                _, row, local, sequence = what
+                row["sent_s"] = when
+                self._arrive(row, local, sequence)
             else:
                 worker, job = what
                 self._enqueue(worker, job)
@@ -312,6 +327,8 @@ class _Simulation:
         if row["error"] is None:
             row["output_tokens"] = len(times)
         self.rows.append(row)
+        if self._waiting:  # closed loop: the next request takes its place
+            self._at(self.now, 2, self._waiting.popleft())
 
     def schedulers(self) -> list[MockerScheduler]:
         pools = [self.decode] + ([self.prefill] if self.prefill is not None else [])
@@ -325,11 +342,15 @@ def replay(
     *,
     seed: int = 0,
     label: str = "",
+    concurrency: int | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` (`bench.read_trace` / `synthetic_trace` columns) on ``fleet`` of mocker
     engines with ``settings``, in virtual time (see the module docstring).
 
-    The same trace, fleet, settings and ``seed`` (the routers' draws) give the same result.
+    With ``concurrency`` the trace's times are ignored and its requests are sent in order with
+    that many in flight (a closed loop, as a benchmark's fixed concurrency): each one as the one
+    before it finishes. The same trace, fleet, settings and ``seed`` (the routers' draws) give
+    the same result.
 
     Example::
 
@@ -364,7 +385,12 @@ def replay(
                    output_tokens=max(int(outputs), 1), status=200, request_id=f"replay-{index}")  # fmt: skip
         local, sequence = simulation.blocks.hashes(ids, int(inputs))
         arrivals.append((sent, row, local, sequence))
-    simulation.run(arrivals)
+    if concurrency is not None:
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be at least 1 request in flight, got {concurrency}")
+        for _, row, _, _ in arrivals:
+            row["concurrency"], row["rate"] = concurrency, None
+    simulation.run(arrivals, concurrency)
     rows = sorted(simulation.rows, key=lambda r: r["index"])
     frame = records_frame(rows)
     ends = [r["sent_s"] + r["e2e_s"] for r in rows]

@@ -8,6 +8,7 @@
   instances at their ``max_num_seqs``);
 - ``kv/``: the KV-aware router (Dynamo's block hashes, the radix-tree indexer fed by KV
   events, the cost function) — `KvRouter`;
+- ``policy.py``: `RouterPolicy`, the KV router's knobs with Dynamo 1.7's names, changed live;
 - ``decision.py``: `RoutingDecision`, why a request went where it did (every router records
   one), and `RoutingRecords`, the frontend's ring of the last ones;
 - ``prefill_planner.py``: `PrefillPlanner`, the prefill half of disaggregated serving (fast and

@@ -72,6 +72,7 @@ class RoutingDecision:
             ``indexer_find_matches``, ``scheduling`` and ``total``).
         seen_before_tokens: the KV router's: the prompt's leading tokens whose blocks it sent to
             some worker before (cached there still, or evicted since).
+        policy: the KV router's knobs when it decided (`dynamo_nb.router.policy.RouterPolicy`).
     """
 
     router: str
@@ -83,6 +84,7 @@ class RoutingDecision:
     hop: str = "decode"
     overhead_ms: dict[str, float] = field(default_factory=dict)  # time per routing phase (KV router)
     seen_before_tokens: int | None = None  # KV router: the prompt's leading tokens in blocks it routed before
+    policy: dict[str, float] | None = None  # KV router: its knobs when it decided
     margin: float | None = field(default=None, init=False)
     tie: bool = field(default=False, init=False)
 
@@ -114,6 +116,7 @@ class RoutingDecision:
             "candidates": [c.to_dict() for c in self.candidates],
             "overhead_ms": self.overhead_ms,
             "seen_before_tokens": self.seen_before_tokens,
+            "policy": self.policy,
         }
 
     def explain(self) -> str:

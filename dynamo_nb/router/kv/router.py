@@ -32,6 +32,7 @@ from ...llm.protocol import PreprocessedRequest
 from ...runtime.ids import new_request_id
 from ..base import Route, Router
 from ..decision import Candidate
+from ..policy import RouterPolicy
 from .hashing import block_hashes, sequence_hashes
 from .indexer import RadixTree
 from .kv_events import KvIndexer
@@ -50,12 +51,12 @@ SEEN_BLOCKS = 1 << 20  # blocks a router remembers having routed (for the reuse 
 
 @dataclass(frozen=True)
 class KvRouterConfig:
-    """``--kv-overlap-score-weight``, ``--router-temperature``, ``--no-kv-events`` (approximate mode),
-    ``--router-replica-sync`` (share decisions with the other routers of the endpoint,
+    """The starting `RouterPolicy` (``--router-kv-overlap-score-credit``,
+    ``--router-prefill-load-scale``, ``--router-temperature``), ``--no-kv-events`` (approximate
+    mode), ``--router-replica-sync`` (share decisions with the other routers of the endpoint,
     `dynamo_nb.router.kv.replica_sync`)."""
 
-    overlap_weight: float = 1.0
-    temperature: float = 0.0
+    policy: RouterPolicy = field(default_factory=RouterPolicy)
     use_kv_events: bool = True
     approx_ttl: float = 120.0
     pending_ttl: float = 5.0  # with events: a routed prompt counts as cached there until its event comes
@@ -63,14 +64,27 @@ class KvRouterConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> KvRouterConfig:
-        """The settings the frontend flags give (``--kv-overlap-score-weight``, ``--router-temperature``,
-        ``--no-kv-events``, ``--router-replica-sync``; the processes of ``--http-workers N`` share
-        their decisions whenever they have an event plane, ``--nats-url``)."""
-        if args.router_temperature < 0:
-            raise ConfigError(f"--router-temperature must be 0 or more, got {args.router_temperature}")
+        """The settings the frontend flags give (the policy's three knobs, ``--no-kv-events``,
+        ``--router-replica-sync``; the processes of ``--http-workers N`` share their decisions
+        whenever they have an event plane, ``--nats-url``). ``--kv-overlap-score-weight`` is
+        the older name of ``--router-prefill-load-scale``."""
+        scale = args.router_prefill_load_scale
+        if args.kv_overlap_score_weight is not None:
+            if scale is not None and scale != args.kv_overlap_score_weight:
+                raise ConfigError(
+                    "--kv-overlap-score-weight is the older name of --router-prefill-load-scale: give one"
+                )
+            scale = args.kv_overlap_score_weight
+        try:
+            policy = RouterPolicy(
+                overlap_score_credit=args.router_kv_overlap_score_credit,
+                prefill_load_scale=RouterPolicy.prefill_load_scale if scale is None else scale,
+                temperature=args.router_temperature,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (its --router-... flag)") from None
         return cls(
-            overlap_weight=args.kv_overlap_score_weight,
-            temperature=args.router_temperature,
+            policy=policy,
             use_kv_events=not args.no_kv_events,
             replica_sync=args.router_replica_sync
             if args.router_replica_sync is not None
@@ -91,6 +105,8 @@ class KvRouter(Router):
     """See the module docstring; create it with `KvRouter.create`.
 
     Attributes:
+        policy: the `RouterPolicy` it decides by; assign a new one to change it (each decision
+            reads it once, so a change applies between two decisions).
         loads: per worker, what the router has routed there and is still running.
         decisions: how many requests it routed; ``hit_blocks`` / ``prompt_blocks_total``
             is its prefix hit rate.
@@ -114,6 +130,7 @@ class KvRouter(Router):
         super().__init__(client)
         self.block_size = block_size
         self.config = config
+        self.policy = config.policy
         self.indexer = indexer
         self.tree = indexer.tree if indexer is not None else tree or RadixTree()
         self.follows_events = indexer is not None or tree is not None
@@ -181,25 +198,22 @@ class KvRouter(Router):
         self.tree.expire()
         matches = self.tree.find_matches(hashes)
         matched = time.perf_counter()
+        policy = self.policy  # one policy for the whole decision, however it changes meanwhile
         parts = cost_parts(
             sorted(live),
             prompt_tokens=prompt_tokens,
             block_size=self.block_size,
             overlaps=matches.scores,
             loads=self.loads,
-            overlap_weight=self.config.overlap_weight,
+            overlap_score_credit=policy.overlap_score_credit,
+            prefill_load_scale=policy.prefill_load_scale,
             sequence=sequence,
         )
         worker_costs = {w: p["cost"] for w, p in parts.items()}
+        temperature = policy.temperature
         worker = int(
-            pick(
-                worker_costs,
-                temperature=self.config.temperature,
-                tree_sizes=matches.tree_sizes,
-                rng=self._rng,
-            )
+            pick(worker_costs, temperature=temperature, tree_sizes=matches.tree_sizes, rng=self._rng)
         )
-        temperature = self.config.temperature
         rule = (
             "lowest cost"
             if temperature <= 0
@@ -208,6 +222,7 @@ class KvRouter(Router):
         candidates = [Candidate(int(w), score=p["cost"], parts=p) for w, p in parts.items()]
         decision = self.decision(worker, rule, candidates)
         decision.seen_before_tokens = self._seen_before(sequence) * self.block_size
+        decision.policy = policy.to_dict()
         done = time.perf_counter()
         decision.overhead_ms = {
             "block_hashing": (hashed - started) * 1000,

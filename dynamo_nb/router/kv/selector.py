@@ -2,11 +2,13 @@
 
 For each candidate worker (as in Dynamo's ``selector.rs``):
 
-- ``prefill_blocks = (active prefill tokens + this request's new tokens) / block_size``, where
-  the new tokens are the prompt minus what the worker already holds (``overlap × block_size``);
+- ``prefill_blocks = (active prefill tokens + prompt tokens − overlap_score_credit × the prefix
+  it already holds (overlap × block_size)) / block_size``: with the default credit 1, the
+  prompt's new tokens;
 - ``decode_blocks`` = the worker's distinct active blocks with this request added (blocks a
   running request already uses there, such as a shared system prompt, count once);
-- ``cost = overlap_weight × prefill_blocks + decode_blocks`` — lower is better.
+- ``cost = prefill_load_scale × prefill_blocks + decode_blocks`` — lower is better
+  (`dynamo_nb.router.policy.RouterPolicy` holds the knobs).
 
 Temperature 0 picks the cheapest (ties: the smallest cache, then at random); otherwise a
 softmax over the normalized negated costs.
@@ -89,7 +91,8 @@ def cost_parts(
     block_size: int,
     overlaps: Mapping[W, int],
     loads: Mapping[W, ActiveLoad],
-    overlap_weight: float = 1.0,
+    overlap_score_credit: float = 1.0,
+    prefill_load_scale: float = 1.0,
     sequence: Sequence[int] | None = None,
 ) -> dict[W, dict[str, float]]:
     """Each worker's cost for a prompt of ``prompt_tokens`` with the parts it is made of
@@ -105,7 +108,8 @@ def cost_parts(
         overlap = overlaps.get(worker, 0)
         load = loads.get(worker) or ActiveLoad()
         new_tokens = max(prompt_tokens - overlap * block_size, 0)
-        prefill_blocks = (load.prefill_tokens + new_tokens) / block_size
+        credited = prompt_tokens - overlap_score_credit * overlap * block_size
+        prefill_blocks = (load.prefill_tokens + credited) / block_size
         added = load.new_blocks(sequence) if sequence is not None else request_blocks - overlap
         decode_blocks = load.decode_blocks + added
         result[worker] = {
@@ -115,7 +119,7 @@ def cost_parts(
             "active_prefill_tokens": load.prefill_tokens,
             "prefill_blocks": prefill_blocks,
             "decode_blocks": decode_blocks,
-            "cost": overlap_weight * prefill_blocks + decode_blocks,
+            "cost": prefill_load_scale * prefill_blocks + decode_blocks,
         }
     return result
 

@@ -1,0 +1,224 @@
+"""`retune`: the KV router's knobs that serve a recorded trace best, found by replaying it.
+
+Each point of a grid over `dynamo_nb.router.policy.RouterPolicy`'s knobs (``overlap_score_credit``,
+``prefill_load_scale``, ``temperature``) replays the trace (or its last ``window_s`` seconds)
+on the same simulated fleet, with the real KV router deciding (`dynamo_nb.replay`). The table
+has each point's TTFT (mean, p50, p90), ITL (p50, p90), prefix reuse (cached over prompt
+tokens), output tokens/s and, with an SLO, goodput; the winner is the best on ``objective``,
+and its margin is how much better than the incumbent's (the policy running now) it is, in %.
+The incumbent is always replayed too. The same trace, fleet, grid and seed give the same answer.
+
+Example:
+    >>> from dynamo_nb.bench import synthetic_trace
+    >>> trace = synthetic_trace(200, rate=40.0, seed=2)
+    >>> answer = retune(trace, {"prefill_load_scale": [1, 8]}, fleet=Fleet(workers=3))
+    >>> len(answer.table), answer.incumbent == RouterPolicy()
+    (2, True)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..bench.slo import SLO
+from ..bench.stats import mean_gaps_s
+from ..errors import ConfigError
+from ..replay import Fleet, MockerSettings, ReplayResult, replay
+from ..router.policy import RouterPolicy
+from .sizing import Simulate
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..bench.charts import Chart
+
+__all__ = ["HIGHER_IS_BETTER", "Retune", "last_window", "retune"]
+
+HIGHER_IS_BETTER = frozenset({"reuse", "output_tok_per_s", "goodput_req_per_s"})
+"""Objectives to maximise; every other column (latencies) is minimised."""
+
+Grid = Mapping[str, Sequence[float]] | Sequence[RouterPolicy]
+
+
+@dataclass
+class Retune:
+    """`retune`'s answer.
+
+    Attributes:
+        table: one row per policy replayed (its knobs, the measures, ``incumbent``, ``winner``).
+        winner: the best policy on ``objective`` (the incumbent when none beats it).
+        incumbent: the policy it was compared with.
+        objective: the table column compared.
+        margin_pct: how much better the winner is than the incumbent on ``objective``, in %
+            (0 when the incumbent wins).
+    """
+
+    table: pd.DataFrame
+    winner: RouterPolicy
+    incumbent: RouterPolicy
+    objective: str
+    margin_pct: float
+
+    def beats_incumbent_by(self, percent: float) -> bool:
+        """Whether the winner beats the incumbent by more than ``percent`` (the change to apply)."""
+        return self.winner != self.incumbent and self.margin_pct > percent
+
+    def chart(self) -> Chart:
+        """The objective for each policy, the incumbent and the winner marked."""
+        from ..bench.charts import _chart
+
+        figure, (ax,) = _chart(1)
+        table = self.table
+        labels = [describe(policy) for policy in table["policy"]]
+        colors = [
+            "green" if w else "grey" if i else "steelblue"
+            for w, i in zip(table["winner"], table["incumbent"], strict=True)
+        ]
+        ax.bar(range(len(table)), table[self.objective], color=colors)
+        ax.set_xticks(range(len(table)), labels, rotation=60, ha="right", fontsize="small")
+        ax.set_ylabel(self.objective)
+        ax.set_title(f"{self.objective} by router policy (green: the winner, grey: the incumbent)")
+        ax.grid(True, axis="y", alpha=0.3)
+        return figure
+
+    def __repr__(self) -> str:
+        return (
+            f"<Retune on {self.objective}: {describe(self.winner)}, {self.margin_pct:.1f} % better than "
+            f"{describe(self.incumbent)}>"
+        )
+
+
+def describe(policy: RouterPolicy) -> str:
+    """``credit 1, scale 32, temp 0``: a policy in a few characters."""
+    return (
+        f"credit {policy.overlap_score_credit:g}, scale {policy.prefill_load_scale:g}, "
+        f"temp {policy.temperature:g}"
+    )
+
+
+def grid_policies(grid: Grid, base: RouterPolicy) -> list[RouterPolicy]:
+    """The policies of ``grid``: given as policies, or as knob → values (every combination,
+    the other knobs as in ``base``).
+
+    Example:
+        >>> [p.prefill_load_scale for p in grid_policies({"prefill_load_scale": [1, 16]}, RouterPolicy())]
+        [1.0, 16.0]
+    """
+    if isinstance(grid, Mapping):
+        if not grid:
+            raise ConfigError(
+                "the grid is empty: give knob → values, e.g. {'prefill_load_scale': [1, 8, 32]}"
+            )
+        names = list(grid)
+        return [
+            base.changed(dict(zip(names, values, strict=True)))
+            for values in itertools.product(*grid.values())
+        ]
+    policies = list(grid)
+    if not policies or not all(isinstance(p, RouterPolicy) for p in policies):
+        raise ConfigError("the grid is knob → values, or a list of RouterPolicy")
+    return policies
+
+
+def last_window(trace: pd.DataFrame, window_s: float) -> pd.DataFrame:
+    """The requests of ``trace`` that arrived in its last ``window_s`` seconds.
+
+    Example:
+        >>> from dynamo_nb.bench import synthetic_trace
+        >>> len(last_window(synthetic_trace(100, rate=10.0, seed=1), 5.0)) < 100
+        True
+    """
+    if window_s <= 0:
+        raise ConfigError(f"window_s must be a positive number of seconds, got {window_s}")
+    stamps = trace["timestamp_ms"].astype(float)
+    return trace[stamps >= stamps.max() - window_s * 1000.0]
+
+
+def _row(policy: RouterPolicy, result: ReplayResult, slo: SLO | None) -> dict[str, Any]:
+    requests = result.requests
+    ok = requests[requests["error"].isna()]
+    ttft = ok["ttft_s"].astype(float) * 1000
+    itl = mean_gaps_s(ok).dropna().astype(float) * 1000
+    row: dict[str, Any] = {"policy": policy, **policy.to_dict()}
+    row["ttft_mean_ms"] = float(ttft.mean()) if len(ttft) else math.nan
+    for name, values in (("ttft", ttft), ("itl", itl)):
+        for q in (50, 90):
+            row[f"{name}_p{q}_ms"] = float(np.percentile(values, q)) if len(values) else math.nan
+    prompt = float(ok["input_tokens"].fillna(0).sum())
+    row["reuse"] = float(ok["cached_tokens"].fillna(0).sum()) / prompt if prompt else math.nan
+    row["output_tok_per_s"] = (
+        float(ok["output_tokens"].fillna(0).sum()) / result.virtual_s if result.virtual_s > 0 else math.nan
+    )
+    if slo is not None:
+        row["goodput_req_per_s"] = (
+            float(slo.met(requests).sum()) / result.virtual_s if result.virtual_s > 0 else math.nan
+        )
+    row["errors"] = int(requests["error"].notna().sum())
+    return row
+
+
+def retune(
+    trace: pd.DataFrame,
+    grid: Grid,
+    *,
+    objective: str = "ttft_mean_ms",
+    fleet: Fleet | None = None,
+    settings: MockerSettings | None = None,
+    incumbent: RouterPolicy | None = None,
+    slo: SLO | None = None,
+    window_s: float | None = None,
+    seed: int = 0,
+    simulate: Simulate = replay,
+) -> Retune:
+    """Replay ``trace`` (its last ``window_s`` seconds, if given) once per policy of ``grid``
+    and the ``incumbent`` (default: `RouterPolicy()`) on ``fleet`` (default: 4 workers, KV
+    router) and pick the best on ``objective`` (see the module docstring; ``goodput_req_per_s``
+    needs ``slo``).
+
+    Example::
+
+        answer = retune(bench.read_trace("trace.jsonl"), {"prefill_load_scale": [1, 4, 16, 32]})
+        answer.table, answer.winner, answer.margin_pct
+    """
+    import pandas as pd
+
+    incumbent = incumbent or RouterPolicy()
+    fleet = fleet or Fleet(workers=4)
+    if fleet.router != "kv":
+        raise ConfigError(
+            f"retune tunes the KV router's knobs: give a fleet with router='kv', not {fleet.router!r}"
+        )
+    if objective == "goodput_req_per_s" and slo is None:
+        raise ConfigError("the goodput objective needs an SLO: give slo=SLO(ttft_ms=..., itl_ms=...)")
+    if window_s is not None:
+        trace = last_window(trace, window_s)
+    policies = grid_policies(grid, incumbent)
+    if incumbent not in policies:
+        policies = [incumbent, *policies]
+    rows = []
+    for policy in policies:
+        result = simulate(trace, replace(fleet, router_policy=policy), settings, seed=seed)
+        rows.append(_row(policy, result, slo))
+    table = pd.DataFrame(rows)
+    if objective not in table:
+        raise ConfigError(
+            f"unknown objective {objective!r}: use one of {', '.join(c for c in table if c != 'policy')}"
+        )
+    values = table[objective].astype(float)
+    higher = objective in HIGHER_IS_BETTER
+    best = int(values.idxmax() if higher else values.idxmin())
+    here = policies.index(incumbent)
+    winner = policies[best]
+    mine, theirs = float(values[here]), float(values[best])
+    margin = (theirs - mine if higher else mine - theirs) / abs(mine) * 100 if mine else 0.0
+    if winner == incumbent or not margin > 0:
+        winner, margin = incumbent, 0.0
+    table["incumbent"] = [p == incumbent for p in policies]
+    table["winner"] = [p == winner for p in policies]
+    return Retune(table, winner, incumbent, objective, margin)

@@ -1,0 +1,199 @@
+"""The KV router's policy (Dynamo 1.7's knobs and names), changed live through the frontend's
+authenticated admin API: off unless configured, a stranger, a wrong token, an altered, stale or
+replayed signature refused; a change applies between two decisions with no request lost."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+import httpx
+import pytest
+
+from dynamo_nb import ConfigError, DistributedRuntime, bench
+from dynamo_nb.engines import EchoEngine
+from dynamo_nb.flags import frontend_parser
+from dynamo_nb.frontend import Frontend
+from dynamo_nb.frontend.admin import SIGNATURE_HEADER, AdminAuth, sign_admin_request
+from dynamo_nb.frontend.settings import FrontendConfig
+from dynamo_nb.llm import serve_llm
+from dynamo_nb.router.kv import KvRouterConfig
+from dynamo_nb.router.policy import RouterPolicy
+from dynamo_nb.runtime.security import ClusterSecret
+
+TOKEN = "an-admin-token-of-some-length"
+SECRET = ClusterSecret(b"the cluster secret, 32 bytes at least")
+
+
+def test_the_knobs_take_dynamos_names_and_the_older_ones() -> None:
+    policy = RouterPolicy().changed(
+        {"--router-kv-overlap-score-credit": 0.5, "kv_overlap_score_weight": 8, "router-temperature": 0.2}
+    )
+    assert policy == RouterPolicy(overlap_score_credit=0.5, prefill_load_scale=8, temperature=0.2)
+    assert RouterPolicy().differences(policy) == {
+        "overlap_score_credit": (1.0, 0.5),
+        "prefill_load_scale": (1.0, 8.0),
+        "temperature": (0.0, 0.2),
+    }
+    for bad in ({"temperature": -1}, {"prefill_load_scale": math.inf}, {"overlap_score_credit": "1"}):
+        with pytest.raises(ConfigError, match="must be"):
+            RouterPolicy().changed(bad)
+    with pytest.raises(ConfigError, match="use overlap_score_credit, prefill_load_scale or temperature"):
+        RouterPolicy().changed({"overlap_weight_typo": 1})
+
+
+def test_the_frontend_flags_set_the_policy() -> None:
+    def config(*flags: str) -> FrontendConfig:
+        return FrontendConfig.from_args(frontend_parser().parse_args(["--router-mode", "kv", *flags]))
+
+    assert config().kv.policy == RouterPolicy()
+    assert config("--router-prefill-load-scale", "16").kv.policy.prefill_load_scale == 16
+    assert config("--kv-overlap-score-weight", "4").kv.policy.prefill_load_scale == 4  # the older name
+    both = ("--kv-overlap-score-weight", "4", "--router-prefill-load-scale", "8")
+    with pytest.raises(ConfigError, match="older name of --router-prefill-load-scale"):
+        config(*both)
+    with pytest.raises(ConfigError, match="overlap_score_credit must be finite and 0 or more"):
+        config("--router-kv-overlap-score-credit", "-1")
+    assert not config().admin_api and config("--admin-token-file", "t").admin_api
+
+
+async def start(tiny_path: Any, namespace: str, admin: AdminAuth | None) -> tuple[list[Any], Frontend]:
+    """Two echo workers of one model (block size 4) behind a KV-routing frontend."""
+    runtimes = [await DistributedRuntime.create() for _ in range(3)]
+    for runtime in runtimes[:2]:
+        endpoint = runtime.endpoint(f"{namespace}.backend.generate")
+        await serve_llm(
+            endpoint, EchoEngine().generate, tiny_path, model_name=namespace, kv_cache_block_size=4
+        )
+    frontend = await Frontend.start(
+        runtimes[2], port=0, router_mode="kv", kv_config=KvRouterConfig(use_kv_events=False), admin=admin
+    )
+    await bench.wait_for_model(frontend.url, namespace, instances=2, timeout=10)
+    return runtimes, frontend
+
+
+async def stop(runtimes: list[Any], frontend: Frontend) -> None:
+    await frontend.stop()
+    for runtime in runtimes:
+        await runtime.shutdown()
+
+
+def signed(body: bytes, secret: ClusterSecret = SECRET, now: float | None = None) -> dict[str, str]:
+    return {SIGNATURE_HEADER: sign_admin_request(secret, "PATCH", "/router_policy", body, now=now)}
+
+
+async def test_the_admin_routes_are_off_unless_configured(tiny_path: Any) -> None:
+    runtimes, frontend = await start(tiny_path, "polo", admin=None)
+    try:
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+            for method in ("GET", "PATCH"):
+                answer = await http.request(method, "/router_policy", json={"temperature": 1})
+                assert answer.status_code == 404, answer.text
+                assert "--admin-token-file" in answer.json()["error"]["message"]
+        assert frontend.kv_router_policy() == RouterPolicy()
+    finally:
+        await stop(runtimes, frontend)
+
+
+async def test_the_admin_api_refuses_strangers_and_replays_and_takes_the_token_or_the_secret(
+    tiny_path: Any,
+) -> None:
+    runtimes, frontend = await start(tiny_path, "pola", admin=AdminAuth(TOKEN, SECRET))
+    try:
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+
+            async def patch(body: bytes, headers: dict[str, str]) -> httpx.Response:
+                return await http.patch("/router_policy", content=body, headers=headers)
+
+            change = json.dumps({"prefill_load_scale": 32, "overlap_score_credit": 1.5}).encode()
+            stranger = await patch(change, {})
+            assert stranger.status_code == 401 and "needs credentials" in stranger.text
+            for headers in (
+                {"Authorization": "Bearer a-wrong-token-of-some-length"},
+                {"Authorization": f"Basic {TOKEN}"},
+                signed(change, ClusterSecret(b"another secret of 32 bytes or so..")),
+                signed(b'{"prefill_load_scale": 1}'),  # signed for another body: altered
+                signed(change, now=1_000_000_000),  # stale
+                {SIGNATURE_HEADER: "t=1,n=x,s=y"},
+            ):
+                refused = await patch(change, headers)
+                assert refused.status_code == 403, (headers, refused.text)
+                assert refused.json()["error"]["type"] == "authentication_error"
+            assert frontend.kv_router_policy() == RouterPolicy()  # nothing changed so far
+
+            headers = signed(change)
+            accepted = await patch(change, headers)
+            assert accepted.status_code == 200, accepted.text
+            assert accepted.json()["changed"] == {
+                "prefill_load_scale": {"old": 1.0, "new": 32.0},
+                "overlap_score_credit": {"old": 1.0, "new": 1.5},
+            }
+            replayed = await patch(change, headers)
+            assert replayed.status_code == 403 and "replay" in replayed.text
+
+            shown = await http.get("/router_policy", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert shown.json() == {
+                "policy": {"overlap_score_credit": 1.5, "prefill_load_scale": 32.0, "temperature": 0.0}
+            }
+            for bad, word in (
+                (b'{"temperature": -1}', "0 or more"),
+                (b'{"weight": 1}', "unknown"),
+                (b"[1]", "object"),
+            ):
+                answer = await patch(bad, {"Authorization": f"Bearer {TOKEN}"})
+                assert answer.status_code == 400 and word in answer.text, answer.text
+            metrics = (await http.get("/metrics")).text
+            assert 'dynamo_frontend_router_policy{knob="prefill_load_scale"} 32.0' in metrics
+            assert 'dynamo_frontend_router_policy_changes_total{by="the cluster secret"} 1.0' in metrics
+    finally:
+        await stop(runtimes, frontend)
+
+
+async def test_a_policy_change_applies_between_two_decisions_with_no_request_lost(tiny_path: Any) -> None:
+    runtimes, frontend = await start(tiny_path, "polc", admin=AdminAuth(TOKEN))
+    router = frontend.models.get("polc").router
+    try:
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+
+            async def complete(i: int) -> str:
+                body = {"model": "polc", "prompt": [*range(10, 42), i], "max_tokens": 8, "stream": True}
+                async with http.stream("POST", "/v1/completions", json=body) as response:
+                    text = "".join([line async for line in response.aiter_lines()])
+                return f"{response.status_code} {'[DONE]' in text} {response.headers['x-request-id']}"
+
+            async def decided(count: int) -> None:
+                for _ in range(600):  # each wave's requests are routed before the next change
+                    if len(frontend.routing_records) >= count:
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError(f"{len(frontend.routing_records)} of {count} requests routed")
+
+            streams = []
+            for wave, scale in enumerate((2, 8, 32, None)):
+                streams += [asyncio.create_task(complete(10 * wave + i)) for i in range(10)]
+                await decided(len(streams))
+                if scale is not None:  # while the wave's streams may still run
+                    answer = await http.patch(
+                        "/router_policy",
+                        json={"prefill_load_scale": scale},
+                        headers={"Authorization": f"Bearer {TOKEN}"},
+                    )
+                    assert answer.status_code == 200, answer.text
+            results = await asyncio.gather(*streams)
+        assert all(r.startswith("200 True") for r in results), results  # none lost
+        scales = []
+        for decision in frontend.routing_records:  # in the order they were made
+            assert decision.policy is not None
+            scale = decision.policy["prefill_load_scale"]
+            scales.append(scale)
+            for candidate in decision.candidates:  # each decided wholly by one policy
+                parts = candidate.parts
+                assert candidate.score == pytest.approx(
+                    scale * parts["prefill_blocks"] + parts["decode_blocks"]
+                )
+        assert scales == [1.0] * 10 + [2.0] * 10 + [8.0] * 10 + [32.0] * 10  # each change at once, for all
+        assert router.policy.prefill_load_scale == 32
+    finally:
+        await stop(runtimes, frontend)
