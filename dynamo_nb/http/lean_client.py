@@ -413,7 +413,12 @@ class LeanHttpClient:
 
 
 async def fetch(
-    url: str, *, method: str = "GET", body: bytes = b"", timeout: float = 10.0
+    url: str,
+    *,
+    method: str = "GET",
+    body: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    timeout: float = 10.0,
 ) -> tuple[int, bytes]:
     """One request on a connection of its own, read whole: ``(status, body)``, within ``timeout``
     seconds (else `TimeoutError`). A connection that fails or closes early raises
@@ -426,7 +431,7 @@ async def fetch(
     async with LeanHttpClient(new_connection=True) as client:
 
         async def whole() -> tuple[int, bytes]:
-            answer = await client.request(method, url, body)
+            answer = await client.request(method, url, body, headers)
             return answer.status, await answer.read()
 
         return await asyncio.wait_for(whole(), timeout)

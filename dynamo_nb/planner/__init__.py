@@ -5,6 +5,10 @@
   table, a chart and the cost per million tokens;
 - ``retune.py``: `retune`, the KV router's knobs that serve a recorded trace best, found by
   replaying it once per point of a grid, with the winner's margin over the running policy;
+- ``retuner.py``: `Retuner`, the same from a running frontend's request trace, window after
+  window, applying a policy that wins by enough in enough windows in a row (admin API);
+- ``interval_loop.py``: `IntervalLoop`, a decision per interval in the background with a live
+  chart (what the autoscaler and the retuner share);
 - ``autoscaler.py``: `Autoscaler`, which reads a frontend's metrics and scales a running
   graph's workers (load, throughput or SLO mode, with hysteresis and bounds).
 
@@ -18,6 +22,17 @@ from __future__ import annotations
 
 from .autoscaler import AUTOSCALE_MODES, Autoscaler, Scalable
 from .retune import Retune, retune
+from .retuner import Retuner
 from .sizing import Plan, Simulate, plan
 
-__all__ = ["AUTOSCALE_MODES", "Autoscaler", "Plan", "Retune", "Scalable", "Simulate", "plan", "retune"]
+__all__ = [
+    "AUTOSCALE_MODES",
+    "Autoscaler",
+    "Plan",
+    "Retune",
+    "Retuner",
+    "Scalable",
+    "Simulate",
+    "plan",
+    "retune",
+]

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..bench.scrape import histogram_quantile, scrape_metrics
 from ..bench.slo import SLO
 from ..errors import ConfigError
-from ..notebook.display import PngDisplay
+from .interval_loop import IntervalLoop
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,7 +64,7 @@ class Scalable(Protocol):
     async def scale(self, service: str, replicas: int) -> None: ...
 
 
-class Autoscaler:
+class Autoscaler(IntervalLoop):
     """See the module docstring.
 
     Attributes:
@@ -119,22 +119,16 @@ class Autoscaler:
         )
         self.min_replicas = min_replicas
         self.max_replicas = max_replicas
-        self.interval = interval
+        super().__init__(interval, live=live)
         self.up_after = up_after
         self.down_after = down_after
         self.cooldown = cooldown
-        self.records: list[dict[str, Any]] = []
         self._streak = 0  # intervals in a row that wanted more (> 0) or fewer (< 0)
         self._changed_at = -math.inf
         self._previous: pd.DataFrame | None = None
         self._previous_at = 0.0
         self._origin = 0.0
-        self._task: asyncio.Task[None] | None = None
-        self._step: asyncio.Future[dict[str, Any]] | None = None  # the decision being made now
-        self._display = PngDisplay() if live else None
-        self.drawn_decisions = 0  # how many decisions the live chart's last frame shows
         self._clock = clock
-        self._decided = asyncio.Event()
 
     @staticmethod
     def _replicas_of(running: Any, service: str, default: int) -> int:
@@ -153,30 +147,13 @@ class Autoscaler:
                    "action", "reason"]  # fmt: skip
         return pd.DataFrame(self.records, columns=columns)
 
-    async def start(self) -> None:
-        """Read the metrics once (the baseline), then decide every ``interval`` in the background."""
-        if self._task is not None:
-            return
+    name = "autoscaler"
+
+    async def _prepare(self) -> None:
+        """Read the metrics once: the baseline of the first interval."""
         self._origin = self._clock()
         self._previous = await self._scrape()
         self._previous_at = self._clock()
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="dynamo_nb.autoscaler")
-
-    async def stop(self) -> None:
-        """Stop deciding: a decision begun (its scale) finishes first, and the live chart's last
-        frame shows every decision."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        if self._step is not None:  # the loop was stopped while it waited for this decision
-            try:
-                await self._step
-            except Exception:  # a missed scrape or a failed scale: the loop did not log it
-                logger.warning("autoscaler step failed", exc_info=True)
-            self._step = None
-        await self._redraw()
 
     async def wait_for(self, replicas: int, timeout: float) -> bool:
         """Wait until a decision leaves ``replicas`` (at most ``timeout`` seconds); whether it did.
@@ -195,34 +172,6 @@ class Autoscaler:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._decided.wait(), remaining)
         return True
-
-    async def __aenter__(self) -> Autoscaler:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            # shielded: a stop meanwhile lets the decision (a scale begun) finish; `stop` awaits it
-            self._step = asyncio.ensure_future(self.step())
-            try:
-                await asyncio.shield(self._step)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a missed scrape or a failed scale: logged, the next interval tries again
-                logger.warning("autoscaler step failed", exc_info=True)
-            self._step = None
-
-    async def _redraw(self) -> None:
-        """Show the chart of every decision so far (a notebook with ``live=True``), unless the
-        last frame already does."""
-        rows = len(self.records)
-        if self._display is not None and rows > 1 and rows != self.drawn_decisions:
-            self._display.show(await asyncio.to_thread(lambda: self.chart().to_png()))
-            self.drawn_decisions = rows
 
     async def _scrape(self) -> pd.DataFrame:
         return await scrape_metrics(self.url, timeout=max(self.interval, 2.0))
@@ -248,10 +197,7 @@ class Autoscaler:
             self._streak = 0
         row = {"t_s": round(now - self._origin, 2), **observed, "replicas": self.replicas, "desired": desired,
                "action": action, "reason": reason}  # fmt: skip
-        self.records.append(row)
-        await self._redraw()
-        self._decided.set()  # after the chart shows it: a caller that stops on this decision sees it drawn
-        return row
+        return await self._recorded(row)
 
     def _desired(self, observed: dict[str, float]) -> tuple[int, str]:
         """The replicas the interval's load asks for (within the bounds), and why."""
@@ -324,7 +270,7 @@ class Autoscaler:
         return figure
 
     def __repr__(self) -> str:
-        state = "running" if self._task is not None else "stopped"
+        state = "running" if self.is_running else "stopped"
         return (
             f"<Autoscaler {self.service} {self.mode} mode, {self.replicas} replicas "
             f"[{self.min_replicas}..{self.max_replicas}], {len(self.records)} decisions, {state}>"

@@ -173,13 +173,15 @@ def retune(
     incumbent: RouterPolicy | None = None,
     slo: SLO | None = None,
     window_s: float | None = None,
+    concurrency: int | None = None,
     seed: int = 0,
     simulate: Simulate = replay,
 ) -> Retune:
     """Replay ``trace`` (its last ``window_s`` seconds, if given) once per policy of ``grid``
     and the ``incumbent`` (default: `RouterPolicy()`) on ``fleet`` (default: 4 workers, KV
     router) and pick the best on ``objective`` (see the module docstring; ``goodput_req_per_s``
-    needs ``slo``).
+    needs ``slo``). ``concurrency``: replay it as a closed loop with that many requests in
+    flight (`dynamo_nb.replay.replay`) instead of at the trace's times.
 
     Example::
 
@@ -203,7 +205,8 @@ def retune(
         policies = [incumbent, *policies]
     rows = []
     for policy in policies:
-        result = simulate(trace, replace(fleet, router_policy=policy), settings, seed=seed)
+        loop = {} if concurrency is None else {"concurrency": concurrency}
+        result = simulate(trace, replace(fleet, router_policy=policy), settings, seed=seed, **loop)
         rows.append(_row(policy, result, slo))
     table = pd.DataFrame(rows)
     if objective not in table:
