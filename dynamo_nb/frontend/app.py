@@ -47,7 +47,7 @@ from .admission import DEFAULT_QUEUE_TIMEOUT
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
-from .openai import check_text, parse_request
+from .openai import check_text, parse_request, with_priority_headers
 from .pipeline import RequestPipeline, model_not_found
 from .request_trace import RequestTraceWriter
 from .served_models import ModelManager, ServedModel
@@ -508,14 +508,12 @@ class Frontend:
         return json_response(body, status=200 if healthy else 503)
 
     async def _chat(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
-        return await self.pipeline.serve(
-            request, parse_request(self._prompt_json(request, "messages"), "chat")
-        )
+        parsed = parse_request(self._prompt_json(request, "messages"), "chat")
+        return await self.pipeline.serve(request, with_priority_headers(parsed, request.headers))
 
     async def _completions(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
-        return await self.pipeline.serve(
-            request, parse_request(self._prompt_json(request, "prompt"), "completions")
-        )
+        parsed = parse_request(self._prompt_json(request, "prompt"), "completions")
+        return await self.pipeline.serve(request, with_priority_headers(parsed, request.headers))
 
     def _prompt_json(self, request: HttpRequest, param: str) -> Any:
         """A generate request's JSON; a body larger than any served model's context could take

@@ -168,6 +168,14 @@ class FrontendMetrics:
             ("model", "stage"),
             registry=registry,
         )
+        self.queue_wait = LoopHistogram(  # observed per request let in, from the event loop
+            "dynamo_frontend_queue_wait_seconds",
+            "time a request waited for a slot while the model's workers were full, by strict_priority tier "
+            "(8+ for tiers from 8)",
+            ("model", "strict_priority"),
+            LATENCY_BUCKETS,
+            registry,
+        )
         self.router_policy = Gauge(
             "dynamo_frontend_router_policy",
             "the KV routers' policy: overlap_score_credit, prefill_load_scale, temperature",
@@ -183,6 +191,11 @@ class FrontendMetrics:
         self._queues_watched: set[str] = set()
         self._models: dict[str, ModelMetrics] = {}
         self._request_counters: dict[tuple[str, str, str, str], Any] = {}  # labels() costs µs a call
+
+    def observe_queue_wait(self, model: str, strict_priority: int, seconds: float) -> None:
+        """A request let in after ``seconds`` in the queue (0: at once), by its tier."""
+        tier = str(strict_priority) if strict_priority < 8 else "8+"
+        self.queue_wait.labels(model, tier).observe(seconds)
 
     def show_router_policy(self, policy: RouterPolicy) -> None:
         """Set ``dynamo_frontend_router_policy{knob}`` to ``policy``'s knobs."""

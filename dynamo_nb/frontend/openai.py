@@ -15,7 +15,9 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +25,7 @@ from ..errors import InvalidRequestError
 from ..llm.protocol import DEFAULT_MAX_TOKENS, SamplingOptions, StopConditions
 from ..runtime.instance import parse_instance_id
 
-__all__ = ["OpenAIRequest", "check_text", "parse_request"]
+__all__ = ["PRIORITY_HEADERS", "OpenAIRequest", "check_text", "parse_request", "with_priority_headers"]
 
 # A body that can hold a lone surrogate holds an escaped one ("\\ud800") or its UTF-8-like bytes
 # (ED A0..BF ..), which json.loads lets through: only such a body is walked.
@@ -47,6 +49,8 @@ class OpenAIRequest:
     prompt: str | list[int] | None = None
     extra_fields: frozenset[str] = frozenset()
     routing: dict[str, Any] | None = None
+    priority: float = 0.0  # nvext.agent_hints.priority: soft, higher first (Dynamo's polarity)
+    strict_priority: int = 0  # nvext.agent_hints.strict_priority: a tier, higher always first
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -190,6 +194,62 @@ def _routing(body: dict[str, Any]) -> dict[str, Any] | None:
         raise _bad(f"nvext.backend_instance_id: {exc}", "nvext.backend_instance_id") from None
 
 
+MAX_STRICT_PRIORITY = 2**32 - 1  # an unsigned 32-bit tier, as Dynamo's
+PRIORITY_HEADERS = {
+    "priority": "x-dynamo-request-priority",
+    "strict_priority": "x-dynamo-request-strict-priority",
+}
+
+
+def _priority_value(name: str, value: Any, where: str) -> float | int:
+    """A checked ``priority`` (any finite number) or ``strict_priority`` (an unsigned integer)."""
+    if name == "strict_priority":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_STRICT_PRIORITY:
+            raise _bad(
+                f"{where} must be an integer from 0 to {MAX_STRICT_PRIORITY} (a tier), got {value!r}", where
+            )
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _bad(f"{where} must be a finite number (higher: sooner), got {value!r}", where)
+    return float(value)
+
+
+def _agent_hints(body: dict[str, Any]) -> dict[str, float | int]:
+    """``nvext.agent_hints``' ``priority`` and ``strict_priority`` (as in Dynamo); other hints
+    are accepted and ignored."""
+    hints = _nvext(body).get("agent_hints")
+    if hints is None:
+        return {}
+    if not isinstance(hints, dict):
+        raise _bad("nvext.agent_hints must be an object such as {'priority': 10}", "nvext.agent_hints")
+    return {
+        name: _priority_value(name, hints[name], f"nvext.agent_hints.{name}")
+        for name in PRIORITY_HEADERS
+        if hints.get(name) is not None
+    }
+
+
+def with_priority_headers(request: OpenAIRequest, headers: Mapping[str, str]) -> OpenAIRequest:
+    """``request`` with ``x-dynamo-request-priority`` / ``x-dynamo-request-strict-priority``
+    applied: a header overrides its ``nvext.agent_hints`` field (as in Dynamo).
+
+    Example:
+        >>> parsed = parse_request({"model": "m", "prompt": "hi"}, "completions")
+        >>> with_priority_headers(parsed, {"x-dynamo-request-strict-priority": "2"}).strict_priority
+        2
+    """
+    for name, header in PRIORITY_HEADERS.items():
+        raw = headers.get(header)
+        if raw is None:
+            continue
+        try:
+            value: Any = int(raw) if name == "strict_priority" else float(raw)
+        except ValueError:
+            value = raw
+        setattr(request, name, _priority_value(name, value, f"the {header} header"))
+    return request
+
+
 def _extra_fields(body: dict[str, Any]) -> frozenset[str]:
     """``nvext.extra_fields`` (as in Dynamo): response fields asked for, e.g. ``["worker_id"]``."""
     fields = _nvext(body).get("extra_fields") or []
@@ -282,6 +342,7 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
         sampling,
         extra_fields=_extra_fields(body),
         routing=_routing(body),
+        **_agent_hints(body),  # type: ignore[arg-type]  # priority: float, strict_priority: int
     )
     if kind == "chat":
         request.messages = _messages(body)

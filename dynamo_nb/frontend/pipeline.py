@@ -217,13 +217,22 @@ class RequestPipeline:
             self.metrics.watch_queue(model.name, model.admission)
             try:
                 with span("admission wait"):
-                    await model.admission.enter(model.capacity())
+                    queued_s = await model.admission.enter(
+                        model.capacity(), priority=parsed.priority, strict_priority=parsed.strict_priority
+                    )
             except OverloadedError as refused:  # answered at once (503 or 529), counted by its reason
                 self.metrics.rejections.labels(model.name, refused.reason).inc()
                 raise
             admitted = True
             waited_s = time.perf_counter() - started
+            self.metrics.observe_queue_wait(model.name, parsed.strict_priority, queued_s)
             opened = await self.open_planned(model, request, request_id)
+            if opened.decision is not None:  # why it went when it did, beside where it went
+                opened.decision.queue = {
+                    "priority": parsed.priority,
+                    "strict_priority": parsed.strict_priority,
+                    "waited_ms": round(queued_s * 1000, 3),
+                }
             if root is not None:
                 root.add_event("first token")
             first_s = time.perf_counter() - started

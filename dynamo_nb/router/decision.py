@@ -73,6 +73,8 @@ class RoutingDecision:
         seen_before_tokens: the KV router's: the prompt's leading tokens whose blocks it sent to
             some worker before (cached there still, or evicted since).
         policy: the KV router's knobs when it decided (`dynamo_nb.router.policy.RouterPolicy`).
+        queue: the frontend's: the request's ``priority``, ``strict_priority`` and the
+            milliseconds it waited for a slot (``waited_ms``) before it was routed.
     """
 
     router: str
@@ -85,6 +87,7 @@ class RoutingDecision:
     overhead_ms: dict[str, float] = field(default_factory=dict)  # time per routing phase (KV router)
     seen_before_tokens: int | None = None  # KV router: the prompt's leading tokens in blocks it routed before
     policy: dict[str, float] | None = None  # KV router: its knobs when it decided
+    queue: dict[str, float] | None = None  # the frontend's: priority, tier, time waited for a slot
     margin: float | None = field(default=None, init=False)
     tie: bool = field(default=False, init=False)
 
@@ -117,6 +120,7 @@ class RoutingDecision:
             "overhead_ms": self.overhead_ms,
             "seen_before_tokens": self.seen_before_tokens,
             "policy": self.policy,
+            "queue": self.queue,
         }
 
     def explain(self) -> str:
