@@ -121,3 +121,17 @@ def test_json_bodies_are_charged_before_json_loads() -> None:
     emoji = json.dumps({"prompt": "text and an emoji 😀 " * (3 * MB // 22)}, ensure_ascii=False)
     assert json_cost_problem(emoji.encode()) is not None  # four bytes a character: 9× in all
     assert json_cost_problem(emoji[:800_000].encode() + b'"}') is None  # within the allowance
+
+
+def test_a_small_frame_of_long_array_headers_is_walked_and_refused() -> None:
+    # each array16 header makes msgpack allocate its 65535-item list before the items come
+    frame = (b"\xdc\xff\xff" * 1023).ljust(65536, b"\x00")
+    with pytest.raises(FrameTooLargeError):
+        unpack_bounded(frame)
+    assert unpack_bounded(msgpack.packb([1, "two", {"three": 3}])) == [1, "two", {"three": 3}]
+
+
+def test_a_json_body_that_is_not_utf8_is_refused() -> None:
+    body = ('["\u2200",' + "[]," * 200_000 + '"x"]').encode("utf-16-le")
+    problem = json_cost_problem(body)
+    assert problem is not None and "not UTF-8" in problem

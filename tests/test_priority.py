@@ -169,3 +169,24 @@ async def test_high_priority_requests_pass_a_burst_of_low_priority_ones(
         text = (await http.get("/metrics")).text
     waits = {"model": "tiny-llama", "strict_priority": "1"}
     assert metric_value(text, "dynamo_frontend_queue_wait_seconds_count", **waits) == 1
+
+
+async def test_a_slot_handed_to_a_waiter_is_not_taken_by_a_newcomer_too() -> None:
+    admission = Admission()
+    await admission.enter(1)
+    waiter = asyncio.ensure_future(admission.enter(1))
+    await until(lambda: admission.waiting == 1, "queued")
+    admission.leave()  # the slot goes to the waiter, which has not run yet
+    newcomer = asyncio.ensure_future(admission.enter(1))
+    await waiter
+    await until(lambda: admission.waiting == 1, "the newcomer queued")
+    assert admission.inflight == 1 and not newcomer.done()
+    admission.leave()
+    await newcomer
+    assert admission.inflight == 1 and admission.waiting == 0
+
+
+def test_a_priority_too_large_for_a_float_is_a_400() -> None:
+    body = {"model": "m", "prompt": "hi", "nvext": {"agent_hints": {"priority": 10**400}}}
+    with pytest.raises(InvalidRequestError, match="finite number"):
+        parse_request(body, "completions")

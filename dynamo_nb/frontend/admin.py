@@ -97,7 +97,7 @@ class AdminAuth:
         token = None
         if path is not None:
             try:
-                token = Path(path).read_text().strip()
+                token = next(iter(Path(path).read_text().splitlines()), "").strip()
             except OSError as exc:
                 raise ConfigError(
                     f"cannot read --admin-token-file {str(path)!r}: {exc.strerror or exc}"

@@ -94,6 +94,8 @@ class Admission:
         try:
             await asyncio.wait_for(turn, self.queue_timeout)
         except asyncio.TimeoutError:
+            if turn.done() and not turn.cancelled():  # handed over as the time ran out (3.12+): ours
+                return loop.time() - queued_at
             waited = loop.time() - queued_at
             raise OverloadedError(
                 f"{self._name()} is overloaded: its workers stayed full ({self.inflight} requests in flight, "
@@ -105,7 +107,6 @@ class Admission:
             ) from None
         except BaseException:
             if turn.done() and not turn.cancelled():  # the slot was handed to us: pass it on
-                self.inflight += 1
                 self.leave()
             raise
         finally:
@@ -114,8 +115,7 @@ class Admission:
                 if not turn.done():
                     turn.cancel()
                 self._compact()
-        self.inflight += 1
-        return loop.time() - queued_at
+        return loop.time() - queued_at  # the slot came with the turn: inflight already counts it
 
     def _compact(self) -> None:
         """Drop the turns given up once they are most of the heap."""
@@ -128,11 +128,12 @@ class Admission:
 
     def leave(self) -> None:
         """A request let in has finished: its slot goes to the first request waiting (the
-        highest tier, then the earliest due)."""
-        self.inflight -= 1
+        highest tier, then the earliest due), still counted in flight, so no request that comes
+        meanwhile can take it too."""
         while self._queue:
             turn = heapq.heappop(self._queue)[3]
             if not turn.done():
                 turn.set_result(None)
                 self._waiting -= 1
                 return
+        self.inflight -= 1

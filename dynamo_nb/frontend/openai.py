@@ -209,8 +209,12 @@ def _priority_value(name: str, value: Any, where: str) -> float | int:
                 f"{where} must be an integer from 0 to {MAX_STRICT_PRIORITY} (a tier), got {value!r}", where
             )
         return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _bad(f"{where} must be a finite number (higher: sooner), got {value!r}", where)
+    try:
+        finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        raise _bad(f"{where} must be a finite number (higher: sooner), got {str(value)[:40]}", where)
     return float(value)
 
 

@@ -26,6 +26,7 @@ from ..llm.tokenizer import ModelTokenizer
 from ..router import (
     DirectRouter,
     FunctionRouter,
+    KvRouter,
     KvRouterConfig,
     PickFunction,
     PrefillPlanner,
@@ -361,7 +362,7 @@ class ModelManager:
     ) -> Router:
         """The ``--router-mode`` router of a card's endpoint (a KV router follows its KV events;
         ``limit_of`` gives an instance's ``max_num_seqs``)."""
-        return await make_router(
+        router = await make_router(
             self.router_mode,
             client,
             block_size=card.kv_cache_block_size,
@@ -369,6 +370,9 @@ class ModelManager:
             component=self.runtime.endpoint(card.endpoint).component(),
             limit_of=limit_of,
         )
+        if isinstance(router, KvRouter):  # a policy changed while it was made: the newest
+            router.policy = self.kv_config.policy
+        return router
 
     async def close(self) -> None:
         """Stop the routers' event subscriptions (the frontend's `stop` calls it)."""

@@ -215,8 +215,10 @@ def retune(
         )
     values = table[objective].astype(float)
     higher = objective in HIGHER_IS_BETTER
-    best = int(values.idxmax() if higher else values.idxmin())
     here = policies.index(incumbent)
+    if values.isna().all():  # nothing measured (every request failed): keep what runs
+        values = values.fillna(0.0)
+    best = int(values.idxmax() if higher else values.idxmin())
     winner = policies[best]
     mine, theirs = float(values[here]), float(values[best])
     margin = (theirs - mine if higher else mine - theirs) / abs(mine) * 100 if mine else 0.0

@@ -54,8 +54,14 @@ class RouterPolicy:
         for knob, value in asdict(self).items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"router policy knob {knob} must be a number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"router policy knob {knob} must be finite and 0 or more, got {value!r}")
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:  # an int too large for a float
+                finite = False
+            if not finite or value < 0:
+                raise ConfigError(
+                    f"router policy knob {knob} must be finite and 0 or more, got {str(value)[:40]}"
+                )
             object.__setattr__(self, knob, float(value))
 
     def changed(self, updates: Mapping[str, Any]) -> RouterPolicy:

@@ -43,9 +43,12 @@ __all__ = [
 
 DECODE_BYTES_PER_BYTE = 5
 DECODE_ALLOWANCE_BYTES = 8 * 1024 * 1024
-# no shape is charged more than ~85 bytes per byte (a one-entry map, 3 bytes, is charged 256): a
-# message this small stays within the allowance whatever it holds, so it is decoded unwalked
+# no shape is charged more than ~85 bytes per byte (a one-entry map, 3 bytes, is charged 256)
+# except arrays and maps whose 16- or 32-bit length msgpack allocates before their items come: a
+# message this small without such a header byte stays within the allowance whatever it holds,
+# so it is decoded unwalked
 SMALL_BYTES = 64 * 1024
+_LONG_HEADER = re.compile(rb"[\xdc-\xdf]")  # array16/32, map16/32 (or payload bytes like them)
 
 # What one decoded object takes (CPython 3.10–3.13, rounded up to pymalloc's 16 bytes).
 _LIST, _POINTER = 64, 8  # a list: its header and a pointer per item (msgpack sizes it exactly)
@@ -53,7 +56,7 @@ _DICT, _ENTRY = 192, 64  # a dict of n entries: at most 192 + 64 n, its growth's
 _STR, _WIDE_STR, _WIDE = 64, 96, 5  # a str: its header and its text; beyond ASCII, decoding
 # takes up to five bytes per byte (a buffer of one byte per character, then one of four)
 _BYTES = 48  # a bytes' header
-_EXT = 112  # an ExtType (or Timestamp) and its data's header
+_EXT = 128  # an ExtType (or Timestamp) and its data's header
 _SCALAR_PER_BYTE = 12  # an int of 3 bytes or more (28–36 bytes) or a float (24): 12 per byte
 _NARROW_SCALAR = 36  # a negative fixint or an int8 (one or two bytes): charged 36 a byte
 _CHUNK = 64 * 1024  # a run is charged a chunk at a time, so a costly one stops early
@@ -193,7 +196,7 @@ def unpack_bounded(data: bytes | bytearray | memoryview, *, strict_map_key: bool
         ...
         dynamo_nb.errors.FrameTooLargeError: a message of 200005 bytes would take more than 8388608 bytes to decode (at most 5× its size, or 8 MiB); it was refused
     """
-    if len(data) > SMALL_BYTES:
+    if len(data) > SMALL_BYTES or _LONG_HEADER.search(data) is not None:
         msgpack_cost(data)
     try:
         return unpackb(data, raw=False, strict_map_key=strict_map_key)
@@ -209,7 +212,7 @@ def unpack_all_bounded(data: bytes) -> list[Any]:
         >>> unpack_all_bounded(msgpack.packb([11, 7]) + msgpack.packb([10, 7, "x"]))
         [[11, 7], [10, 7, 'x']]
     """
-    if len(data) > SMALL_BYTES:
+    if len(data) > SMALL_BYTES or _LONG_HEADER.search(data) is not None:
         msgpack_cost(data)
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
@@ -224,7 +227,8 @@ def unpack_all_bounded(data: bytes) -> list[Any]:
 # A string, or an unclosed one to the end: every match that starts at a quote succeeds, so the
 # scan is linear (a pattern that could fail there would rescan the rest from each quote).
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
-_JSON_CONTAINER = 88  # a list or dict built by appends: its header and spare room, its pointer
+_JSON_LIST = 88  # a list built by appends: its header and spare room, its pointer
+_JSON_OBJECT = 208  # a dict of a few entries (184 bytes) and its pointer, json's key memo
 _ASTRAL = re.compile(rb"[\xf0-\xf4]")  # UTF-8's lead bytes of characters beyond U+FFFF
 _BEYOND_LATIN1 = re.compile(rb"[\xc4-\xef]")  # and of those from U+0100 to U+FFFF
 _JSON_VALUE = 48  # a number (a 36-byte int at most, or a float) and its pointer, or a dict entry
@@ -262,14 +266,16 @@ def json_cost_problem(raw: bytes) -> str | None:
     size = len(raw)
     if size <= SMALL_BYTES:
         return None
+    if b"\x00" in raw:  # UTF-16 or UTF-32, which json.loads also takes: counted as bytes, wrongly
+        return f"the body of {size} bytes is not UTF-8: send JSON as UTF-8"
     budget = decode_budget(size)
     text = _json_text_bytes(raw)
     structure = raw
     for _ in range(2):  # the counts in the raw bytes first, then outside strings
-        containers = structure.count(b"[") + structure.count(b"{")
+        lists, objects = structure.count(b"["), structure.count(b"{")
         values = structure.count(b",") + structure.count(b":") + 1
         quotes = raw.count(b'"')
-        cost = _JSON_CONTAINER * containers + _JSON_VALUE * values + _STR // 2 * quotes + text
+        cost = _JSON_LIST * lists + _JSON_OBJECT * objects + _JSON_VALUE * values + _STR // 2 * quotes + text
         if cost <= budget:
             return None
         if structure is not raw:

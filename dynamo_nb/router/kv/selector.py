@@ -109,6 +109,8 @@ def cost_parts(
         load = loads.get(worker) or ActiveLoad()
         new_tokens = max(prompt_tokens - overlap * block_size, 0)
         credited = prompt_tokens - overlap_score_credit * overlap * block_size
+        if overlap_score_credit <= 1:  # never below nothing to compute (a partial last block)
+            credited = max(credited, 0)
         prefill_blocks = (load.prefill_tokens + credited) / block_size
         added = load.new_blocks(sequence) if sequence is not None else request_blocks - overlap
         decode_blocks = load.decode_blocks + added
