@@ -178,9 +178,14 @@ def msgpack_cost(data: bytes | bytearray | memoryview, budget: int | None = None
                 pos = start + length
         if cost > budget:
             raise _too_costly(size, budget)
-    if cost > budget:
-        raise _too_costly(size, budget)
     return cost
+
+
+def _walk_unless_small(data: bytes | bytearray | memoryview) -> None:
+    """`msgpack_cost` (refusing what is over budget), skipped for a message no larger than
+    `SMALL_BYTES` without a byte of a 16- or 32-bit array or map header."""
+    if len(data) > SMALL_BYTES or _LONG_HEADER.search(data) is not None:
+        msgpack_cost(data)
 
 
 def unpack_bounded(data: bytes | bytearray | memoryview, *, strict_map_key: bool = True) -> Any:
@@ -196,8 +201,7 @@ def unpack_bounded(data: bytes | bytearray | memoryview, *, strict_map_key: bool
         ...
         dynamo_nb.errors.FrameTooLargeError: a message of 200005 bytes would take more than 8388608 bytes to decode (at most 5× its size, or 8 MiB); it was refused
     """
-    if len(data) > SMALL_BYTES or _LONG_HEADER.search(data) is not None:
-        msgpack_cost(data)
+    _walk_unless_small(data)
     try:
         return unpackb(data, raw=False, strict_map_key=strict_map_key)
     except msgpack.StackError:
@@ -212,8 +216,7 @@ def unpack_all_bounded(data: bytes) -> list[Any]:
         >>> unpack_all_bounded(msgpack.packb([11, 7]) + msgpack.packb([10, 7, "x"]))
         [[11, 7], [10, 7, 'x']]
     """
-    if len(data) > SMALL_BYTES or _LONG_HEADER.search(data) is not None:
-        msgpack_cost(data)
+    _walk_unless_small(data)
     unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(data), 1))
     unpacker.feed(data)
     try:
