@@ -190,11 +190,14 @@ UPSTREAM = re.compile(
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
 def test_each_notebook_links_the_upstream_page_it_mirrors(notebook: Path) -> None:
     """A reader who knows Dynamo, vLLM or SGLang finds their page for what the notebook shows,
-    in its recap (a link on Dynamo's docs names the release the kit is measured against)."""
+    in its recap (a link on Dynamo's docs names the release the kit is measured against, 1.6, or
+    1.7 for a feature the kit takes from that release)."""
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     recap = next("".join(c["source"]) for c in cells if "".join(c["source"]).startswith("## Recap"))
     links = [match.group(1) for match in UPSTREAM.finditer(recap)]
     assert links, (
         f"{notebook.name}: its recap has no **Upstream:** link to Dynamo's, vLLM's or SGLang's pages"
     )
-    assert all("/dynamo/v1.6.0/" in link for link in links if "docs.nvidia.com" in link), links
+    assert all(
+        "/dynamo/v1.6.0/" in link or "/dynamo/v1.7.0/" in link for link in links if "docs.nvidia.com" in link
+    ), links

@@ -171,3 +171,20 @@ async def test_a_disaggregated_request_explains_both_hops(services: Any, start_w
             assert routing["prefill"]["chosen"] == answer["nvext"]["worker_id"]["prefill_worker_id"]
             assert routing["prefill"]["request_id"] == routing["decode"]["request_id"]
             assert len(routing["prefill"]["candidates"]) == 2
+
+
+def test_a_decision_s_knobs_and_queue_are_columns_of_its_rows() -> None:
+    """A KV decision's policy and the frontend's queue fields reach `rows()` (and so
+    `bench.with_routing`) as a column each; a decision without them adds none."""
+    from dynamo_nb.router.decision import Candidate, RoutingDecision, RoutingRecords
+
+    records = RoutingRecords(8)
+    kv = RoutingDecision("kv", 1, [Candidate(1, 3.0), Candidate(2, 5.0)], request_id="a",
+                         policy={"overlap_score_credit": 0.0, "prefill_load_scale": 4.0, "temperature": 0.0},
+                         queue={"priority": 2.0, "strict_priority": 1, "waited_ms": 12.5})  # fmt: skip
+    records.add(kv)
+    records.add(RoutingDecision("round-robin", 2, [Candidate(2)], request_id="b"))
+    rows = {row["request_id"]: row for row in records.rows() if row["chosen"]}
+    assert rows["a"]["prefill_load_scale"] == 4.0 and rows["a"]["strict_priority"] == 1
+    assert rows["a"]["waited_ms"] == 12.5 and rows["a"]["margin"] == 2.0
+    assert "prefill_load_scale" not in rows["b"] and "waited_ms" not in rows["b"]

@@ -176,9 +176,12 @@ class RoutingRecords:
         """One row per candidate of each decision: request, hop, router, instance (hex, as people
         read it: ``/health``, READY lines, the benchmark frame's ``worker``), whether it
         was chosen, its score, its score's parts (a column each), why it was left out, the
-        decision's margin and tie."""
+        decision's margin and tie; a KV router's knobs (``overlap_score_credit``,
+        ``prefill_load_scale``, ``temperature``) and the frontend's queue (``priority``,
+        ``strict_priority``, ``waited_ms``) as columns too, where the decision has them."""
         rows = []
         for d in self if decisions is None else decisions:
+            extra = {**(d.policy or {}), **(d.queue or {})}
             for c in d.candidates:
                 rows.append(
                     {
@@ -194,6 +197,7 @@ class RoutingRecords:
                         "margin": d.margin,
                         "tie": d.tie,
                         "rule": d.rule,
+                        **extra,
                     }
                 )
         return rows
