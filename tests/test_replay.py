@@ -173,11 +173,12 @@ async def test_a_trace_replayed_live_sends_its_arrivals_lengths_and_prefixes(
     assert live["input_tokens"].tolist() == trace["input_length"].tolist()
     assert live["output_tokens"].tolist() == trace["output_length"].tolist()
     # each request leaves at its arrival (in trace time), never before it, in the trace's order; how
-    # late on a busy machine is not the replayer's to promise, but a speedup not applied would be
-    # 10x late
+    # late on a busy machine is not the replayer's to promise (a busy machine once held one run's
+    # sends for 0.6 s, 6 s in trace time), but a speedup not applied would send the last one at 10
+    # times its time: the bound is halfway between
     scheduled, sent = (trace["timestamp_ms"] / 1000).tolist(), live["sent_s"].tolist()
     assert all(s >= t - 0.05 for s, t in zip(sent, scheduled, strict=True)), (sent, scheduled)
-    assert sent == sorted(sent) and sent[-1] < 2 * scheduled[-1] + 0.5, (sent, scheduled)
+    assert sent == sorted(sent) and sent[-1] < 5.5 * scheduled[-1], (sent, scheduled)
     assert live["cached_tokens"].sum() > 0 and live["worker"].nunique() == 2  # the prefixes were found
     offline = replay(trace, Fleet(workers=2, router="kv"))
     assert live["cached_tokens"].sum() >= 0.8 * offline.requests["cached_tokens"].sum()
