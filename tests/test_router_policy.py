@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from typing import Any
 
@@ -98,8 +99,9 @@ async def test_the_admin_routes_are_off_unless_configured(tiny_path: Any) -> Non
 
 
 async def test_the_admin_api_refuses_strangers_and_replays_and_takes_the_token_or_the_secret(
-    tiny_path: Any,
+    tiny_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="dynamo_nb.frontend")
     runtimes, frontend = await start(tiny_path, "pola", admin=AdminAuth(TOKEN, SECRET))
     try:
         async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
@@ -132,6 +134,11 @@ async def test_the_admin_api_refuses_strangers_and_replays_and_takes_the_token_o
             }
             replayed = await patch(change, headers)
             assert replayed.status_code == 403 and "replay" in replayed.text
+            changes = [
+                r.getMessage() for r in caplog.records if "router policy was changed" in r.getMessage()
+            ]
+            assert len(changes) == 1 and "by the cluster secret from 127.0.0.1:" in changes[0], changes
+            assert "prefill_load_scale 1 → 32" in changes[0] and "overlap_score_credit 1 → 1.5" in changes[0]
 
             shown = await http.get("/router_policy", headers={"Authorization": f"Bearer {TOKEN}"})
             assert shown.json() == {

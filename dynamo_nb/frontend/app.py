@@ -275,7 +275,7 @@ class Frontend:
                 router.policy = new
         changes = ", ".join(f"{knob} {a:g} → {b:g}" for knob, (a, b) in old.differences(new).items())
         source = f"{by} from {peer}" if peer else by
-        logger.warning("the KV router policy was changed by %s: %s", source, changes or "nothing")
+        logger.info("the KV router policy was changed by %s: %s", source, changes or "nothing")
         self.metrics.router_policy_changed(by, new)
         return new
 
