@@ -21,6 +21,7 @@ import sys
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.flags import frontend_parser
 from dynamo_nb.frontend import Frontend, FrontendConfig, check_frontend_args
+from dynamo_nb.frontend.policy_sync import GROUP_ENV
 from dynamo_nb.frontend.replicas import start_http_replicas, stop_http_replicas
 from dynamo_nb.notebook.programs import load_router_policy
 from dynamo_nb.runtime import (
@@ -56,7 +57,9 @@ async def main(argv: list[str] | None = None) -> int:
     frontend = await Frontend.from_config(runtime, config, router_policy=policy)
     shutdown_on_signals(runtime)
     # --http-workers N: N - 1 more processes like this one listen on the same port
-    replicas = await start_http_replicas(__file__, argv, frontend.port, args.http_workers - 1)
+    # (with the admin API they join this process's policy group: a change reaching one reaches all)
+    group = {GROUP_ENV: frontend.policy_sync.group} if frontend.policy_sync is not None else None
+    replicas = await start_http_replicas(__file__, argv, frontend.port, args.http_workers - 1, env=group)
     announce_ready("frontend", url=frontend.url)
 
     await runtime.wait_closed()

@@ -8,10 +8,12 @@ import asyncio
 import json
 import logging
 import math
+import re
 from typing import Any
 
 import httpx
 import pytest
+from helpers import FRONTEND, MOCKER_WORKER, free_port, metric_value
 
 from dynamo_nb import ConfigError, DistributedRuntime, bench
 from dynamo_nb.engines import EchoEngine
@@ -19,6 +21,7 @@ from dynamo_nb.flags import frontend_parser
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.frontend.admin import SIGNATURE_HEADER, AdminAuth, sign_admin_request
 from dynamo_nb.frontend.settings import FrontendConfig
+from dynamo_nb.http import fetch
 from dynamo_nb.llm import serve_llm
 from dynamo_nb.router.kv import KvRouterConfig
 from dynamo_nb.router.policy import RouterPolicy
@@ -58,6 +61,12 @@ def test_the_frontend_flags_set_the_policy() -> None:
     with pytest.raises(ConfigError, match="overlap_score_credit must be finite and 0 or more"):
         config("--router-kv-overlap-score-credit", "-1")
     assert not config().admin_api and config("--admin-token-file", "t").admin_api
+    from dynamo_nb.frontend.settings import check_frontend_args
+
+    etcd = ["--discovery", "etcd://127.0.0.1:2379", "--admin-api", "--http-workers", "2"]
+    with pytest.raises(ConfigError, match="add --nats-url"):  # the processes share a change over it
+        check_frontend_args(frontend_parser().parse_args(etcd))
+    check_frontend_args(frontend_parser().parse_args([*etcd, "--nats-url", "nats://127.0.0.1:4222"]))
 
 
 async def start(tiny_path: Any, namespace: str, admin: AdminAuth | None) -> tuple[list[Any], Frontend]:
@@ -204,3 +213,72 @@ async def test_a_policy_change_applies_between_two_decisions_with_no_request_los
         assert router.policy.prefill_load_scale == 32
     finally:
         await stop(runtimes, frontend)
+
+
+async def until(condition: Any, what: str, timeout: float = 20.0) -> None:
+    """Wait for ``condition()`` (checked every 10 ms), at most ``timeout`` seconds."""
+    for _ in range(int(timeout / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+async def test_frontends_of_a_group_share_a_change_agree_on_a_race_and_a_late_one_catches_up() -> None:
+    runtime = await DistributedRuntime.create()
+    kv = KvRouterConfig(use_kv_events=False)
+    fronts = [await Frontend.start(runtime, port=0, router_mode="kv", kv_config=kv) for _ in range(4)]
+    a, b, other, late = fronts
+    try:
+        group = (await a.share_kv_router_policy(heartbeat=0.05)).group
+        await b.share_kv_router_policy(group, heartbeat=0.05)
+        await other.share_kv_router_policy(heartbeat=0.05)  # a group of its own
+        a.change_kv_router_policy({"prefill_load_scale": 8}, by="a test")
+        await until(lambda: b.kv_router_policy().prefill_load_scale == 8, "b took a's change")
+        assert b.policy_sync is not None and b.policy_sync.received == 1
+        # two changes at once, one on each: both end on the one with the higher version
+        a.change_kv_router_policy({"temperature": 0.5})
+        b.change_kv_router_policy({"temperature": 0.25})
+        syncs = [a.policy_sync, b.policy_sync]
+        await until(lambda: syncs[0].version == syncs[1].version, "a and b agree")  # type: ignore[union-attr]
+        winner = a if syncs[0].version[1] == syncs[0].sender else b  # type: ignore[union-attr]
+        expected = RouterPolicy(prefill_load_scale=8, temperature=0.5 if winner is a else 0.25)
+        assert a.kv_router_policy() == b.kv_router_policy() == expected
+        # a process that missed the changes (started after them) takes them from the heartbeat
+        await late.share_kv_router_policy(group, heartbeat=0.05)
+        await until(lambda: late.kv_router_policy() == expected, "the late one caught up")
+        assert other.kv_router_policy() == RouterPolicy()  # another group saw nothing
+    finally:
+        for front in fronts:
+            await front.stop()
+        await runtime.shutdown()
+
+
+@pytest.mark.processes
+async def test_a_change_through_one_of_http_workers_reaches_the_others(
+    services: Any, start_worker: Any, tmp_path: Any
+) -> None:
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(TOKEN + "\n")
+    bus = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
+    await start_worker(*bus, "--endpoint", "polw.backend.generate", script=MOCKER_WORKER)
+    port = free_port()
+    await start_worker(*bus, "--http-port", str(port), "--http-workers", "2", "--router-mode", "kv",
+                       "--admin-token-file", str(token_file), script=FRONTEND)  # fmt: skip
+    url, auth = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {TOKEN}"}
+    status, body = await fetch(url + "/router_policy", method="PATCH", body=b'{"prefill_load_scale": 16}',
+                               headers=auth)  # fmt: skip
+    assert status == 200, body
+    # each scrape is a new connection, which the kernel hands to either process: one changed the
+    # policy itself, the other took it from the first; both run it
+    sources: set[str] = set()
+    for _ in range(500):
+        text = (await fetch(url + "/metrics"))[1].decode()
+        by = set(re.findall(r'dynamo_frontend_router_policy_changes_total\{by="([^"]+)"\} 1', text))
+        if by:
+            assert metric_value(text, "dynamo_frontend_router_policy", knob="prefill_load_scale") == 16.0
+        sources |= by
+        if sources == {"the admin token", "another frontend process"}:
+            break
+        await asyncio.sleep(0.02)
+    assert sources == {"the admin token", "another frontend process"}, sources

@@ -12,6 +12,7 @@
   each with its tokenizer, client and router;
 - ``settings.py``: `FrontendConfig`, the frontend's flags typed (`Frontend.from_config` starts
   one), their combinations checked first (`check_frontend_args`);
+- ``policy_sync.py``: `PolicySync`, router policy changes shared by the processes of one group;
 - ``replicas.py``: ``--http-workers N``, more frontend processes sharing the port (``SO_REUSEPORT``);
 - ``request_trace.py``: ``--request-trace``, a JSON line per finished request, for replay and planning;
 - ``metrics.py``: Prometheus metrics (``dynamo_frontend_*``), with ``loop_histogram.py`` (a lock-free

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +50,7 @@ from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
 from .openai import check_text, parse_request, with_priority_headers
 from .pipeline import RequestPipeline, model_not_found
+from .policy_sync import GROUP_ENV, PolicySync
 from .request_trace import RequestTraceWriter
 from .served_models import ModelManager, ServedModel
 from .settings import DEFAULT_HTTP_PORT, FrontendConfig
@@ -94,6 +96,8 @@ class Frontend:
         self.idle_timeout = DEFAULT_IDLE_TIMEOUT
         self.admin: AdminAuth | None = None
         """Who may use the admin routes; None (the default): they answer 404, saying how to turn them on."""
+        self.policy_sync: PolicySync | None = None
+        """Shares router policy changes with the other processes of its group (`share_kv_router_policy`)."""
         self._url: str | None = None
 
     @classmethod
@@ -152,6 +156,9 @@ class Frontend:
                 config.model_path, name=config.model_name, endpoint=config.static_endpoint
             )
             await frontend.add_model(card, address=config.static_address)
+        group = os.environ.get(GROUP_ENV)
+        if config.admin_api and (config.http_workers > 1 or group):
+            await frontend.share_kv_router_policy(group)
         return frontend
 
     @classmethod
@@ -265,6 +272,12 @@ class Frontend:
 
             frontend.change_kv_router_policy({"prefill_load_scale": 16, "temperature": 0})
         """
+        new = self._set_kv_router_policy(updates, by=by, peer=peer)
+        if self.policy_sync is not None:
+            self.policy_sync.changed_here(new)
+        return new
+
+    def _set_kv_router_policy(self, updates: Mapping[str, Any], *, by: str, peer: str) -> RouterPolicy:
         old = self.kv_router_policy()
         new = old.changed(updates)
         manager = self.models
@@ -278,6 +291,28 @@ class Frontend:
         logger.info("the KV router policy was changed by %s: %s", source, changes or "nothing")
         self.metrics.router_policy_changed(by, new)
         return new
+
+    async def share_kv_router_policy(self, group: str | None = None, *, heartbeat: float = 2.0) -> PolicySync:
+        """Share this frontend's router policy changes with the other frontends of ``group``
+        (None: a new group; `policy_sync.group` names it) over the event plane, and take theirs:
+        what ``--http-workers N`` with the admin API does, so a ``PATCH /router_policy`` reaching
+        one process changes them all (`dynamo_nb.frontend.policy_sync`). Needs an event plane
+        (``nats_url`` with etcd discovery).
+
+        Example::
+
+            sync = await frontend.share_kv_router_policy()
+            await other.share_kv_router_policy(sync.group)
+        """
+        if self.policy_sync is None:
+
+            def apply(policy: RouterPolicy, source: str) -> None:
+                self._set_kv_router_policy(policy.to_dict(), by="another frontend process", peer=source)
+
+            self.policy_sync = await PolicySync.start(
+                self.runtime, group or secrets.token_hex(8), apply=apply, heartbeat=heartbeat
+            )
+        return self.policy_sync
 
     async def add_model(self, card: ModelCard, *, address: str | None = None) -> ServedModel:
         """Serve ``card``'s model without discovery (static mode); ``address`` for static TCP."""
@@ -384,6 +419,9 @@ class Frontend:
 
     async def stop(self) -> None:
         """Stop the HTTP server and the KV routers (the runtime stays up)."""
+        if self.policy_sync is not None:
+            await self.policy_sync.stop()
+            self.policy_sync = None
         if self._server is not None:
             await self._server.stop()
             self._server = None

@@ -5,13 +5,14 @@ The first frontend listens with ``SO_REUSEPORT`` and starts the others with the 
 process has its own runtime, discovery watch, model routers and KV event subscription, so all
 of them see the same workers, cards and cache contents; with ``--nats-url`` their KV routers
 also share their decisions (load, routed prefixes: `dynamo_nb.router.kv.replica_sync`), so the
-N processes route as one would.
+N processes route as one would; with the admin API they share its policy changes too
+(`dynamo_nb.frontend.policy_sync`: the replicas join this process's group).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from ..launch import ManagedProcess, launch
 
@@ -19,10 +20,17 @@ __all__ = ["start_http_replicas", "stop_http_replicas"]
 
 
 async def start_http_replicas(
-    program: str, argv: Sequence[str], port: int, count: int, *, timeout: float = 60.0
+    program: str,
+    argv: Sequence[str],
+    port: int,
+    count: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60.0,
 ) -> list[ManagedProcess]:
-    """Start ``count`` more frontends running ``program`` with ``argv`` on ``port`` (already
-    bound with ``SO_REUSEPORT`` by this process); each is ready when it listens.
+    """Start ``count`` more frontends running ``program`` with ``argv`` (and ``env`` added to
+    this process's environment) on ``port`` (already bound with ``SO_REUSEPORT`` by this
+    process); each is ready when it listens.
 
     Example::
 
@@ -31,7 +39,15 @@ async def start_http_replicas(
     extra = ["--http-port", str(port), "--http-workers", "1", "--http-reuse-port"]  # the last flag wins
     started = await asyncio.gather(
         *(
-            launch(program, *argv, *extra, name=f"frontend-replica{i + 1}", show_logs=False, timeout=timeout)
+            launch(
+                program,
+                *argv,
+                *extra,
+                name=f"frontend-replica{i + 1}",
+                env=env,
+                show_logs=False,
+                timeout=timeout,
+            )
             for i in range(count)
         ),
         return_exceptions=True,

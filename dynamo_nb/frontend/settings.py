@@ -110,10 +110,10 @@ def check_frontend_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
     if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError(f"--max-queue must be 0 or more (or left out: no bound), got {args.max_queue}")
-    if (args.admin_api or args.admin_token_file) and args.http_workers > 1:
+    if (args.admin_api or args.admin_token_file) and args.http_workers > 1 and not args.nats_url:
         raise ConfigError(
-            "the admin API changes the routers of the one process a request reaches: use it with "
-            "--http-workers 1 (several processes do not share a policy change yet)"
+            "the admin API with --http-workers N shares a policy change between the N processes over "
+            "the event plane: add --nats-url nats://HOST:PORT, or use --http-workers 1"
         )
     if args.routing_records < 0:
         raise ConfigError(f"--routing-records must be 0 (keep none) or more, got {args.routing_records}")
