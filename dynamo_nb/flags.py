@@ -333,6 +333,14 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
         "(default: off)",
     )
     group.add_argument(
+        "--router-policy-group",
+        default=_env("ROUTER_POLICY_GROUP", None),
+        metavar="NAME",
+        help="share KV router policy changes with the other frontends of this group over the event plane "
+        "(needs --nats-url): a PATCH /router_policy reaching one changes them all "
+        "(default: DYN_NB_ROUTER_POLICY_GROUP; --http-workers N with the admin API makes one for its N)",
+    )
+    group.add_argument(
         "--no-kv-events",
         action="store_true",
         help="kv router: approximate mode, no KV events; routed blocks count as cached for a while (default: off)",

@@ -67,6 +67,9 @@ def test_the_frontend_flags_set_the_policy() -> None:
     with pytest.raises(ConfigError, match="add --nats-url"):  # the processes share a change over it
         check_frontend_args(frontend_parser().parse_args(etcd))
     check_frontend_args(frontend_parser().parse_args([*etcd, "--nats-url", "nats://127.0.0.1:4222"]))
+    with pytest.raises(ConfigError, match=r"--router-policy-group shares .* add --nats-url"):
+        check_frontend_args(frontend_parser().parse_args([*etcd[:2], "--router-policy-group", "fleet"]))
+    assert config("--router-policy-group", "fleet").router_policy_group == "fleet"
 
 
 async def start(tiny_path: Any, namespace: str, admin: AdminAuth | None) -> tuple[list[Any], Frontend]:
@@ -282,3 +285,38 @@ async def test_a_change_through_one_of_http_workers_reaches_the_others(
             break
         await asyncio.sleep(0.02)
     assert sources == {"the admin token", "another frontend process"}, sources
+
+
+@pytest.mark.processes
+async def test_frontends_of_one_router_policy_group_follow_the_one_patched(
+    services: Any, start_worker: Any, tmp_path: Any
+) -> None:
+    """Two frontends of a fleet (``--router-policy-group``): the one with the admin API is
+    patched, the other (no admin API of its own) follows; a third, of no group, does not."""
+    token_file = tmp_path / "admin-token"
+    token_file.write_text(TOKEN + "\n")
+    bus = ["--discovery", services.etcd_url, "--nats-url", services.nats_url]
+    await start_worker(*bus, "--endpoint", "polg.backend.generate", script=MOCKER_WORKER)
+    ports = [free_port() for _ in range(3)]
+    fleet = ["--router-mode", "kv", "--router-policy-group", "fleet-a"]
+    await start_worker(*bus, "--http-port", str(ports[0]), *fleet, "--admin-token-file", str(token_file),
+                       script=FRONTEND)  # fmt: skip
+    await start_worker(*bus, "--http-port", str(ports[1]), *fleet, script=FRONTEND)
+    await start_worker(*bus, "--http-port", str(ports[2]), "--router-mode", "kv", script=FRONTEND)
+    patched = await fetch(f"http://127.0.0.1:{ports[0]}/router_policy", method="PATCH",
+                          body=b'{"overlap_score_credit": 0.5}', headers={"Authorization": f"Bearer {TOKEN}"})  # fmt: skip
+    assert patched[0] == 200, patched
+
+    async def credit(port: int) -> float | None:
+        text = (await fetch(f"http://127.0.0.1:{port}/metrics"))[1].decode()
+        return metric_value(text, "dynamo_frontend_router_policy", knob="overlap_score_credit")
+
+    for _ in range(500):
+        if await credit(ports[1]) == 0.5:
+            break
+        await asyncio.sleep(0.02)
+    assert await credit(ports[1]) == 0.5 and await credit(ports[2]) == 1.0
+    text = (await fetch(f"http://127.0.0.1:{ports[1]}/metrics"))[1].decode()
+    assert (
+        metric_value(text, "dynamo_frontend_router_policy_changes_total", by="another frontend process") == 1
+    )

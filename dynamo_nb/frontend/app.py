@@ -50,7 +50,7 @@ from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
 from .openai import check_text, parse_request, with_priority_headers
 from .pipeline import RequestPipeline, model_not_found
-from .policy_sync import GROUP_ENV, PolicySync
+from .policy_sync import PolicySync
 from .request_trace import RequestTraceWriter
 from .served_models import ModelManager, ServedModel
 from .settings import DEFAULT_HTTP_PORT, FrontendConfig
@@ -156,8 +156,8 @@ class Frontend:
                 config.model_path, name=config.model_name, endpoint=config.static_endpoint
             )
             await frontend.add_model(card, address=config.static_address)
-        group = os.environ.get(GROUP_ENV)
-        if config.admin_api and (config.http_workers > 1 or group):
+        group = config.router_policy_group
+        if group or (config.admin_api and config.http_workers > 1):
             await frontend.share_kv_router_policy(group)
         return frontend
 

@@ -1,10 +1,13 @@
 """Frontend processes that share one KV-router policy: a change made through one reaches the others.
 
 ``--http-workers N`` runs N frontend processes on one port, and an admin ``PATCH
-/router_policy`` reaches the one the kernel handed its connection to. `PolicySync` sends each
-policy change made in this process to the others of its group over the event plane (topic
-``router_policy_<group>`` of the ``dynamo_nb.frontend`` component; the first process makes the
-group and hands it to the others in `GROUP_ENV`) and applies theirs.
+/router_policy`` reaches the one the kernel handed its connection to; a fleet has several
+frontends, and Dynamo's Live Retune patches each. `PolicySync` sends each policy change made in
+this process to the others of its group over the event plane (topic ``router_policy_<group>``
+of the ``dynamo_nb.frontend`` component) and applies theirs. The group is
+``--router-policy-group NAME`` (frontends of your own; those without the admin API follow the
+ones with it), or, for ``--http-workers N`` with the admin API, one the first process makes and
+hands to the others in `GROUP_ENV`.
 
 Each change carries a version, ``(milliseconds, sender)``: a process takes a policy only with a
 higher version than the one it runs, so two changes made at once on two processes end the same
@@ -38,8 +41,8 @@ __all__ = ["GROUP_ENV", "PolicySync"]
 
 logger = logging.getLogger("dynamo_nb.frontend")
 
-GROUP_ENV = "DYN_NB_FRONTEND_GROUP"
-"""The environment variable that hands a frontend process its group (set for ``--http-workers`` replicas)."""
+GROUP_ENV = "DYN_NB_ROUTER_POLICY_GROUP"
+"""``--router-policy-group``'s variable: how ``--http-workers`` hands its replicas the first process's group."""
 
 TOPIC_PREFIX = "router_policy_"
 Version = tuple[int, int]

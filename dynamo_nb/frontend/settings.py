@@ -63,6 +63,7 @@ class FrontendConfig:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     admin_api: bool = False  # GET/PATCH /router_policy, with the cluster secret or the token below
     admin_token_file: str | None = None
+    router_policy_group: str | None = None  # frontends that share router policy changes (event plane)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FrontendConfig:
@@ -91,6 +92,7 @@ class FrontendConfig:
             max_connections=args.http_max_connections,
             admin_api=args.admin_api or args.admin_token_file is not None,
             admin_token_file=args.admin_token_file,
+            router_policy_group=args.router_policy_group,
         )
 
 
@@ -110,6 +112,10 @@ def check_frontend_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--http-workers must be at least 1, got {args.http_workers}")
     if args.max_queue is not None and args.max_queue < 0:
         raise ConfigError(f"--max-queue must be 0 or more (or left out: no bound), got {args.max_queue}")
+    if args.router_policy_group and not args.nats_url:
+        raise ConfigError(
+            "--router-policy-group shares policy changes over the event plane: add --nats-url nats://HOST:PORT"
+        )
     if (args.admin_api or args.admin_token_file) and args.http_workers > 1 and not args.nats_url:
         raise ConfigError(
             "the admin API with --http-workers N shares a policy change between the N processes over "
