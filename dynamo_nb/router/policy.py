@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError
@@ -51,7 +51,7 @@ class RouterPolicy:
     temperature: float = 0.0
 
     def __post_init__(self) -> None:
-        for knob, value in asdict(self).items():
+        for knob, value in self.to_dict().items():
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f"router policy knob {knob} must be a number, got {value!r}")
             try:
@@ -84,8 +84,9 @@ class RouterPolicy:
         return replace(self, **knobs)
 
     def to_dict(self) -> dict[str, float]:
-        """The knobs by their names (the body of ``GET /router_policy``)."""
-        return asdict(self)
+        """The knobs by their names (the body of ``GET /router_policy``; every KV routing
+        decision records it, so it reads the three fields rather than `dataclasses.asdict`)."""
+        return {knob: getattr(self, knob) for knob in _KNOB_ORDER}
 
     def differences(self, other: RouterPolicy) -> dict[str, tuple[float, float]]:
         """Each knob ``other`` sets differently: name → (this value, other's)."""
@@ -93,4 +94,5 @@ class RouterPolicy:
         return {knob: (mine[knob], theirs[knob]) for knob in mine if mine[knob] != theirs[knob]}
 
 
-_KNOBS = frozenset(RouterPolicy.__dataclass_fields__)
+_KNOB_ORDER = tuple(RouterPolicy.__dataclass_fields__)  # as declared
+_KNOBS = frozenset(_KNOB_ORDER)
