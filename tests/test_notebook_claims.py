@@ -86,7 +86,6 @@ ALLOWED = {
         "12_plan_from_a_trace",
         "the planner's answer meets the SLO where one fewer worker does not",
     ): "what the smoke check checks",
-    ("12_plan_from_a_trace", "The check allows half the margin"): "how the live check is bounded",
 }
 """Sentences the rule finds that state no measured result: (notebook, phrase) → why."""
 
