@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -35,18 +36,28 @@ NEEDS_DYNAMO = {
 QUICK_EXPORTS = {"01_runtime_basics", "02_serving_an_llm", "10_your_own_engine"}
 
 
+async def _holds(result: bool | Awaitable[bool]) -> bool:
+    return bool(await result) if inspect.isawaitable(result) else bool(result)
+
+
 async def collect(stream: Any) -> list[Any]:
     """Every item of an async iterator; an engine's `LLMEngineOutput` items as their dicts."""
     return [item.to_dict() if hasattr(item, "to_dict") else item async for item in stream]
 
 
-async def until(condition: Callable[[], bool], timeout: float = 30.0, step: float = 0.0005) -> None:
-    """Poll ``condition()`` until it holds; `TimeoutError` after ``timeout`` seconds."""
+async def until(
+    condition: Callable[[], bool | Awaitable[bool]],
+    timeout: float = 30.0,
+    step: float = 0.0005,
+    what: str | None = None,
+) -> None:
+    """Poll ``condition()`` (a function, or a coroutine function such as an HTTP scrape) until it
+    holds; `TimeoutError` naming ``what`` after ``timeout`` seconds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not condition():
+    while not await _holds(condition()):
         if loop.time() > deadline:
-            raise TimeoutError(f"not true within {timeout} s: {condition}")
+            raise TimeoutError(f"not true within {timeout} s: {what or condition}")
         await asyncio.sleep(step)
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import FRONTEND, MOCKER_WORKER, free_port, metric_value
+from helpers import FRONTEND, MOCKER_WORKER, free_port, metric_value, until
 
 from dynamo_nb import ConfigError, DistributedRuntime, bench
 from dynamo_nb.engines import EchoEngine
@@ -218,15 +218,6 @@ async def test_a_policy_change_applies_between_two_decisions_with_no_request_los
         await stop(runtimes, frontend)
 
 
-async def until(condition: Any, what: str, timeout: float = 20.0) -> None:
-    """Wait for ``condition()`` (checked every 10 ms), at most ``timeout`` seconds."""
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never: {what}")
-
-
 async def test_frontends_of_a_group_share_a_change_agree_on_a_race_and_a_late_one_catches_up() -> None:
     runtime = await DistributedRuntime.create()
     kv = KvRouterConfig(use_kv_events=False)
@@ -237,19 +228,26 @@ async def test_frontends_of_a_group_share_a_change_agree_on_a_race_and_a_late_on
         await b.share_kv_router_policy(group, heartbeat=0.05)
         await other.share_kv_router_policy(heartbeat=0.05)  # a group of its own
         a.change_kv_router_policy({"prefill_load_scale": 8}, by="a test")
-        await until(lambda: b.kv_router_policy().prefill_load_scale == 8, "b took a's change")
+        await until(
+            lambda: b.kv_router_policy().prefill_load_scale == 8,
+            timeout=20,
+            step=0.01,
+            what="b took a's change",
+        )
         assert b.policy_sync is not None and b.policy_sync.received == 1
         # two changes at once, one on each: both end on the one with the higher version
         a.change_kv_router_policy({"temperature": 0.5})
         b.change_kv_router_policy({"temperature": 0.25})
         syncs = [a.policy_sync, b.policy_sync]
-        await until(lambda: syncs[0].version == syncs[1].version, "a and b agree")  # type: ignore[union-attr]
+        await until(lambda: syncs[0].version == syncs[1].version, timeout=20, step=0.01, what="a and b agree")  # type: ignore[union-attr]
         winner = a if syncs[0].version[1] == syncs[0].sender else b  # type: ignore[union-attr]
         expected = RouterPolicy(prefill_load_scale=8, temperature=0.5 if winner is a else 0.25)
         assert a.kv_router_policy() == b.kv_router_policy() == expected
         # a process that missed the changes (started after them) takes them from the heartbeat
         await late.share_kv_router_policy(group, heartbeat=0.05)
-        await until(lambda: late.kv_router_policy() == expected, "the late one caught up")
+        await until(
+            lambda: late.kv_router_policy() == expected, timeout=20, step=0.01, what="the late one caught up"
+        )
         assert other.kv_router_policy() == RouterPolicy()  # another group saw nothing
     finally:
         for front in fronts:
@@ -311,10 +309,10 @@ async def test_frontends_of_one_router_policy_group_follow_the_one_patched(
         text = (await fetch(f"http://127.0.0.1:{port}/metrics"))[1].decode()
         return metric_value(text, "dynamo_frontend_router_policy", knob="overlap_score_credit")
 
-    for _ in range(500):
-        if await credit(ports[1]) == 0.5:
-            break
-        await asyncio.sleep(0.02)
+    async def followed() -> bool:
+        return await credit(ports[1]) == 0.5
+
+    await until(followed, timeout=10, step=0.02)
     assert await credit(ports[1]) == 0.5 and await credit(ports[2]) == 1.0
     text = (await fetch(f"http://127.0.0.1:{ports[1]}/metrics"))[1].decode()
     assert (
