@@ -20,7 +20,7 @@ import sys
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.flags import frontend_parser
-from dynamo_nb.frontend import Frontend, FrontendConfig, check_frontend_args
+from dynamo_nb.frontend import Frontend, check_frontend_args
 from dynamo_nb.frontend.policy_sync import GROUP_ENV
 from dynamo_nb.frontend.replicas import start_http_replicas, stop_http_replicas
 from dynamo_nb.notebook.programs import load_router_policy
@@ -46,19 +46,19 @@ async def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    check_frontend_args(args)  # bad flag combinations fail here, naming the flag to change
-    config = FrontendConfig.from_args(args)
+    config = check_frontend_args(args)  # each flag checked, bad combinations refused, naming the flag
     # --router-policy FILE[:NAME]: your policy, loaded (and checked) before anything starts
     policy = load_router_policy(config.router_policy) if config.router_policy else None
 
     # static discovery with --static-endpoint: the one model the flags name, no etcd
     runtime: DistributedRuntime = await runtime_from_args(args, static=args.static_endpoint is not None)
     # HTTP, router mode, KV router settings; with --static-endpoint the model is given here
-    frontend = await Frontend.from_config(runtime, config, router_policy=policy)
+    frontend = await Frontend.start(runtime, config, router_policy=policy)
     shutdown_on_signals(runtime)
     # --http-workers N: N - 1 more processes like this one listen on the same port
     # (with the admin API they join this process's policy group: a change reaching one reaches all)
-    group = {GROUP_ENV: frontend.policy_sync.group} if frontend.policy_sync is not None else None
+    sync = frontend.models.policy_sync
+    group = {GROUP_ENV: sync.group} if sync is not None else None
     replicas = await start_http_replicas(__file__, argv, frontend.port, args.http_workers - 1, env=group)
     announce_ready("frontend", url=frontend.url)
 

@@ -24,17 +24,15 @@ import importlib
 import logging
 import os
 from collections.abc import Callable
-from functools import partial
 from typing import Any, NoReturn
 
 from .disagg.modes import WORKER_MODES, WorkerRole
 from .extras import broken_extra_error, extra_installed
-from .frontend.settings import FrontendConfig
-from .router import ROUTER_MODES
-from .router.policy import RouterPolicy
+from .frontend.config import FrontendConfig
 from .runtime.discovery import DEFAULT_LEASE_TTL
 from .runtime.names import DEFAULT_WORKER_ENDPOINT
 from .runtime.program import RUNTIMES, RuntimeConfig
+from .settings import add_settings
 
 __all__ = [
     "DEFAULT_PREFILL_ENDPOINT",
@@ -45,7 +43,6 @@ __all__ = [
     "add_event_loop_arg",
     "add_frontend_args",
     "add_hf_args",
-    "add_http_args",
     "add_logging_args",
     "add_mocker_args",
     "add_model_args",
@@ -229,194 +226,10 @@ def add_model_args(parser: argparse.ArgumentParser, from_env: bool = True) -> No
     )
 
 
-def add_http_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--http-host``, ``--http-port`` and the slow-client limits (``--http-header-timeout``,
-    ``--http-idle-timeout``, ``--http-max-connections``)."""
-    group = parser.add_argument_group("http")
-    group.add_argument(
-        "--http-host",
-        default=_env("HTTP_HOST", FrontendConfig.host),
-        help="frontend listen host (default: %(default)s)",
-    )
-    group.add_argument(
-        "--http-port",
-        type=int,
-        default=int(_env("HTTP_PORT", None) or FrontendConfig.port),
-        help="frontend port, 0 = free (env DYN_NB_HTTP_PORT; default: %(default)s)",
-    )
-    group.add_argument(
-        "--http-header-timeout",
-        type=float,
-        default=FrontendConfig.header_timeout,
-        help="seconds a new connection has to send its request's headers; a slower one is closed "
-        "(default: %(default)s)",
-    )
-    group.add_argument(
-        "--http-idle-timeout",
-        type=float,
-        default=FrontendConfig.idle_timeout,
-        help="seconds a keep-alive connection may stay idle between requests (default: %(default)s)",
-    )
-    group.add_argument(
-        "--http-max-connections",
-        type=int,
-        default=FrontendConfig.max_connections,
-        help="open connections at most; one more gets a 503 and is closed (default: %(default)s)",
-    )
-
-
 def add_frontend_args(parser: argparse.ArgumentParser) -> None:
-    """Add the frontend's own flags: HTTP address, ``--router-mode`` and static mode."""
-    add_http_args(parser)
-    group = parser.add_argument_group("frontend")
-    group.add_argument(
-        "--http-workers",
-        type=int,
-        default=int(_env("HTTP_WORKERS", None) or FrontendConfig.http_workers),
-        help="frontend processes sharing --http-port (SO_REUSEPORT), each with its own routers, all fed "
-        "by the same discovery and KV events: a frontend that uses more than one core (env "
-        "DYN_NB_HTTP_WORKERS; default: %(default)s)",
-    )
-    group.add_argument("--http-reuse-port", action="store_true", help=argparse.SUPPRESS)  # set on replicas
-    group.add_argument(
-        "--router-mode",
-        choices=ROUTER_MODES,
-        default=_env("ROUTER_MODE", FrontendConfig.router_mode),
-        help="how requests pick a worker instance; least-loaded: the less busy of two at random (skipping "
-        "workers at their --max-num-seqs); kv: by KV cache overlap and load (default: %(default)s)",
-    )
-    group.add_argument(
-        "--router-policy",
-        default=None,
-        metavar="FILE[:NAME]",
-        help="route with a RoutingPolicy of your own: FILE is a .py file or a notebook (its export), NAME "
-        "the policy's variable (default: the file's one RoutingPolicy); replaces --router-mode "
-        "(default: off)",
-    )
-    group.add_argument(
-        "--router-kv-overlap-score-credit",
-        type=float,
-        default=RouterPolicy.overlap_score_credit,
-        help="kv router: how much a prefix block a worker already holds takes off its prefill cost; 0 "
-        "ignores the caches, above 1 favours them more (Dynamo's name; default: %(default)s)",
-    )
-    group.add_argument(
-        "--router-prefill-load-scale",
-        type=float,
-        default=None,
-        help="kv router: weight of a worker's prefill blocks against its decode blocks; raise it for "
-        f"TTFT (Dynamo's name; default: {RouterPolicy.prefill_load_scale})",
-    )
-    group.add_argument(
-        "--kv-overlap-score-weight",
-        type=float,
-        default=None,
-        help="the older name of --router-prefill-load-scale (default: off)",
-    )
-    group.add_argument(
-        "--router-temperature",
-        type=float,
-        default=RouterPolicy.temperature,
-        help="kv router: 0 picks the cheapest worker, more samples by a softmax of the costs (default: %(default)s)",
-    )
-    group.add_argument(
-        "--admin-api",
-        action="store_true",
-        help="serve the admin routes (GET/PATCH /router_policy), signed with the cluster secret "
-        "(DYN_NB_CLUSTER_SECRET or --cluster-secret-file) or with --admin-token-file's token (default: off)",
-    )
-    group.add_argument(
-        "--admin-token-file",
-        default=None,
-        metavar="FILE",
-        help="the admin routes' bearer token (its first line, 16 characters or more); turns them on "
-        "(default: off)",
-    )
-    group.add_argument(
-        "--router-policy-group",
-        default=_env("ROUTER_POLICY_GROUP", None),
-        metavar="NAME",
-        help="share KV router policy changes with the other frontends of this group over the event plane "
-        "(needs --nats-url): a PATCH /router_policy reaching one changes them all "
-        "(default: DYN_NB_ROUTER_POLICY_GROUP; --http-workers N with the admin API makes one for its N)",
-    )
-    group.add_argument(
-        "--no-kv-events",
-        action="store_true",
-        help="kv router: approximate mode, no KV events; routed blocks count as cached for a while (default: off)",
-    )
-    group.add_argument(
-        "--router-replica-sync",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="kv router: share routing decisions (load, pending prefixes) with the other frontends' routers "
-        "over the event plane, so N frontends route as well as one (default: on for --http-workers N with "
-        "--nats-url, else off)",
-    )
-    group.add_argument(
-        "--static-endpoint",
-        default=None,
-        help="static mode: serve the model at this worker endpoint (ns.comp.ep) with no discovery; "
-        "needs --model-name and --model-path (default: off, models come from discovery)",
-    )
-    group.add_argument(
-        "--enforce-disagg",
-        action="store_true",
-        help="with prefill workers, never fall back to aggregated serving: a failed prefill is a 503 "
-        "(default: off, it falls back with a warning)",
-    )
-    group.add_argument(
-        "--max-queue",
-        type=int,
-        default=None if _env("MAX_QUEUE", None) is None else int(_env("MAX_QUEUE", None) or 0),
-        help="requests of a model that may wait at the frontend while its workers are full (their "
-        "--max-num-seqs); beyond, a 503 with Retry-After at once (env DYN_NB_MAX_QUEUE; default: no bound, "
-        "a wait ends after 60 s)",
-    )
-    group.add_argument(
-        "--queue-timeout",
-        type=float,
-        default=float(_env("QUEUE_TIMEOUT", None) or FrontendConfig.queue_timeout),
-        help="seconds a request may wait at the frontend for a slot while its model's workers are full; "
-        "then it is refused (env DYN_NB_QUEUE_TIMEOUT; default: %(default)s)",
-    )
-    group.add_argument(
-        "--overload-status",
-        type=int,
-        choices=(503, 529),
-        default=int(_env("OVERLOAD_STATUS", None) or FrontendConfig.overload_status),
-        help="the HTTP status of a request refused because a limit was hit: 503, or 529 as Dynamo answers "
-        "(env DYN_NB_OVERLOAD_STATUS; default: %(default)s)",
-    )
-    group.add_argument(
-        "--routing-records",
-        type=int,
-        default=int(_env("ROUTING_RECORDS", None) or FrontendConfig.routing_records),
-        help="routing decisions the frontend keeps (why each request went where it did), newest last; "
-        "0: none kept, a request can still ask for its own with nvext.extra_fields ['routing'] "
-        "(env DYN_NB_ROUTING_RECORDS; default: %(default)s)",
-    )
-    group.add_argument(
-        "--request-trace",
-        default=_env("REQUEST_TRACE", None),
-        metavar="PATH",
-        help="append one JSON line per finished request to PATH (Dynamo's dynamo.request.trace.v1: arrival, "
-        "lengths, the prompt's block hashes, TTFT, ITL, workers), for bench.read_trace, replay and planning "
-        "(env DYN_NB_REQUEST_TRACE; default: off)",
-    )
-    group.add_argument(
-        "--migration-limit",
-        type=int,
-        default=int(_env("MIGRATION_LIMIT", None) or FrontendConfig.migration_limit),
-        help="times a request whose worker goes down mid-stream is carried on by another worker (the "
-        "client sees one stream); 0: never, the stream ends with an error (env DYN_NB_MIGRATION_LIMIT; "
-        "default: %(default)s)",
-    )
-    group.add_argument(
-        "--static-address",
-        default=None,
-        help="static mode on the TCP plane: the worker's tcp://HOST:PORT, as it prints it (default: none)",
-    )
+    """Add the frontend's flags: every field of `dynamo_nb.frontend.config.FrontendConfig`
+    (HTTP address and limits, router, admission, migration, static mode), declared there."""
+    add_settings(parser, FrontendConfig, group="frontend")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -860,6 +673,6 @@ def sglang_worker_parser(
 
 def frontend_parser(prog: str = "frontend", description: str | None = None) -> argparse.ArgumentParser:
     """Every flag of the OpenAI frontend (components/frontend.py)."""
-    # static mode's model flags never come from the environment: a notebook exports
-    # DYN_NB_MODEL_PATH for its workers, and a frontend with discovery must not take it up
-    return component_parser(prog, description, add_frontend_args, partial(add_model_args, from_env=False))
+    # static mode's model flags (FrontendConfig's) never come from the environment: a notebook
+    # exports DYN_NB_MODEL_PATH for its workers, and a frontend with discovery must not take it up
+    return component_parser(prog, description, add_frontend_args)

@@ -39,8 +39,8 @@ def run_parser() -> argparse.ArgumentParser:
     parser = flags.component_parser(
         "python -m dynamo_nb run",
         __doc__,
+        flags.add_model_args,  # the worker's (from DYN_NB_MODEL_PATH too), and static mode's
         flags.add_frontend_args,
-        flags.add_model_args,
         flags.add_engine_args,
         flags.add_hf_args,
     )
@@ -64,7 +64,7 @@ def _dyn_path(value: str, flag: str) -> EndpointPath | None:
 
 async def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run until SIGINT/SIGTERM."""
-    from .frontend.settings import check_frontend_args
+    from .frontend.config import check_frontend_args
     from .notebook.programs import load_router_policy
 
     args = run_parser().parse_args(argv)
@@ -145,8 +145,10 @@ async def _start_frontend(
     from .frontend import Frontend, FrontendConfig
 
     only = str(out_path) if out_path is not None and not runtime.is_static else None
-    config = FrontendConfig.from_args(args)
-    frontend = await Frontend.from_config(runtime, config, router_policy=policy, only_endpoint=only)
+    # the model flags are the in-process worker's unless the frontend serves one in static mode
+    static = {} if args.static_endpoint is not None else {"model_name": None, "model_path": None}
+    config = FrontendConfig.from_args(args, **static)
+    frontend = await Frontend.start(runtime, config, router_policy=policy, only_endpoint=only)
     closers.append(frontend.stop)
     if wait_for is not None:
         await frontend.wait_for_model(wait_for, timeout=30)

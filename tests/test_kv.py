@@ -319,7 +319,7 @@ async def kv_frontend(tiny_path: Any, config: KvRouterConfig, namespace: str):
             endpoint, EchoEngine().generate, tiny_path, model_name=namespace, kv_cache_block_size=4
         )
     front = await DistributedRuntime.create()
-    frontend = await Frontend.start(front, port=0, router_mode="kv", kv_config=config)
+    frontend = await Frontend.start(front, port=0, router_mode="kv", kv=config)
     await bench.wait_for_model(frontend.url, namespace, instances=2, timeout=10)
     return workers, front, frontend
 
@@ -379,7 +379,7 @@ async def test_kv_router_follows_the_workers_kv_events(tiny_path: Any) -> None:
 
 def test_kv_router_mode_across_processes_needs_nats_or_approximate_mode() -> None:
     from dynamo_nb.flags import frontend_parser
-    from dynamo_nb.frontend.settings import check_frontend_args
+    from dynamo_nb.frontend.config import check_frontend_args
 
     args = frontend_parser().parse_args(["--discovery", "etcd://127.0.0.1:2379", "--router-mode", "kv"])
     with pytest.raises(ConfigError, match="add --nats-url nats://HOST:PORT, or --no-kv-events"):
@@ -391,9 +391,7 @@ def test_kv_router_mode_across_processes_needs_nats_or_approximate_mode() -> Non
             ["--router-mode", "kv", "--kv-overlap-score-weight", "2", "--router-temperature", "0.5"]
         )
     )
-    assert config == KvRouterConfig(
-        policy=RouterPolicy(prefill_load_scale=2.0, temperature=0.5), use_kv_events=True
-    )
+    assert config == KvRouterConfig(policy=RouterPolicy(prefill_load_scale=2.0, temperature=0.5))
 
 
 def args_list(args: Any) -> list[str]:
@@ -468,24 +466,22 @@ def test_replica_sync_flags() -> None:
     """``--http-workers N`` with NATS shares decisions on its own; ``--router-replica-sync`` needs
     the kv router and an event plane."""
     from dynamo_nb.flags import frontend_parser
-    from dynamo_nb.frontend.settings import check_frontend_args
+    from dynamo_nb.frontend.config import FrontendConfig, check_frontend_args
 
     etcd = ["--discovery", "etcd://127.0.0.1:2379"]
     nats = ["--nats-url", "nats://127.0.0.1:4222"]
     parse = frontend_parser().parse_args
-    assert KvRouterConfig.from_args(
-        parse([*etcd, *nats, "--router-mode", "kv", "--http-workers", "2"])
-    ).replica_sync
-    assert KvRouterConfig.from_args(
-        parse([*etcd, *nats, "--router-mode", "kv", "--http-reuse-port"])
-    ).replica_sync
-    assert not KvRouterConfig.from_args(parse([*etcd, *nats, "--router-mode", "kv"])).replica_sync
-    assert not KvRouterConfig.from_args(parse([*etcd, "--no-kv-events", "--http-workers", "2"])).replica_sync
-    assert KvRouterConfig.from_args(
-        parse([*etcd, *nats, "--router-mode", "kv", "--router-replica-sync"])
-    ).replica_sync
-    two_unshared = [*etcd, *nats, "--router-mode", "kv", "--http-workers", "2", "--no-router-replica-sync"]
-    assert not KvRouterConfig.from_args(parse(two_unshared)).replica_sync
+
+    def shares(*flags: str) -> bool | None:
+        args = parse([*etcd, *flags])
+        return FrontendConfig.from_args(args).kv_settings(nats=args.nats_url is not None).replica_sync
+
+    assert shares(*nats, "--router-mode", "kv", "--http-workers", "2")
+    assert shares(*nats, "--router-mode", "kv", "--http-reuse-port")
+    assert not shares(*nats, "--router-mode", "kv")
+    assert not shares("--no-kv-events", "--http-workers", "2")
+    assert shares(*nats, "--router-mode", "kv", "--router-replica-sync")
+    assert not shares(*nats, "--router-mode", "kv", "--http-workers", "2", "--no-router-replica-sync")
     with pytest.raises(ConfigError, match="add --router-mode kv"):
         check_frontend_args(parse([*etcd, *nats, "--router-replica-sync"]))
     with pytest.raises(ConfigError, match="event plane, NATS: add --nats-url"):

@@ -116,7 +116,7 @@ async def test_kv_router_follows_the_hf_prefix_cache_events(tiny_path: Path) -> 
             await serve_llm(endpoint, engine.generate, tiny_path, model_name="pc", kv_cache_block_size=4)
             await endpoint.component().endpoint("stats").serve(stats_handler(engine.stats))
         config = KvRouterConfig(pending_ttl=0.0)  # only the workers' events say what is cached
-        frontend = await Frontend.start(runtimes[0], port=0, router_mode="kv", kv_config=config)
+        frontend = await Frontend.start(runtimes[0], port=0, router_mode="kv", kv=config)
         await frontend.wait_for_model("pc")
         router = frontend.models.get("pc").router
         for _ in range(100):

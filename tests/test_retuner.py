@@ -31,7 +31,7 @@ async def frontend(tiny_path: Any) -> Any:
     runtimes = [await DistributedRuntime.create() for _ in range(2)]
     await serve_llm(runtimes[0].endpoint("rtn.backend.generate"), EchoEngine().generate, tiny_path,
                     model_name="rtn", kv_cache_block_size=4)  # fmt: skip
-    front = await Frontend.start(runtimes[1], port=0, router_mode="kv", kv_config=KvRouterConfig(use_kv_events=False),
+    front = await Frontend.start(runtimes[1], port=0, router_mode="kv", kv=KvRouterConfig(use_kv_events=False),
                                  admin=AdminAuth(TOKEN))  # fmt: skip
     await bench.wait_for_model(front.url, "rtn", timeout=10)
     yield front
@@ -75,7 +75,7 @@ async def test_a_winner_is_applied_only_after_confirm_windows_in_a_row(
     # noise under the threshold resets; alternating winners never confirm; B twice in a row is applied,
     # then B is the incumbent: a window it "wins" again keeps it
     assert actions == ["hold", "keep", "hold", "hold", "hold", "hold", "applied", "keep"], retuner.decisions
-    assert retuner.applied == [B] and frontend.kv_router_policy() == B
+    assert retuner.applied == [B] and frontend.models.kv_router_policy() == B
     assert retuner.decisions["incumbent"].iloc[-1].startswith("credit 1, scale 32")
 
 
@@ -85,7 +85,9 @@ async def test_a_dry_run_changes_nothing_and_a_thin_window_waits(frontend: Front
                   tune=scripted([(A, 50.0)]))  # fmt: skip
     row = await dry.step()
     assert (
-        row["action"] == "would apply" and frontend.kv_router_policy() == RouterPolicy() and dry.applied == []
+        row["action"] == "would apply"
+        and frontend.models.kv_router_policy() == RouterPolicy()
+        and dry.applied == []
     )
     thin = Retuner(frontend.url, tmp_path / "none.jsonl", {}, token=TOKEN, tune=scripted([]))
     assert (await thin.step())["action"] == "wait"
@@ -103,5 +105,5 @@ async def test_a_real_retune_of_a_recorded_trace(frontend: Frontend, tmp_path: P
     assert row["requests"] == 80 and row["action"] in ("applied", "keep")
     assert (row["action"] == "applied") == (retuner.applied != [])
     if retuner.applied:
-        assert frontend.kv_router_policy() == retuner.applied[0] and row["margin_pct"] > 0
+        assert frontend.models.kv_router_policy() == retuner.applied[0] and row["margin_pct"] > 0
     assert retuner.chart() is not None

@@ -20,7 +20,7 @@ from dynamo_nb.engines import EchoEngine
 from dynamo_nb.flags import frontend_parser
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.frontend.admin import SIGNATURE_HEADER, AdminAuth, sign_admin_request
-from dynamo_nb.frontend.settings import FrontendConfig
+from dynamo_nb.frontend.config import FrontendConfig
 from dynamo_nb.http import fetch
 from dynamo_nb.llm import serve_llm
 from dynamo_nb.router.kv import KvRouterConfig
@@ -60,8 +60,8 @@ def test_the_frontend_flags_set_the_policy() -> None:
         config(*both)
     with pytest.raises(ConfigError, match="overlap_score_credit must be finite and 0 or more"):
         config("--router-kv-overlap-score-credit", "-1")
-    assert not config().admin_api and config("--admin-token-file", "t").admin_api
-    from dynamo_nb.frontend.settings import check_frontend_args
+    assert not config().admin_enabled and config("--admin-token-file", "t").admin_enabled
+    from dynamo_nb.frontend.config import check_frontend_args
 
     etcd = ["--discovery", "etcd://127.0.0.1:2379", "--admin-api", "--http-workers", "2"]
     with pytest.raises(ConfigError, match="add --nats-url"):  # the processes share a change over it
@@ -81,7 +81,7 @@ async def start(tiny_path: Any, namespace: str, admin: AdminAuth | None) -> tupl
             endpoint, EchoEngine().generate, tiny_path, model_name=namespace, kv_cache_block_size=4
         )
     frontend = await Frontend.start(
-        runtimes[2], port=0, router_mode="kv", kv_config=KvRouterConfig(use_kv_events=False), admin=admin
+        runtimes[2], port=0, router_mode="kv", kv=KvRouterConfig(use_kv_events=False), admin=admin
     )
     await bench.wait_for_model(frontend.url, namespace, instances=2, timeout=10)
     return runtimes, frontend
@@ -105,7 +105,7 @@ async def test_the_admin_routes_are_off_unless_configured(tiny_path: Any) -> Non
                 answer = await http.request(method, "/router_policy", json={"temperature": 1})
                 assert answer.status_code == 404, answer.text
                 assert "--admin-token-file" in answer.json()["error"]["message"]
-        assert frontend.kv_router_policy() == RouterPolicy()
+        assert frontend.models.kv_router_policy() == RouterPolicy()
     finally:
         await stop(runtimes, frontend)
 
@@ -135,7 +135,7 @@ async def test_the_admin_api_refuses_strangers_and_replays_and_takes_the_token_o
                 refused = await patch(change, headers)
                 assert refused.status_code == 403, (headers, refused.text)
                 assert refused.json()["error"]["type"] == "authentication_error"
-            assert frontend.kv_router_policy() == RouterPolicy()  # nothing changed so far
+            assert frontend.models.kv_router_policy() == RouterPolicy()  # nothing changed so far
 
             headers = signed(change)
             accepted = await patch(change, headers)
@@ -221,34 +221,37 @@ async def test_a_policy_change_applies_between_two_decisions_with_no_request_los
 async def test_frontends_of_a_group_share_a_change_agree_on_a_race_and_a_late_one_catches_up() -> None:
     runtime = await DistributedRuntime.create()
     kv = KvRouterConfig(use_kv_events=False)
-    fronts = [await Frontend.start(runtime, port=0, router_mode="kv", kv_config=kv) for _ in range(4)]
+    fronts = [await Frontend.start(runtime, port=0, router_mode="kv", kv=kv) for _ in range(4)]
     a, b, other, late = fronts
     try:
-        group = (await a.share_kv_router_policy(heartbeat=0.05)).group
-        await b.share_kv_router_policy(group, heartbeat=0.05)
-        await other.share_kv_router_policy(heartbeat=0.05)  # a group of its own
-        a.change_kv_router_policy({"prefill_load_scale": 8}, by="a test")
+        group = (await a.models.share_kv_router_policy(heartbeat=0.05)).group
+        await b.models.share_kv_router_policy(group, heartbeat=0.05)
+        await other.models.share_kv_router_policy(heartbeat=0.05)  # a group of its own
+        a.models.change_kv_router_policy({"prefill_load_scale": 8}, by="a test")
         await until(
-            lambda: b.kv_router_policy().prefill_load_scale == 8,
+            lambda: b.models.kv_router_policy().prefill_load_scale == 8,
             timeout=20,
             step=0.01,
             what="b took a's change",
         )
-        assert b.policy_sync is not None and b.policy_sync.received == 1
+        assert b.models.policy_sync is not None and b.models.policy_sync.received == 1
         # two changes at once, one on each: both end on the one with the higher version
-        a.change_kv_router_policy({"temperature": 0.5})
-        b.change_kv_router_policy({"temperature": 0.25})
-        syncs = [a.policy_sync, b.policy_sync]
+        a.models.change_kv_router_policy({"temperature": 0.5})
+        b.models.change_kv_router_policy({"temperature": 0.25})
+        syncs = [a.models.policy_sync, b.models.policy_sync]
         await until(lambda: syncs[0].version == syncs[1].version, timeout=20, step=0.01, what="a and b agree")  # type: ignore[union-attr]
         winner = a if syncs[0].version[1] == syncs[0].sender else b  # type: ignore[union-attr]
         expected = RouterPolicy(prefill_load_scale=8, temperature=0.5 if winner is a else 0.25)
-        assert a.kv_router_policy() == b.kv_router_policy() == expected
+        assert a.models.kv_router_policy() == b.models.kv_router_policy() == expected
         # a process that missed the changes (started after them) takes them from the heartbeat
-        await late.share_kv_router_policy(group, heartbeat=0.05)
+        await late.models.share_kv_router_policy(group, heartbeat=0.05)
         await until(
-            lambda: late.kv_router_policy() == expected, timeout=20, step=0.01, what="the late one caught up"
+            lambda: late.models.kv_router_policy() == expected,
+            timeout=20,
+            step=0.01,
+            what="the late one caught up",
         )
-        assert other.kv_router_policy() == RouterPolicy()  # another group saw nothing
+        assert other.models.kv_router_policy() == RouterPolicy()  # another group saw nothing
     finally:
         for front in fronts:
             await front.stop()

@@ -58,7 +58,7 @@ async def test_each_router_records_the_instance_that_served(
         return sorted(instance_ids)[-1]
 
     setups = {  # KV first: the workers' caches hold nothing its router has not seen
-        "kv": {"router_mode": "kv", "kv_config": KvRouterConfig()}, "round-robin": {}, "random": {"router_mode": "random"},
+        "kv": {"router_mode": "kv", "kv": KvRouterConfig()}, "round-robin": {}, "random": {"router_mode": "random"},
         "least-loaded": {"router_mode": "least-loaded"}, "policy:second_one": {"router_policy": second_one},
     }  # fmt: skip
     for router, options in setups.items():

@@ -10,8 +10,8 @@
 - ``admin.py``: `AdminAuth`, who may use the admin routes (``GET``/``PATCH /router_policy``);
 - ``served_models.py``: the served models, from model cards in discovery (or given in static mode),
   each with its tokenizer, client and router;
-- ``settings.py``: `FrontendConfig`, the frontend's flags typed (`Frontend.from_config` starts
-  one), their combinations checked first (`check_frontend_args`);
+- ``config.py``: `FrontendConfig`, the frontend's settings, each field declared with its flag
+  (`Frontend.start(runtime, config)` starts one), and `check_frontend_args` for a program's flags;
 - ``policy_sync.py``: `PolicySync`, router policy changes shared by the processes of one group;
 - ``replicas.py``: ``--http-workers N``, more frontend processes sharing the port (``SO_REUSEPORT``);
 - ``request_trace.py``: ``--request-trace``, a JSON line per finished request, for replay and planning;
@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .settings import DEFAULT_HTTP_PORT, FrontendConfig, check_frontend_args
+from .config import DEFAULT_HTTP_PORT, FrontendConfig, check_frontend_args
 
 if TYPE_CHECKING:
     from .app import Frontend

@@ -17,43 +17,32 @@ Example::
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
-import os
-import secrets
-from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AdminAuthError, ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
 from ..http import Handler, HttpRequest, HttpResponse, HttpServer, StreamedResponse, json_response
-from ..http.connections import (
-    DEFAULT_HEADER_TIMEOUT,
-    DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_CONNECTIONS,
-    ConnectionGuard,
-)
+from ..http.connections import ConnectionGuard
 from ..llm.card import ModelCard, card_from_folder
 from ..router.base import Router
 from ..router.decision import RoutingRecords
 from ..router.function import FunctionRouter, PickFunction
-from ..router.kv.router import KvRouter, KvRouterConfig
-from ..router.policy import RouterPolicy
 from ..runtime.addresses import host_port
 from ..runtime.bounded_decode import json_cost_problem
 from ..runtime.security import current_security
 from .admin import AdminAuth
-from .admission import DEFAULT_QUEUE_TIMEOUT
+from .config import DEFAULT_HTTP_PORT, FrontendConfig
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
 from .migration import DEFAULT_MIGRATION_LIMIT
 from .openai import check_text, parse_request, with_priority_headers
 from .pipeline import RequestPipeline, model_not_found
-from .policy_sync import PolicySync
 from .request_trace import RequestTraceWriter
 from .served_models import ModelManager, ServedModel
-from .settings import DEFAULT_HTTP_PORT, FrontendConfig
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -68,251 +57,128 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 class Frontend:
     """An OpenAI-compatible HTTP server in front of the workers that registered models.
 
-    Create it with `Frontend.start`; with memory or etcd discovery it follows model cards,
-    with static discovery give it the model with `add_model`.
+    Built whole from its `FrontendConfig` (``Frontend(runtime, config)``; nothing is set on
+    it afterwards) and started with `open`; `Frontend.start` does both. With memory or etcd
+    discovery it follows model cards; with static discovery give it the model with
+    `add_model` (``config.static_endpoint`` does that in `open`).
+
+    Attributes:
+        config: its settings (`FrontendConfig`).
+        models: the served models, their routers and the KV routers' policy (`ModelManager`:
+            ``frontend.models.change_kv_router_policy({...})``).
+        metrics: its Prometheus metrics (``/metrics``).
+        connections: the header timeout and connection cap, with their counters (`ConnectionGuard`).
+        admin: who may use the admin routes; None: they answer 404, saying how to turn them on.
     """
 
     def __init__(
         self,
         runtime: DistributedRuntime,
-        manager: ModelManager,
-        host: str,
-        port: int,
-        metrics: FrontendMetrics | None = None,
-        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
-    ) -> None:
-        """Use `Frontend.start`."""
-        self.runtime = runtime
-        self.models = manager
-        self.host = host
-        self.port = port
-        self.metrics = metrics or FrontendMetrics()
-        self.migration_limit = migration_limit
-        self.overload_status = 503  # a request refused because a limit was hit (or 529)
-        self.pipeline = RequestPipeline(manager, self.metrics, migration_limit)
-        self._server: HttpServer | None = None
-        self.connections = ConnectionGuard()
-        """The header timeout and connection cap, with their counters (`ConnectionGuard`)."""
-        self.idle_timeout = DEFAULT_IDLE_TIMEOUT
-        self.admin: AdminAuth | None = None
-        """Who may use the admin routes; None (the default): they answer 404, saying how to turn them on."""
-        self.policy_sync: PolicySync | None = None
-        """Shares router policy changes with the other processes of its group (`share_kv_router_policy`)."""
-        self._url: str | None = None
-
-    @classmethod
-    async def from_config(
-        cls,
-        runtime: DistributedRuntime,
-        config: FrontendConfig,
+        config: FrontendConfig | None = None,
         *,
         router_policy: PickFunction | None = None,
         only_endpoint: str | None = None,
-    ) -> Frontend:
-        """Start the frontend ``config`` describes on ``runtime`` (a frontend program's flags:
-        `FrontendConfig.from_args`); in static mode its one model's card is built here (no etcd,
-        no registration). ``router_policy``: the policy ``config.router_policy`` names, loaded
-        by the caller (`dynamo_nb.notebook.programs.load_router_policy`); ``only_endpoint``:
-        serve only the models registered there.
-
-        Example::
-
-            config = FrontendConfig.from_args(frontend_parser().parse_args(argv))
-            frontend = await Frontend.from_config(runtime, config)
-        """
+        admin: AdminAuth | None = None,
+    ) -> None:
+        """The frontend ``config`` describes, not listening yet (see `Frontend.start` for the
+        other arguments)."""
+        config = config or FrontendConfig()
         if config.router_policy is not None and router_policy is None:
             raise ConfigError(
                 f"router_policy {config.router_policy!r}: load it first (load_router_policy) and pass it"
             )
-        frontend = await cls.start(
+        self.runtime = runtime
+        self.config = config
+        self.metrics = FrontendMetrics()
+        metrics = self.metrics
+        self.models = ModelManager(
             runtime,
-            host=config.host,
-            port=config.port,
-            router_mode=config.router_mode,
+            config,
             router_policy=router_policy,
             only_endpoint=only_endpoint,
-            enforce_disagg=config.enforce_disagg,
-            kv_config=config.kv,
-            reuse_port=config.reuse_port,
-            migration_limit=config.migration_limit,
-            max_queue=config.max_queue,
-            queue_timeout=config.queue_timeout,
-            overload_status=config.overload_status,
-            routing_records=config.routing_records,
-            request_trace=config.request_trace,
-            header_timeout=config.header_timeout,
-            idle_timeout=config.idle_timeout,
-            max_connections=config.max_connections,
-            admin=AdminAuth.from_token_file(config.admin_token_file, current_security().secret)
-            if config.admin_api
-            else None,
+            on_prefill_error=lambda model: metrics.prefill_errors.labels(model).inc(),
+            on_policy_change=metrics.router_policy_changed,
         )
-        if config.static_endpoint is not None:
-            if config.model_path is None:
-                raise ConfigError(
-                    "static mode (static_endpoint) needs model_path: the model card is built from it"
-                )
-            card = card_from_folder(
-                config.model_path, name=config.model_name, endpoint=config.static_endpoint
-            )
-            await frontend.add_model(card, address=config.static_address)
-        group = config.router_policy_group
-        if group or (config.admin_api and config.http_workers > 1):
-            await frontend.share_kv_router_policy(group)
-        return frontend
+        trace = RequestTraceWriter(config.request_trace) if config.request_trace is not None else None
+        self.pipeline = RequestPipeline(self.models, self.metrics, config.migration_limit, trace=trace)
+        self.connections = ConnectionGuard(config.header_timeout, config.max_connections)
+        if admin is None and config.admin_enabled:
+            admin = AdminAuth.from_token_file(config.admin_token_file, current_security().secret)
+        self.admin = admin
+        self._server: HttpServer | None = None
+        self._url: str | None = None
 
     @classmethod
     async def start(
         cls,
         runtime: DistributedRuntime,
+        config: FrontendConfig | None = None,
         *,
-        host: str = "127.0.0.1",
-        port: int = DEFAULT_HTTP_PORT,
-        router_mode: str = "round-robin",
         router_policy: PickFunction | None = None,
         only_endpoint: str | None = None,
-        enforce_disagg: bool = False,
-        kv_config: KvRouterConfig | None = None,
-        reuse_port: bool = False,
-        migration_limit: int = DEFAULT_MIGRATION_LIMIT,
-        max_queue: int | None = None,
-        queue_timeout: float = DEFAULT_QUEUE_TIMEOUT,
-        overload_status: int = 503,
-        routing_records: int = 1024,
-        request_trace: str | os.PathLike[str] | None = None,
-        header_timeout: float = DEFAULT_HEADER_TIMEOUT,
-        idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         admin: AdminAuth | None = None,
+        **overrides: Any,
     ) -> Frontend:
-        """Start serving HTTP on ``host:port`` (port 0: a free one, see `url`).
+        """Start serving HTTP as ``config`` says, with ``overrides`` (any `FrontendConfig`
+        field: ``port=0`` for a free port, ``router_mode="kv"``, ``kv=KvRouterConfig(...)``,
+        ``request_trace=path``, ``migration_limit=0``, …; each field's help is its flag's in
+        ``python components/frontend.py --help``).
 
         Args:
             runtime: where workers are found; its discovery's model cards are followed
                 (memory, etcd), or models are added with `add_model` (static).
-            router_mode: ``round-robin``, ``random`` or ``kv`` (KV-aware, see `dynamo_nb.router.kv.router`).
+            config: the settings (`FrontendConfig.from_args` for a program's flags); None: the defaults.
             router_policy: a function ``pick(request, instance_ids) -> instance_id`` (such as a
                 `dynamo_nb.RoutingPolicy`) that routes every model's requests instead of
-                ``router_mode`` (a `FunctionRouter`; prefill workers are still picked round robin).
+                ``router_mode`` (a `FunctionRouter`; prefill workers are still picked round robin);
+                ``config.router_policy`` names its file, loaded by the caller
+                (`dynamo_nb.notebook.programs.load_router_policy`).
             only_endpoint: serve only the models registered at this endpoint (``ns.comp.ep``).
-            enforce_disagg: a model with prefill workers never falls back to aggregated
-                serving: a failed prefill is a 503 naming the reason.
-            kv_config: the KV router's settings (``router_mode="kv"``).
-            reuse_port: listen with ``SO_REUSEPORT``, so other frontend processes can share the
-                port (the kernel spreads new connections between them).
-            migration_limit: how many times a request whose worker went down mid-stream is
-                carried on by another worker (the prompt plus the tokens already streamed; the
-                client sees one stream); 0: never, the stream ends with an error event.
-            max_queue: requests of a model that may wait at the frontend while its workers are
-                full (their cards' ``max_num_seqs``); beyond, a 503 with ``Retry-After`` at
-                once (None: no bound; a wait still ends after ``queue_timeout``). See `admission`.
-            queue_timeout: seconds a request may wait for a slot before it is refused.
-            overload_status: the status of a request refused because a limit was hit (503, or
-                529 as Dynamo answers); its message names the limit, the value and the threshold.
-            routing_records: how many routing decisions `routing_records` keeps (0: none; a
-                request can still ask for its own with ``nvext.extra_fields: ["routing"]``).
-            request_trace: a file to append one JSON line to per finished request
-                (`dynamo_nb.frontend.request_trace`; read it with `dynamo_nb.bench.read_trace`).
-            header_timeout: seconds a new connection has to send its first request's headers
-                (a slowloris is closed after it; `dynamo_nb.http.connections`).
-            idle_timeout: seconds a keep-alive connection may stay idle between requests.
-            max_connections: open connections at most; one more gets a 503 and is closed.
-            admin: who may use the admin routes (``GET``/``PATCH /router_policy``); None: they are off.
+            admin: who may use the admin routes (``GET``/``PATCH /router_policy``); None: as
+                ``config.admin_api`` / ``admin_token_file`` say (off by default).
+
+        Example::
+
+            frontend = await Frontend.start(runtime, port=0, router_mode="kv")
+            config = FrontendConfig.from_args(frontend_parser().parse_args(argv))
+            frontend = await Frontend.start(runtime, config)
         """
-        if overload_status not in (503, 529):
-            raise ConfigError(f"overload_status must be 503 or 529, got {overload_status}")
-        if migration_limit < 0:
-            raise ConfigError(f"migration_limit must be 0 (off) or more, got {migration_limit}")
-        if idle_timeout <= 0:
-            raise ConfigError(f"idle_timeout must be a positive number of seconds, got {idle_timeout}")
-        try:
-            guard = ConnectionGuard(header_timeout, max_connections)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        metrics = FrontendMetrics()
-        manager = ModelManager(
-            runtime,
-            router_mode,
-            router_policy=router_policy,
-            only_endpoint=only_endpoint,
-            enforce_disagg=enforce_disagg,
-            on_prefill_error=lambda model: metrics.prefill_errors.labels(model).inc(),
-            kv_config=kv_config,
-            max_queue=max_queue,
-            queue_timeout=queue_timeout,
-            records=RoutingRecords(routing_records),
-        )
-        if not runtime.is_static:
-            await manager.watch()
-        frontend = cls(runtime, manager, host, port, metrics, migration_limit)
-        frontend.overload_status = overload_status
-        frontend.connections, frontend.idle_timeout = guard, idle_timeout
-        frontend.admin = admin
-        metrics.show_router_policy(manager.kv_config.policy)
-        if request_trace is not None:
-            frontend.pipeline.trace = RequestTraceWriter(request_trace)
-        await frontend._listen(reuse_port)
+        if overrides:
+            config = replace(config or FrontendConfig(), **_known_fields(overrides))
+        frontend = cls(runtime, config, router_policy=router_policy, only_endpoint=only_endpoint, admin=admin)
+        await frontend.open()
         return frontend
 
-    def kv_router_policy(self) -> RouterPolicy:
-        """The KV routers' policy (`dynamo_nb.router.policy.RouterPolicy`): every KV router
-        of this frontend, and those it makes for models that come later, decide by it."""
-        return self.models.kv_config.policy
+    async def open(self) -> None:
+        """Follow model cards (or, in static mode, serve ``config``'s one model), share policy
+        changes as ``config`` says, and listen."""
+        config, models = self.config, self.models
+        self.metrics.show_router_policy(models.kv_router_policy())
+        if not self.runtime.is_static:
+            await models.watch()
+        await self._listen()
+        try:
+            if config.static_endpoint is not None and config.model_path is not None:  # (both, checked)
+                path, name, endpoint = config.model_path, config.model_name, config.static_endpoint
+                await self.add_model(
+                    card_from_folder(path, name=name, endpoint=endpoint), address=config.static_address
+                )
+            group = config.router_policy_group
+            if group or (config.admin_enabled and config.http_workers > 1):
+                await models.share_kv_router_policy(group)
+        except BaseException:
+            await self.stop()
+            raise
 
-    def change_kv_router_policy(
-        self, updates: Mapping[str, Any], *, by: str = "this process", peer: str = ""
-    ) -> RouterPolicy:
-        """Apply ``updates`` (knob → value, Dynamo's names or their aliases) to every KV router
-        at once, between two decisions (each decision reads the policy once); logged with
-        ``by`` (and the ``peer`` address), old → new, and counted in ``/metrics``
-        (``dynamo_frontend_router_policy_changes_total{by}``; the knobs in
-        ``dynamo_frontend_router_policy{knob}``). Returns the new policy.
+    @property
+    def host(self) -> str:
+        """The host it listens on (``config.host``)."""
+        return self.config.host
 
-        Example::
-
-            frontend.change_kv_router_policy({"prefill_load_scale": 16, "temperature": 0})
-        """
-        new = self._set_kv_router_policy(updates, by=by, peer=peer)
-        if self.policy_sync is not None:
-            self.policy_sync.changed_here(new)
-        return new
-
-    def _set_kv_router_policy(self, updates: Mapping[str, Any], *, by: str, peer: str) -> RouterPolicy:
-        old = self.kv_router_policy()
-        new = old.changed(updates)
-        manager = self.models
-        manager.kv_config = replace(manager.kv_config, policy=new)
-        routers = [m.router for m in manager.models.values()] + [p.router for p in manager.prefill.values()]
-        for router in routers:
-            if isinstance(router, KvRouter):
-                router.policy = new
-        changes = ", ".join(f"{knob} {a:g} → {b:g}" for knob, (a, b) in old.differences(new).items())
-        source = f"{by} from {peer}" if peer else by
-        logger.info("the KV router policy was changed by %s: %s", source, changes or "nothing")
-        self.metrics.router_policy_changed(by, new)
-        return new
-
-    async def share_kv_router_policy(self, group: str | None = None, *, heartbeat: float = 2.0) -> PolicySync:
-        """Share this frontend's router policy changes with the other frontends of ``group``
-        (None: a new group; `policy_sync.group` names it) over the event plane, and take theirs:
-        what ``--http-workers N`` with the admin API does, so a ``PATCH /router_policy`` reaching
-        one process changes them all (`dynamo_nb.frontend.policy_sync`). Needs an event plane
-        (``nats_url`` with etcd discovery).
-
-        Example::
-
-            sync = await frontend.share_kv_router_policy()
-            await other.share_kv_router_policy(sync.group)
-        """
-        if self.policy_sync is None:
-
-            def apply(policy: RouterPolicy, source: str) -> None:
-                self._set_kv_router_policy(policy.to_dict(), by="another frontend process", peer=source)
-
-            self.policy_sync = await PolicySync.start(
-                self.runtime, group or secrets.token_hex(8), apply=apply, heartbeat=heartbeat
-            )
-        return self.policy_sync
+    @property
+    def port(self) -> int:
+        """The port it listens on (the free one it got for ``config.port`` 0, once listening)."""
+        return self._server.port if self._server is not None else self.config.port
 
     async def add_model(self, card: ModelCard, *, address: str | None = None) -> ServedModel:
         """Serve ``card``'s model without discovery (static mode); ``address`` for static TCP."""
@@ -379,7 +245,7 @@ class Frontend:
         that reaches discovery, or loopback: `dynamo_nb.runtime.addresses`); set once it listens."""
         return self._url or f"http://{host_port(self.host, self.port)}"
 
-    async def _listen(self, reuse_port: bool = False) -> None:
+    async def _listen(self) -> None:
         routes: dict[str, dict[str, Handler]] = {
             "/v1/chat/completions": {"POST": self._errors(self._chat)},
             "/v1/completions": {"POST": self._errors(self._completions)},
@@ -395,20 +261,19 @@ class Frontend:
         server = HttpServer(
             routes,
             self.connections,
-            idle_timeout=self.idle_timeout,
+            idle_timeout=self.config.idle_timeout,
             max_body=MAX_BODY_BYTES,
             error_body=error_body,
             name="the frontend",
         )
         try:
-            await server.start(self.host, self.port, reuse_port=reuse_port)
+            await server.start(self.host, self.port, reuse_port=self.config.shares_port)
         except OSError as exc:
             raise ConfigError(
                 f"the frontend cannot listen on {self.host}:{self.port} ({exc.strerror or exc}): pick another "
                 "--http-port (0 = a free one)"
             ) from None
         self._server = server
-        self.port = server.port
         try:
             host = (await self.runtime.addresses.resolve()).advertise(self.host, what=None)
         except BaseException:
@@ -419,9 +284,6 @@ class Frontend:
 
     async def stop(self) -> None:
         """Stop the HTTP server and the KV routers (the runtime stays up)."""
-        if self.policy_sync is not None:
-            await self.policy_sync.stop()
-            self.policy_sync = None
         if self._server is not None:
             await self._server.stop()
             self._server = None
@@ -451,7 +313,9 @@ class Frontend:
                 status, body = http_error(exc)
                 if isinstance(exc, OverloadedError):  # expected under load: no warning per request
                     return json_response(
-                        body, status=self.overload_status, headers={"Retry-After": str(exc.retry_after)}
+                        body,
+                        status=self.config.overload_status,
+                        headers={"Retry-After": str(exc.retry_after)},
                     )
                 if status >= 500:
                     logger.warning("%s %s answered %d: %s", request.method, request.path, status, exc)
@@ -498,16 +362,16 @@ class Frontend:
 
     async def _get_router_policy(self, request: HttpRequest) -> HttpResponse:
         self._admin(request)
-        return json_response({"policy": self.kv_router_policy().to_dict()})
+        return json_response({"policy": self.models.kv_router_policy().to_dict()})
 
     async def _patch_router_policy(self, request: HttpRequest) -> HttpResponse:
         who = self._admin(request)
         body = self._json(request)
         if isinstance(body, dict) and isinstance(body.get("policy"), dict):
             body = body["policy"]  # GET's shape, sent back changed
-        old = self.kv_router_policy()
+        old = self.models.kv_router_policy()
         try:
-            new = self.change_kv_router_policy(body, by=who, peer=request.peer)
+            new = self.models.change_kv_router_policy(body, by=who, peer=request.peer)
         except ConfigError as exc:
             raise InvalidRequestError(str(exc)) from None
         changed = {knob: {"old": a, "new": b} for knob, (a, b) in old.differences(new).items()}
@@ -564,3 +428,14 @@ class Frontend:
                 param=param,
             )
         return self._json(request)
+
+
+def _known_fields(overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` if each names a `FrontendConfig` field, else the error naming the close ones."""
+    names = [item.name for item in fields(FrontendConfig)]
+    for key in overrides:
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=2)
+            hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+            raise ConfigError(f"Frontend.start got {key}=, which is no FrontendConfig field{hint}")
+    return overrides

@@ -163,11 +163,17 @@ class RequestPipeline:
         migration_limit: how often a request whose worker went down moves (0: never).
     """
 
-    def __init__(self, models: ModelManager, metrics: FrontendMetrics, migration_limit: int) -> None:
+    def __init__(
+        self,
+        models: ModelManager,
+        metrics: FrontendMetrics,
+        migration_limit: int,
+        trace: RequestTraceWriter | None = None,
+    ) -> None:
         self.models = models
         self.metrics = metrics
         self.migration = Migration(migration_limit, self.open_planned, metrics.migrations)
-        self.trace: RequestTraceWriter | None = None  # --request-trace: a line per finished request
+        self.trace = trace  # --request-trace: a line per finished request
 
     async def preprocess(self, parsed: OpenAIRequest) -> tuple[ServedModel, PreprocessedRequest]:
         """Step 1: the served model and the engine request (rendered, tokenized, checked)."""

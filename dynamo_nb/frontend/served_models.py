@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, InvalidRequestError, NoInstancesError
@@ -27,23 +29,24 @@ from ..router import (
     DirectRouter,
     FunctionRouter,
     KvRouter,
-    KvRouterConfig,
     PickFunction,
     PrefillPlanner,
     RoundRobinRouter,
     Router,
     RoutingDecision,
     RoutingRecords,
-    check_router_mode,
     make_router,
 )
 from ..router.base import RoutedStream
+from ..router.policy import RouterPolicy
 from ..runtime.client import Client, ResponseStream
 from ..runtime.context import Context
 from ..runtime.discovery import KeyValueDiscovery
 from ..runtime.names import EndpointPath
 from ..telemetry.tracing import inject_trace, span
-from .admission import DEFAULT_QUEUE_TIMEOUT, Admission
+from .admission import Admission
+from .config import FrontendConfig
+from .policy_sync import PolicySync
 
 # A prompt longer than this many characters per token of the model's context is tokenized in
 # two steps: its head first (typical text has 3-5 characters a token), refused if that alone
@@ -201,36 +204,105 @@ class ServedModel:
 
 
 class ModelManager:
-    """Builds `ServedModel` objects from model cards and keeps them up to date."""
+    """Builds `ServedModel` objects from model cards and keeps them up to date, with the
+    router each one gets and the KV routers' policy (`change_kv_router_policy`).
+
+    Args:
+        config: the frontend's settings it reads: router mode, KV router, admission, records.
+        router_policy: a function ``pick(request, instance_ids)`` that routes every model
+            instead of ``config.router_mode`` (a `FunctionRouter`).
+        only_endpoint: serve only the models registered at this endpoint (``ns.comp.ep``).
+        on_prefill_error: called with a model's name when its prefill failed.
+        on_policy_change: called with who changed the KV router policy and the new policy.
+    """
 
     def __init__(
         self,
         runtime: DistributedRuntime,
-        router_mode: str = "round-robin",
+        config: FrontendConfig | None = None,
         *,
         router_policy: PickFunction | None = None,
         only_endpoint: str | None = None,
-        enforce_disagg: bool = False,
         on_prefill_error: Callable[[str], None] | None = None,
-        kv_config: KvRouterConfig | None = None,
-        max_queue: int | None = None,
-        queue_timeout: float = DEFAULT_QUEUE_TIMEOUT,
-        records: RoutingRecords | None = None,
+        on_policy_change: Callable[[str, RouterPolicy], None] | None = None,
     ) -> None:
+        config = config or FrontendConfig()
         self.runtime = runtime
-        self.records = records if records is not None else RoutingRecords()
-        self.max_queue = max_queue
-        self.queue_timeout = queue_timeout
-        self.router_mode = check_router_mode(router_mode)
+        self.records = RoutingRecords(config.routing_records)
+        self.max_queue = config.max_queue
+        self.queue_timeout = config.queue_timeout
+        self.router_mode = config.router_mode
         self.router_policy = router_policy
         self.only_endpoint = str(EndpointPath.parse(only_endpoint)) if only_endpoint else None
         self.models: dict[str, ServedModel] = {}
         self.prefill: dict[str, PrefillPlanner] = {}  # model name → its prefill planner
-        self.enforce_disagg = enforce_disagg
-        self.kv_config = kv_config or KvRouterConfig()
+        self.enforce_disagg = config.enforce_disagg
+        self.kv_config = config.kv_settings(nats=runtime.nats_url is not None)
+        self.policy_sync: PolicySync | None = None
+        """Shares router policy changes with the other processes of its group (`share_kv_router_policy`)."""
         self._on_prefill_error = on_prefill_error
+        self._on_policy_change = on_policy_change
         self._card_names: dict[str, str] = {}  # discovery key → model name
         self._changed = asyncio.Event()
+
+    def kv_router_policy(self) -> RouterPolicy:
+        """The KV routers' policy (`dynamo_nb.router.policy.RouterPolicy`): every KV router
+        of this frontend, and those it makes for models that come later, decide by it."""
+        return self.kv_config.policy
+
+    def change_kv_router_policy(
+        self, updates: Mapping[str, Any], *, by: str = "this process", peer: str = ""
+    ) -> RouterPolicy:
+        """Apply ``updates`` (knob → value, Dynamo's names or their aliases) to every KV router
+        at once, between two decisions (each decision reads the policy once); logged with
+        ``by`` (and the ``peer`` address), old → new, and counted in the frontend's ``/metrics``
+        (``dynamo_frontend_router_policy_changes_total{by}``). Returns the new policy; with
+        `share_kv_router_policy`, the other frontends of the group take it too.
+
+        Example::
+
+            frontend.models.change_kv_router_policy({"prefill_load_scale": 16, "temperature": 0})
+        """
+        new = self._set_kv_router_policy(updates, by=by, peer=peer)
+        if self.policy_sync is not None:
+            self.policy_sync.changed_here(new)
+        return new
+
+    def _set_kv_router_policy(self, updates: Mapping[str, Any], *, by: str, peer: str) -> RouterPolicy:
+        old = self.kv_router_policy()
+        new = old.changed(updates)
+        self.kv_config = replace(self.kv_config, policy=new)
+        for router in [m.router for m in self.models.values()] + [p.router for p in self.prefill.values()]:
+            if isinstance(router, KvRouter):
+                router.policy = new
+        changes = ", ".join(f"{knob} {a:g} → {b:g}" for knob, (a, b) in old.differences(new).items())
+        source = f"{by} from {peer}" if peer else by
+        logger.info("the KV router policy was changed by %s: %s", source, changes or "nothing")
+        if self._on_policy_change is not None:
+            self._on_policy_change(by, new)
+        return new
+
+    async def share_kv_router_policy(self, group: str | None = None, *, heartbeat: float = 2.0) -> PolicySync:
+        """Share this frontend's router policy changes with the other frontends of ``group``
+        (None: a new group; `policy_sync.group` names it) over the event plane, and take theirs:
+        what ``--http-workers N`` with the admin API does, so a ``PATCH /router_policy`` reaching
+        one process changes them all (`dynamo_nb.frontend.policy_sync`). Needs an event plane
+        (``nats_url`` with etcd discovery).
+
+        Example::
+
+            sync = await frontend.models.share_kv_router_policy()
+            await other.models.share_kv_router_policy(sync.group)
+        """
+        if self.policy_sync is None:
+
+            def apply(policy: RouterPolicy, source: str) -> None:
+                self._set_kv_router_policy(policy.to_dict(), by="another frontend process", peer=source)
+
+            self.policy_sync = await PolicySync.start(
+                self.runtime, group or secrets.token_hex(8), apply=apply, heartbeat=heartbeat
+            )
+        return self.policy_sync
 
     def get(self, name: str) -> ServedModel | None:
         return self.models.get(name)
@@ -375,7 +447,11 @@ class ModelManager:
         return router
 
     async def close(self) -> None:
-        """Stop the routers' event subscriptions (the frontend's `stop` calls it)."""
+        """Stop sharing policy changes and the routers' event subscriptions (the frontend's
+        `stop` calls it)."""
+        if self.policy_sync is not None:
+            await self.policy_sync.stop()
+            self.policy_sync = None
         for router in [m.router for m in self.models.values()] + [p.router for p in self.prefill.values()]:
             await router.stop()
 

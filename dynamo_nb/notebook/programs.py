@@ -315,7 +315,7 @@ def load_router_policy(reference: str, *, cwd: Path | None = None) -> RoutingPol
     Example::
 
         policy = load_router_policy("notebooks/06_kv_aware_routing.ipynb:prefix_policy")
-        frontend = await Frontend.from_config(runtime, config, router_policy=policy)
+        frontend = await Frontend.start(runtime, config, router_policy=policy)
     """
     from .component_program import RoutingPolicy
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ConfigError
+from ..settings import Settings, setting
 
 __all__ = ["KNOB_ALIASES", "RouterPolicy"]
 
@@ -42,13 +43,34 @@ KNOB_ALIASES = {  # another name → the knob (Dynamo's flag spellings and the k
 }
 
 
+_GROUP = "kv router"
+
+
 @dataclass(frozen=True)
-class RouterPolicy:
+class RouterPolicy(Settings):
     """The KV router's knobs (see the module docstring); each finite and 0 or more."""
 
-    overlap_score_credit: float = 1.0
-    prefill_load_scale: float = 1.0
-    temperature: float = 0.0
+    overlap_score_credit: float = setting(
+        1.0,
+        flag="--router-kv-overlap-score-credit",
+        group=_GROUP,
+        help="how much a prefix block a worker already holds takes off its prefill cost; 0 ignores the "
+        "caches, above 1 favours them more (Dynamo's name)",
+    )
+    prefill_load_scale: float = setting(
+        1.0,
+        flag="--router-prefill-load-scale",
+        aliases=("--kv-overlap-score-weight",),
+        group=_GROUP,
+        help="weight of a worker's prefill blocks against its decode blocks; raise it for TTFT (Dynamo's "
+        "name; --kv-overlap-score-weight is its older one)",
+    )
+    temperature: float = setting(
+        0.0,
+        flag="--router-temperature",
+        group=_GROUP,
+        help="0 picks the cheapest worker, more samples by a softmax of the costs",
+    )
 
     def __post_init__(self) -> None:
         for knob, value in self.to_dict().items():
@@ -63,6 +85,7 @@ class RouterPolicy:
                     f"router policy knob {knob} must be finite and 0 or more, got {str(value)[:40]}"
                 )
             object.__setattr__(self, knob, float(value))
+        super().__post_init__()
 
     def changed(self, updates: Mapping[str, Any]) -> RouterPolicy:
         """This policy with ``updates`` applied (knob names, or their `KNOB_ALIASES`, with or

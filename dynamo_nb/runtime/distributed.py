@@ -168,6 +168,11 @@ class DistributedRuntime:
         return isinstance(self.discovery, StaticDiscovery)
 
     @property
+    def nats_url(self) -> str | None:
+        """The NATS server it was given (its event plane crosses processes), else None."""
+        return self._nats_url
+
+    @property
     def servers(self) -> list[EndpointServer]:
         """The endpoints this runtime serves now."""
         return list(self._servers)

@@ -20,7 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import random
 import time
 from collections import OrderedDict
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 from ...errors import ConfigError, NoInstancesError
 from ...llm.protocol import PreprocessedRequest
 from ...runtime.ids import new_request_id
+from ...settings import Settings, nested, setting
 from ..base import Route, Router
 from ..decision import Candidate
 from ..policy import RouterPolicy
@@ -50,46 +50,34 @@ SEEN_BLOCKS = 1 << 20  # blocks a router remembers having routed (for the reuse 
 
 
 @dataclass(frozen=True)
-class KvRouterConfig:
-    """The starting `RouterPolicy` (``--router-kv-overlap-score-credit``,
-    ``--router-prefill-load-scale``, ``--router-temperature``), ``--no-kv-events`` (approximate
-    mode), ``--router-replica-sync`` (share decisions with the other routers of the endpoint,
-    `dynamo_nb.router.kv.replica_sync`)."""
+class KvRouterConfig(Settings):
+    """The KV router's settings: its starting `RouterPolicy` (three knobs, each a flag),
+    approximate mode (no KV events) and replica sync (`dynamo_nb.router.kv.replica_sync`).
 
-    policy: RouterPolicy = field(default_factory=RouterPolicy)
-    use_kv_events: bool = True
+    Example:
+        >>> KvRouterConfig(replica_sync=None).replica_sync is None   # None: the frontend decides
+        True
+    """
+
+    policy: RouterPolicy = nested(RouterPolicy)
+    use_kv_events: bool = setting(
+        True,
+        flag="--no-kv-events",
+        negate=True,
+        group="kv router",
+        default_text="off",
+        help="approximate mode, no KV events; routed blocks count as cached for a while",
+    )
     approx_ttl: float = 120.0
     pending_ttl: float = 5.0  # with events: a routed prompt counts as cached there until its event comes
-    replica_sync: bool = False
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> KvRouterConfig:
-        """The settings the frontend flags give (the policy's three knobs, ``--no-kv-events``,
-        ``--router-replica-sync``; the processes of ``--http-workers N`` share their decisions
-        whenever they have an event plane, ``--nats-url``). ``--kv-overlap-score-weight`` is
-        the older name of ``--router-prefill-load-scale``."""
-        scale = args.router_prefill_load_scale
-        if args.kv_overlap_score_weight is not None:
-            if scale is not None and scale != args.kv_overlap_score_weight:
-                raise ConfigError(
-                    "--kv-overlap-score-weight is the older name of --router-prefill-load-scale: give one"
-                )
-            scale = args.kv_overlap_score_weight
-        try:
-            policy = RouterPolicy(
-                overlap_score_credit=args.router_kv_overlap_score_credit,
-                prefill_load_scale=RouterPolicy.prefill_load_scale if scale is None else scale,
-                temperature=args.router_temperature,
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"{exc} (its --router-... flag)") from None
-        return cls(
-            policy=policy,
-            use_kv_events=not args.no_kv_events,
-            replica_sync=args.router_replica_sync
-            if args.router_replica_sync is not None
-            else (args.http_workers > 1 or args.http_reuse_port) and bool(args.nats_url),
-        )
+    replica_sync: bool | None = setting(
+        None,
+        flag="--router-replica-sync",
+        group="kv router",
+        default_text="on for --http-workers N with --nats-url, else off",
+        help="share routing decisions (load, pending prefixes) with the other frontends' routers over the "
+        "event plane, so N frontends route as well as one",
+    )
 
 
 @dataclass

@@ -1,0 +1,109 @@
+"""Settings declared once (dynamo_nb.settings): a config field carries its flag, help, variable and
+check, and the frontend's parser, config and keywords all come from the fields."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+from dataclasses import dataclass
+
+import pytest
+
+from dynamo_nb import DistributedRuntime
+from dynamo_nb.errors import ConfigError
+from dynamo_nb.flags import FlagParser, frontend_parser
+from dynamo_nb.frontend import Frontend, FrontendConfig
+from dynamo_nb.router.kv.router import KvRouterConfig
+from dynamo_nb.settings import add_settings, at_least, setting, settings_of
+
+
+@dataclass(frozen=True)
+class WithAThrowawayField(FrontendConfig):
+    """The frontend's config and one more field: nothing else is edited for it."""
+
+    probe_budget: int = setting(
+        3, flag="--probe-budget", env="PROBE_BUDGET", check=at_least(1), help="probes a worker gets"
+    )
+
+
+def help_of(parser: FlagParser) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        parser.parse_args(["--help"])
+    return " ".join(out.getvalue().split())
+
+
+def parser_of(config: type[FrontendConfig]) -> FlagParser:
+    parser = FlagParser(prog="frontend")
+    add_settings(parser, config, group="frontend")
+    return parser
+
+
+def test_a_new_field_is_a_flag_with_its_variable_help_and_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = help_of(parser_of(WithAThrowawayField))
+    assert "--probe-budget PROBE_BUDGET probes a worker gets (env DYN_NB_PROBE_BUDGET; default: 3)" in text
+    assert "--migration-limit" in text  # the fields it inherits are flags too
+
+    assert WithAThrowawayField.from_args(parser_of(WithAThrowawayField).parse_args([])).probe_budget == 3
+    monkeypatch.setenv("DYN_NB_PROBE_BUDGET", "7")
+    assert WithAThrowawayField.from_args(parser_of(WithAThrowawayField).parse_args([])).probe_budget == 7
+    given = parser_of(WithAThrowawayField).parse_args(["--probe-budget", "9"])  # a flag beats its variable
+    assert WithAThrowawayField.from_args(given).probe_budget == 9
+
+    message = "probe_budget (--probe-budget) must be at least 1, got 0"
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        WithAThrowawayField.from_args(parser_of(WithAThrowawayField).parse_args(["--probe-budget", "0"]))
+    with pytest.raises(ConfigError, match="must be at least 1, got 0"):  # from Python: the same check
+        WithAThrowawayField(probe_budget=0)
+    with pytest.raises(ConfigError, match="must be at least 1, got 0"):  # and through replace
+        dataclasses.replace(WithAThrowawayField(), probe_budget=0)
+    monkeypatch.setenv("DYN_NB_PROBE_BUDGET", "many")
+    with pytest.raises(ConfigError, match="DYN_NB_PROBE_BUDGET='many' is not an int"):
+        parser_of(WithAThrowawayField)
+
+
+def test_the_frontend_parser_is_its_config() -> None:
+    """Every flagged field of the frontend's config (and of the KV router's inside it) is a flag of
+    the frontend program, and no flag means it parses to the config's own defaults."""
+    parser = frontend_parser()
+    flags = {option for action in parser._actions for option in action.option_strings}
+    declared = [spec.flag for _, spec in settings_of(FrontendConfig)]
+    assert len(declared) > 25 and set(declared) <= flags
+    assert {"--router-prefill-load-scale", "--no-kv-events", "--router-replica-sync"} <= set(declared)
+    assert FrontendConfig.from_args(parser.parse_args([])) == FrontendConfig()
+    assert KvRouterConfig.from_args(parser.parse_args(["--no-kv-events"])).use_kv_events is False
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("migration_limit", -1, "migration_limit (--migration-limit) must be at least 0 (off), got -1"),
+        ("overload_status", 500, "overload_status (--overload-status) must be one of 503, 529, got 500"),
+        ("idle_timeout", 0.0, "idle_timeout (--http-idle-timeout) must be more than 0 seconds, got 0"),
+        ("http_workers", 0, "http_workers (--http-workers) must be at least 1, got 0"),
+        ("router_mode", "fastest", "router_mode (--router-mode) must be one of round-robin, random"),
+        ("port", 70000, "port (--http-port) must be a port, 0 (a free one) to 65535, got 70000"),
+    ],
+)
+def test_each_setting_is_checked_once_whoever_makes_it(field: str, value: object, message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        FrontendConfig(**{field: value})
+    assert str(raised.value).startswith(message)
+
+
+async def test_start_takes_fields_as_keywords_and_names_a_wrong_one() -> None:
+    runtime = await DistributedRuntime.create()
+    try:
+        with pytest.raises(ConfigError, match=r"got migration_limt=, .* \(did you mean migration_limit\?\)"):
+            await Frontend.start(runtime, port=0, migration_limt=0)
+        with pytest.raises(ConfigError, match="must be at least 0"):
+            await Frontend.start(runtime, port=0, migration_limit=-1)
+        frontend = await Frontend.start(runtime, FrontendConfig(migration_limit=1), port=0, routing_records=4)
+        try:
+            assert frontend.config.migration_limit == 1 and frontend.config.routing_records == 4
+            assert frontend.port != 0 and frontend.url.endswith(f":{frontend.port}")
+        finally:
+            await frontend.stop()
+    finally:
+        await runtime.shutdown()
