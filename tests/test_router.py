@@ -71,3 +71,35 @@ async def test_no_instances_is_a_clear_error() -> None:
         client = await rt.endpoint("rt.none.generate").client()
         with pytest.raises(NoInstancesError, match=r"no instances of dyn://rt\.none\.generate"):
             RoundRobinRouter(client).pick(REQUEST)
+
+
+async def test_every_router_returns_a_finished_decision_filed_under_its_ticket() -> None:
+    """A router is told the request's id, model, hop and queue, and its decision comes back whole:
+    nothing is assigned on it afterwards (it is frozen)."""
+    import dataclasses
+
+    from dynamo_nb.router import FunctionRouter, KvRouter, LeastLoadedRouter, RoutingTicket
+
+    ticket = RoutingTicket("r-7", "tiny", queue={"priority": 2, "strict_priority": 1, "waited_ms": 1.5})
+    async with await DistributedRuntime.create() as rt:
+        client = await three_instances(rt, "ticket")
+        routers: list[Router] = [
+            RoundRobinRouter(client),
+            RandomRouter(client),
+            LeastLoadedRouter(client),
+            FunctionRouter(client, lambda request, ids: min(ids)),
+            await KvRouter.create(client, block_size=2),
+        ]
+        for router in routers:
+            decision = router.pick(REQUEST, ticket).decision
+            assert decision is not None
+            got = (decision.request_id, decision.model, decision.hop, decision.queue)
+            assert got == ("r-7", "tiny", "decode", ticket.queue), router.name
+            prefill = router.pick(REQUEST, ticket.for_prefill()).decision
+            assert prefill is not None and prefill.hop == "prefill"
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                decision.hop = "prefill"  # type: ignore[misc]
+        assert routers[3].pick(REQUEST).decision.router == "policy:<lambda>"  # type: ignore[union-attr]
+        kv = routers[4].pick(REQUEST, ticket).decision
+        assert kv is not None and kv.policy is not None and kv.overhead_ms["total"] >= 0
+        assert routers[0].pick(REQUEST).decision.request_id == ""  # type: ignore[union-attr]  # no ticket

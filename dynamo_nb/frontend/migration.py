@@ -10,7 +10,7 @@ or after the limit; then the stream ends with the error.
 Example::
 
     migration = Migration(limit=3, reopen=pipeline.open_planned, counter=metrics.migrations)
-    moving = migration.follow(model, request, request_id)   # one per request: its own state
+    moving = migration.follow(model, request, ticket)   # one per request: its own state
     moving.record(token_ids)                                 # as they stream
     moved = await moving.carry_on(count, down)               # after an InstanceDownError
     # an `Opened` (the new stream and its first item), or a `Stopped` saying why not
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InstanceDownError, RequestError
 from ..llm.protocol import PreprocessedRequest
+from ..router.decision import RoutingTicket
 
 if TYPE_CHECKING:
     from .pipeline import Opened
@@ -36,7 +37,7 @@ logger = logging.getLogger("dynamo_nb.frontend")
 
 DEFAULT_MIGRATION_LIMIT = 3  # as Dynamo's guidance
 
-Reopen = Callable[["ServedModel", PreprocessedRequest, str], Awaitable["Opened"]]
+Reopen = Callable[["ServedModel", PreprocessedRequest, RoutingTicket], Awaitable["Opened"]]
 """Opens a request (its model, the request, its id) afresh, planned and routed: its stream, first
 item, prefill plan and routing decision."""
 
@@ -73,9 +74,12 @@ class Migration:
         """Whether requests move at all (a request then keeps the tokens it streamed)."""
         return self.limit > 0
 
-    def follow(self, model: ServedModel, request: PreprocessedRequest, request_id: str) -> MigratingRequest:
-        """The migration state of one request: what it streamed, how often it moved."""
-        return MigratingRequest(self, model, request, request_id)
+    def follow(
+        self, model: ServedModel, request: PreprocessedRequest, ticket: RoutingTicket
+    ) -> MigratingRequest:
+        """The migration state of one request: what it streamed, how often it moved (its moves
+        routed under its ``ticket``)."""
+        return MigratingRequest(self, model, request, ticket)
 
 
 class MigratingRequest:
@@ -88,12 +92,12 @@ class MigratingRequest:
     """
 
     def __init__(
-        self, migration: Migration, model: ServedModel, request: PreprocessedRequest, request_id: str
+        self, migration: Migration, model: ServedModel, request: PreprocessedRequest, ticket: RoutingTicket
     ) -> None:
         self._migration = migration
         self._model = model
         self._request = request
-        self._request_id = request_id
+        self._ticket = ticket
         self.generated: list[int] | None = [] if migration.enabled else None
         self.moves = 0
 
@@ -127,7 +131,7 @@ class MigratingRequest:
         if asked is None and model.card.context_length:  # else every leg starts a full budget
             request = request.with_max_tokens(model.card.context_length - len(request.token_ids))
         try:
-            opened = await migration._reopen(model, request.continued(generated), self._request_id)
+            opened = await migration._reopen(model, request.continued(generated), self._ticket)
         except RequestError as exc:
             return Stopped(f"{down}; no other worker could carry the request on: {exc}")
         migration._counter.labels(model.name).inc()

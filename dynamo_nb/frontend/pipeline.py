@@ -44,7 +44,7 @@ from ..http import HttpRequest, HttpResponse, StreamedResponse
 from ..llm import limits
 from ..llm.protocol import PreprocessedRequest
 from ..router.base import RoutedStream
-from ..router.decision import RoutingDecision
+from ..router.decision import NO_TICKET, RoutingDecision, RoutingTicket
 from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
 from ..runtime.context import Context
@@ -232,20 +232,20 @@ class RequestPipeline:
             admitted = True
             waited_s = time.perf_counter() - started
             self.metrics.observe_queue_wait(model.name, parsed.strict_priority, queued_s)
-            opened = await self.open_planned(model, request, request_id)
-            if opened.decision is not None:  # why it went when it did, beside where it went
-                opened.decision.queue = {
-                    "priority": parsed.priority,
-                    "strict_priority": parsed.strict_priority,
-                    "waited_ms": round(queued_s * 1000, 3),
-                }
+            queue = {  # why it went when it did, beside where it went (its routing decision)
+                "priority": parsed.priority,
+                "strict_priority": parsed.strict_priority,
+                "waited_ms": round(queued_s * 1000, 3),
+            }
+            ticket = RoutingTicket(request_id, model.name, queue=queue)
+            opened = await self.open_planned(model, request, ticket)
             if root is not None:
                 root.add_event("first token")
             first_s = time.perf_counter() - started
             metrics.ttft.observe(first_s)
             metrics.input_tokens.observe(len(request.token_ids))
             outcome = Outcome(
-                opened.stream, opened.plan, request_id=request_id, decision=opened.decision,
+                opened.stream, opened.plan, ticket=ticket, decision=opened.decision,
                 asked=parsed.extra_fields,
                 timing=RequestTiming(received_ms, started, waited_s, first_s, len(request.token_ids)),
             )  # fmt: skip
@@ -294,25 +294,26 @@ class RequestPipeline:
             )
 
     async def open_planned(
-        self, model: ServedModel, request: PreprocessedRequest, request_id: str = ""
+        self, model: ServedModel, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET
     ) -> Opened:
         """Steps 3 and 4: the decode stream and its first item, aggregated, or after the model's
         prefill planner planned it; a handoff the decode refuses falls back (or, enforced, fails)."""
         router = self.models.prefill_planner(model.name)
         if router is None:
-            return await self.open(model, request, request_id)
+            return await self.open(model, request, ticket)
+        request_id = ticket.request_id
         with span("prefill plan"):  # the prefill worker's span joins the trace from here
             context = Context(request_id, metadata=inject_trace({})) if request_id else None
-            plan = await router.plan(request, context=context)  # enforced disaggregation fails here: a 503
-        self.keep(plan.decision, request_id, model.name)  # why its prefill worker was chosen
+            plan = await router.plan(request, context=context, ticket=ticket)  # enforced: a 503 here
+        self.keep(plan.decision)  # why its prefill worker was chosen
         try:
-            opened = await self.open(model, plan.decode_request, request_id)
+            opened = await self.open(model, plan.decode_request, ticket)
         except RemoteHandlerError as exc:
             if exc.code != DisaggregationError.code:
                 plan.cancel()
                 raise
             plan = router.handoff_failed(plan, request, exc.remote_message)  # or DisaggregationError
-            opened = await self.open(model, plan.decode_request, request_id)
+            opened = await self.open(model, plan.decode_request, ticket)
         except BaseException:  # e.g. the client left before the first token: the prefill goes too
             plan.cancel()
             raise
@@ -320,26 +321,27 @@ class RequestPipeline:
         opened.plan = plan
         return opened
 
-    def keep(self, decision: RoutingDecision | None, request_id: str, model: str) -> None:
-        """A router's decision, named after its request and model: kept in the frontend's routing
-        records, its time per phase observed."""
+    def keep(self, decision: RoutingDecision | None) -> None:
+        """A router's finished decision: kept in the frontend's routing records, its time per
+        phase observed."""
         if decision is not None:
-            decision.request_id, decision.model = request_id, model
             self.models.records.add(decision)
             self.metrics.observe_routing(decision)
 
-    async def open(self, model: ServedModel, request: PreprocessedRequest, request_id: str = "") -> Opened:
+    async def open(
+        self, model: ServedModel, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET
+    ) -> Opened:
         """Step 4: send the request and wait for its first item; a worker that is down is skipped
         (`OPEN_TRIES` tries). A worker's error (`RemoteHandlerError`) goes up with its status."""
         last_error: Exception | None = None
         for _ in range(OPEN_TRIES):
             try:
-                stream, decision = model.send(request, request_id)
+                stream, decision = model.send(request, ticket)
             except InstanceNotFoundError:  # the request named an instance (nvext.backend_instance_id)
                 raise
             except NoInstancesError:
                 break
-            self.keep(decision, request_id, model.name)
+            self.keep(decision)
             try:
                 return Opened(stream, await stream.__anext__(), decision=decision)
             except StopAsyncIteration:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InstanceDownError, RequestError
 from ..llm.detokenize import StreamDetokenizer
 from ..llm.protocol import PreprocessedRequest
-from ..router.decision import RoutingDecision
+from ..router.decision import NO_TICKET, RoutingDecision, RoutingTicket
 from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
 from .migration import Migration, Stopped
@@ -69,7 +69,8 @@ class Outcome:
     Attributes:
         stream: the worker stream relayed now.
         plan: its prefill plan (None: the model has no prefill workers).
-        request_id: the request's id (the answer's ``id`` and ``x-request-id``).
+        ticket: what its routing decisions are filed under (its ``request_id`` is the answer's
+            ``id`` and ``x-request-id``).
         decision: why the decode router chose the worker serving it now.
         asked: the ``nvext.extra_fields`` the request asked for (``worker_id``, ``routing``, ``timing``).
         timing: when it arrived, waited and had its first token (for ``nvext.timing``).
@@ -84,7 +85,7 @@ class Outcome:
 
     stream: ResponseStream | RoutedStream
     plan: PrefillPlan | None
-    request_id: str = ""
+    ticket: RoutingTicket = NO_TICKET
     decision: RoutingDecision | None = None
     asked: frozenset[str] = frozenset()
     timing: RequestTiming | None = None
@@ -98,6 +99,11 @@ class Outcome:
     def __post_init__(self) -> None:
         if self.plan is not None:
             self.plans.append(self.plan)
+
+    @property
+    def request_id(self) -> str:
+        """The request's id (the answer's ``id`` and ``x-request-id``)."""
+        return self.ticket.request_id
 
     def served_by(
         self,
@@ -169,7 +175,7 @@ async def relay(
     detok = StreamDetokenizer(model.tokenizer, request.stop_conditions.stop or [])
     push = detok.push
     stream = outcome.stream
-    moving = migration.follow(model, request, outcome.request_id)
+    moving = migration.follow(model, request, outcome.ticket)
     # items are `LLMEngineOutput` dicts, read as they are: no object per token on this hot path
     item = first
     last = time.perf_counter()

@@ -35,9 +35,11 @@ from ..router import (
     Router,
     RoutingDecision,
     RoutingRecords,
+    RoutingTicket,
     make_router,
 )
 from ..router.base import RoutedStream
+from ..router.decision import NO_TICKET
 from ..router.policy import RouterPolicy
 from ..runtime.client import Client, ResponseStream
 from ..runtime.context import Context
@@ -141,15 +143,17 @@ class ServedModel:
         return bool(self.cards)
 
     def send(
-        self, request: PreprocessedRequest, request_id: str = ""
+        self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET
     ) -> tuple[ResponseStream | RoutedStream, RoutingDecision | None]:
         """Route ``request`` to an instance: the one its ``routing.backend_instance_id`` names, else
         the router's choice (raises `NoInstancesError` when there is none). The stream carries
-        ``request_id`` to the worker; the router's decision comes back with it."""
+        the ticket's request id to the worker; the router's decision, filed under ``ticket``,
+        comes back with it."""
         routing = request.routing
         router = self.direct if routing and "backend_instance_id" in routing else self.router
+        request_id = ticket.request_id
         with span("route") as route_span:
-            route = router.pick(request)
+            route = router.pick(request, ticket)
             if route_span is not None:
                 route_span.set_attributes({"router": router.name, "instance_id": route.instance_id})
         context = Context(request_id, metadata=inject_trace({})) if request_id else None

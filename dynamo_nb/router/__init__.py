@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from .base import DirectRouter, RandomRouter, RoundRobinRouter, Route, RoutedStream, Router
-from .decision import Candidate, RoutingDecision, RoutingRecords
+from .decision import NO_TICKET, Candidate, RoutingDecision, RoutingRecords, RoutingTicket
 from .function import FunctionRouter, PickFunction
 from .kv import KvRoute, KvRouter, KvRouterConfig
 from .least_loaded import LeastLoadedRouter
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DISAGG_PATHS",
+    "NO_TICKET",
     "ROUTER_MODES",
     "Candidate",
     "DirectRouter",
@@ -58,6 +59,7 @@ __all__ = [
     "Router",
     "RoutingDecision",
     "RoutingRecords",
+    "RoutingTicket",
     "check_router_mode",
     "make_router",
 ]

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequestError
 from ..llm.protocol import PreprocessedRequest
-from .decision import Candidate, RoutingDecision
+from .decision import NO_TICKET, Candidate, RoutingDecision, RoutingTicket
 
 if TYPE_CHECKING:
     from ..runtime.client import Client, ResponseStream
@@ -75,17 +75,38 @@ class Router(ABC):
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    def decision(self, chosen: int, rule: str, candidates: list[Candidate] | None = None) -> RoutingDecision:
-        """The `RoutingDecision` for ``chosen``: ``candidates`` (by default every available
-        instance, unscored), then the instances skipped because they were reported down."""
+    def decision(
+        self,
+        chosen: int,
+        rule: str,
+        candidates: list[Candidate] | None = None,
+        *,
+        ticket: RoutingTicket = NO_TICKET,
+        **facts: Any,
+    ) -> RoutingDecision:
+        """The finished `RoutingDecision` for ``chosen``, filed under ``ticket``: ``candidates``
+        (by default every available instance, unscored), then the instances skipped because they
+        were reported down; ``facts``: what else this router records (the KV router's
+        ``overhead_ms``, ``seen_before_tokens``, ``policy``)."""
         if candidates is None:
             candidates = [Candidate(i) for i in self.client.instance_ids()]
         candidates.extend(Candidate(i, excluded="reported down") for i in self.client.down_ids())
-        return RoutingDecision(self.name, chosen, candidates, rule)
+        return RoutingDecision(
+            self.name,
+            chosen,
+            candidates,
+            rule,
+            request_id=ticket.request_id,
+            model=ticket.model,
+            hop=ticket.hop,
+            queue=ticket.queue,
+            **facts,
+        )
 
     @abstractmethod
-    def pick(self, request: PreprocessedRequest) -> Route:
-        """The instance for ``request``; raises `NoInstancesError` when nobody serves the endpoint."""
+    def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> Route:
+        """The instance for ``request``, with the decision filed under ``ticket`` (its id, model,
+        hop and queue); raises `NoInstancesError` when nobody serves the endpoint."""
 
     def first_token(self, route: Route) -> None:  # noqa: B027 - a router that keeps no load ignores it
         """The first item of the request ``route`` came back (its prefill is done)."""
@@ -105,10 +126,14 @@ class Router(ABC):
         return RoutedStream(stream, self, route) if self.tracks_requests else stream
 
     def send(
-        self, request: PreprocessedRequest, *, context: Context | None = None
+        self,
+        request: PreprocessedRequest,
+        *,
+        context: Context | None = None,
+        ticket: RoutingTicket = NO_TICKET,
     ) -> ResponseStream | RoutedStream:
         """`pick` and `open` in one."""
-        return self.open(self.pick(request), request, context=context)
+        return self.open(self.pick(request, ticket), request, context=context)
 
     async def stop(self) -> None:  # noqa: B027 - only routers that listen to something stop it
         """Stop listening to whatever the router follows (KV events)."""
@@ -119,9 +144,9 @@ class RoundRobinRouter(Router):
 
     name = "round-robin"
 
-    def pick(self, request: PreprocessedRequest) -> Route:
+    def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> Route:
         chosen = self.client.next_instance()
-        return Route(chosen, decision=self.decision(chosen, "next in turn"))
+        return Route(chosen, decision=self.decision(chosen, "next in turn", ticket=ticket))
 
 
 class RandomRouter(Router):
@@ -129,9 +154,9 @@ class RandomRouter(Router):
 
     name = "random"
 
-    def pick(self, request: PreprocessedRequest) -> Route:
+    def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> Route:
         chosen = self.client.random_instance()
-        return Route(chosen, decision=self.decision(chosen, "drawn at random"))
+        return Route(chosen, decision=self.decision(chosen, "drawn at random", ticket=ticket))
 
 
 class DirectRouter(Router):
@@ -139,7 +164,7 @@ class DirectRouter(Router):
 
     name = "direct"
 
-    def pick(self, request: PreprocessedRequest) -> Route:
+    def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> Route:
         instance_id = (request.routing or {}).get("backend_instance_id")
         if not isinstance(instance_id, int) or isinstance(instance_id, bool):
             raise InvalidRequestError(
@@ -154,7 +179,7 @@ class DirectRouter(Router):
         if instance_id not in ids:
             candidates.append(Candidate(instance_id))
         rule = "named by the request (routing.backend_instance_id)"
-        return Route(instance_id, decision=self.decision(instance_id, rule, candidates))
+        return Route(instance_id, decision=self.decision(instance_id, rule, candidates, ticket=ticket))
 
 
 class RoutedStream:

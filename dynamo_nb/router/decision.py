@@ -28,7 +28,33 @@ from typing import Any
 
 from ..runtime.instance import format_instance_id
 
-__all__ = ["Candidate", "RoutingDecision", "RoutingRecords"]
+__all__ = ["NO_TICKET", "Candidate", "RoutingDecision", "RoutingRecords", "RoutingTicket"]
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingTicket:
+    """What a router is told of a request beside the request itself, so that the decision it
+    returns is finished: the request's id and model, the hop (``decode`` or ``prefill``) and
+    how the request waited at the frontend's queue (``priority``, ``strict_priority``,
+    ``waited_ms``; None when it did not go through one).
+
+    Example:
+        >>> RoutingTicket("r1", "tiny-llama").for_prefill().hop
+        'prefill'
+    """
+
+    request_id: str = ""
+    model: str = ""
+    hop: str = "decode"
+    queue: dict[str, float] | None = None
+
+    def for_prefill(self) -> RoutingTicket:
+        """The same request's ticket for its prefill worker's decision."""
+        return RoutingTicket(self.request_id, self.model, "prefill", self.queue)
+
+
+NO_TICKET = RoutingTicket()
+"""A request routed outside a frontend (a router called directly): no id, model or queue."""
 
 
 @dataclass(slots=True)
@@ -58,13 +84,14 @@ class Candidate:
         return out
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RoutingDecision:
-    """One router's choice for one request (see the module docstring).
+    """One router's choice for one request (see the module docstring), made whole by the router
+    that decided (`dynamo_nb.router.Router.decision`, with the request's `RoutingTicket`).
 
     Attributes:
         router: which router decided (``round-robin``, ``random``, ``least-loaded``, ``kv``,
-            ``direct``, ``policy:NAME``); the frontend sets ``hop`` (``decode`` or ``prefill``).
+            ``direct``, ``policy:NAME``); ``hop``: ``decode`` or ``prefill``.
         rule: how it chose among the candidates, in words.
         margin: the runner-up's score minus the chosen one's (None without scores or a runner-up).
         tie: whether another candidate had the chosen one's score.
@@ -102,8 +129,8 @@ class RoutingDecision:
         ]
         if others:
             best_other = min(others)
-            self.margin = best_other - chosen.score
-            self.tie = best_other == chosen.score
+            object.__setattr__(self, "margin", best_other - chosen.score)
+            object.__setattr__(self, "tie", best_other == chosen.score)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what ``nvext.routing`` carries)."""

@@ -32,6 +32,7 @@ from ..errors import RoutingError
 from ..llm.protocol import PreprocessedRequest
 from ..runtime.instance import format_instance_id, parse_instance_id
 from .base import Route, Router
+from .decision import NO_TICKET, RoutingTicket
 
 if TYPE_CHECKING:
     from ..runtime.client import Client
@@ -52,11 +53,13 @@ class FunctionRouter(Router):
     def __init__(self, client: Client, function: PickFunction) -> None:
         super().__init__(client)
         self.function = function
+        self.function_name: str = getattr(function, "__name__", repr(function))
+        self.name = f"policy:{self.function_name}"  # what its decisions call it
         self.picks: dict[int, int] = {}
 
-    def pick(self, request: PreprocessedRequest) -> Route:
+    def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> Route:
         ids = self.client.available_ids()
-        name = getattr(self.function, "__name__", repr(self.function))
+        name = self.function_name
         try:
             chosen = self.function(request, list(ids))
         except Exception as exc:
@@ -80,6 +83,6 @@ class FunctionRouter(Router):
                 f"{[format_instance_id(i) for i in ids]} (an int, or its hex string)"
             )
         self.picks[chosen] = self.picks.get(chosen, 0) + 1
-        decision = self.decision(chosen, f"returned by your function {name}")
-        decision.router = f"policy:{name}"
-        return Route(chosen, decision=decision)
+        return Route(
+            chosen, decision=self.decision(chosen, f"returned by your function {name}", ticket=ticket)
+        )

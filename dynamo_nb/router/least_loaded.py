@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..llm.protocol import PreprocessedRequest
 from .base import Route, Router
-from .decision import Candidate
+from .decision import NO_TICKET, Candidate, RoutingTicket
 
 if TYPE_CHECKING:
     from ..runtime.client import Client
@@ -69,13 +69,14 @@ class LeastLoadedRouter(Router):
         limit = self.limit_of(instance_id)
         return limit is None or self.inflight[instance_id] < limit
 
-    def pick(self, request: PreprocessedRequest) -> Route:
+    def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> Route:
         ids = self.client.available_ids()
         open_ids = [i for i in ids if self._has_room(i)] or ids
         drawn = self._random.sample(open_ids, min(2, len(open_ids)))
         chosen = min(drawn, key=lambda i: self.inflight[i])
-        route = Route(chosen, decision=self.decision(chosen, "fewer in flight of two drawn at random",
-                                                      self._candidates(ids, open_ids, drawn)))  # fmt: skip
+        candidates = self._candidates(ids, open_ids, drawn)
+        rule = "fewer in flight of two drawn at random"
+        route = Route(chosen, decision=self.decision(chosen, rule, candidates, ticket=ticket))
         self.inflight[chosen] += 1
         return route
 

@@ -46,7 +46,7 @@ from ..errors import DisaggregationError, NoInstancesError, RequestError
 from ..llm.protocol import PreprocessedRequest
 from ..runtime.context import Context
 from .base import Route, Router
-from .decision import RoutingDecision
+from .decision import NO_TICKET, RoutingDecision, RoutingTicket
 
 __all__ = ["DISAGG_PATHS", "INSTANCE_WAIT", "PrefillPlan", "PrefillPlanner"]
 
@@ -142,17 +142,22 @@ class PrefillPlanner:
         """Whether any prefill worker of the model has a card now."""
         return bool(self._keys)
 
-    async def plan(self, request: PreprocessedRequest, *, context: Context | None = None) -> PrefillPlan:
+    async def plan(
+        self,
+        request: PreprocessedRequest,
+        *,
+        context: Context | None = None,
+        ticket: RoutingTicket = NO_TICKET,
+    ) -> PrefillPlan:
         """Start the prefill of ``request`` and say how its decode goes (see the module docstring).
-        ``context``: the prefill request's id and metadata (a trace's ``traceparent``)."""
+        ``context``: the prefill request's id and metadata (a trace's ``traceparent``); ``ticket``:
+        what its prefill worker's routing decision is filed under (its hop made ``prefill``)."""
         events: list[str] = []
         instance: int | None = None
         started = time.perf_counter()
         try:
-            route = await self._pick(request)
+            route = await self._pick(request, ticket.for_prefill())
             instance = route.instance_id
-            if route.decision is not None:
-                route.decision.hop = "prefill"
             endpoint = self._endpoints.get(instance)
             if endpoint is not None:
                 info = BootstrapInfo.parse(
@@ -187,16 +192,16 @@ class PrefillPlanner:
             where = f" (prefill worker {instance:x})" if instance is not None else ""
             return self.fall_back(request, f"prefill failed{where}: {exc}", events)
 
-    async def _pick(self, request: PreprocessedRequest) -> Route:
+    async def _pick(self, request: PreprocessedRequest, ticket: RoutingTicket) -> Route:
         """The prefill worker for ``request``. A worker publishes its card and its instance under
         two keys, which a watch may deliver apart: with a card but no instance yet, wait for one."""
         try:
-            return self.router.pick(request)
+            return self.router.pick(request, ticket)
         except NoInstancesError:
             if not self._keys:
                 raise
         await self.router.client.wait_for_instances(timeout=min(INSTANCE_WAIT, self.prefill_timeout))
-        return self.router.pick(request)
+        return self.router.pick(request, ticket)
 
     def fall_back(self, request: PreprocessedRequest, reason: str, events: list[str]) -> PrefillPlan:
         """The one place where a failed prefill or handoff is decided: counted, then a

@@ -31,7 +31,7 @@ from ...llm.protocol import PreprocessedRequest
 from ...runtime.ids import new_request_id
 from ...settings import Settings, nested, setting
 from ..base import Route, Router
-from ..decision import Candidate
+from ..decision import NO_TICKET, Candidate, RoutingTicket
 from ..policy import RouterPolicy
 from .hashing import block_hashes, sequence_hashes
 from .indexer import RadixTree
@@ -152,16 +152,20 @@ class KvRouter(Router):
             router.sync = await ReplicaSync.start(component, router, client.endpoint.name)
         return router
 
-    def pick(self, request: PreprocessedRequest) -> KvRoute:
+    def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> KvRoute:
         """The worker for ``request``'s prompt; the request counts on it until `finished`."""
-        return self.choose(request.token_ids)
+        return self.choose(request.token_ids, ticket=ticket)
 
-    def choose(self, token_ids: list[int], request_id: str | None = None) -> KvRoute:
+    def choose(
+        self, token_ids: list[int], request_id: str | None = None, *, ticket: RoutingTicket = NO_TICKET
+    ) -> KvRoute:
         """Pick the worker for ``token_ids`` and count the request on it (see `finished`)."""
         started = time.perf_counter()
         hashes = block_hashes(token_ids, self.block_size)
         sequence = sequence_hashes(hashes)
-        return self.choose_blocks(hashes, sequence, len(token_ids), request_id, started=started)
+        return self.choose_blocks(
+            hashes, sequence, len(token_ids), request_id, started=started, ticket=ticket
+        )
 
     def choose_blocks(
         self,
@@ -171,6 +175,7 @@ class KvRouter(Router):
         request_id: str | None = None,
         *,
         started: float | None = None,
+        ticket: RoutingTicket = NO_TICKET,
     ) -> KvRoute:
         """`choose` for a prompt of ``prompt_tokens`` tokens given as its blocks' local ``hashes``
         and ``sequence`` hashes (a replayed trace has no token ids)."""
@@ -207,19 +212,25 @@ class KvRouter(Router):
             if temperature <= 0
             else f"drawn by a softmax of the costs at temperature {temperature:g}"
         )
+        others = [cost for w, cost in worker_costs.items() if w != worker]
+        if temperature <= 0 and others and min(others) == worker_costs[worker]:
+            rule += ", the tie broken by the smaller cache, then at random"
         candidates = [Candidate(int(w), score=p["cost"], parts=p) for w, p in parts.items()]
-        decision = self.decision(worker, rule, candidates)
-        decision.seen_before_tokens = self._seen_before(sequence) * self.block_size
-        decision.policy = policy.to_dict()
         done = time.perf_counter()
-        decision.overhead_ms = {
-            "block_hashing": (hashed - started) * 1000,
-            "indexer_find_matches": (matched - hashed) * 1000,
-            "scheduling": (done - matched) * 1000,
-            "total": (done - started) * 1000,
-        }
-        if decision.tie and temperature <= 0:
-            decision.rule += ", the tie broken by the smaller cache, then at random"
+        decision = self.decision(
+            worker,
+            rule,
+            candidates,
+            ticket=ticket,
+            seen_before_tokens=self._seen_before(sequence) * self.block_size,
+            policy=policy.to_dict(),
+            overhead_ms={
+                "block_hashing": (hashed - started) * 1000,
+                "indexer_find_matches": (matched - hashed) * 1000,
+                "scheduling": (done - matched) * 1000,
+                "total": (done - started) * 1000,
+            },
+        )
         overlap = matches.scores.get(worker, 0)
         new_tokens = max(prompt_tokens - overlap * self.block_size, 0)
         self.loads.setdefault(worker, ActiveLoad()).add(request_id, new_tokens, sequence)
