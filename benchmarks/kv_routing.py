@@ -143,7 +143,7 @@ def mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 async def decision_time(runtime: DistributedRuntime, mode: str, samples: int = 2000) -> dict[str, float]:
     """Microseconds per routing decision with 10 k blocks indexed over the graph's 4 engines."""
     client = await runtime.endpoint(f"{namespace(mode)}.backend.generate").client()
-    router = KvRouter(client, 16, KvRouterConfig(use_kv_events=False), indexer=None)
+    router = KvRouter(client, 16, KvRouterConfig(use_kv_events=False))
     rng = random.Random(0)
     workers = client.instance_ids()
     for i in range(200):  # 200 chains of 50 blocks: 10 k blocks

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ..engines.mocker_scheduler import MockerScheduler, MockJob
 from ..errors import ConfigError
 from ..llm.protocol import PreprocessedRequest
-from ..router import LeastLoadedRouter, RandomRouter, RoundRobinRouter, Route, Router
+from ..router import Route, Router, build_router
 from ..router.kv import KvRouter, KvRouterConfig
 from ..router.kv.indexer import RadixTree
 from .fleet import Fleet, MockerSettings
@@ -85,10 +85,11 @@ class ReplayResult:
 
 
 class _PoolClient:
-    """What a router asks of its endpoint's client, for a simulated pool of instances."""
+    """What a router asks of its endpoint's client (a `RoutingClient`), for a simulated pool of
+    instances: the replay's routers only pick, the simulation runs what they picked."""
 
     def __init__(self, name: str, instance_ids: list[int], rng: random.Random) -> None:
-        self.endpoint = _Endpoint(name)
+        self.endpoint = _Endpoint(name, name.rsplit(".", 1)[-1])
         self._ids = instance_ids
         self._rng = rng
         self._next = 0
@@ -109,10 +110,17 @@ class _PoolClient:
     def random_instance(self) -> int:
         return self._rng.choice(self._ids)
 
+    def direct(self, request: Any, instance_id: int, *, context: Any = None) -> Any:
+        raise ConfigError("a replay's routers only pick: the simulation runs the request, nothing is sent")
+
+    async def wait_for_instances(self, timeout: float = 30.0) -> list[int]:
+        return self.instance_ids()
+
 
 @dataclass(frozen=True)
 class _Endpoint:
     path: str
+    name: str
 
 
 @dataclass(eq=False)
@@ -120,9 +128,9 @@ class _Request:
     """One replayed request: its row, and what its worker and routers must hear of it."""
 
     row: dict[str, Any]
-    times: list[float] = field(default_factory=list)
-    route: Route | None = None  # aggregated, or the decode's
+    route: Route  # aggregated, or the decode's (routed as it arrives)
     prefill_route: Route | None = None
+    times: list[float] = field(default_factory=list)
     decode: MockJob | None = None  # the decode job that waits for the prefill's handoff
 
 
@@ -164,20 +172,17 @@ class _Simulation:
         ids = [next(next_id) for _ in range(count)]
         client = _PoolClient(f"dynamo.{name}.generate", ids, random.Random(self.rng.random()))
         mode = self.fleet.router
-        tree = None
-        router: Router
-        if mode == "kv":
-            tree = RadixTree(clock=lambda: self.now)
-            config = KvRouterConfig(policy=self.fleet.router_policy)
-            rng = random.Random(self.rng.random())
-            router = KvRouter(client, self.settings.block_size, config, None, rng, tree=tree)  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
-        elif mode == "least-loaded":
-            limit = self.settings.max_num_seqs
-            router = LeastLoadedRouter(client, lambda _i: limit, random.Random(self.rng.random()))  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
-        elif mode == "random":
-            router = RandomRouter(client)  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
-        else:
-            router = RoundRobinRouter(client)  # type: ignore[arg-type]  # the simulator's client has the Client methods routers call
+        tree = RadixTree(clock=lambda: self.now) if mode == "kv" else None
+        limit = self.settings.max_num_seqs
+        router = build_router(
+            mode,
+            client,
+            block_size=self.settings.block_size,
+            kv_config=KvRouterConfig(policy=self.fleet.router_policy),
+            limit_of=lambda _instance: limit,
+            rng=random.Random(self.rng.random()) if mode in ("kv", "least-loaded") else None,
+            tree=tree,
+        )
         pool = _Pool(router, tree)
         for instance_id in ids:
             scheduler = MockerScheduler(
@@ -234,12 +239,12 @@ class _Simulation:
         return router.pick(_REQUEST)
 
     def _arrive(self, row: dict[str, Any], local: list[int], sequence: list[int]) -> None:
-        request = _Request(row)
         prompt_tokens = row["input_tokens"]
-        if self.prefill is not None:
-            request.prefill_route = self._route(self.prefill, local, sequence, prompt_tokens)
-            request.route = self._route(self.decode, local, sequence, prompt_tokens)  # the fast path: at once
-            row["prefill_worker"] = f"{request.prefill_route.instance_id:x}"
+        prefill = self.prefill
+        prefill_route = self._route(prefill, local, sequence, prompt_tokens) if prefill is not None else None
+        request = _Request(row, self._route(self.decode, local, sequence, prompt_tokens), prefill_route)
+        if prefill is not None and prefill_route is not None:  # the decode routed at once: the fast path
+            row["prefill_worker"] = f"{prefill_route.instance_id:x}"
             row["path"] = "fast"
             job = MockJob(max_tokens=1, prompt_len=prompt_tokens, hashes=(local, sequence), handoff=True)
             job.owner = request
@@ -247,9 +252,8 @@ class _Simulation:
                 max_tokens=row["output_tokens"], prompt_len=prompt_tokens, hashes=(local, sequence),
                 emitted=1, transferred=True, owner=request,
             )  # fmt: skip
-            self._enqueue(self.prefill.workers[request.prefill_route.instance_id], job)
+            self._enqueue(prefill.workers[prefill_route.instance_id], job)
         else:
-            request.route = self._route(self.decode, local, sequence, prompt_tokens)
             row["path"] = "aggregated"
             job = MockJob(max_tokens=row["output_tokens"], prompt_len=prompt_tokens, hashes=(local, sequence))
             job.owner = request
@@ -287,10 +291,10 @@ class _Simulation:
         request: _Request = job.owner
         request.times.append(self.now)
         if job.emitted == 1:  # (a decode's first token was its prefill's)
-            self.decode.router.first_token(request.route)  # type: ignore[arg-type]  # routed before it ran: route is set
+            self.decode.router.first_token(request.route)
             request.row["cached_tokens"] = job.cached_tokens
         if job.emitted >= job.max_tokens:
-            self.decode.router.finished(request.route)  # type: ignore[arg-type]  # routed before it ran: route is set
+            self.decode.router.finished(request.route)
             self._done(request)
 
     def _on_prefilled(self, job: MockJob) -> None:
@@ -301,13 +305,13 @@ class _Simulation:
         self.prefill.router.finished(request.prefill_route)
         request.times.append(self.now)
         request.row["cached_tokens"] = job.cached_tokens
-        self.decode.router.first_token(request.route)  # type: ignore[arg-type]  # routed before it ran: route is set
+        self.decode.router.first_token(request.route)
         if request.decode.max_tokens <= 1:  # the decode answers with the prefill's token at once
-            self.decode.router.finished(request.route)  # type: ignore[arg-type]  # routed before it ran: route is set
+            self.decode.router.finished(request.route)
             self._done(request)
             return
         handed = self.now + self.fleet.transfer_ms / 1000.0
-        self._at(handed, 1, (self.decode.workers[request.route.instance_id], request.decode))  # type: ignore[union-attr]  # routed before it ran: route is set
+        self._at(handed, 1, (self.decode.workers[request.route.instance_id], request.decode))
 
     def _on_reject(self, job: MockJob, error: Exception) -> None:
         request: _Request = job.owner

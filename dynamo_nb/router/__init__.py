@@ -23,19 +23,20 @@ Example:
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
-from .base import DirectRouter, RandomRouter, RoundRobinRouter, Route, RoutedStream, Router
+from .base import DirectRouter, RandomRouter, RoundRobinRouter, Route, RoutedStream, Router, RoutingClient
 from .decision import NO_TICKET, Candidate, RoutingDecision, RoutingRecords, RoutingTicket
 from .function import FunctionRouter, PickFunction
 from .kv import KvRoute, KvRouter, KvRouterConfig
+from .kv.indexer import RadixTree
 from .least_loaded import LeastLoadedRouter
 from .prefill_planner import DISAGG_PATHS, PrefillPlan, PrefillPlanner
 
 if TYPE_CHECKING:
-    from ..runtime.client import Client
     from ..runtime.distributed import Component
 
 __all__ = [
@@ -57,9 +58,11 @@ __all__ = [
     "Route",
     "RoutedStream",
     "Router",
+    "RoutingClient",
     "RoutingDecision",
     "RoutingRecords",
     "RoutingTicket",
+    "build_router",
     "check_router_mode",
     "make_router",
 ]
@@ -74,22 +77,47 @@ def check_router_mode(mode: str) -> str:
     return mode
 
 
+def build_router(
+    mode: str,
+    client: RoutingClient,
+    *,
+    block_size: int = 16,
+    kv_config: KvRouterConfig | None = None,
+    limit_of: Callable[[int], int | None] | None = None,
+    rng: random.Random | None = None,
+    tree: RadixTree | None = None,
+) -> Router:
+    """The router for ``mode`` (one of `ROUTER_MODES`) over ``client`` (any `RoutingClient`),
+    following nothing yet: the one place a mode becomes a router. ``limit_of`` gives an
+    instance's limit on requests in flight (least-loaded); ``rng`` draws for least-loaded and
+    KV; ``tree`` is the KV router's radix tree when the caller feeds it the workers' KV events
+    (a replay)."""
+    if check_router_mode(mode) == "round-robin":
+        return RoundRobinRouter(client)
+    if mode == "random":
+        return RandomRouter(client)
+    if mode == "least-loaded":
+        return LeastLoadedRouter(client, limit_of, rng)
+    return KvRouter(client, block_size, kv_config, rng, tree=tree)
+
+
 async def make_router(
     mode: str,
-    client: Client,
+    client: RoutingClient,
     *,
     block_size: int = 16,
     kv_config: KvRouterConfig | None = None,
     component: Component | None = None,
     limit_of: Callable[[int], int | None] | None = None,
 ) -> Router:
-    """The router for ``mode`` (one of `ROUTER_MODES`) over ``client``'s endpoint; the KV router
-    follows ``component``'s KV events (unless ``kv_config`` turns them off); ``limit_of`` gives
-    an instance's limit on requests in flight (least-loaded)."""
-    if check_router_mode(mode) == "round-robin":
-        return RoundRobinRouter(client)
-    if mode == "random":
-        return RandomRouter(client)
-    if mode == "least-loaded":
-        return LeastLoadedRouter(client, limit_of)
-    return await KvRouter.create(client, block_size, kv_config, component=component)
+    """`build_router`, then a KV router follows ``component``'s KV events (unless ``kv_config``
+    turns them off) and shares its decisions (``kv_config.replica_sync``).
+
+    Example::
+
+        router = await make_router("kv", client, block_size=16, component=endpoint.component())
+    """
+    router = build_router(mode, client, block_size=block_size, kv_config=kv_config, limit_of=limit_of)
+    if isinstance(router, KvRouter):
+        await router.follow(component)
+    return router

@@ -37,17 +37,65 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import InvalidRequestError
 from ..llm.protocol import PreprocessedRequest
 from .decision import NO_TICKET, Candidate, RoutingDecision, RoutingTicket
 
 if TYPE_CHECKING:
-    from ..runtime.client import Client, ResponseStream
+    from ..runtime.client import ResponseStream
     from ..runtime.context import Context
 
-__all__ = ["DirectRouter", "RandomRouter", "RoundRobinRouter", "Route", "RoutedStream", "Router"]
+__all__ = [
+    "DirectRouter",
+    "RandomRouter",
+    "RoundRobinRouter",
+    "Route",
+    "RoutedStream",
+    "Router",
+    "RoutingClient",
+    "RoutingEndpoint",
+]
+
+
+class RoutingEndpoint(Protocol):
+    """The endpoint a `RoutingClient` reaches: its path (printed in errors) and name."""
+
+    @property
+    def path(self) -> object: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+class RoutingClient(Protocol):
+    """What a router calls on its endpoint's client: the instances (all, those with room, those
+    reported down), the client's turn and draw, and `direct` to send a routed request. The
+    runtime's `dynamo_nb.runtime.Client` is one; a replay's simulated pool is another (it never
+    sends: its routers only pick).
+
+    Example::
+
+        router = make_router("kv", client)   # any RoutingClient
+    """
+
+    @property
+    def endpoint(self) -> RoutingEndpoint: ...
+
+    def instance_ids(self) -> list[int]: ...
+
+    def available_ids(self) -> list[int]: ...
+
+    def down_ids(self) -> list[int]: ...
+
+    def next_instance(self) -> int: ...
+
+    def random_instance(self) -> int: ...
+
+    def direct(self, request: Any, instance_id: int, *, context: Context | None = None) -> ResponseStream: ...
+
+    async def wait_for_instances(self, timeout: float = 30.0) -> list[int]: ...
 
 
 @dataclass
@@ -72,7 +120,7 @@ class Router(ABC):
     tracks_requests = False
     name = "router"  # what its routing decisions call it
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: RoutingClient) -> None:
         self.client = client
 
     def decision(

@@ -26,16 +26,12 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..errors import RoutingError
 from ..llm.protocol import PreprocessedRequest
 from ..runtime.instance import format_instance_id, parse_instance_id
-from .base import Route, Router
+from .base import Route, Router, RoutingClient
 from .decision import NO_TICKET, RoutingTicket
-
-if TYPE_CHECKING:
-    from ..runtime.client import Client
 
 __all__ = ["FunctionRouter", "PickFunction"]
 
@@ -50,7 +46,7 @@ class FunctionRouter(Router):
         picks: how many requests it routed, per instance id.
     """
 
-    def __init__(self, client: Client, function: PickFunction) -> None:
+    def __init__(self, client: RoutingClient, function: PickFunction) -> None:
         super().__init__(client)
         self.function = function
         self.function_name: str = getattr(function, "__name__", repr(function))

@@ -30,14 +30,10 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ..llm.protocol import PreprocessedRequest
-from .base import Route, Router
+from .base import Route, Router, RoutingClient
 from .decision import NO_TICKET, Candidate, RoutingTicket
-
-if TYPE_CHECKING:
-    from ..runtime.client import Client
 
 __all__ = ["LeastLoadedRouter"]
 
@@ -55,7 +51,7 @@ class LeastLoadedRouter(Router):
 
     def __init__(
         self,
-        client: Client,
+        client: RoutingClient,
         limit_of: Callable[[int], int | None] | None = None,
         rng: random.Random | None = None,
     ) -> None:

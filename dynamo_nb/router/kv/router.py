@@ -30,7 +30,7 @@ from ...errors import ConfigError, NoInstancesError
 from ...llm.protocol import PreprocessedRequest
 from ...runtime.ids import new_request_id
 from ...settings import Settings, nested, setting
-from ..base import Route, Router
+from ..base import Route, Router, RoutingClient
 from ..decision import NO_TICKET, Candidate, RoutingTicket
 from ..policy import RouterPolicy
 from .hashing import block_hashes, sequence_hashes
@@ -40,7 +40,6 @@ from .replica_sync import ReplicaSync
 from .selector import ActiveLoad, cost_parts, pick
 
 if TYPE_CHECKING:
-    from ...runtime.client import Client
     from ...runtime.distributed import Component
 
 __all__ = ["KvRoute", "KvRouter", "KvRouterConfig"]
@@ -105,52 +104,58 @@ class KvRouter(Router):
 
     def __init__(
         self,
-        client: Client,
+        client: RoutingClient,
         block_size: int,
-        config: KvRouterConfig,
-        indexer: KvIndexer | None,
+        config: KvRouterConfig | None = None,
         rng: random.Random | None = None,
         *,
         tree: RadixTree | None = None,
     ) -> None:
-        """Use `KvRouter.create`; or give the ``tree`` you feed with the workers' KV events
-        yourself (a replay does, on its simulated clock)."""
+        """A router that follows nothing yet: `follow` starts its KV events (`KvRouter.create`
+        does both); or give the ``tree`` you feed with the workers' KV events yourself (a replay
+        does, on its simulated clock)."""
         super().__init__(client)
         self.block_size = block_size
-        self.config = config
-        self.policy = config.policy
-        self.indexer = indexer
-        self.tree = indexer.tree if indexer is not None else tree or RadixTree()
-        self.follows_events = indexer is not None or tree is not None
+        self.config = config or KvRouterConfig()
+        self.policy = self.config.policy
+        self.indexer: KvIndexer | None = None
+        self.tree = tree or RadixTree()
+        self.follows_events = tree is not None
         self.loads: dict[int, ActiveLoad] = {}
         self.decisions = 0
         self.hit_blocks = 0
         self.prompt_blocks_total = 0
         self._rng = rng or random.Random()
         self._seen: OrderedDict[int, None] = OrderedDict()  # blocks routed before, newest last (bounded)
-        self.sync: ReplicaSync | None = None  # set by `create` with ``config.replica_sync``
+        self.sync: ReplicaSync | None = None  # set by `follow` with ``config.replica_sync``
 
     @classmethod
     async def create(
         cls,
-        client: Client,
+        client: RoutingClient,
         block_size: int,
         config: KvRouterConfig | None = None,
         *,
         component: Component | None = None,
     ) -> KvRouter:
-        """A router for ``client``'s endpoint; with KV events it listens to ``component``'s, and
-        with ``config.replica_sync`` it shares its decisions with the endpoint's other routers."""
-        config = config or KvRouterConfig()
-        indexer = await KvIndexer.start(component) if config.use_kv_events and component is not None else None
-        router = cls(client, block_size, config, indexer)
+        """A router for ``client``'s endpoint that follows ``component`` (see `follow`)."""
+        router = cls(client, block_size, config)
+        await router.follow(component)
+        return router
+
+    async def follow(self, component: Component | None) -> None:
+        """Listen to ``component``'s KV events (unless ``config.use_kv_events`` is off), and with
+        ``config.replica_sync`` share decisions with the endpoint's other routers."""
+        config = self.config
+        if config.use_kv_events and component is not None:
+            self.indexer = await KvIndexer.start(component, self.tree)
+            self.follows_events = True
         if config.replica_sync:
             if component is None:
                 raise ConfigError(
                     "replica sync shares decisions over the component's event plane: give component="
                 )
-            router.sync = await ReplicaSync.start(component, router, client.endpoint.name)
-        return router
+            self.sync = await ReplicaSync.start(component, self, self.client.endpoint.name)
 
     def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> KvRoute:
         """The worker for ``request``'s prompt; the request counts on it until `finished`."""
