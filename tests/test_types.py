@@ -41,3 +41,14 @@ def test_mypy_is_configured_over_the_package_and_run_by_ci() -> None:
     assert "[tool.mypy]\n" in config and 'files = ["dynamo_nb"]' in config
     assert "mypy" in re.search(r"^dev = \[(.*?)^\]", config, re.S | re.M).group(1)
     assert re.search(r"^python3 -m mypy", (ROOT / ".ci" / "run").read_text(), re.M)
+
+
+
+def test_every_function_is_typed_and_the_types_ship() -> None:
+    """mypy refuses a function of the package without its parameter and return types, and the
+    package says it is typed (PEP 561: ``py.typed`` beside its modules, in the wheel with them),
+    so a user's type checker reads them too."""
+    config = (ROOT / "pyproject.toml").read_text()
+    mypy = config.split("\n[tool.mypy]\n", 1)[1].split("\n[", 1)[0]
+    assert "disallow_untyped_defs = true" in mypy and "disallow_incomplete_defs = true" in mypy
+    assert (ROOT / "dynamo_nb" / "py.typed").is_file()

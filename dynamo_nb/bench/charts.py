@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -68,7 +69,7 @@ def _levels_table(df: pd.DataFrame, level: str = "concurrency") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _concurrency_axis(ax, levels: list[float], level: str = "concurrency") -> None:
+def _concurrency_axis(ax: Any, levels: list[float], level: str = "concurrency") -> None:
     if levels and max(levels) / min(levels) >= 8:
         ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [f"{c:g}" for c in levels])
@@ -76,7 +77,7 @@ def _concurrency_axis(ax, levels: list[float], level: str = "concurrency") -> No
     ax.grid(True, alpha=0.3)
 
 
-def _empty(ax, message: str) -> None:
+def _empty(ax: Any, message: str) -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, wrap=True)
     ax.set_axis_off()
 
@@ -398,7 +399,7 @@ def path_chart(df: pd.DataFrame) -> Chart:
     return figure
 
 
-def _overlapping_ticks(ax, renderer) -> list[tuple[str, str]]:
+def _overlapping_ticks(ax: Any, renderer: Any) -> list[tuple[str, str]]:
     labels = [t for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
     boxes = [t.get_window_extent(renderer) for t in labels]
     return [

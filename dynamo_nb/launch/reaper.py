@@ -20,7 +20,7 @@ from typing import Any
 GRACE_S = 3.0
 
 
-def process_start(pid: int):  # -> int | None (no annotations: this runs without site, on any 3.x)
+def process_start(pid: int) -> "int | None":  # quoted: this runs without site, on any 3.x
     """When process ``pid`` started (clock ticks since boot, ``/proc``); None if it is gone or a zombie."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
@@ -30,7 +30,7 @@ def process_start(pid: int):  # -> int | None (no annotations: this runs without
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def still_the_group(pgid: int, start) -> bool:
+def still_the_group(pgid: int, start: "int | None") -> bool:
     """Whether group ``pgid`` is still the one whose leader started at ``start``: that leader, or
     (the leader gone) members left in the group, which keeps its id from being reused."""
     now = process_start(pgid)
@@ -67,7 +67,7 @@ def stop_groups(recorded: dict) -> None:
             _signal(pgid, signal.SIGKILL)
 
 
-def _read_commands(groups: dict, pending: bytes):  # -> (whether stdin is still open, the rest)
+def _read_commands(groups: dict, pending: bytes) -> "tuple[bool, bytes]":  # stdin still open, the rest
     """Apply the ``+PGID START`` / ``-PGID`` lines waiting on stdin."""
     data = os.read(0, 65536)
     if not data:

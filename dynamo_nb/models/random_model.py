@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 __all__ = ["RANDOM_MODEL_NAME", "cache_dir", "random_model_path"]
 
@@ -76,7 +77,7 @@ def random_model_path() -> Path:
     return target
 
 
-def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):
+def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     """A byte-level BPE tokenizer (``tokenizers.Tokenizer``) of ``vocab_size`` tokens trained
     on ``texts``, with the built-in models' special tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -94,7 +95,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int):
     return tokenizer
 
 
-def chat_tokenizer(raw):
+def chat_tokenizer(raw: Any) -> Any:
     """``raw`` as a ``PreTrainedTokenizerFast`` with the ChatML template and end tokens."""
     from transformers import PreTrainedTokenizerFast
 
@@ -108,7 +109,7 @@ def chat_tokenizer(raw):
     return tokenizer
 
 
-def llama_config(raw, **shape):
+def llama_config(raw: Any, **shape: Any) -> Any:
     """A ``LlamaConfig`` for ``raw``'s vocabulary, end and padding tokens and the built-in
     context length; ``shape`` gives the sizes (``hidden_size``, ``num_hidden_layers``, ...)."""
     from transformers import LlamaConfig
@@ -123,12 +124,12 @@ def llama_config(raw, **shape):
     )
 
 
-def end_token_ids(raw) -> list[int]:
+def end_token_ids(raw: Any) -> list[int]:
     """The ids that end a generation: ``<|im_end|>`` and ``<|endoftext|>``."""
     return [raw.token_to_id("<|im_end|>"), raw.token_to_id("<|endoftext|>")]
 
 
-def _train_tokenizer():
+def _train_tokenizer() -> Any:
     corpus = (Path(__file__).with_name("corpus.txt")).read_text(encoding="utf-8")
     return train_bpe_tokenizer(corpus.splitlines(), VOCAB_SIZE)
 
@@ -169,7 +170,7 @@ def _build(folder: Path) -> None:
             hf_logging.enable_progress_bar()
 
 
-def _noisy_token_ids(raw) -> list[int]:
+def _noisy_token_ids(raw: Any) -> list[int]:
     """Ids of ordinary tokens whose text is not printable on its own."""
     noisy = []
     for token_id in range(raw.get_vocab_size()):
