@@ -23,7 +23,7 @@ from dynamo_nb.flags import frontend_parser
 from dynamo_nb.frontend import Frontend, check_frontend_args
 from dynamo_nb.frontend.policy_sync import GROUP_ENV
 from dynamo_nb.frontend.replicas import start_http_replicas, stop_http_replicas
-from dynamo_nb.notebook.programs import load_router_policy
+from dynamo_nb.notebook.component_program import load_router_policy
 from dynamo_nb.runtime import (
     announce_ready,
     configure_logging,

@@ -38,11 +38,11 @@ from .errors import (
     RuntimeClosedError,
     ServiceError,
 )
+from .jupyter import in_notebook
 from .launch.launcher import ManagedProcess, launch, launched
 from .launch.services import LocalServices
 from .notebook.claims import claim
 from .notebook.component_program import EngineProgram, HandlerProgram, RoutingPolicy
-from .notebook.display import in_notebook
 from .runtime.client import Client, ResponseStream
 from .runtime.context import Context
 from .runtime.distributed import Component, DistributedRuntime, Endpoint, Namespace

@@ -22,7 +22,6 @@ import argparse
 import difflib
 import importlib
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -32,7 +31,7 @@ from .frontend.config import FrontendConfig
 from .runtime.discovery import DEFAULT_LEASE_TTL
 from .runtime.names import DEFAULT_WORKER_ENDPOINT
 from .runtime.program import RUNTIMES, RuntimeConfig
-from .settings import add_settings
+from .settings import add_settings, env_default
 
 __all__ = [
     "DEFAULT_PREFILL_ENDPOINT",
@@ -63,10 +62,6 @@ DEFAULT_ECHO_ENDPOINT = "dynamo.echo.generate"
 AddFlags = Callable[[argparse.ArgumentParser], None]
 
 
-def _env(name: str, default: str | None) -> str | None:
-    return os.environ.get(f"DYN_NB_{name}", default)
-
-
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--runtime``, ``--discovery``, ``--request-plane``, ``--nats-url``, ``--connect-timeout``, ``--lease-ttl``, ``--static``, the TCP
     plane's ``--tcp-host``/``--tcp-port``/``--tcp-advertise-host``, what peers must present
@@ -76,40 +71,40 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--runtime",
         choices=RUNTIMES,
-        default=_env("RUNTIME", RuntimeConfig.runtime),
+        default=env_default("RUNTIME", RuntimeConfig.runtime),
         help="whose runtime serves this program: the kit's (dynamo_nb) or NVIDIA Dynamo's (dynamo: "
         "behind python -m dynamo.frontend; --discovery file://DIR or etcd://HOST:PORT; python3 -m "
         "dynamo_nb install dynamo) (env DYN_NB_RUNTIME; default: %(default)s)",
     )
     group.add_argument(
         "--discovery",
-        default=_env("DISCOVERY", RuntimeConfig.discovery),
+        default=env_default("DISCOVERY", RuntimeConfig.discovery),
         help="discovery backend: memory | file://DIR (processes of one host, no etcd) | etcd://HOST:PORT | static "
         "(env DYN_NB_DISCOVERY; default: %(default)s)",
     )
     group.add_argument(
         "--request-plane",
         choices=("inproc", "tcp", "nats"),
-        default=_env("REQUEST_PLANE", None),
+        default=env_default("REQUEST_PLANE", None),
         help="request plane (env DYN_NB_REQUEST_PLANE; default: inproc with memory discovery, tcp with etcd, "
         "nats for --static with --nats-url)",
     )
     group.add_argument(
         "--nats-url",
-        default=_env("NATS_URL", None),
+        default=env_default("NATS_URL", None),
         help="NATS server, nats://HOST:PORT (env DYN_NB_NATS_URL; default: %(default)s)",
     )
     group.add_argument(
         "--connect-timeout",
         type=float,
-        default=float(_env("CONNECT_TIMEOUT", None) or RuntimeConfig.connect_timeout),
+        default=float(env_default("CONNECT_TIMEOUT", None) or RuntimeConfig.connect_timeout),
         help="seconds to wait at start for etcd and NATS to answer, so components may start in any "
         "order (env DYN_NB_CONNECT_TIMEOUT; default: %(default)s)",
     )
     group.add_argument(
         "--lease-ttl",
         type=float,
-        default=float(_env("LEASE_TTL", str(DEFAULT_LEASE_TTL)) or DEFAULT_LEASE_TTL),
+        default=float(env_default("LEASE_TTL", str(DEFAULT_LEASE_TTL)) or DEFAULT_LEASE_TTL),
         help="seconds after which a dead worker leaves etcd (default: %(default)s)",
     )
     group.add_argument(
@@ -120,25 +115,25 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--tcp-host",
-        default=_env("TCP_HOST", RuntimeConfig.tcp_host),
+        default=env_default("TCP_HOST", RuntimeConfig.tcp_host),
         help="TCP plane listen host (env DYN_NB_TCP_HOST; default: 127.0.0.1 when discovery and NATS are on "
         "this machine, else this host's address on the interface that reaches them)",
     )
     group.add_argument(
         "--tcp-advertise-host",
-        default=_env("TCP_ADVERTISE_HOST", RuntimeConfig.tcp_advertise_host),
+        default=env_default("TCP_ADVERTISE_HOST", RuntimeConfig.tcp_advertise_host),
         help="host discovery gives clients for the TCP plane (env DYN_NB_TCP_ADVERTISE_HOST; default: "
         "--tcp-host, or for 0.0.0.0 the address that reaches discovery; never a wildcard)",
     )
     group.add_argument(
         "--tcp-port",
         type=int,
-        default=int(_env("TCP_PORT", None) or RuntimeConfig.tcp_port),
+        default=int(env_default("TCP_PORT", None) or RuntimeConfig.tcp_port),
         help="TCP plane port, 0 = free (default: %(default)s)",
     )
     group.add_argument(
         "--cluster-secret-file",
-        default=_env("CLUSTER_SECRET_FILE", None),
+        default=env_default("CLUSTER_SECRET_FILE", None),
         help="require peers of the TCP plane and the bootstrap server to know the secret in this file "
         "(a keyed handshake; env DYN_NB_CLUSTER_SECRET_FILE, or the secret itself in DYN_NB_CLUSTER_SECRET; "
         "default: %(default)s, no secret)",
@@ -146,36 +141,36 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--allow-unauthenticated",
         action="store_true",
-        default=_env("ALLOW_UNAUTHENTICATED", "") in ("1", "true"),
+        default=env_default("ALLOW_UNAUTHENTICATED", "") in ("1", "true"),
         help="listen off loopback without a cluster secret or TLS, on a network you trust (by default a "
         "component refuses to, as anyone reaching its port could use it) (env DYN_NB_ALLOW_UNAUTHENTICATED=1)",
     )
     group.add_argument(
         "--tls-cert",
-        default=_env("TLS_CERT", None),
+        default=env_default("TLS_CERT", None),
         help="PEM certificate: the TCP plane and the bootstrap server speak TLS (env DYN_NB_TLS_CERT; "
         "default: %(default)s, no TLS)",
     )
     group.add_argument(
         "--tls-key",
-        default=_env("TLS_KEY", None),
+        default=env_default("TLS_KEY", None),
         help="its PEM key (env DYN_NB_TLS_KEY; default: %(default)s)",
     )
     group.add_argument(
         "--tls-ca",
-        default=_env("TLS_CA", None),
+        default=env_default("TLS_CA", None),
         help="PEM CA that peers' certificates must be signed by; with --tls-cert, clients need one too "
         "(mutual TLS) (env DYN_NB_TLS_CA; default: %(default)s)",
     )
     group.add_argument(
         "--system-host",
-        default=_env("SYSTEM_HOST", RuntimeConfig.system_host),
+        default=env_default("SYSTEM_HOST", RuntimeConfig.system_host),
         help="host of the system status server (/live, /health) (default: %(default)s)",
     )
     group.add_argument(
         "--system-port",
         type=int,
-        default=int(_env("SYSTEM_PORT", None) or RuntimeConfig.system_port),
+        default=int(env_default("SYSTEM_PORT", None) or RuntimeConfig.system_port),
         help="serve /live and /health for probes at this port, 0 = free, -1 = off "
         "(env DYN_NB_SYSTEM_PORT; default: %(default)s)",
     )
@@ -185,7 +180,7 @@ def add_endpoint_arg(parser: argparse._ActionsContainer, default: str) -> None:
     """Add ``--endpoint ns.comp.ep`` with ``default``."""
     parser.add_argument(
         "--endpoint",
-        default=_env("ENDPOINT", default),
+        default=env_default("ENDPOINT", default),
         help="endpoint to serve, ns.comp.ep (default: %(default)s)",
     )
 
@@ -194,7 +189,7 @@ def add_logging_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--log-level`` and ``--no-uvloop`` (read before the parser runs, by `run_program`)."""
     parser.add_argument(
         "--log-level",
-        default=_env("LOG_LEVEL", "INFO"),
+        default=env_default("LOG_LEVEL", "INFO"),
         help="logging level: DEBUG | INFO | WARNING | ERROR (env DYN_NB_LOG_LEVEL; default: %(default)s)",
     )
     add_event_loop_arg(parser)
@@ -216,12 +211,12 @@ def add_model_args(parser: argparse.ArgumentParser, from_env: bool = True) -> No
     path_env, name_env = ("env DYN_NB_MODEL_PATH; ", "env DYN_NB_MODEL_NAME; ") if from_env else ("", "")
     group.add_argument(
         "--model-path",
-        default=_env("MODEL_PATH", None) if from_env else None,
+        default=env_default("MODEL_PATH", None) if from_env else None,
         help=f"local Hugging Face model folder ({path_env}default: the built-in tiny model)",
     )
     group.add_argument(
         "--model-name",
-        default=_env("MODEL_NAME", None) if from_env else None,
+        default=env_default("MODEL_NAME", None) if from_env else None,
         help=f"name the model is served as ({name_env}default: the folder's name, tiny-llama for the built-in model)",
     )
 
@@ -250,45 +245,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="requests running at once; more wait (default: %(default)s)",
     )
     add_disagg_args(parser)
-
-
-def add_hf_args(parser: argparse.ArgumentParser) -> None:
-    """Add the ``hf`` engine's flags: device, dtype, its prefix cache and its step's token budget."""
-    group = parser.add_argument_group("hf engine")
-    group.add_argument(
-        "--device",
-        default=_env("DEVICE", "auto"),
-        help="auto (CUDA when present) | cpu | cuda[:N] (default: %(default)s)",
-    )
-    group.add_argument(
-        "--dtype", default="auto", help="auto | float32 | float16 | bfloat16 (default: %(default)s)"
-    )
-    group.add_argument(
-        "--prefix-cache-blocks",
-        type=int,
-        default=1024,
-        help="full prompt blocks whose KV is kept for reuse by later prompts, with KV events for "
-        "KV routing (default: %(default)s)",
-    )
-    group.add_argument(
-        "--no-enable-prefix-caching",
-        action="store_true",
-        help="no prefix cache, as --prefix-cache-blocks 0 (default: off, prefix caching on)",
-    )
-    group.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=2048,
-        help="tokens a step runs: one per decoding request, the rest for prompts waiting to be "
-        "prefilled, batched in one forward pass (as vLLM's flag) (default: %(default)s)",
-    )
-    group.add_argument(
-        "--enable-chunked-prefill",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="prefill a prompt longer than what a step has left in chunks over several steps, so "
-        "running requests keep getting a token every step (default: on)",
-    )
 
 
 def _add_prefill_endpoint_arg(group: argparse._ActionsContainer) -> None:
@@ -340,13 +296,13 @@ def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) 
         return
     disagg.add_argument(
         "--bootstrap-host",
-        default=_env("BOOTSTRAP_HOST", WorkerRole.bootstrap_host),
+        default=env_default("BOOTSTRAP_HOST", WorkerRole.bootstrap_host),
         help="prefill: the host the bootstrap server (decode workers fetch KV caches from it) listens on "
         "(env DYN_NB_BOOTSTRAP_HOST; default: as --tcp-host)",
     )
     disagg.add_argument(
         "--bootstrap-advertise-host",
-        default=_env("BOOTSTRAP_ADVERTISE_HOST", WorkerRole.bootstrap_advertise_host),
+        default=env_default("BOOTSTRAP_ADVERTISE_HOST", WorkerRole.bootstrap_advertise_host),
         help="prefill: the host decode workers are told to fetch from (default: --bootstrap-host, or for "
         "0.0.0.0 the address that reaches discovery; never a wildcard)",
     )
@@ -371,44 +327,21 @@ def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) 
     )
 
 
+def add_hf_args(parser: argparse.ArgumentParser) -> None:
+    """Add the ``hf`` engine's flags: device, dtype, its prefix cache and its step's token
+    budget (declared beside the engine: `dynamo_nb.engines.hf.HFEngine.add_args`)."""
+    from .engines.hf import HFEngine
+
+    HFEngine.add_args(parser)
+
+
 def add_mocker_args(parser: argparse.ArgumentParser) -> None:
-    """Add the mocker engine's own flags (its simulated KV pool, scheduler and timing); its
-    ``--max-num-seqs`` defaults to 256, as Dynamo's mocker."""
-    group = parser.add_argument_group("mocker engine")
-    group.add_argument(
-        "--num-workers",
-        type=int,
-        default=1,
-        help="engines in this process, each its own instance (default: %(default)s)",
-    )
-    group.add_argument(
-        "--num-gpu-blocks", type=int, default=16384, help="KV blocks per engine (default: %(default)s)"
-    )
-    group.add_argument(
-        "--max-num-batched-tokens",
-        type=int,
-        default=8192,
-        help="token budget of a step (default: %(default)s)",
-    )
-    group.add_argument(
-        "--speedup-ratio",
-        type=float,
-        default=1.0,
-        help="divide every simulated step time by this (default: %(default)s)",
-    )
-    group.add_argument(
-        "--decode-speedup-ratio",
-        type=float,
-        default=1.0,
-        help="divide the decode part of a step time by this too, as Dynamo's mocker (default: %(default)s)",
-    )
-    group.add_argument(
-        "--context-length",
-        type=int,
-        default=None,
-        help="longest prompt + output published in the model card (default: the model folder's)",
-    )
-    parser.set_defaults(max_num_seqs=256)
+    """Add the mocker engine's own flags (its simulated KV pool, scheduler and timing; declared
+    beside the engine: `dynamo_nb.engines.mocker.MockerEngine.add_args`); its ``--max-num-seqs``
+    defaults to 256, as Dynamo's mocker."""
+    from .engines.mocker import MockerEngine
+
+    MockerEngine.add_args(parser)
 
 
 class SuggestFlags:
@@ -566,7 +499,7 @@ def vllm_worker_parser(prog: str = "vllm_worker", description: str | None = None
     add_disagg_args(parser, bootstrap=False)
     add_vllm_args(parser)
     add_event_loop_arg(parser)
-    parser.set_defaults(log_level=_env("LOG_LEVEL", "INFO"), model=None)  # --model: as --model-path
+    parser.set_defaults(log_level=env_default("LOG_LEVEL", "INFO"), model=None)  # --model: as --model-path
     return parser
 
 
@@ -658,7 +591,7 @@ def sglang_worker_parser(
     ours = parser.add_argument_group("model and endpoints")
     ours.add_argument(
         "--model-name",
-        default=_env("MODEL_NAME", None),
+        default=env_default("MODEL_NAME", None),
         help="name the model is served as (default: --served-model-name, else the folder's name)",
     )
     add_endpoint_arg(ours, DEFAULT_WORKER_ENDPOINT)
@@ -667,7 +600,9 @@ def sglang_worker_parser(
     _add_no_bootstrap_endpoint_arg(ours)
     add_sglang_args(parser)
     add_event_loop_arg(parser)
-    parser.set_defaults(log_level=_env("LOG_LEVEL", "INFO"), model_path=_env("MODEL_PATH", None))
+    parser.set_defaults(
+        log_level=env_default("LOG_LEVEL", "INFO"), model_path=env_default("MODEL_PATH", None)
+    )
     return parser
 
 

@@ -65,7 +65,7 @@ def _dyn_path(value: str, flag: str) -> EndpointPath | None:
 async def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run until SIGINT/SIGTERM."""
     from .frontend.config import check_frontend_args
-    from .notebook.programs import load_router_policy
+    from .notebook.component_program import load_router_policy
 
     args = run_parser().parse_args(argv)
     configure_logging(args.log_level)

@@ -46,6 +46,7 @@ __all__ = [
     "Settings",
     "add_settings",
     "at_least",
+    "env_default",
     "greater_than",
     "nested",
     "setting",
@@ -147,6 +148,17 @@ def nested(factory: Callable[[], Any]) -> Any:
         kv: KvRouterConfig = nested(KvRouterConfig)
     """
     return dataclasses.field(default_factory=factory, metadata={_NESTED: True})
+
+
+def env_default(name: str, default: str | None) -> str | None:
+    """The ``DYN_NB_<name>`` variable's value, else ``default``: a flag's default where the flag
+    is still written by hand (a `setting` reads its own).
+
+    Example:
+        >>> env_default("NO_SUCH_SETTING", "auto")
+        'auto'
+    """
+    return os.environ.get(ENV_PREFIX + name, default)
 
 
 def at_least(low: float, words: str | None = None) -> Check:

@@ -20,15 +20,14 @@ from helpers import ROOT, write_notebook
 from dynamo_nb import ConfigError, EngineProgram, LocalServices, RoutingPolicy, bench, launch
 from dynamo_nb.engines import EchoEngine
 from dynamo_nb.graph import Graph, check_graph
-from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
-from dynamo_nb.notebook.component_program import find_component
-from dynamo_nb.notebook.programs import (
+from dynamo_nb.jupyter import NOTEBOOK_ONLY_TAG
+from dynamo_nb.launch.programs import (
     check_exported_cells,
     check_program_source,
     declarations,
     export_notebook,
-    load_component,
 )
+from dynamo_nb.notebook.component_program import find_component, load_component
 
 pytestmark = pytest.mark.timeout(300)
 

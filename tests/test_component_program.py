@@ -21,10 +21,10 @@ from helpers import ROOT, write_notebook
 from dynamo_nb import ConfigError, EngineProgram, HandlerProgram, LocalServices, RoutingPolicy, bench, launch
 from dynamo_nb.graph import Graph, GraphError, check_graph
 from dynamo_nb.graph.kubernetes import kubernetes_manifests
+from dynamo_nb.jupyter import NOTEBOOK_ONLY_TAG
+from dynamo_nb.launch.programs import check_program_source, export_notebook
 from dynamo_nb.llm import PreprocessedRequest
-from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
-from dynamo_nb.notebook.component_program import find_component
-from dynamo_nb.notebook.programs import check_program_source, export_notebook, load_component
+from dynamo_nb.notebook.component_program import find_component, load_component
 
 pytestmark = pytest.mark.timeout(180)
 

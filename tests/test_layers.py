@@ -1,6 +1,7 @@
-"""Imports only go down: each module of the package imports (at module level) only from its own
-layer and the layers below, as the table in ``docs/architecture.md`` assigns them, and no import
-circle joins two packages or two modules."""
+"""Imports only go down: each module of the package imports only from its own layer and the
+layers below, as the table in ``docs/architecture.md`` assigns them (every import counts: at
+module level, inside functions and under ``TYPE_CHECKING``), and no import circle joins two
+packages; at run time (type annotations aside) none joins two modules either."""
 
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 def layers(text: str) -> dict[str, int]:
     """``{part: layer}`` from the map's layer table (a part: ``runtime`` for `runtime/`,
-    ``flags`` for `flags.py`, ``notebook.display`` for `notebook/display.py`, a module with a
-    layer of its own inside a package, ``dynamo_nb`` for the facade)."""
+    ``flags`` for `flags.py`, ``dynamo_nb`` for the facade)."""
     section = text.split("## Layers", 1)[1].split("\n## ", 1)[0]
     found = {}
     for number, parts in re.findall(r"^\| (\d+) \| (.+) \|$", section, re.M):
@@ -49,27 +49,34 @@ def _module_level(nodes: list[ast.stmt]) -> Iterator[ast.Import | ast.ImportFrom
                 yield from _module_level(block)
 
 
-def _anywhere(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import of a module, inside functions too, but those under ``TYPE_CHECKING``."""
-    checking = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for inner in ast.walk(node)
-    }
+def _anywhere(tree: ast.Module, *, typing: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import of a module, inside functions too; under ``TYPE_CHECKING`` only if ``typing``."""
+    checking = (
+        set()
+        if typing
+        else {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for inner in ast.walk(node)
+        }
+    )
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in checking:
             yield node
 
 
-def imports_of(path: Path, source: str | None = None, *, lazy: bool = False) -> set[str]:
+def imports_of(
+    path: Path, source: str | None = None, *, lazy: bool = False, typing: bool = False
+) -> set[str]:
     """The modules of the package that ``path`` imports when it is imported (``lazy``: or when
-    one of its functions runs; never those only a type checker reads)."""
+    one of its functions runs; ``typing``: or only for a type checker, under ``TYPE_CHECKING``)."""
     name = module_name(path)
     here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     found = set()
     tree = ast.parse(source if source is not None else path.read_text())
-    for node in _anywhere(tree) if lazy else _module_level(tree.body):
+    nodes = _anywhere(tree, typing=typing) if lazy or typing else _module_level(tree.body)
+    for node in nodes:
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("dynamo_nb")}
             continue
@@ -132,25 +139,43 @@ def circles(graph: dict[str, set[str]], key=lambda name: name) -> list[tuple[str
     return sorted({tuple(sorted((a, b))) for a in edges for b in edges[a] if a != b and a in reach(edges, b)})
 
 
-def package_graph(*, lazy: bool = False) -> dict[str, set[str]]:
-    return {module_name(path): imports_of(path, lazy=lazy) for path in sorted(PACKAGE.rglob("*.py"))}
+def package_graph(*, lazy: bool = False, typing: bool = False) -> dict[str, set[str]]:
+    return {
+        module_name(path): imports_of(path, lazy=lazy, typing=typing)
+        for path in sorted(PACKAGE.rglob("*.py"))
+    }
 
 
-def test_every_part_of_the_package_has_a_layer() -> None:
+def test_every_part_of_the_package_has_a_layer_and_is_a_package_or_a_top_level_module() -> None:
     table = layers(ARCHITECTURE.read_text())
     parts = {part_of(name) for name in package_graph()}
     assert parts - set(table) == set(), "parts with no layer in docs/architecture.md"
     assert set(table) - parts == set(), "layers naming parts that do not exist"
+    assert [part for part in table if "." in part] == [], "a module inside a package with a layer of its own"
 
 
-def test_imports_only_go_down() -> None:
-    assert upward_imports(layers(ARCHITECTURE.read_text()), package_graph()) == []
+def test_imports_only_go_down_counting_every_import() -> None:
+    """Module level, inside functions and under ``TYPE_CHECKING``: a lower layer that needs a
+    higher one's object names what it uses as a Protocol of its own, or is told it."""
+    assert upward_imports(layers(ARCHITECTURE.read_text()), package_graph(lazy=True, typing=True)) == []
+
+
+def test_every_import_of_the_package_names_a_module_that_exists() -> None:
+    """A lazy import of a module that moved fails only when its function runs: found here."""
+    missing = sorted(
+        f"{source} imports {target}"
+        for source, targets in package_graph(lazy=True, typing=True).items()
+        for target in targets
+        if not _is_module(target)
+    )
+    assert missing == []
 
 
 def test_no_import_circle_joins_two_packages_or_two_modules() -> None:
     graph = package_graph()
     assert circles(graph, key=part_of) == []
     assert circles(graph) == []
+    assert circles(package_graph(lazy=True, typing=True), key=part_of) == []  # type annotations too
 
 
 def test_no_import_circle_even_through_imports_inside_functions() -> None:
@@ -168,9 +193,13 @@ def test_an_upward_import_and_a_circle_are_found() -> None:
         for line in upward_imports(table, graph)
     )
     assert ("frontend", "runtime") in circles(graph, key=part_of)
-    lazy = "def f():\n    from .frontend import app\nif TYPE_CHECKING:\n    from .frontend import app\n"
+    lazy = "def f():\n    from .frontend import app\nif TYPE_CHECKING:\n    from .http import parser\n"
     assert imports_of(PACKAGE / "flags.py", lazy) == set()
     assert imports_of(PACKAGE / "flags.py", lazy, lazy=True) == {"dynamo_nb.frontend.app"}
+    assert imports_of(PACKAGE / "flags.py", lazy, typing=True) == {
+        "dynamo_nb.frontend.app",
+        "dynamo_nb.http.parser",
+    }
 
 
 @pytest.mark.processes

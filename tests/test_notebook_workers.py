@@ -19,8 +19,8 @@ from helpers import FRONTEND, MOCKER_WORKER, ROOT, collect, exported_code
 
 from dynamo_nb import DistributedRuntime, LocalServices, bench, launch
 from dynamo_nb.launch import ManagedProcess
-from dynamo_nb.notebook.declarations import DECLARED_KINDS
-from dynamo_nb.notebook.programs import export_notebook
+from dynamo_nb.launch.declarations import DECLARED_KINDS
+from dynamo_nb.launch.programs import export_notebook
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(240)]
 

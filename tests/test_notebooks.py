@@ -18,7 +18,7 @@ import pytest
 from helpers import NEEDS_DYNAMO, NEEDS_VLLM, QUICK_EXPORTS, ROOT, collect, exported_code
 
 from dynamo_nb import DistributedRuntime, LocalServices
-from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG
+from dynamo_nb.jupyter import NOTEBOOK_ONLY_TAG
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 pytestmark = pytest.mark.timeout(180)

@@ -43,7 +43,6 @@ def test_mypy_is_configured_over_the_package_and_run_by_ci() -> None:
     assert re.search(r"^python3 -m mypy", (ROOT / ".ci" / "run").read_text(), re.M)
 
 
-
 def test_every_function_is_typed_and_the_types_ship() -> None:
     """mypy refuses a function of the package without its parameter and return types, and the
     package says it is typed (PEP 561: ``py.typed`` beside its modules, in the wheel with them),

@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from ..errors import ConfigError
-from ..notebook.display import PngDisplay
+from ..jupyter import PngDisplay
 from .charts import CHARTS, Chart
 from .records import records_frame
 

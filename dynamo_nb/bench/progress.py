@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from ..notebook.display import in_notebook, widget_with_plain_text
+from ..jupyter import in_notebook, widget_with_plain_text
 
 __all__ = ["ProgressBar", "progress_bar"]
 

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from .decode import DecodeHandler
-from .roles import DisaggregatedEngine
+from .roles import DisaggregatedEngine, GeneratingEngine
 
 if TYPE_CHECKING:
-    from ..engines.base import Engine
     from ..llm.register import EngineMethod
     from ..runtime.distributed import DistributedRuntime
 
@@ -91,7 +90,7 @@ class WorkerRole:
         return {"prefill": ["prefill"], "decode": ["chat", "completions", "decode"]}.get(self.mode)
 
     async def method(
-        self, runtime: DistributedRuntime, engine: Engine
+        self, runtime: DistributedRuntime, engine: GeneratingEngine
     ) -> tuple[EngineMethod, dict[str, Any] | None]:
         """The engine method to serve and the card's runtime config; starts what the role needs
         (the prefill role's bootstrap server, the decode role's prefill client)."""

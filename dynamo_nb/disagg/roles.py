@@ -20,7 +20,16 @@ from typing import Any, Protocol, runtime_checkable
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 
-__all__ = ["DisaggregatedEngine"]
+__all__ = ["DisaggregatedEngine", "GeneratingEngine"]
+
+
+class GeneratingEngine(Protocol):
+    """What a worker role asks of any engine (`dynamo_nb.engines.Engine` is one): ``generate``,
+    the aggregated role; the prefill and decode roles need a `DisaggregatedEngine`."""
+
+    def generate(
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]: ...
 
 
 @runtime_checkable

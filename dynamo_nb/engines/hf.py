@@ -42,6 +42,7 @@ from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions
 from ..runtime.context import Context
 from ..runtime.streams import closing
+from ..settings import env_default
 from .base import KvEvent, KvEventSink, token_budget
 from .hf_batch import DecodeBatch, can_batch
 from .hf_prefill import PrefillRow, plan_prefill, prefill_rows
@@ -196,9 +197,41 @@ class HFEngine(BootstrapRole):
         """Add the hf engine's own flags that `from_args` reads (``--device``, ``--dtype``, the
         prefix cache; ``--kv-timeout`` comes with every engine worker): an `dynamo_nb.EngineProgram`
         of this class or a subclass gets them."""
-        from ..flags import add_hf_args
-
-        add_hf_args(parser)
+        group = parser.add_argument_group("hf engine")
+        group.add_argument(
+            "--device",
+            default=env_default("DEVICE", "auto"),
+            help="auto (CUDA when present) | cpu | cuda[:N] (default: %(default)s)",
+        )
+        group.add_argument(
+            "--dtype", default="auto", help="auto | float32 | float16 | bfloat16 (default: %(default)s)"
+        )
+        group.add_argument(
+            "--prefix-cache-blocks",
+            type=int,
+            default=1024,
+            help="full prompt blocks whose KV is kept for reuse by later prompts, with KV events for "
+            "KV routing (default: %(default)s)",
+        )
+        group.add_argument(
+            "--no-enable-prefix-caching",
+            action="store_true",
+            help="no prefix cache, as --prefix-cache-blocks 0 (default: off, prefix caching on)",
+        )
+        group.add_argument(
+            "--max-num-batched-tokens",
+            type=int,
+            default=2048,
+            help="tokens a step runs: one per decoding request, the rest for prompts waiting to be "
+            "prefilled, batched in one forward pass (as vLLM's flag) (default: %(default)s)",
+        )
+        group.add_argument(
+            "--enable-chunked-prefill",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="prefill a prompt longer than what a step has left in chunks over several steps, so "
+            "running requests keep getting a token every step (default: on)",
+        )
 
     @classmethod
     async def from_args(

@@ -221,9 +221,41 @@ class MockerEngine(BootstrapRole):
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
         """Add the flags `from_args` reads (the KV pool, scheduler limits, speed): an
         `dynamo_nb.EngineProgram` of this class or a subclass gets them."""
-        from ..flags import add_mocker_args
-
-        add_mocker_args(parser)
+        group = parser.add_argument_group("mocker engine")
+        group.add_argument(
+            "--num-workers",
+            type=int,
+            default=1,
+            help="engines in this process, each its own instance (default: %(default)s)",
+        )
+        group.add_argument(
+            "--num-gpu-blocks", type=int, default=16384, help="KV blocks per engine (default: %(default)s)"
+        )
+        group.add_argument(
+            "--max-num-batched-tokens",
+            type=int,
+            default=8192,
+            help="token budget of a step (default: %(default)s)",
+        )
+        group.add_argument(
+            "--speedup-ratio",
+            type=float,
+            default=1.0,
+            help="divide every simulated step time by this (default: %(default)s)",
+        )
+        group.add_argument(
+            "--decode-speedup-ratio",
+            type=float,
+            default=1.0,
+            help="divide the decode part of a step time by this too, as Dynamo's mocker (default: %(default)s)",
+        )
+        group.add_argument(
+            "--context-length",
+            type=int,
+            default=None,
+            help="longest prompt + output published in the model card (default: the model folder's)",
+        )
+        parser.set_defaults(max_num_seqs=256)
 
     @classmethod
     async def from_args(

@@ -132,7 +132,7 @@ class Frontend:
                 `dynamo_nb.RoutingPolicy`) that routes every model's requests instead of
                 ``router_mode`` (a `FunctionRouter`; prefill workers are still picked round robin);
                 ``config.router_policy`` names its file, loaded by the caller
-                (`dynamo_nb.notebook.programs.load_router_policy`).
+                (`dynamo_nb.notebook.component_program.load_router_policy`).
             only_endpoint: serve only the models registered at this endpoint (``ns.comp.ep``).
             admin: who may use the admin routes (``GET``/``PATCH /router_policy``); None: as
                 ``config.admin_api`` / ``admin_token_file`` say (off by default).

@@ -296,7 +296,7 @@ def check_frontend_args(args: argparse.Namespace) -> FrontendConfig:
     """The config a frontend program's flags give (`FrontendConfig.from_args`: each flag
     checked), with the combinations that involve the runtime's flags (discovery, NATS) refused
     before anything starts, naming the flag and the fix (no file is read: ``--router-policy`` is
-    loaded by `dynamo_nb.notebook.programs.load_router_policy`).
+    loaded by `dynamo_nb.notebook.component_program.load_router_policy`).
 
     Example:
         >>> from dynamo_nb.flags import frontend_parser

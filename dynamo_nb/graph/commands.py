@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..launch.declarations import split_reference
 from ..launch.paths import resolve_program
+from ..launch.programs import export_command, import_program, reference_program
 from ..notebook.component_program import find_component
-from ..notebook.declarations import split_reference
-from ..notebook.programs import export_command, import_program, reference_program
 from .defaults import component_defaults
 from .model import Graph, GraphError, Resources, Service
 

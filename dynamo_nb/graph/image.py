@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..launch.declarations import split_reference
 from ..launch.paths import resolve_program
-from ..notebook.declarations import split_reference
 from .model import Graph, GraphError
 
 __all__ = ["POLICY_FLAGS", "own_files", "write_build_context"]

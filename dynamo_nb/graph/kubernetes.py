@@ -31,8 +31,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..notebook.declarations import split_reference
-from ..notebook.programs import export_command
+from ..launch.declarations import split_reference
+from ..launch.programs import export_command
 from .commands import notebook_of, resources_of, service_argv, service_parser
 from .defaults import component_defaults
 from .model import Graph, GraphError, Resources, Service

@@ -1,6 +1,8 @@
 """Start programs from a notebook or a script: components as subprocesses, etcd and nats-server.
 
-- ``paths.py``: `resolve_program`, the file a relative program names;
+- ``paths.py``: `resolve_program`, the file a relative program names; ``programs.py``: a
+  notebook as a program (its export cached by code, checked for its one declaration without
+  running it); ``declarations.py``: which component a file declares (``FILE:NAME``);
 - ``launcher.py``: `launch` starts a component in its own process group, waits for its READY
   line (or its instance in discovery), shows its output live and returns a `ManagedProcess`;
 - ``services.py``: `LocalServices` runs etcd and nats-server on free 127.0.0.1 ports;
@@ -11,7 +13,7 @@
   launch stops (or `adopt_leftovers` takes over).
 
 Several hosts on one machine to launch components in (`HostNetwork`, root only) are in
-`dynamo_nb.testing`, the test lab.
+`dynamo_nb.testing`, the test lab; ``network_host.py``'s `NetworkHost` is what launch uses of one.
 
 Example:
     >>> from dynamo_nb.launch import launched

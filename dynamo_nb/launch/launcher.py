@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, LaunchError, ProcessTimeoutError
-from ..notebook.declarations import split_reference
-from ..notebook.display import in_notebook
+from ..jupyter import in_notebook
 from ..runtime.program import parse_ready_line
+from .declarations import split_reference
 from .ledger import (
     Leftover,
     ledger,
@@ -51,13 +51,13 @@ from .ledger import (
     settle_leftovers_once,
 )
 from .logview import LogSink, log_sink
+from .network_host import NetworkHost
 from .paths import resolve_program
 from .process_group import OWN_PROCESS_GROUP, guarded_command, signal_group, stop_group
 from .reaper import GRACE_S
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
-    from ..testing.hosts import Host
 
 __all__ = ["DEFAULT_READY_PATTERN", "ManagedProcess", "adopt_leftovers", "launch", "launched"]
 
@@ -88,7 +88,7 @@ class ManagedProcess:
         command: list[str],
         process: subprocess.Popen[bytes],
         log_path: Path,
-        host: Host | None = None,
+        host: NetworkHost | None = None,
     ) -> None:
         """Use `launch`."""
         self.host = host
@@ -345,8 +345,8 @@ def _workdir(cwd: str | os.PathLike[str] | None) -> Path:
 def _checked_program(reference: str, cwd: str | os.PathLike[str] | None) -> Path:
     """What runs for ``FILE`` or ``FILE:NAME`` (resolved as `launch` resolves programs): a
     notebook's checked export, exported into the cache unless its code was exported before, or a
-    ``.py`` file checked to run NAME (`dynamo_nb.notebook.programs.program_file`)."""
-    from ..notebook.programs import reference_program
+    ``.py`` file checked to run NAME (`dynamo_nb.launch.programs.program_file`)."""
+    from .programs import reference_program
 
     return reference_program(reference, _workdir(cwd))
 
@@ -359,7 +359,7 @@ def _start(
     env: Mapping[str, str] | None,
     cwd: str | os.PathLike[str] | None,
     log_dir: str | os.PathLike[str] | None,
-    host: Host | None = None,
+    host: NetworkHost | None = None,
 ) -> ManagedProcess:
     """Fork/exec the program in a process group of its own (in this session); output to a pipe;
     inside ``host``'s network namespace when one is given."""
@@ -398,14 +398,14 @@ async def launch(
     cwd: str | os.PathLike[str] | None = None,
     log_dir: str | os.PathLike[str] | None = None,
     show_logs: bool = True,
-    host: Host | None = None,
+    host: NetworkHost | None = None,
 ) -> ManagedProcess:
     """Start ``program *args`` in its own process group and wait until it is ready.
 
     Args:
         program: a ``.py`` file (run on this Python; relative paths are also looked up in
             the parents of the working folder, see `resolve_program`), a notebook that declares
-            a worker (its plain nbconvert export runs, see `dynamo_nb.notebook.programs`),
+            a worker (its plain nbconvert export runs, see `dynamo_nb.launch.programs`),
             either as ``FILE:NAME`` to name the worker its entry point runs, ``"-m"`` followed
             by a module in ``args``, or an executable.
         args: its flags; numbers and paths are turned into strings.

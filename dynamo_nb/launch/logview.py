@@ -6,7 +6,7 @@ import asyncio
 from collections import deque
 from typing import Protocol
 
-from ..notebook.display import widget_with_plain_text
+from ..jupyter import widget_with_plain_text
 
 __all__ = ["LogSink", "StdoutLog", "WidgetLog", "log_sink"]
 

@@ -14,15 +14,12 @@ import sysconfig
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..errors import BinaryNotFoundError, ConfigError, ServiceStartError
 from ..runtime.addresses import free_port
 from .ledger import ledger, settle_leftovers_once
+from .network_host import NetworkHost
 from .process_group import guarded_command, signal_group, stop_group
-
-if TYPE_CHECKING:
-    from ..testing.hosts import Host
 
 _Connect = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
@@ -144,7 +141,7 @@ class LocalServices:
         await services.stop()
     """
 
-    def __init__(self, workdir: Path, host: Host | None = None) -> None:
+    def __init__(self, workdir: Path, host: NetworkHost | None = None) -> None:
         """Use `LocalServices.start`."""
         self.workdir = workdir
         self.host = host
@@ -165,7 +162,7 @@ class LocalServices:
 
     @classmethod
     async def start(
-        cls, *, etcd: bool = True, nats: bool = True, timeout: float = 30.0, host: Host | None = None
+        cls, *, etcd: bool = True, nats: bool = True, timeout: float = 30.0, host: NetworkHost | None = None
     ) -> LocalServices:
         """Start the services and wait until each answers (at most ``timeout`` seconds each);
         inside ``host`` (a `dynamo_nb.testing.hosts.Host`), listening on its address, when given."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, ProtocolError
+from ..models.folders import check_model_dir
 from ..runtime.names import EndpointPath
 
 __all__ = [
@@ -97,31 +98,6 @@ class ModelCard:
             raise ProtocolError("not a model card: needs 'name' and 'endpoint'")
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "runtime_config"}
         return cls(**known, runtime_config=ModelRuntimeConfig.from_dict(data.get("runtime_config")))
-
-
-def check_model_dir(model_path: str | Path, flag: str = "model_path") -> Path:
-    """``model_path`` as a folder with a fast tokenizer, or a `ConfigError` that says what to fix.
-
-    Example:
-        >>> check_model_dir("/no/such/folder")
-        Traceback (most recent call last):
-        ...
-        dynamo_nb.errors.ConfigError: model_path '/no/such/folder' is not a directory: ...
-    """
-    folder = Path(model_path).expanduser()
-    if not str(model_path).strip():
-        raise ConfigError(f"{flag} is empty: give a local Hugging Face model folder")
-    if not folder.is_dir():
-        raise ConfigError(
-            f"{flag} '{model_path}' is not a directory: give a local Hugging Face model folder "
-            "(model hubs are not contacted), or leave it out for the built-in tiny model"
-        )
-    if not (folder / "tokenizer.json").is_file():
-        raise ConfigError(
-            f"{flag} '{model_path}' holds no tokenizer.json: the frontend needs a fast tokenizer; "
-            "save one with AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)"
-        )
-    return folder.resolve()
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

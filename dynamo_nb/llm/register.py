@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ..errors import ConfigError, NotReadyError
+from ..models.folders import model_folder
 from ..runtime.context import Context
 from ..runtime.server import EndpointServer, Handler, adapt_handler
 from ..runtime.streams import closing
@@ -33,7 +34,6 @@ from .card import (
     ModelRuntimeConfig,
     card_from_folder,
     card_key,
-    check_model_dir,
 )
 from .limits import RequestLimits
 from .protocol import EmittingStream, LLMEngineOutput, PreprocessedRequest
@@ -268,15 +268,4 @@ def model_from_args(args: argparse.Namespace) -> tuple[Path, str]:
         ...
         dynamo_nb.errors.ConfigError: --model-path '/no/such' is not a directory: ...
     """
-    if args.model_path is None:
-        from ..models.tiny_model import TINY_MODEL_NAME, tiny_model_path
-
-        path, default_name = tiny_model_path(), TINY_MODEL_NAME
-    else:
-        path = check_model_dir(args.model_path, flag="--model-path")
-        default_name = path.name
-    if args.model_name is None:
-        return path, default_name
-    if not args.model_name.strip():
-        raise ConfigError("--model-name is empty: give a name such as tiny-llama, or leave the flag out")
-    return path, args.model_name
+    return model_folder(args.model_path, args.model_name)

@@ -6,6 +6,8 @@ at a local Hugging Face folder and a device.
 - ``tiny_model.py``: `tiny_model_path`, the built-in tiny model (shipped in ``tiny_llama/``);
 - ``random_model.py``: `random_model_path`, the random-weight model, and the tokenizer and config
   recipe it shares with the tiny model's training;
+- ``folders.py``: `model_folder` and `check_model_dir`, which folder a program serves and under
+  what name (one rule for the workers, the frontend's static mode and `use_model`);
 - ``choice.py``: `use_model` and `ModelChoice`, the model folder and device the LLM notebooks serve.
 
 Example:

@@ -17,12 +17,12 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from .folders import model_folder
 
 __all__ = ["ModelChoice", "use_model"]
 
@@ -87,16 +87,11 @@ def use_model(model_path: str | Path | None = None, device: str | None = None) -
         ...
         dynamo_nb.errors.ConfigError: MODEL_PATH '/no/such/folder' is not a directory: ...
     """
-    from ..llm.register import model_from_args
-
     exported = _folder(os.environ.get("DYN_NB_MODEL_PATH") or None)
     chosen = exported if model_path is None else _folder(model_path)
     # the exported name goes with the exported folder, not with another one given here
     name = (os.environ.get("DYN_NB_MODEL_NAME") or None) if chosen == exported else None
-    try:
-        path, served = model_from_args(argparse.Namespace(model_path=chosen, model_name=name))
-    except ConfigError as exc:
-        raise ConfigError(str(exc).replace("--model-path", "MODEL_PATH", 1)) from None
+    path, served = model_folder(chosen, name, flags=("MODEL_PATH", "MODEL_NAME"))
     choice = ModelChoice(Path(path), served, _device(device))
     os.environ.update(choice.env())
     return choice

@@ -1,27 +1,20 @@
-"""The notebook layer: what makes a notebook's cells also a program.
+"""The notebook layer: what makes a notebook's cells also a program, one layer above the kit.
 
-- `display` (``display.py``): `in_notebook`, the `NOTEBOOK_ONLY_TAG`, `PngDisplay` and
-  `widget_with_plain_text`, the small helpers the runtime, launch and bench layers use in a kernel.
+- `component_program` (``component_program.py``): `EngineProgram`, `HandlerProgram`,
+  `RoutingPolicy`, a component declared in cells; `find_component`, `load_component` and
+  `load_router_policy` (the component a ``.py`` file or a notebook declares, loaded where a file
+  is expected: ``--router-policy FILE[:NAME]``).
 - `export` (``export.py``): the nbconvert preprocessors that drop notebook-only cells when a
   notebook becomes a script (installed into the environment's ``etc/jupyter``).
-- `declarations` (``declarations.py``): which component a file declares, one rule for graphs,
-  ``--router-policy``, launch and the export check.
-- `component_program` (``component_program.py``): `EngineProgram`, `HandlerProgram`,
-  `RoutingPolicy`, a component declared in cells, and `find_component`.
-- `programs` (``programs.py``): a notebook as a program: its export cached by code, checked for
-  its one declaration without running it, loaded where a file is expected.
 - `claims` (``claims.py``): a notebook's measured sentences as checks (`claim`, `within`).
 
-Only `display` is imported with the package; the others load when named.
+What the layers below use in a kernel lives below them: `dynamo_nb.jupyter` (`in_notebook`, the
+notebook-only tag, `PngDisplay`), `dynamo_nb.launch.programs` (a notebook as a program: its export
+cached by code and checked) and `dynamo_nb.launch.declarations` (which component a file declares).
+Importing this package loads none of its modules.
 
 Example:
-    >>> from dynamo_nb.notebook import NOTEBOOK_ONLY_TAG, in_notebook
-    >>> NOTEBOOK_ONLY_TAG, in_notebook()
-    ('notebook-only', False)
+    >>> from dynamo_nb.notebook.claims import within
+    >>> within(10.4, 10.0, 0.05)
+    True
 """
-
-from __future__ import annotations
-
-from .display import NOTEBOOK_ONLY_TAG, PngDisplay, in_notebook, widget_with_plain_text
-
-__all__ = ["NOTEBOOK_ONLY_TAG", "PngDisplay", "in_notebook", "widget_with_plain_text"]

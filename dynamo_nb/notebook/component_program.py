@@ -49,10 +49,14 @@ import argparse
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from ..errors import ConfigError
 from ..flags import add_endpoint_arg, add_engine_args, add_model_args, component_parser
+from ..launch.declarations import pick_declaration, split_reference
+from ..launch.paths import resolve_program
+from ..launch.programs import declarations, export_notebook, import_program
 from ..runtime.program import (
     announce_ready,
     configure_logging,
@@ -60,7 +64,6 @@ from ..runtime.program import (
     runtime_from_args,
     shutdown_on_signals,
 )
-from .declarations import pick_declaration
 
 if TYPE_CHECKING:
     from ..engines.engine_worker import EngineWorker
@@ -74,6 +77,8 @@ __all__ = [
     "HandlerProgram",
     "RoutingPolicy",
     "find_component",
+    "load_component",
+    "load_router_policy",
 ]
 
 AddFlags = Callable[[argparse.ArgumentParser], None]
@@ -370,3 +375,39 @@ def find_component(
         {key: value.kind for key, value in declared.items()}, where, runnable=runnable, name=name
     )
     return declared[picked]
+
+
+def load_component(
+    reference: str, *, runnable: bool | None = None, cwd: Path | None = None
+) -> ComponentProgram:
+    """The component ``FILE`` or ``FILE:NAME`` declares (FILE a ``.py`` file or a notebook, found
+    as `dynamo_nb.launch` finds programs), imported once; its ``__main__`` part does not run.
+    Errors name the notebook (not its export) and say what to change.
+
+    Example::
+
+        policy = load_component("notebooks/06_kv_aware_routing.ipynb:prefix_policy", runnable=False)
+    """
+    file, name = split_reference(reference)
+    path = resolve_program(file, cwd or Path.cwd())
+    source_path = export_notebook(path) if path.suffix == ".ipynb" else path
+    declared = declarations(source_path.read_text(), file)
+    if runnable is not None and (name is None or name in declared):  # checked before anything runs
+        pick_declaration(declared, file, runnable=runnable, name=name)
+    module = import_program(source_path, file)
+    return find_component(vars(module), file, runnable=runnable, name=name)
+
+
+def load_router_policy(reference: str, *, cwd: Path | None = None) -> RoutingPolicy:
+    """The `RoutingPolicy` ``--router-policy FILE[:NAME]`` names (a ``.py`` file or a notebook:
+    found, exported and checked), loaded before anything starts; a `ConfigError` naming the flag.
+
+    Example::
+
+        policy = load_router_policy("notebooks/06_kv_aware_routing.ipynb:prefix_policy")
+        frontend = await Frontend.start(runtime, config, router_policy=policy)
+    """
+    try:
+        return cast(RoutingPolicy, load_component(reference, runnable=False, cwd=cwd))
+    except ConfigError as exc:
+        raise ConfigError(f"--router-policy {reference}: {exc}") from None

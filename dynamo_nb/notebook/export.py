@@ -20,7 +20,7 @@ from typing import Any
 
 from nbconvert.preprocessors import Preprocessor
 
-from .display import NOTEBOOK_ONLY_TAG
+from ..jupyter import kept_cells
 
 __all__ = ["PythonScriptWithoutLanguageInfo", "RemoveNotebookOnlyCells", "is_python_notebook", "kept_cells"]
 
@@ -62,33 +62,3 @@ def is_python_notebook(metadata: dict[str, Any]) -> bool:
     """
     language = metadata.get("language_info", {}).get("name") or metadata.get("kernelspec", {}).get("language")
     return str(language or "python").lower() == "python"
-
-
-def _interactive(cell: Any) -> bool:
-    return NOTEBOOK_ONLY_TAG in cell.get("metadata", {}).get("tags", [])
-
-
-def kept_cells(cells: list[Any]) -> list[Any]:
-    """The cells a script export keeps (see `RemoveNotebookOnlyCells`).
-
-    Example:
-        >>> md, code = {"cell_type": "markdown"}, {"cell_type": "code"}
-        >>> demo = {"cell_type": "code", "metadata": {"tags": ["notebook-only"]}}
-        >>> cells = [md, code, {**md, "id": "demo prose"}, demo, {**md, "id": "end"}, code]
-        >>> [c.get("id", c["cell_type"]) for c in kept_cells(cells)]
-        ['markdown', 'code', 'end', 'code']
-    """
-    kept = []
-    for index, cell in enumerate(cells):
-        if _interactive(cell):
-            continue
-        if cell.get("cell_type") == "markdown" and index > 0:
-            following = []
-            for later in cells[index + 1 :]:
-                if later.get("cell_type") == "markdown":
-                    break
-                following.append(later)
-            if not any(c.get("cell_type") == "code" and not _interactive(c) for c in following):
-                continue  # it only introduces notebook-only cells
-        kept.append(cell)
-    return kept

@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..disagg.decode import DecodeHandler
+from ..disagg.roles import DisaggregatedEngine
 from ..engines.base import stats_handler
 from ..engines.engine_worker import serve_engines_on
+from ..errors import ConfigError
 from ..llm.register import engine_handler
 from ..runtime.program import announce_ready
 from ..runtime.streams import closing
@@ -94,21 +96,26 @@ async def serve_engine_on_dynamo(
             options["kv_cache_block_size"] = int(engine.block_size)
             kv_events.start(engine.block_size)  # before serving: routers subscribe meanwhile
         model_type = ModelType.Chat | ModelType.Completions
-        if role.mode == "prefill":
+        if role.mode == "aggregated":
+            method, options["worker_type"] = engine.generate, WorkerType.Aggregated
+        elif not isinstance(engine, DisaggregatedEngine):
+            raise ConfigError(
+                f"--mode {role.mode}: {type(engine).__name__} has no prefill and decode roles; implement "
+                "DisaggregatedEngine (mix in dynamo_nb.disagg.BootstrapRole) or run it with --mode aggregated"
+            )
+        elif role.mode == "prefill":
             host = role.bootstrap_host or runtime.planes.environment["DYN_TCP_RPC_HOST"]
-            bootstrap = await engine.start_bootstrap(  # type: ignore[attr-defined]  # --mode prefill: the engine is a DisaggregatedEngine (checked by WorkerRole)
+            bootstrap = await engine.start_bootstrap(
                 host, role.bootstrap_port, ttl=role.kv_ttl, advertise_host=role.bootstrap_advertise_host
             )
             published = bootstrap.endpoint
             config.set_disaggregated_endpoint(published["bootstrap_host"], int(published["bootstrap_port"]))
-            method = engine.prefill  # type: ignore[attr-defined]  # --mode prefill: a DisaggregatedEngine
+            method = engine.prefill
             model_type, options["worker_type"] = ModelType.Prefill, WorkerType.Prefill
             options["needs"] = [[WorkerType.Decode]]
-        elif role.mode == "decode":
-            method = DecodeHandler(engine, None).generate  # type: ignore[arg-type]  # --mode decode: a DisaggregatedEngine
+        else:  # decode
+            method = DecodeHandler(engine, None).generate
             options["worker_type"], options["needs"] = WorkerType.Decode, [[WorkerType.Prefill]]
-        else:
-            method, options["worker_type"] = engine.generate, WorkerType.Aggregated
         await register_model(
             ModelInput.Tokens,
             model_type,

@@ -13,7 +13,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..notebook.display import PngDisplay
+from ..jupyter import PngDisplay
 
 if TYPE_CHECKING:
     from ..bench.charts import Chart

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
-from ..notebook.display import in_notebook
+from ..jupyter import in_notebook
 from ..telemetry.request_ids import RequestIdFilter
 from ..telemetry.tracing import enable_tracing_from_env, flush_tracing
 from .discovery import DEFAULT_LEASE_TTL

@@ -469,7 +469,7 @@ class HostNetwork:
         inside = {host.netns for host in self.hosts.values()}
         try:
             for process in launched():
-                if process.host is not None and process.host.netns in inside:
+                if isinstance(process.host, Host) and process.host.netns in inside:
                     with contextlib.suppress(Exception):
                         await process.stop(timeout=5.0)
             services, self._services = self._services, []

@@ -22,7 +22,7 @@ import os
 import signal
 import threading
 
-from ...notebook.display import in_notebook
+from ...jupyter import in_notebook
 from ...runtime import DistributedRuntime
 
 __all__ = ["DEREGISTER_TIMEOUT", "end_on_sigterm"]

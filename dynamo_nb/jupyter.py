@@ -1,7 +1,8 @@
 """Helpers for code that runs both as notebook cells and as an exported script.
 
 A tutorial notebook tags its interactive cells (top-level ``await``, demos) with
-`NOTEBOOK_ONLY_TAG`; ``jupyter nbconvert --to script`` drops them (see `dynamo_nb.notebook.export`)
+`NOTEBOOK_ONLY_TAG`; ``jupyter nbconvert --to script`` drops them (`kept_cells`, which
+`dynamo_nb.notebook.export` hands nbconvert)
 and the last cell, an entry point, runs the script's ``main`` only outside a kernel::
 
     if __name__ == "__main__" and not in_notebook():
@@ -14,7 +15,7 @@ import functools
 import sys
 from typing import Any
 
-__all__ = ["NOTEBOOK_ONLY_TAG", "PngDisplay", "in_notebook", "widget_with_plain_text"]
+__all__ = ["NOTEBOOK_ONLY_TAG", "PngDisplay", "in_notebook", "kept_cells", "widget_with_plain_text"]
 
 NOTEBOOK_ONLY_TAG = "notebook-only"
 
@@ -87,3 +88,33 @@ def _plain_text_subclass(widget_class: type) -> type:
 
     PlainText.__name__ = PlainText.__qualname__ = f"{widget_class.__name__}WithPlainText"
     return PlainText
+
+
+def _interactive(cell: Any) -> bool:
+    return NOTEBOOK_ONLY_TAG in cell.get("metadata", {}).get("tags", [])
+
+
+def kept_cells(cells: list[Any]) -> list[Any]:
+    """The cells a script export keeps (those of notebook-only cells, and the prose that only introduces such cells, go: `dynamo_nb.notebook.export.RemoveNotebookOnlyCells`).
+
+    Example:
+        >>> md, code = {"cell_type": "markdown"}, {"cell_type": "code"}
+        >>> demo = {"cell_type": "code", "metadata": {"tags": ["notebook-only"]}}
+        >>> cells = [md, code, {**md, "id": "demo prose"}, demo, {**md, "id": "end"}, code]
+        >>> [c.get("id", c["cell_type"]) for c in kept_cells(cells)]
+        ['markdown', 'code', 'end', 'code']
+    """
+    kept = []
+    for index, cell in enumerate(cells):
+        if _interactive(cell):
+            continue
+        if cell.get("cell_type") == "markdown" and index > 0:
+            following = []
+            for later in cells[index + 1 :]:
+                if later.get("cell_type") == "markdown":
+                    break
+                following.append(later)
+            if not any(c.get("cell_type") == "code" and not _interactive(c) for c in following):
+                continue  # it only introduces notebook-only cells
+        kept.append(cell)
+    return kept

@@ -38,14 +38,10 @@ import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, cast
 
 from ..errors import ConfigError
 from ..extras import require_extra
 from .declarations import DECLARED_KINDS, RUNNABLE_KINDS, pick_declaration, split_reference
-
-if TYPE_CHECKING:
-    from .component_program import ComponentProgram, RoutingPolicy
 
 __all__ = [
     "check_exported_cells",
@@ -55,8 +51,6 @@ __all__ = [
     "export_command",
     "export_notebook",
     "import_program",
-    "load_component",
-    "load_router_policy",
     "program_file",
     "reference_program",
 ]
@@ -135,7 +129,7 @@ def check_exported_cells(notebook: Path) -> None:
     cell from 1, and its first line) and the tag to add. IPython's ``%``/``!`` lines are skipped
     here (the export turns them into calls), and so is any other syntax error: the compile of the
     export reports it."""
-    from .export import kept_cells
+    from ..jupyter import kept_cells
 
     cells = _cells(notebook)
     kept = {id(cell) for cell in kept_cells(cells)}
@@ -222,7 +216,7 @@ def declarations(source: str, where: str) -> dict[str, str]:
 
 def check_program_source(source: str, where: str, *, runnable: bool = True, name: str | None = None) -> str:
     """The name of the declaration in ``source`` that a worker program (``runnable``) or a routing
-    policy reference picks (`dynamo_nb.notebook.declarations.pick_declaration`: ``name``, else the only
+    policy reference picks (`dynamo_nb.launch.declarations.pick_declaration`: ``name``, else the only
     one of that kind), read without running anything. A worker also needs an ``if __name__ ==
     "__main__":`` entry point that runs it; a hand-written component's ``build_parser()`` stands in
     for a declaration. Else a `ConfigError` naming ``where`` and what to change."""
@@ -278,51 +272,10 @@ def reference_program(reference: str, cwd: Path) -> Path:
 
         reference_program("notebooks/10_your_own_engine.ipynb:worker", Path.cwd())  # its checked export
     """
-    from ..launch.paths import resolve_program
+    from .paths import resolve_program
 
     file, name = split_reference(reference)
     return program_file(resolve_program(file, cwd), where=file, name=name)
-
-
-def load_component(
-    reference: str, *, runnable: bool | None = None, cwd: Path | None = None
-) -> ComponentProgram:
-    """The component ``FILE`` or ``FILE:NAME`` declares (FILE a ``.py`` file or a notebook, found
-    as `dynamo_nb.launch` finds programs), imported once; its ``__main__`` part does not run.
-    Errors name the notebook (not its export) and say what to change.
-
-    Example::
-
-        policy = load_component("notebooks/06_kv_aware_routing.ipynb:prefix_policy", runnable=False)
-    """
-    from ..launch.paths import resolve_program
-    from .component_program import find_component
-
-    file, name = split_reference(reference)
-    path = resolve_program(file, cwd or Path.cwd())
-    source_path = export_notebook(path) if path.suffix == ".ipynb" else path
-    declared = declarations(source_path.read_text(), file)
-    if runnable is not None and (name is None or name in declared):  # checked before anything runs
-        pick_declaration(declared, file, runnable=runnable, name=name)
-    module = import_program(source_path, file)
-    return find_component(vars(module), file, runnable=runnable, name=name)
-
-
-def load_router_policy(reference: str, *, cwd: Path | None = None) -> RoutingPolicy:
-    """The `RoutingPolicy` ``--router-policy FILE[:NAME]`` names (a ``.py`` file or a notebook:
-    found, exported and checked), loaded before anything starts; a `ConfigError` naming the flag.
-
-    Example::
-
-        policy = load_router_policy("notebooks/06_kv_aware_routing.ipynb:prefix_policy")
-        frontend = await Frontend.start(runtime, config, router_policy=policy)
-    """
-    from .component_program import RoutingPolicy
-
-    try:
-        return cast(RoutingPolicy, load_component(reference, runnable=False, cwd=cwd))
-    except ConfigError as exc:
-        raise ConfigError(f"--router-policy {reference}: {exc}") from None
 
 
 def import_program(path: Path, where: str) -> ModuleType:

@@ -1,0 +1,33 @@
+"""`NetworkHost`: what `launch` and `LocalServices` use of a host other than this machine's own
+network, so that they run programs in one without importing the lab that makes hosts
+(`dynamo_nb.testing.hosts.Host`, a network namespace, is one).
+
+Example::
+
+    network = await HostNetwork.start(["a", "b"])      # dynamo_nb.testing.hosts (root)
+    worker = await launch("components/hf_worker.py", host=network.hosts["a"])
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+__all__ = ["NetworkHost"]
+
+
+class NetworkHost(Protocol):
+    """A host programs can run in: its name and address, a command wrapped to run there, and a
+    connection opened from there (a readiness probe)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def address(self) -> str: ...
+
+    def wrap(self, command: list[str]) -> list[str]: ...
+
+    async def open_connection(
+        self, address: str, port: int, *, timeout: float = 5.0
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
