@@ -28,9 +28,8 @@ from typing import Any, NoReturn
 from .disagg.modes import WORKER_MODES, WorkerRole
 from .extras import broken_extra_error, extra_installed
 from .frontend.config import FrontendConfig
-from .runtime.discovery import DEFAULT_LEASE_TTL
 from .runtime.names import DEFAULT_WORKER_ENDPOINT
-from .runtime.program import RUNTIMES, RuntimeConfig
+from .runtime.program import RuntimeConfig
 from .settings import add_settings, env_default
 
 __all__ = [
@@ -63,117 +62,11 @@ AddFlags = Callable[[argparse.ArgumentParser], None]
 
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
-    """Add ``--runtime``, ``--discovery``, ``--request-plane``, ``--nats-url``, ``--connect-timeout``, ``--lease-ttl``, ``--static``, the TCP
-    plane's ``--tcp-host``/``--tcp-port``/``--tcp-advertise-host``, what peers must present
-    (``--cluster-secret-file``, ``--tls-cert``/``--tls-key``/``--tls-ca``) and the system status
-    server's ``--system-host``/``--system-port``."""
-    group = parser.add_argument_group("runtime")
-    group.add_argument(
-        "--runtime",
-        choices=RUNTIMES,
-        default=env_default("RUNTIME", RuntimeConfig.runtime),
-        help="whose runtime serves this program: the kit's (dynamo_nb) or NVIDIA Dynamo's (dynamo: "
-        "behind python -m dynamo.frontend; --discovery file://DIR or etcd://HOST:PORT; python3 -m "
-        "dynamo_nb install dynamo) (env DYN_NB_RUNTIME; default: %(default)s)",
-    )
-    group.add_argument(
-        "--discovery",
-        default=env_default("DISCOVERY", RuntimeConfig.discovery),
-        help="discovery backend: memory | file://DIR (processes of one host, no etcd) | etcd://HOST:PORT | static "
-        "(env DYN_NB_DISCOVERY; default: %(default)s)",
-    )
-    group.add_argument(
-        "--request-plane",
-        choices=("inproc", "tcp", "nats"),
-        default=env_default("REQUEST_PLANE", None),
-        help="request plane (env DYN_NB_REQUEST_PLANE; default: inproc with memory discovery, tcp with etcd, "
-        "nats for --static with --nats-url)",
-    )
-    group.add_argument(
-        "--nats-url",
-        default=env_default("NATS_URL", None),
-        help="NATS server, nats://HOST:PORT (env DYN_NB_NATS_URL; default: %(default)s)",
-    )
-    group.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=float(env_default("CONNECT_TIMEOUT", None) or RuntimeConfig.connect_timeout),
-        help="seconds to wait at start for etcd and NATS to answer, so components may start in any "
-        "order (env DYN_NB_CONNECT_TIMEOUT; default: %(default)s)",
-    )
-    group.add_argument(
-        "--lease-ttl",
-        type=float,
-        default=float(env_default("LEASE_TTL", str(DEFAULT_LEASE_TTL)) or DEFAULT_LEASE_TTL),
-        help="seconds after which a dead worker leaves etcd (default: %(default)s)",
-    )
-    group.add_argument(
-        "--static",
-        action="store_true",
-        help="static mode: no discovery service; serve at the subject derived from the endpoint path (NATS) "
-        "or at --tcp-port (same as --discovery static)",
-    )
-    group.add_argument(
-        "--tcp-host",
-        default=env_default("TCP_HOST", RuntimeConfig.tcp_host),
-        help="TCP plane listen host (env DYN_NB_TCP_HOST; default: 127.0.0.1 when discovery and NATS are on "
-        "this machine, else this host's address on the interface that reaches them)",
-    )
-    group.add_argument(
-        "--tcp-advertise-host",
-        default=env_default("TCP_ADVERTISE_HOST", RuntimeConfig.tcp_advertise_host),
-        help="host discovery gives clients for the TCP plane (env DYN_NB_TCP_ADVERTISE_HOST; default: "
-        "--tcp-host, or for 0.0.0.0 the address that reaches discovery; never a wildcard)",
-    )
-    group.add_argument(
-        "--tcp-port",
-        type=int,
-        default=int(env_default("TCP_PORT", None) or RuntimeConfig.tcp_port),
-        help="TCP plane port, 0 = free (default: %(default)s)",
-    )
-    group.add_argument(
-        "--cluster-secret-file",
-        default=env_default("CLUSTER_SECRET_FILE", None),
-        help="require peers of the TCP plane and the bootstrap server to know the secret in this file "
-        "(a keyed handshake; env DYN_NB_CLUSTER_SECRET_FILE, or the secret itself in DYN_NB_CLUSTER_SECRET; "
-        "default: %(default)s, no secret)",
-    )
-    group.add_argument(
-        "--allow-unauthenticated",
-        action="store_true",
-        default=env_default("ALLOW_UNAUTHENTICATED", "") in ("1", "true"),
-        help="listen off loopback without a cluster secret or TLS, on a network you trust (by default a "
-        "component refuses to, as anyone reaching its port could use it) (env DYN_NB_ALLOW_UNAUTHENTICATED=1)",
-    )
-    group.add_argument(
-        "--tls-cert",
-        default=env_default("TLS_CERT", None),
-        help="PEM certificate: the TCP plane and the bootstrap server speak TLS (env DYN_NB_TLS_CERT; "
-        "default: %(default)s, no TLS)",
-    )
-    group.add_argument(
-        "--tls-key",
-        default=env_default("TLS_KEY", None),
-        help="its PEM key (env DYN_NB_TLS_KEY; default: %(default)s)",
-    )
-    group.add_argument(
-        "--tls-ca",
-        default=env_default("TLS_CA", None),
-        help="PEM CA that peers' certificates must be signed by; with --tls-cert, clients need one too "
-        "(mutual TLS) (env DYN_NB_TLS_CA; default: %(default)s)",
-    )
-    group.add_argument(
-        "--system-host",
-        default=env_default("SYSTEM_HOST", RuntimeConfig.system_host),
-        help="host of the system status server (/live, /health) (default: %(default)s)",
-    )
-    group.add_argument(
-        "--system-port",
-        type=int,
-        default=int(env_default("SYSTEM_PORT", None) or RuntimeConfig.system_port),
-        help="serve /live and /health for probes at this port, 0 = free, -1 = off "
-        "(env DYN_NB_SYSTEM_PORT; default: %(default)s)",
-    )
+    """Add the runtime's flags: every field of `dynamo_nb.runtime.program.RuntimeConfig`
+    (``--runtime``, ``--discovery``, ``--request-plane``, ``--nats-url``, ``--connect-timeout``,
+    ``--lease-ttl``, ``--static``, the TCP plane's host and port, what peers must present: the
+    cluster secret and TLS, and the system status server's host and port), declared there."""
+    add_settings(parser, RuntimeConfig, group="runtime")
 
 
 def add_endpoint_arg(parser: argparse._ActionsContainer, default: str) -> None:

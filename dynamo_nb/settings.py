@@ -181,8 +181,8 @@ class Settings:
         for spec, name, value in _flagged_values(self):
             problem = spec.problem(value)
             if problem is not None:
-                shown = _shown(value)
-                got = "" if shown in problem else f", got {shown}"  # a problem that quotes the value
+                quoted = isinstance(value, str) and repr(value) in problem  # a problem that quotes it
+                got = "" if quoted else f", got {_shown(value)}"
                 raise ConfigError(f"{name} ({spec.flag}) {problem}{got}")
         self._check()
 
@@ -277,7 +277,7 @@ def _default(item: dataclasses.Field[Any], spec: Setting, kind: Any) -> Any:
         default = None
     name = spec.env_name
     raw = os.environ.get(name) if name else None
-    if raw is None:
+    if raw is None or not raw.strip():  # unset, or set empty: the field's default
         return default
     if kind is bool:
         word = raw.strip().lower()

@@ -541,3 +541,39 @@ async def test_requests_read_before_a_malformed_one_are_answered_first(
     answers = responses(await exchange(server.port, raw))
     assert [status.split()[1] for status, _, _ in answers] == ["200", "400"]
     assert json.loads(answers[0][2])["query"] == "n=1"
+
+
+LLHTTP_REFUSALS = {  # a request llhttp refuses → the status the server answers, by llhttp's own words
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n": 400,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999999\r\n\r\n": 413,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n": 400,
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3x\r\n\r\n": 400,
+    b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked, x\r\n\r\n": 501,
+    b"GET /a\x01b HTTP/1.1\r\nHost: a\r\n\r\n": 400,
+    b"G@T / HTTP/1.1\r\nHost: a\r\n\r\n": 400,
+    b"GET / HTTP/9.9\r\nHost: a\r\n\r\n": 400,
+    b"GET / HTTP/1.1\r\nHo st: a\r\n\r\n": 400,
+    b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n": 400,
+}
+
+
+def test_llhttps_error_texts_map_to_their_statuses_in_the_installed_httptools() -> None:
+    """The server tells llhttp's refusals apart by fragments of llhttp's messages: each fragment
+    is pinned here against the installed httptools (a release that rewords one fails this test
+    instead of answering a generic 400)."""
+    import httptools
+
+    from dynamo_nb.http.parser import _LLHTTP_REASONS, _refusal
+
+    matched = []
+    for raw, status in LLHTTP_REFUSALS.items():
+        parser = httptools.HttpRequestParser(object())
+        with pytest.raises(httptools.HttpParserError) as refused:
+            parser.feed_data(raw)
+        reason = str(refused.value)
+        fragment = next((f for f, _, _ in _LLHTTP_REASONS if f.lower() in reason.lower()), None)
+        assert fragment is not None, f"llhttp's {reason!r} matches no fragment"
+        error = _refusal(refused.value)
+        assert error.http_status == status and reason in str(error), (raw, reason, str(error))
+        matched.append(fragment)
+    assert sorted(matched) == sorted(f for f, _, _ in _LLHTTP_REASONS)  # each fragment, once

@@ -75,6 +75,30 @@ def test_the_frontend_parser_is_its_config() -> None:
     assert KvRouterConfig.from_args(parser.parse_args(["--no-kv-events"])).use_kv_events is False
 
 
+def test_the_runtime_flags_are_its_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every component's runtime flags come from `RuntimeConfig`'s fields, their variables too."""
+    from dynamo_nb.flags import echo_worker_parser
+    from dynamo_nb.runtime.program import RuntimeConfig
+
+    declared = [item.name for item, _ in settings_of(RuntimeConfig)]
+    assert declared == [item.name for item in dataclasses.fields(RuntimeConfig)]  # each field is a flag
+    assert RuntimeConfig.from_args(echo_worker_parser().parse_args([])) == RuntimeConfig()
+    monkeypatch.setenv("DYN_NB_CONNECT_TIMEOUT", "5")
+    monkeypatch.setenv("DYN_NB_ALLOW_UNAUTHENTICATED", "1")
+    monkeypatch.setenv("DYN_NB_TCP_PORT", "")  # set empty: the default
+    config = RuntimeConfig.from_args(echo_worker_parser().parse_args(["--static"]))
+    assert (config.connect_timeout, config.allow_unauthenticated, config.tcp_port, config.static) == (
+        5.0,
+        True,
+        0,
+        True,
+    )
+    assert RuntimeConfig.from_args(echo_worker_parser().parse_args([]), static=True).static
+    monkeypatch.setenv("DYN_NB_ALLOW_UNAUTHENTICATED", "maybe")
+    with pytest.raises(ConfigError, match="DYN_NB_ALLOW_UNAUTHENTICATED='maybe' is neither on"):
+        echo_worker_parser()
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

@@ -31,12 +31,13 @@ import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
 from ..jupyter import in_notebook
+from ..settings import Settings, setting
 from ..telemetry.request_ids import RequestIdFilter
 from ..telemetry.tracing import enable_tracing_from_env, flush_tracing
 from .discovery import DEFAULT_LEASE_TTL
@@ -257,7 +258,7 @@ import path, loaded only when chosen (its package needs an extra; nothing here d
 
 
 @dataclass(frozen=True)
-class RuntimeConfig:
+class RuntimeConfig(Settings):
     """The runtime a component runs on, typed: built once in its ``main`` from the runtime flags
     (`from_args`; the flags' defaults are these), then started (`start`).
 
@@ -268,47 +269,118 @@ class RuntimeConfig:
         ('etcd://h:2379', None, -1)
     """
 
-    discovery: str = "memory"
-    runtime: str = "dynamo_nb"  # or "dynamo": NVIDIA Dynamo's runtime (dynamo_nb.on_dynamo)
-    request_plane: str | None = None
-    nats_url: str | None = None
-    lease_ttl: float = DEFAULT_LEASE_TTL
-    tcp_host: str | None = None  # None: loopback, or the address that reaches remote discovery
-    tcp_port: int = 0
-    tcp_advertise_host: str | None = None
-    system_host: str = "127.0.0.1"
-    system_port: int = -1  # -1: no system status server
-    static: bool = False  # no discovery service (--static, or a frontend's --static-endpoint)
-    connect_timeout: float = 60.0  # seconds to wait at start for etcd and NATS to answer
-    cluster_secret_file: str | None = None  # else $DYN_NB_CLUSTER_SECRET
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_ca: str | None = None
-    allow_unauthenticated: bool = False  # listen off loopback with no secret and no TLS
+    discovery: str = setting(
+        "memory",
+        flag="--discovery",
+        env="DISCOVERY",
+        help="discovery backend: memory | file://DIR (processes of one host, no etcd) | etcd://HOST:PORT | static",
+    )
+    runtime: str = setting(
+        "dynamo_nb",
+        flag="--runtime",
+        env="RUNTIME",
+        choices=RUNTIMES,
+        help="whose runtime serves this program: the kit's (dynamo_nb) or NVIDIA Dynamo's (dynamo: behind "
+        "python -m dynamo.frontend; --discovery file://DIR or etcd://HOST:PORT; python3 -m dynamo_nb install dynamo)",
+    )
+    request_plane: str | None = setting(
+        None,
+        flag="--request-plane",
+        env="REQUEST_PLANE",
+        choices=("inproc", "tcp", "nats"),
+        default_text="inproc with memory discovery, tcp with etcd, nats for --static with --nats-url",
+        help="request plane",
+    )
+    nats_url: str | None = setting(
+        None, flag="--nats-url", env="NATS_URL", default_text="none", help="NATS server, nats://HOST:PORT"
+    )
+    lease_ttl: float = setting(
+        DEFAULT_LEASE_TTL,
+        flag="--lease-ttl",
+        env="LEASE_TTL",
+        help="seconds after which a dead worker leaves etcd",
+    )
+    tcp_host: str | None = setting(  # None: loopback, or the address that reaches remote discovery
+        None,
+        flag="--tcp-host",
+        env="TCP_HOST",
+        default_text="127.0.0.1 when discovery and NATS are on this machine, else this host's address on the "
+        "interface that reaches them",
+        help="TCP plane listen host",
+    )
+    tcp_port: int = setting(0, flag="--tcp-port", env="TCP_PORT", help="TCP plane port, 0 = free")
+    tcp_advertise_host: str | None = setting(
+        None,
+        flag="--tcp-advertise-host",
+        env="TCP_ADVERTISE_HOST",
+        default_text="--tcp-host, or for 0.0.0.0 the address that reaches discovery; never a wildcard",
+        help="host discovery gives clients for the TCP plane",
+    )
+    system_host: str = setting(
+        "127.0.0.1",
+        flag="--system-host",
+        env="SYSTEM_HOST",
+        help="host of the system status server (/live, /health)",
+    )
+    system_port: int = setting(  # -1: no system status server
+        -1,
+        flag="--system-port",
+        env="SYSTEM_PORT",
+        help="serve /live and /health for probes at this port, 0 = free, -1 = off",
+    )
+    static: bool = setting(  # no discovery service (--static, or a frontend's --static-endpoint)
+        False,
+        flag="--static",
+        default_text="off",
+        help="static mode: no discovery service; serve at the subject derived from the endpoint path (NATS) "
+        "or at --tcp-port (same as --discovery static)",
+    )
+    connect_timeout: float = setting(
+        60.0,
+        flag="--connect-timeout",
+        env="CONNECT_TIMEOUT",
+        help="seconds to wait at start for etcd and NATS to answer, so components may start in any order",
+    )
+    cluster_secret_file: str | None = setting(
+        None,
+        flag="--cluster-secret-file",
+        env="CLUSTER_SECRET_FILE",
+        default_text="none, or the secret itself in DYN_NB_CLUSTER_SECRET; else no secret",
+        help="require peers of the TCP plane and the bootstrap server to know the secret in this file "
+        "(a keyed handshake)",
+    )
+    allow_unauthenticated: bool = setting(
+        False,
+        flag="--allow-unauthenticated",
+        env="ALLOW_UNAUTHENTICATED",
+        default_text="off",
+        help="listen off loopback without a cluster secret or TLS, on a network you trust (by default a "
+        "component refuses to, as anyone reaching its port could use it)",
+    )
+    tls_cert: str | None = setting(
+        None,
+        flag="--tls-cert",
+        env="TLS_CERT",
+        default_text="none, no TLS",
+        help="PEM certificate: the TCP plane and the bootstrap server speak TLS",
+    )
+    tls_key: str | None = setting(
+        None, flag="--tls-key", env="TLS_KEY", default_text="none", help="its PEM key"
+    )
+    tls_ca: str | None = setting(
+        None,
+        flag="--tls-ca",
+        env="TLS_CA",
+        default_text="none",
+        help="PEM CA that peers' certificates must be signed by; with --tls-cert, clients need one too (mutual TLS)",
+    )
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace, *, static: bool = False) -> RuntimeConfig:
+    def from_args(cls, args: argparse.Namespace, *, static: bool = False, **overrides: Any) -> RuntimeConfig:
         """The config the runtime flags (`dynamo_nb.flags.add_runtime_args`) give; ``static``:
         the component runs without discovery whatever ``--static`` says."""
-        return cls(
-            discovery=args.discovery,
-            runtime=getattr(args, "runtime", cls.runtime),
-            request_plane=args.request_plane,
-            nats_url=args.nats_url,
-            lease_ttl=args.lease_ttl,
-            tcp_host=args.tcp_host,
-            tcp_port=args.tcp_port,
-            tcp_advertise_host=args.tcp_advertise_host,
-            system_host=args.system_host,
-            system_port=args.system_port,
-            static=static or args.static,
-            connect_timeout=args.connect_timeout,
-            cluster_secret_file=args.cluster_secret_file,
-            tls_cert=args.tls_cert,
-            tls_key=args.tls_key,
-            tls_ca=args.tls_ca,
-            allow_unauthenticated=getattr(args, "allow_unauthenticated", False),
-        )
+        config = super().from_args(args, **overrides)
+        return replace(config, static=True) if static else config
 
     async def start(self) -> DistributedRuntime:
         """Create the runtime, with its system status server (``/live``, ``/health``) when

@@ -28,6 +28,7 @@ import signal
 import sys
 from typing import Any
 
+from ..frontend.error_envelope import error_body
 from ..http import (
     ConnectionGuard,
     Handler,
@@ -50,14 +51,9 @@ def _event(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-def _error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error envelope."""
-    kind = "invalid_request_error" if status < 500 else "internal_error"
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
-
-
 def _error(status: int, message: str, param: str | None = None) -> HttpResponse:
-    return json_response(_error_body(status, message, param), status=status)
+    """OpenAI's error envelope, the frontend's own (`dynamo_nb.frontend.error_envelope`)."""
+    return json_response(error_body(status, message, param), status=status)
 
 
 class _Answer:
@@ -121,7 +117,7 @@ class StubServer:
             "/v1/chat/completions": {"POST": stub._chat},
             "/v1/completions": {"POST": stub._completions},
         }
-        server = HttpServer(routes, ConnectionGuard(), error_body=_error_body, name="the stub")
+        server = HttpServer(routes, ConnectionGuard(), error_body=error_body, name="the stub")
         await server.start(host, port)
         stub._server = server
         stub.url = f"http://{host}:{server.port}"
