@@ -27,8 +27,8 @@ from dynamo_nb.notebook.component_program import load_router_policy
 from dynamo_nb.runtime import (
     announce_ready,
     configure_logging,
+    kit_runtime_from_args,
     run_program,
-    runtime_from_args,
     shutdown_on_signals,
 )
 
@@ -51,7 +51,7 @@ async def main(argv: list[str] | None = None) -> int:
     policy = load_router_policy(config.router_policy) if config.router_policy else None
 
     # static discovery with --static-endpoint: the one model the flags name, no etcd
-    runtime: DistributedRuntime = await runtime_from_args(args, static=args.static_endpoint is not None)
+    runtime: DistributedRuntime = await kit_runtime_from_args(args, static=args.static_endpoint is not None)
     # HTTP, router mode, KV router settings; with --static-endpoint the model is given here
     frontend = await Frontend.start(runtime, config, router_policy=policy)
     shutdown_on_signals(runtime)

@@ -20,7 +20,7 @@ from .flags import add_endpoint_arg, component_parser
 from .launch.services import LocalServices
 from .runtime.context import Context
 from .runtime.distributed import DistributedRuntime
-from .runtime.program import configure_logging, runtime_from_args, shutdown_on_signals
+from .runtime.program import configure_logging, kit_runtime_from_args, shutdown_on_signals
 
 __all__ = ["generate", "run_demo", "serve_worker"]
 
@@ -122,7 +122,7 @@ async def serve_worker(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     _quiet_expected_errors()
-    runtime = await runtime_from_args(args)
+    runtime = await kit_runtime_from_args(args)
     shutdown_on_signals(runtime)
     await runtime.endpoint(args.endpoint).serve_endpoint(generate)
     return 0

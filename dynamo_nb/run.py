@@ -24,7 +24,7 @@ from . import flags
 from .errors import ConfigError
 from .runtime.distributed import DistributedRuntime
 from .runtime.names import EndpointPath
-from .runtime.program import announce_ready, configure_logging, runtime_from_args, shutdown_on_signals
+from .runtime.program import announce_ready, configure_logging, kit_runtime_from_args, shutdown_on_signals
 
 if TYPE_CHECKING:
     from .router.function import PickFunction
@@ -94,7 +94,7 @@ async def run(argv: list[str] | None = None) -> int:
 
     # --router-policy FILE[:NAME]: loaded (and checked) before anything starts
     policy = load_router_policy(args.router_policy) if in_path is None and args.router_policy else None
-    runtime = await runtime_from_args(args, static=args.static_endpoint is not None)
+    runtime = await kit_runtime_from_args(args, static=args.static_endpoint is not None)
     closers: list[Any] = []
     try:
         shutdown_on_signals(runtime)  # from the start: READY lines below are true once printed
@@ -130,7 +130,7 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
     worker = await serve_engine(runtime, WorkerRole.from_args(args), model_path, model_name, make_engine)
     closers.append(worker.engine.close)
     worker.announce()
-    return worker.card.name
+    return worker.model_name
 
 
 async def _start_frontend(

@@ -30,50 +30,48 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ..disagg.modes import WorkerRole
+from ..errors import ConfigError
 from ..llm.register import serve_llm
 from ..router.kv.kv_events import KvEventPublisher
+from ..runtime.distributed import DistributedRuntime
 from ..runtime.program import announce_ready
+from ..runtime.serving import ServedInstance, ServingEndpoint, ServingRuntime
 from .base import Engine, KvEventSink, stats_handler
 
 if TYPE_CHECKING:
     from ..llm.card import ModelCard
-    from ..runtime.distributed import DistributedRuntime, Endpoint
-    from ..runtime.server import EndpointServer
 
-__all__ = ["EngineWorker", "serve_engine", "serve_engines_on"]
+__all__ = ["EngineFactory", "EngineWorker", "ServesEngines", "serve_engine"]
 
 EngineFactory = Callable[[KvEventSink | None], "Engine | Awaitable[Engine]"]
 """``make_engine(kv_events)``: builds the engine with its KV-event sink (may be a coroutine)."""
 
 
-EngineServer = Callable[..., Awaitable[Any]]
-"""Serves an engine on another runtime: ``(runtime, role, model_path, model_name, make_engine)``."""
-_OTHER_RUNTIMES: dict[type, EngineServer] = {}
+@runtime_checkable
+class ServesEngines(Protocol):
+    """A runtime that is not the kit's and serves engines its own way (registering the model
+    with its own calls): NVIDIA Dynamo's, `dynamo_nb.on_dynamo.DynamoRuntime`. `serve_engine`
+    hands such a runtime the engine to serve."""
 
-
-def serve_engines_on(runtime_type: type, serve: EngineServer) -> None:
-    """Serve engines on runtimes of ``runtime_type`` with ``serve`` (another runtime's way of
-    registering a model and serving it: `dynamo_nb.on_dynamo` registers NVIDIA Dynamo's when it
-    is imported). `serve_engine` then hands such a runtime to it.
-
-    Example::
-
-        serve_engines_on(DynamoRuntime, serve_engine_on_dynamo)
-    """
-    _OTHER_RUNTIMES[runtime_type] = serve
+    async def serve_engine(
+        self, role: WorkerRole, model_path: Path, model_name: str, make_engine: EngineFactory
+    ) -> EngineWorker: ...
 
 
 @dataclass
 class EngineWorker:
-    """A served engine: the engine, its endpoint, the server and the published model card."""
+    """A served engine, on whichever runtime: the engine, its endpoint, the server, the name its
+    model is served as and, on the kit's runtime, the model card it published (None where the
+    runtime registers models its own way)."""
 
     engine: Engine
-    endpoint: Endpoint
-    server: EndpointServer
-    card: ModelCard
+    endpoint: ServingEndpoint
+    server: ServedInstance
+    model_name: str
+    card: ModelCard | None = None
 
     def announce(self) -> None:
         """Print the worker's READY line: ``READY <endpoint> instance=<id> address=<address> model=<name>``."""
@@ -81,24 +79,27 @@ class EngineWorker:
             str(self.endpoint.path),
             instance=f"{self.server.instance_id:x}",
             address=self.server.address,
-            model=self.card.name,
+            model=self.model_name,
         )
 
 
 async def serve_engine(
-    runtime: DistributedRuntime,
+    runtime: ServingRuntime,
     role: WorkerRole,
     model_path: Path,
     model_name: str,
     make_engine: EngineFactory,
 ) -> EngineWorker:
     """Build the engine with ``make_engine(kv_events)`` and serve it in ``role`` (see the module
-    docstring). On NVIDIA Dynamo's runtime (``--runtime dynamo``) the engine is served and its
-    model registered with Dynamo's calls (`dynamo_nb.on_dynamo.serve_engine_on_dynamo`)."""
-    serve_elsewhere = _OTHER_RUNTIMES.get(type(runtime))
-    if serve_elsewhere is not None:  # another runtime (NVIDIA Dynamo's) serves it its own way
-        # an EngineWorker in all but type
-        return await serve_elsewhere(runtime, role, model_path, model_name, make_engine)
+    docstring). On NVIDIA Dynamo's runtime (``--runtime dynamo``) the runtime serves it and
+    registers its model with Dynamo's calls (a `ServesEngines`:
+    `dynamo_nb.on_dynamo.serve_engine_on_dynamo`)."""
+    if not isinstance(runtime, DistributedRuntime):
+        if isinstance(runtime, ServesEngines):  # another runtime (NVIDIA Dynamo's) serves it its own way
+            return await runtime.serve_engine(role, model_path, model_name, make_engine)
+        raise ConfigError(
+            f"{type(runtime).__name__} serves no engines: run the worker with --runtime dynamo_nb"
+        )
     endpoint = runtime.endpoint(role.endpoint)
     publisher = await KvEventPublisher.for_worker(runtime, endpoint.component())
     made = make_engine(publisher.publish if publisher is not None else None)
@@ -125,4 +126,4 @@ async def serve_engine(
     except BaseException:
         await engine.close()
         raise
-    return EngineWorker(engine, endpoint, server, card)
+    return EngineWorker(engine, endpoint, server, card.name, card)

@@ -68,8 +68,7 @@ from ..runtime.program import (
 if TYPE_CHECKING:
     from ..engines.engine_worker import EngineWorker
     from ..llm.protocol import PreprocessedRequest
-    from ..runtime.distributed import DistributedRuntime
-    from ..runtime.server import EndpointServer
+    from ..runtime.serving import ServedInstance, ServingRuntime
 
 __all__ = [
     "ComponentProgram",
@@ -183,7 +182,7 @@ class ComponentProgram:
         """``main`` as a program (on uvloop when installed): ``sys.exit(program.run())``."""
         return run_program(self.main)
 
-    async def _serve_args(self, runtime: DistributedRuntime, args: argparse.Namespace) -> Any:
+    async def _serve_args(self, runtime: ServingRuntime, args: argparse.Namespace) -> Any:
         raise NotImplementedError
 
     def _announce(self, served: Any, args: argparse.Namespace) -> None:
@@ -223,14 +222,15 @@ class HandlerProgram(ComponentProgram):
     def _add_kind_flags(self, parser: argparse.ArgumentParser) -> None:
         add_endpoint_arg(parser, self.endpoint)
 
-    async def serve(self, runtime: DistributedRuntime, *argv: str | int | float) -> EndpointServer:
-        """Serve the handler on ``runtime`` (at ``--endpoint``, as ``argv`` sets it); returns at once."""
+    async def serve(self, runtime: ServingRuntime, *argv: str | int | float) -> ServedInstance:
+        """Serve the handler on ``runtime`` (at ``--endpoint``, as ``argv`` sets it); returns at
+        once (on the kit's runtime, with its `dynamo_nb.EndpointServer`)."""
         return await self._serve_args(runtime, self.parse_args(list(argv)))
 
-    async def _serve_args(self, runtime: DistributedRuntime, args: argparse.Namespace) -> EndpointServer:
+    async def _serve_args(self, runtime: ServingRuntime, args: argparse.Namespace) -> ServedInstance:
         return await runtime.endpoint(args.endpoint).serve(self.handler)
 
-    def _announce(self, served: EndpointServer, args: argparse.Namespace) -> None:
+    def _announce(self, served: ServedInstance, args: argparse.Namespace) -> None:
         announce_ready(args.endpoint, instance=f"{served.instance_id:x}", address=served.address)
 
 
@@ -283,13 +283,13 @@ class EngineProgram(ComponentProgram):
         if self.model_name is not None:
             parser.set_defaults(model_name=self.model_name)
 
-    async def serve(self, runtime: DistributedRuntime, *argv: str | int | float) -> EngineWorker:
+    async def serve(self, runtime: ServingRuntime, *argv: str | int | float) -> EngineWorker:
         """Build the engine from ``argv`` (this program's flags) and serve it on ``runtime``, with
         its model card published; returns the `EngineWorker` at once (``await worker.engine.close()``
         when done)."""
         return await self._serve_args(runtime, self.parse_args(list(argv)))
 
-    async def _serve_args(self, runtime: DistributedRuntime, args: argparse.Namespace) -> EngineWorker:
+    async def _serve_args(self, runtime: ServingRuntime, args: argparse.Namespace) -> EngineWorker:
         from ..disagg.modes import WorkerRole
         from ..engines.engine_worker import serve_engine
         from ..llm import model_from_args

@@ -27,11 +27,10 @@ from .frontend import DynamoFrontend, launch_dynamo_frontend
 from .kv_publisher import DynamoKvEvents
 from .planes import DynamoPlanes
 from .runtime import DynamoEndpoint, DynamoRuntime, DynamoServer
-from .worker import DynamoEngineWorker, serve_engine_on_dynamo
+from .worker import serve_engine_on_dynamo
 
 __all__ = [
     "DynamoEndpoint",
-    "DynamoEngineWorker",
     "DynamoFrontend",
     "DynamoKvEvents",
     "DynamoPlanes",

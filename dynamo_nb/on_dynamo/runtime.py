@@ -31,7 +31,12 @@ from ..runtime.streams import closing
 from .planes import DynamoPlanes
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..disagg.modes import WorkerRole
+    from ..engines.engine_worker import EngineFactory, EngineWorker, ServesEngines
     from ..runtime.program import RuntimeConfig
+    from ..runtime.serving import ServingRuntime
 
 __all__ = ["DynamoEndpoint", "DynamoRuntime", "DynamoServer", "runtime_from_config"]
 
@@ -94,6 +99,16 @@ class DynamoRuntime:
     @property
     def is_shutdown(self) -> bool:
         return self._closed.is_set()
+
+    async def serve_engine(
+        self, role: WorkerRole, model_path: Path, model_name: str, make_engine: EngineFactory
+    ) -> EngineWorker:
+        """Serve an engine as Dynamo's workers serve theirs, its model registered with Dynamo's
+        ``register_model`` (`dynamo_nb.on_dynamo.worker.serve_engine_on_dynamo`): what
+        `dynamo_nb.engines.engine_worker.serve_engine` asks of a runtime that is not the kit's."""
+        from .worker import serve_engine_on_dynamo
+
+        return await serve_engine_on_dynamo(self, role, model_path, model_name, make_engine)
 
     def endpoint(self, path: str | EndpointPath) -> DynamoEndpoint:
         """The endpoint ``ns.comp.ep`` on Dynamo's runtime."""
@@ -235,3 +250,11 @@ async def runtime_from_config(config: RuntimeConfig) -> DynamoRuntime:
         system_host=config.system_host,
     )
     return await DynamoRuntime.create(planes)
+
+
+if TYPE_CHECKING:
+
+    def _runs_the_kits_programs(runtime: DynamoRuntime) -> tuple[ServingRuntime, ServesEngines]:
+        """mypy checks here that Dynamo's runtime is one a component's ``main`` and
+        `dynamo_nb.engines.engine_worker.serve_engine` take."""
+        return runtime, runtime

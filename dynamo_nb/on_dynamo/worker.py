@@ -2,7 +2,8 @@
 with Dynamo's ``register_model``, its method served with Dynamo's ``serve_endpoint``.
 
 `dynamo_nb.engines.engine_worker.serve_engine` comes here when the runtime is a `DynamoRuntime`
-(``--runtime dynamo``), so every engine worker and `dynamo_nb.EngineProgram` takes the flag.
+(``--runtime dynamo``: its `DynamoRuntime.serve_engine`), so every engine worker and
+`dynamo_nb.EngineProgram` takes the flag.
 
 Example::
 
@@ -15,47 +16,25 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..disagg.decode import DecodeHandler
 from ..disagg.roles import DisaggregatedEngine
 from ..engines.base import stats_handler
-from ..engines.engine_worker import serve_engines_on
+from ..engines.engine_worker import EngineWorker
 from ..errors import ConfigError
 from ..llm.register import engine_handler
-from ..runtime.program import announce_ready
 from ..runtime.streams import closing
 from .kv_publisher import DynamoKvEvents
-from .runtime import DynamoEndpoint, DynamoRuntime, DynamoServer
 
 if TYPE_CHECKING:
     from ..disagg.modes import WorkerRole
     from ..engines.base import Engine
     from ..engines.engine_worker import EngineFactory
+    from .runtime import DynamoRuntime
 
-__all__ = ["DynamoEngineWorker", "serve_engine_on_dynamo", "with_handoff_token"]
-
-
-@dataclass
-class DynamoEngineWorker:
-    """A served engine on Dynamo's runtime: the engine, its endpoint, the server and the name
-    its model is registered under (what `dynamo_nb.engines.engine_worker.EngineWorker` is on ours)."""
-
-    engine: Engine
-    endpoint: DynamoEndpoint
-    server: DynamoServer
-    model_name: str
-
-    def announce(self) -> None:
-        """Print the READY line, as on our runtime: ``READY <endpoint> instance=<id> address=dynamo+tcp model=<name>``."""
-        announce_ready(
-            str(self.endpoint.path),
-            instance=f"{self.server.instance_id:x}",
-            address=self.server.address,
-            model=self.model_name,
-        )
+__all__ = ["serve_engine_on_dynamo", "with_handoff_token"]
 
 
 async def serve_engine_on_dynamo(
@@ -64,7 +43,7 @@ async def serve_engine_on_dynamo(
     model_path: Path,
     model_name: str,
     make_engine: EngineFactory,
-) -> DynamoEngineWorker:
+) -> EngineWorker:
     """Build the engine (its KV events going to Dynamo's KV publisher: `DynamoKvEvents`) and
     serve it on Dynamo's runtime in ``role``,
     its model registered as Dynamo's workers register theirs (tokens in; the engine's KV block
@@ -140,7 +119,7 @@ async def serve_engine_on_dynamo(
     except BaseException:
         await engine.close()
         raise
-    return DynamoEngineWorker(engine, endpoint, server, model_name)
+    return EngineWorker(engine, endpoint, server, model_name)
 
 
 def with_handoff_token(request: Any) -> Any:
@@ -167,6 +146,3 @@ def with_handoff_token(request: Any) -> Any:
     else:
         return request
     return {**request, "bootstrap_info": {**info, "bootstrap_token": token}}
-
-
-serve_engines_on(DynamoRuntime, serve_engine_on_dynamo)  # `serve_engine` hands a DynamoRuntime here

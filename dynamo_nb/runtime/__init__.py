@@ -13,6 +13,8 @@ Everything a worker or a frontend needs to find and call the others lives here:
 - ``security.py``: who may connect to the TCP plane and the bootstrap server (a cluster secret, TLS);
 - ``addresses.py``: `AddressRule`, the host a server listens on and the one it advertises;
 - ``program.py``: running a component as a program (signals, logging, its READY line);
+  ``serving.py``: `ServingRuntime`, what a component's ``main`` uses of a runtime (the kit's
+  or NVIDIA Dynamo's);
   ``startup.py``: `wait_for_service`, etcd and NATS tried until they answer;
   ``system_status.py``: a worker's ``/live`` and ``/health`` (``--system-port``).
 
@@ -38,6 +40,7 @@ from .program import (
     announce_ready,
     configure_logging,
     dynamo_worker,
+    kit_runtime_from_args,
     parse_ready_line,
     ready_line,
     run_program,
@@ -46,6 +49,7 @@ from .program import (
 )
 from .security import ClusterSecret, PlaneSecurity, TlsFiles
 from .server import EndpointServer, Handler
+from .serving import ServedInstance, ServingEndpoint, ServingRuntime
 
 __all__ = [
     "Client",
@@ -62,11 +66,15 @@ __all__ = [
     "PlaneSecurity",
     "ResponseStream",
     "RuntimeConfig",
+    "ServedInstance",
+    "ServingEndpoint",
+    "ServingRuntime",
     "TlsFiles",
     "announce_ready",
     "configure_logging",
     "dynamo_worker",
     "format_instance_id",
+    "kit_runtime_from_args",
     "parse_instance_id",
     "parse_ready_line",
     "ready_line",

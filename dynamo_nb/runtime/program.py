@@ -43,6 +43,7 @@ from ..telemetry.tracing import enable_tracing_from_env, flush_tracing
 from .discovery import DEFAULT_LEASE_TTL
 from .distributed import DistributedRuntime
 from .security import PlaneSecurity, configure
+from .serving import ServingRuntime
 from .system_status import start_system_status
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "announce_ready",
     "configure_logging",
     "dynamo_worker",
+    "kit_runtime_from_args",
     "parse_ready_line",
     "ready_line",
     "run_program",
@@ -132,7 +134,7 @@ def program_name() -> str:
     return stem if stem and stem not in ("-c", "-m") else "python"
 
 
-def shutdown_on_signals(*runtimes: DistributedRuntime) -> Callable[[], None]:
+def shutdown_on_signals(*runtimes: ServingRuntime) -> Callable[[], None]:
     """Make SIGINT and SIGTERM shut ``runtimes`` down; returns a function that undoes it.
 
     Pass every runtime of the process in one call (a later call replaces the handlers).
@@ -382,19 +384,29 @@ class RuntimeConfig(Settings):
         config = super().from_args(args, **overrides)
         return replace(config, static=True) if static else config
 
-    async def start(self) -> DistributedRuntime:
-        """Create the runtime, with its system status server (``/live``, ``/health``) when
-        ``system_port`` is 0 or more; what peers must present (the cluster secret, TLS) holds for
-        the whole process (`dynamo_nb.runtime.security.configure`). With ``runtime="dynamo"``:
-        NVIDIA Dynamo's runtime (`dynamo_nb.on_dynamo.DynamoRuntime`), created from these settings."""
+    async def start(self) -> ServingRuntime:
+        """The runtime ``runtime`` names, started: the kit's (`start_kit`), or with
+        ``runtime="dynamo"`` NVIDIA Dynamo's (`dynamo_nb.on_dynamo.DynamoRuntime`), created from
+        these settings; either serves what a component's ``main`` serves (`ServingRuntime`)."""
         starter = OTHER_RUNTIMES.get(self.runtime)
-        if starter is not None:
-            module, _, name = starter.partition(":")
-            start_other = getattr(importlib.import_module(module), name)
-            return await start_other(self)  # the other runtime, duck-typed as ours
+        if starter is None:
+            return await self.start_kit()
+        module, _, name = starter.partition(":")
+        start_other = getattr(importlib.import_module(module), name)
+        runtime: ServingRuntime = await start_other(self)
+        return runtime
+
+    async def start_kit(self) -> DistributedRuntime:
+        """The kit's own runtime, with its system status server (``/live``, ``/health``) when
+        ``system_port`` is 0 or more; what peers must present (the cluster secret, TLS) holds for
+        the whole process (`dynamo_nb.runtime.security.configure`). A program that needs the
+        kit's runtime (the frontend) starts this one: another ``runtime`` is refused, saying so."""
         if self.runtime != "dynamo_nb":
             raise ConfigError(
-                f"--runtime {self.runtime!r}: use dynamo_nb (the kit's) or dynamo (NVIDIA Dynamo's)"
+                f"--runtime {self.runtime!r}: this program runs on the kit's runtime (dynamo_nb); on NVIDIA "
+                "Dynamo's runtime its frontend is python -m dynamo.frontend"
+                if self.runtime in RUNTIMES
+                else f"--runtime {self.runtime!r}: use dynamo_nb (the kit's) or dynamo (NVIDIA Dynamo's)"
             )
         security = PlaneSecurity.from_settings(
             self.cluster_secret_file, self.tls_cert, self.tls_key, self.tls_ca, self.allow_unauthenticated
@@ -420,10 +432,16 @@ class RuntimeConfig(Settings):
         return runtime
 
 
-async def runtime_from_args(args: argparse.Namespace, *, static: bool = False) -> DistributedRuntime:
-    """The runtime the runtime flags describe: `RuntimeConfig.from_args` (``static``: no discovery
-    whatever ``--static`` says, as a frontend's ``--static-endpoint``), started."""
+async def runtime_from_args(args: argparse.Namespace, *, static: bool = False) -> ServingRuntime:
+    """The runtime the runtime flags describe (``--runtime``: the kit's or NVIDIA Dynamo's):
+    `RuntimeConfig.from_args` (``static``: no discovery whatever ``--static`` says), started."""
     return await RuntimeConfig.from_args(args, static=static).start()
+
+
+async def kit_runtime_from_args(args: argparse.Namespace, *, static: bool = False) -> DistributedRuntime:
+    """`runtime_from_args` for a program that runs on the kit's runtime only (the frontend: as a
+    frontend's ``--static-endpoint``, ``static`` runs it without discovery)."""
+    return await RuntimeConfig.from_args(args, static=static).start_kit()
 
 
 def configure_logging(level: str = "INFO", service: str | None = None) -> None:
