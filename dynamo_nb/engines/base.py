@@ -46,7 +46,9 @@ Example:
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..llm.limits import check_context
@@ -55,6 +57,7 @@ from ..runtime.context import Context
 
 __all__ = [
     "Engine",
+    "EngineClass",
     "KvEvent",
     "KvEventSink",
     "stats_handler",
@@ -86,9 +89,16 @@ class Engine(Protocol):
             read it to see a cancelled request leave).
     """
 
-    max_num_seqs: int | None
-    block_size: int | None
-    context_length: int | None
+    # read by its worker, never set there: read-only members, so an engine may declare them as
+    # plain ints (a narrower type) or as properties
+    @property
+    def max_num_seqs(self) -> int | None: ...
+
+    @property
+    def block_size(self) -> int | None: ...
+
+    @property
+    def context_length(self) -> int | None: ...
 
     @property
     def active(self) -> int: ...
@@ -120,6 +130,22 @@ def token_budget(request: PreprocessedRequest, context_length: int | None) -> in
     check_context(prompt, None, context_length)  # the prompt alone fills it: refused
     room = context_length - prompt
     return room if asked is None else min(asked, room)
+
+
+class EngineClass(Protocol):
+    """An engine class a worker builds from its flags: its classmethod coroutine ``from_args``
+    (every engine of the kit has one; `dynamo_nb.EngineProgram` serves any class that does).
+    The flags are the worker's parsed ones, ``model_path`` the model folder they chose, and
+    ``kv_events`` where the engine sends its KV events (None: nowhere).
+
+    Example::
+
+        engine = await HFEngine.from_args(args, model_path, kv_events=publisher.publish)
+    """
+
+    def from_args(
+        self, args: argparse.Namespace, model_path: str | Path, *, kv_events: KvEventSink | None = None
+    ) -> Awaitable[Engine]: ...
 
 
 def stats_handler(stats: Callable[[], dict[str, Any]]) -> Callable[..., AsyncIterator[dict[str, Any]]]:

@@ -39,7 +39,7 @@ from ..router.kv.kv_events import KvEventPublisher
 from ..runtime.distributed import DistributedRuntime
 from ..runtime.program import announce_ready
 from ..runtime.serving import ServedInstance, ServingEndpoint, ServingRuntime
-from .base import Engine, KvEventSink, stats_handler
+from .base import Engine, EngineClass, KvEventSink, stats_handler
 
 if TYPE_CHECKING:
     from ..llm.card import ModelCard
@@ -127,3 +127,15 @@ async def serve_engine(
         await engine.close()
         raise
     return EngineWorker(engine, endpoint, server, card.name, card)
+
+
+if TYPE_CHECKING:
+    from .echo import EchoEngine
+    from .hf import HFEngine
+    from .mocker import MockerEngine
+    from .sglang import SglangEngine
+    from .vllm import VllmEngine
+
+    def _every_engine_builds_from_its_flags() -> list[EngineClass]:
+        """mypy checks here that each engine of the kit has the `EngineClass` ``from_args``."""
+        return [EchoEngine, HFEngine, MockerEngine, SglangEngine, VllmEngine]

@@ -66,6 +66,7 @@ from ..runtime.program import (
 )
 
 if TYPE_CHECKING:
+    from ..engines.base import EngineClass
     from ..engines.engine_worker import EngineWorker
     from ..llm.protocol import PreprocessedRequest
     from ..runtime.serving import ServedInstance, ServingRuntime
@@ -253,7 +254,7 @@ class EngineProgram(ComponentProgram):
 
     kind = "engine"
 
-    def __init__(self, engine_class: Any, *, model_name: str | None = None, **options: Any) -> None:
+    def __init__(self, engine_class: EngineClass, *, model_name: str | None = None, **options: Any) -> None:
         super().__init__(**options)
         if not callable(getattr(engine_class, "from_args", None)):
             raise ConfigError(
@@ -266,7 +267,7 @@ class EngineProgram(ComponentProgram):
 
     @property
     def name(self) -> str:
-        return str(self.deployment.get("name") or self.engine_class.__name__)
+        return str(self.deployment.get("name") or getattr(self.engine_class, "__name__", "engine"))
 
     def _engine_flags_note(self) -> str:
         name = getattr(self.engine_class, "__name__", "the engine")
