@@ -58,13 +58,13 @@ async def main(requests: int) -> dict[str, Any]:
     rows = []
     try:
         for batch_decode in (True, False):  # warm-up
-            engine.batch_decode = batch_decode
+            engine.scheduler.batch_decode = batch_decode
             await throughput(engine, prompts, 2, 4)
         for level in LEVELS:
             count = max(requests if level > 1 else requests // 4, level)
             best = {"batched": 0.0, "one_by_one": 0.0}
             for name in ["batched", "one_by_one"] * 2:  # ABAB, best of two
-                engine.batch_decode = name == "batched"
+                engine.scheduler.batch_decode = name == "batched"
                 best[name] = max(best[name], await throughput(engine, prompts, level, count))
             rows.append(
                 {

@@ -12,8 +12,9 @@ built-in tokenizer: no hub), one engine, run three ways at each concurrency c:
   its output tokens/s, the usual "just call generate" reference.
 
 A burst is c requests sent at once (prompts of each ``--prompt-tokens`` length, random ids; ``--tokens``
-output tokens each, eos ignored); each level runs a warm-up burst and then ``--bursts`` measured
-ones. Reported per level and way: TTFT p50/p90, ITL p50/p99 (ms), output tokens/s; ratios
+output tokens each, eos ignored); each level runs a warm-up burst of each way and then ``--bursts``
+measured ones of each, the two ways interleaved and their order swapped every round (so neither
+gains from running second: a lone request, which runs the same steps either way, measures level). Reported per level and way: TTFT p50/p90, ITL p50/p99 (ms), output tokens/s; ratios
 batched / baseline and batched / generate. Writes ``benchmarks/results/hf_engine.json`` (or
 ``hf_engine_<device>.json`` off CPU) with the device's name.
 
@@ -176,10 +177,15 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         for prompt_tokens, level in [(n, c) for n in args.prompt_tokens for c in args.levels]:
             prompts = [[rng.randrange(3, vocab) for _ in range(prompt_tokens)] for _ in range(level)]
             row: dict[str, Any] = {"prompt_tokens": prompt_tokens, "concurrency": level}
-            for way, (budget, chunked) in WAYS.items():
-                engine.max_num_batched_tokens, engine.enable_chunked_prefill = budget, chunked
-                await burst(engine, prompts, args.tokens)  # warm-up
-                runs = [await burst(engine, prompts, args.tokens) for _ in range(args.bursts)]
+            scheduler = engine.scheduler
+            measured: dict[str, list[dict[str, Any]]] = {way: [] for way in WAYS}
+            for round_ in range(args.bursts + 1):  # the ways interleaved, their order swapped each round
+                for way in list(WAYS)[:: 1 if round_ % 2 else -1]:
+                    scheduler.max_num_batched_tokens, scheduler.enable_chunked_prefill = WAYS[way]
+                    run = await burst(engine, prompts, args.tokens)
+                    if round_:  # the first round warms both up
+                        measured[way].append(run)
+            for way, runs in measured.items():
                 ttft = [t * 1000 for run in runs for t in run["ttft"]]
                 itl = [t * 1000 for run in runs for t in run["itl"]]
                 row[way] = {

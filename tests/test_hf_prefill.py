@@ -34,7 +34,7 @@ def tokens_of(items: list[dict[str, Any]]) -> list[int]:
 async def arrive_and_run(engine: HFEngine, ids: list[int], max_tokens: int, at_step: int) -> list[int]:
     """Send the request once the engine has run ``at_step`` steps (or runs nothing): it arrives
     while others prefill or decode. Its greedy tokens."""
-    await until(lambda: engine.steps_total >= at_step or not engine.active, timeout=60)
+    await until(lambda: engine.scheduler.steps_total >= at_step or not engine.active, timeout=60)
     return tokens_of(await collect(engine.generate(greedy(ids, max_tokens))))
 
 
@@ -100,7 +100,7 @@ async def test_greedy_tokens_do_not_depend_on_batching_chunking_or_the_prefix_ca
                 order = list(range(len(prompts)))
                 rng.shuffle(order)
 
-                start = engine.steps_total
+                start = engine.scheduler.steps_total
                 together = await asyncio.gather(
                     *(
                         arrive_and_run(
@@ -184,7 +184,7 @@ async def test_a_request_cancelled_mid_prefill_lets_its_prefix_blocks_go(tiny_pa
         prompt = list(range(3, 83))  # 80 tokens: 20 steps of 4
         stream = engine.generate(greedy(prompt, 4))
         task = asyncio.create_task(anext(stream))
-        await until(lambda: engine.prefill_passes >= 3, timeout=60)  # mid-prefill
+        await until(lambda: engine.scheduler.prefill_passes >= 3, timeout=60)  # mid-prefill
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await stream.aclose()

@@ -240,7 +240,7 @@ async def test_hf_engine_batches_decodes_and_greedy_output_does_not_depend_on_th
     alone = [
         tokens_of(await collect(hf_engine.generate(req(greedy(ids, 12, ignore_eos=True))))) for ids in prompts
     ]
-    batched_before = hf_engine.batched_steps
+    batched_before = hf_engine.scheduler.batched_steps
 
     async def late(ids: list[int], lengths: int, delay: float) -> list[int]:
         await asyncio.sleep(delay)  # joins a batch that is already decoding
@@ -250,8 +250,8 @@ async def test_hf_engine_batches_decodes_and_greedy_output_does_not_depend_on_th
         late(prompts[0], 12, 0), late(prompts[1], 12, 0.01), late(prompts[2], 12, 0.03)
     )
     assert together == alone
-    assert hf_engine.batched_steps > batched_before  # decodes did share forward passes
-    assert hf_engine.stats()["batched_steps"] == hf_engine.batched_steps
+    assert hf_engine.scheduler.batched_steps > batched_before  # decodes did share forward passes
+    assert hf_engine.stats()["batched_steps"] == hf_engine.scheduler.batched_steps
 
 
 async def test_hf_engine_stops_on_eos(hf_engine: Any) -> None:

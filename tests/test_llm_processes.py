@@ -168,7 +168,10 @@ async def test_static_mode_on_nats_without_etcd(services: Any, start_worker: Any
             "--static-address",
         ),
         (["--model-name", "m"], "--discovery etcd://HOST:PORT"),
-        (["--runtime", "dynamo", "--discovery", "file:///tmp/x"], "its frontend is python -m dynamo.frontend"),
+        (
+            ["--runtime", "dynamo", "--discovery", "file:///tmp/x"],
+            "its frontend is python -m dynamo.frontend",
+        ),
     ],
 )
 def test_frontend_flags_fail_fast_with_the_fix(

@@ -4,7 +4,7 @@
   prefill and decode roles, is `dynamo_nb.disagg.roles`');
 - ``echo.py``: `EchoEngine`, zero cost, streams the prompt back (measures everything but the model);
 - ``hf.py``: `HFEngine`, a local Hugging Face model with PyTorch + transformers (the ``hf`` extra),
-  batched continuously; its step's parts: ``hf_batch.py`` (the decoding sequences as one batch kept
+  batched continuously by its step scheduler, ``hf_scheduler.py``; a step's parts: ``hf_batch.py`` (the decoding sequences as one batch kept
   across steps), ``hf_prefill.py`` (the step's prompt chunks, planned and run in one forward pass)
   and ``hf_sampling.py`` (every row's next token sampled on the device);
 - ``mocker.py``: `MockerEngine`, a simulated vLLM-style scheduler with a KV block manager and

@@ -1,7 +1,9 @@
 """The ``hf`` engine: a local Hugging Face model run with PyTorch + transformers (CPU or CUDA).
 
-Requests are batched continuously, as vLLM schedules them: a scheduler task runs one step at a
-time, in a worker thread so the event loop stays free, and hands each new token to its stream.
+Requests are batched continuously, as vLLM schedules them: a scheduler (`hf_scheduler`, as the
+mocker's is its own module) runs one step at a time, in a worker thread so the event loop stays
+free, and hands each new token to its stream; this module is the Engine API around it (the
+model loaded, requests in, tokens out, the prefill and decode roles).
 A step runs every decoding sequence in one batched forward pass (`hf_batch`) and the prompts
 waiting for their KV in another (`hf_prefill`), within a token budget
 (``max_num_batched_tokens``, decodes first); a prompt longer than what is left is prefilled in
@@ -29,58 +31,26 @@ import logging
 import random
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..disagg import KVLayout, pack_kv, unpack_kv
 from ..disagg.decode import fetch_prompt_kv
 from ..disagg.prefill import BootstrapRole
-from ..errors import ConfigError, EngineError
+from ..errors import ConfigError
 from ..llm.card import check_model_dir
 from ..llm.limits import RequestLimits
-from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, SamplingOptions
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from ..runtime.streams import closing
 from ..settings import env_default
 from .base import KvEvent, KvEventSink, token_budget
-from .hf_batch import DecodeBatch, can_batch
-from .hf_prefill import PrefillRow, plan_prefill, prefill_rows
-from .hf_sampling import sample_rows
-from .kv_cache.blocks import publish_kv_events
-from .kv_cache.prefix import PrefixCache, PrefixHit
-from .model_calls import attention_kernels, forward_with_cache, new_kv_cache
+from .hf_scheduler import StepScheduler, StepSequence, check_finish
+from .kv_cache.prefix import PrefixCache
 
 __all__ = ["HFEngine"]
 
 logger = logging.getLogger("dynamo_nb.engines.hf")
-
-
-@dataclass
-class _Sequence:
-    """One running request: its tokens, KV cache, sampler and the queue its stream reads."""
-
-    seq_id: int
-    prompt: list[int]
-    budget: int
-    sampling: SamplingOptions
-    eos: frozenset[int]
-    min_tokens: int
-    queue: asyncio.Queue[Any]
-    generator: Any
-    cache: Any = None
-    prefilled: int = 0  # prompt tokens whose KV is in ``cache``
-    hit: PrefixHit | None = None  # the prefix cache's blocks, held from the first chunk to the last
-    last_token: int = -1
-    generated: int = 0
-    finish: str | None = None
-    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (or the prefill's)
-    left: bool = False  # ended, cancelled or failed: no step runs it again
-
-    @property
-    def decoding(self) -> bool:
-        """Whether its whole prompt is in its KV cache (it gets a token each step)."""
-        return self.cache is not None and self.prefilled >= len(self.prompt)
 
 
 class HFEngine(BootstrapRole):
@@ -121,21 +91,22 @@ class HFEngine(BootstrapRole):
         self.block_size: int | None = block_size
         self.kv_timeout = kv_timeout
         self._admission = asyncio.Semaphore(max_num_seqs)
-        self._active: dict[int, _Sequence] = {}
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dynamo_nb-hf")
-        self._scheduler: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
         self._layout = KVLayout.of(model.config)
-        self.steps_total = 0
-        self.batch_decode = batch_decode  # one forward pass for every decoding sequence per step
-        self.batched_steps = 0  # steps whose decodes ran as one batch
-        self.max_num_batched_tokens = max_num_batched_tokens  # a step's tokens: decodes, then prompt chunks
-        self.enable_chunked_prefill = enable_chunked_prefill
-        self.prefill_passes = 0  # forward passes that prefilled prompt chunks
-        self.prefill_chunks = 0  # prompt chunks those passes ran (more than passes: prefills batched)
-        self._batch = DecodeBatch(model)  # the decoding sequences, stacked (engine thread only)
-        self._left: list[_Sequence] = []  # sequences that left since the last step (may hold prefix blocks)
+        self.scheduler = StepScheduler(
+            model,
+            device,
+            self._executor,
+            prefix_cache=prefix_cache,
+            kv_events=kv_events,
+            batch_decode=batch_decode,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+        )
+        """Runs the requests a step at a time (`dynamo_nb.engines.hf_scheduler.StepScheduler`):
+        its counters (``steps_total``, ``batched_steps``, ``prefill_passes``, ``prefill_chunks``)
+        and its step settings (``batch_decode``, ``max_num_batched_tokens``, ``enable_chunked_prefill``)."""
 
     @classmethod
     async def load(
@@ -255,7 +226,7 @@ class HFEngine(BootstrapRole):
     @property
     def active(self) -> int:
         """Sequences running now (a cancelled one leaves at once)."""
-        return len(self._active)
+        return len(self.scheduler.active)
 
     def stats(self) -> dict[str, int]:
         """Prefix cache hits (``prefix_hits`` of ``prompt_blocks`` full prompt blocks reused), model
@@ -266,10 +237,10 @@ class HFEngine(BootstrapRole):
             "prefix_hits": cache.prefix_hits if cache else 0,
             "prompt_blocks": cache.prompt_blocks if cache else 0,
             "cached_blocks": cache.cached_blocks if cache else 0,
-            "steps": self.steps_total,
-            "batched_steps": self.batched_steps,
-            "prefill_passes": self.prefill_passes,
-            "prefill_chunks": self.prefill_chunks,
+            "steps": self.scheduler.steps_total,
+            "batched_steps": self.scheduler.batched_steps,
+            "prefill_passes": self.scheduler.prefill_passes,
+            "prefill_chunks": self.scheduler.prefill_chunks,
             "active": self.active,
             "bootstrap_rooms": self.bootstrap.rooms if self.bootstrap is not None else 0,
             "kv_served": self.bootstrap.served_total if self.bootstrap is not None else 0,
@@ -297,7 +268,7 @@ class HFEngine(BootstrapRole):
         async with self._admission:
             seq = self._new_sequence(request, 1)
             try:
-                token, _finish = await self._next_token(seq)
+                token, _finish = await self.scheduler.next_token(seq)
                 layers = [(layer.keys, layer.values) for layer in seq.cache.layers]
                 header, payload = await asyncio.get_running_loop().run_in_executor(
                     self._executor, functools.partial(pack_kv, layers, first_token=token)
@@ -305,7 +276,7 @@ class HFEngine(BootstrapRole):
                 header["cached_tokens"] = seq.cached_tokens  # the decode reports what the prefill reused
                 return header, payload
             finally:
-                self._leave(seq)
+                self.scheduler.leave(seq)
 
     async def decode(
         self, request: PreprocessedRequest, context: Context | None = None
@@ -324,7 +295,7 @@ class HFEngine(BootstrapRole):
             seq.cache, seq.last_token, seq.generated = cache, header["first_token"], 1
             seq.prefilled = len(seq.prompt)
             seq.cached_tokens = int(header.get("cached_tokens") or 0)
-            _check_finish(seq, seq.last_token)
+            check_finish(seq, seq.last_token)
             if seq.finish is not None:
                 yield LLMEngineOutput.final(
                     [seq.last_token], seq.finish, prompt_tokens=len(seq.prompt), completion_tokens=1,
@@ -340,10 +311,10 @@ class HFEngine(BootstrapRole):
         """Refuse token ids outside the model's vocabulary (`InvalidRequestError`)."""
         RequestLimits(vocab_size=self.model.config.vocab_size).check(request)
 
-    def _new_sequence(self, request: PreprocessedRequest, budget: int) -> _Sequence:
+    def _new_sequence(self, request: PreprocessedRequest, budget: int) -> StepSequence:
         stop = request.stop_conditions
         eos = frozenset() if stop.ignore_eos else frozenset(request.eos_token_ids or self.eos_token_ids)
-        return _Sequence(
+        return StepSequence(
             seq_id=next(self._ids),
             prompt=request.token_ids,
             budget=budget,
@@ -354,23 +325,13 @@ class HFEngine(BootstrapRole):
             generator=_make_generator(self.device, request.sampling_options.seed),
         )
 
-    async def _next_token(self, seq: _Sequence) -> tuple[int, str | None]:
-        """Schedule ``seq`` (if it is not yet) and wait for its next token."""
-        if seq.seq_id not in self._active:
-            self._active[seq.seq_id] = seq
-            self._ensure_scheduler()
-        token, finish = await seq.queue.get()
-        if isinstance(token, BaseException):
-            raise token
-        return token, finish
-
-    async def _stream(self, seq: _Sequence, context: Context | None) -> AsyncIterator[LLMEngineOutput]:
+    async def _stream(self, seq: StepSequence, context: Context | None) -> AsyncIterator[LLMEngineOutput]:
         """Run ``seq`` to its end, one output per token; it leaves the scheduler however it ends."""
         prompt_tokens = len(seq.prompt)
         sent = seq.generated  # tokens already out (a decode's first token); the scheduler may run ahead
         try:
             while True:
-                token, finish = await self._next_token(seq)
+                token, finish = await self.scheduler.next_token(seq)
                 if finish is not None:
                     yield LLMEngineOutput.final(
                         [token], finish, prompt_tokens=prompt_tokens, completion_tokens=seq.generated,
@@ -386,16 +347,7 @@ class HFEngine(BootstrapRole):
                     )  # fmt: skip
                     return
         finally:
-            self._leave(seq)
-
-    def _leave(self, seq: _Sequence) -> None:
-        """``seq`` is done (ended, cancelled or failed): it leaves the scheduler and drops its KV;
-        prefix blocks it holds are let go by the engine thread at its next step (a step under way
-        may still be running it)."""
-        seq.left = True
-        self._active.pop(seq.seq_id, None)
-        seq.cache = None
-        self._left.append(seq)
+            self.scheduler.leave(seq)
 
     def _import_cache(self, header: dict[str, Any], payload: bytes) -> Any:
         """A DynamicCache from a received KV payload (runs in the engine's thread)."""
@@ -406,193 +358,15 @@ class HFEngine(BootstrapRole):
         layers = [(k.to(model_dtype), v.to(model_dtype)) for k, v in layers]
         return DynamicCache(ddp_cache_data=layers, config=self.model.config)
 
-    def _ensure_scheduler(self) -> None:
-        self._wake.set()
-        if self._scheduler is None or self._scheduler.done():
-            self._scheduler = asyncio.get_running_loop().create_task(
-                self._schedule(), name="dynamo_nb-hf-scheduler"
-            )
-
-    async def _schedule(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            if not self._active:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            batch = list(self._active.values())
-            try:
-                results = await loop.run_in_executor(self._executor, self._step_all, batch)
-            except Exception as exc:  # the model failed: every running stream gets the error
-                logger.exception("model step failed")
-                error = EngineError(f"the model step failed: {exc!r}")
-                for seq in batch:
-                    seq.queue.put_nowait((error, None))
-                    self._leave(seq)
-                continue
-            for seq, token in results:
-                if self._active.get(seq.seq_id) is seq:
-                    seq.queue.put_nowait((token, seq.finish))
-                    if seq.finish is not None:
-                        self._active.pop(seq.seq_id, None)
-            await self._publish_events()
-
-    async def _publish_events(self) -> None:
-        if self.prefix_cache is not None:
-            await publish_kv_events(self.kv_events, self.prefix_cache.drain_events())
-
-    def _step_all(self, batch: list[_Sequence]) -> list[tuple[_Sequence, int]]:
-        """One step (runs in the engine's thread): every decoding sequence in ``batch`` gets its
-        next token from one batched forward pass (a `DecodeBatch`, into which only joining
-        sequences are copied), and the prompts waiting for their KV run their planned chunks in another
-        (`plan_prefill`, `prefill_rows`); a prompt whose last chunk ran gets its first token. The
-        tokens are sampled together and copied to the host once. Returns (sequence, token) pairs."""
-        import torch
-
-        self._let_go_of_left_prefixes()
-        batch = [seq for seq in batch if not seq.left]  # (after the let-go: one that left now waits)
-        decoding = [seq for seq in batch if seq.decoding]
-        waiting = [seq for seq in batch if not seq.decoding]
-        sampled: list[_Sequence] = []
-        logits: list[Any] = []
-        try:
-            with torch.inference_mode(), attention_kernels(self.device):
-                if decoding:
-                    ordered, decode_logits = self._decode(decoding)
-                    logits.append(decode_logits)
-                    sampled += ordered
-                if waiting:
-                    ready, ready_logits = self._prefill(waiting, decodes=len(decoding))
-                    if ready:
-                        logits.append(ready_logits)
-                        sampled += ready
-                if not sampled:
-                    self.steps_total += 1
-                    return []
-                rows = logits[0] if len(logits) == 1 else torch.cat(logits)
-                tokens = sample_rows(
-                    rows, [seq.sampling for seq in sampled], [seq.generator for seq in sampled]
-                ).tolist()  # the step's one device-to-host copy
-        except BaseException:
-            self._batch.clear()  # its members fail with the step
-            for seq in waiting:
-                self._abandon_prefix(seq)
-            raise
-        self.steps_total += 1
-        for seq, token in zip(sampled, tokens, strict=True):
-            seq.last_token = token
-            seq.generated += 1
-            _check_finish(seq, token)
-        return list(zip(sampled, tokens, strict=True))
-
-    def _decode(self, decoding: list[_Sequence]) -> tuple[list[_Sequence], Any]:
-        """The decoding sequences' next-token logits: the sequences (in row order) and one row each."""
-        import torch
-
-        if self.batch_decode and len(decoding) > 1:
-            ordered = self._join_batch(decoding)
-            if ordered is not None:
-                self.batched_steps += 1
-                return ordered, self._batch.step([seq.last_token for seq in ordered])
-        rows = []
-        for seq in decoding:
-            seq.cache = self._own_cache(seq)
-            input_ids = torch.tensor([[seq.last_token]], device=self.device)
-            rows.append(forward_with_cache(self.model, seq.cache, input_ids=input_ids).logits[0, -1])
-        self._batch.clear()
-        return decoding, torch.stack(rows)
-
-    def _prefill(self, waiting: list[_Sequence], decodes: int) -> tuple[list[_Sequence], Any]:
-        """Run this step's prompt chunks (`plan_prefill` within the budget the ``decodes`` left) in
-        one forward pass; the sequences whose prompt is now whole, and their logits."""
-        for seq in waiting:
-            if seq.cache is None:  # a first chunk: start from the prompt's cached prefix
-                self._begin_prefill(seq)
-        sizes = plan_prefill(
-            [len(seq.prompt) - seq.prefilled for seq in waiting],
-            self.max_num_batched_tokens,
-            decodes=decodes,
-            chunked=self.enable_chunked_prefill,
-        )
-        chunked = waiting[: len(sizes)]
-        rows = [
-            PrefillRow(seq.cache, seq.prompt[seq.prefilled : seq.prefilled + size])
-            for seq, size in zip(chunked, sizes, strict=True)
-        ]
-        logits, caches = prefill_rows(self.model, rows)
-        self.prefill_passes += 1
-        self.prefill_chunks += len(rows)
-        ready = []
-        for index, (seq, size, cache) in enumerate(zip(chunked, sizes, caches, strict=True)):
-            seq.cache, seq.prefilled = cache, seq.prefilled + size
-            if seq.decoding:
-                ready.append(index)
-                if seq.hit is not None and self.prefix_cache is not None:
-                    self.prefix_cache.finish(seq.hit, cache)
-                    seq.hit = None
-        if len(ready) == len(rows):
-            return chunked, logits
-        return [chunked[index] for index in ready], logits[ready]
-
-    def _begin_prefill(self, seq: _Sequence) -> None:
-        """``seq``'s KV cache to start from: its prompt's cached prefix, or empty."""
-        if self.prefix_cache is None:
-            seq.cache = new_kv_cache(self.model)
-            return
-        seq.hit = self.prefix_cache.begin(seq.prompt)
-        seq.cache, seq.prefilled = seq.hit.past, seq.hit.reused
-        seq.cached_tokens = seq.hit.reused
-
-    def _abandon_prefix(self, seq: _Sequence) -> None:
-        """Let go of the prefix blocks ``seq`` holds, caching nothing new (its prefill failed or it left)."""
-        if seq.hit is not None and self.prefix_cache is not None:
-            self.prefix_cache.abandon(seq.hit)
-        seq.hit = None
-
-    def _let_go_of_left_prefixes(self) -> None:
-        while self._left:
-            self._abandon_prefix(self._left.pop())
-
-    def _join_batch(self, decoding: list[_Sequence]) -> list[_Sequence] | None:
-        """Make ``decoding`` the decode batch's members (those that left leave, new ones join);
-        the sequences in the batch's row order, or None when a joining cache cannot share a
-        forward pass (see `can_batch`: everyone then runs alone)."""
-        by_id = {seq.seq_id: seq for seq in decoding}
-        joining = [seq for seq in decoding if seq.cache is not self._batch]
-        if joining or len(self._batch.ids) != len(by_id):
-            if not can_batch([seq.cache for seq in joining]):
-                for seq in decoding:
-                    seq.cache = self._own_cache(seq)
-                self._batch.clear()
-                return None
-            self._batch.update(set(by_id), [(seq.seq_id, seq.cache) for seq in joining])
-            for seq in joining:
-                seq.cache = self._batch  # its KV lives in the batch until it runs alone again
-        return [by_id[seq_id] for seq_id in self._batch.ids]
-
-    def _own_cache(self, seq: _Sequence) -> Any:
-        """``seq``'s KV cache as its own ``DynamicCache`` (taken out of the batch if it is in it)."""
-        return self._batch.cache_of(seq.seq_id) if seq.cache is self._batch else seq.cache
-
     async def close(self) -> None:
         """Stop the scheduler and the bootstrap server, release the model thread."""
         await self.stop_bootstrap()
-        if self._scheduler is not None:
-            self._scheduler.cancel()
-            await asyncio.gather(self._scheduler, return_exceptions=True)
+        await self.scheduler.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     def __repr__(self) -> str:
         name = type(self).__name__ if type(self) is HFEngine else f"{type(self).__name__}(HFEngine)"
         return f"<{name} {self.model.config.model_type} on {self.device}, {self.active} active>"
-
-
-def _check_finish(seq: _Sequence, token: int) -> None:
-    """Set ``seq.finish`` when ``token`` (its latest) ends it: an eos past min_tokens, or the budget."""
-    if token in seq.eos and seq.generated > seq.min_tokens:
-        seq.finish = "stop"
-    elif seq.generated >= seq.budget:
-        seq.finish = "length"
 
 
 def _make_generator(device: str, seed: int | None) -> Any:
