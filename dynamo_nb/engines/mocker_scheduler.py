@@ -268,10 +268,6 @@ class MockerScheduler:
                 still.append(job)
         self.running = still
 
-    def step_seconds(self, chunks: list[tuple[MockJob, int]]) -> float:
-        """How long a step with these prefill ``chunks`` lasts (Dynamo's mocker model, scaled)."""
-        return sum(self.step_parts(chunks))
-
     def step_parts(self, chunks: list[tuple[MockJob, int]]) -> tuple[float, float]:
         """A step's prefill and decode seconds (Dynamo's mocker model, scaled)."""
         prefill = 0.0

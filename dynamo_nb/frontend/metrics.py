@@ -41,8 +41,6 @@ TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536)
 CACHED_TOKEN_BUCKETS = (0, 100, 210, 430, 870, 1800, 3600, 7400, 15000, 31000, 63000, 130000)  # Dynamo's
 OVERHEAD_MS_BUCKETS = tuple(0.01 * 3**k for k in range(17))  # Dynamo's: 0.01 ms to 430 s
 ROUTING_PHASES = ("block_hashing", "indexer_find_matches", "scheduling", "total")
-REUSE_STAGES = ("input", "seen_before", "best_prefix", "chosen_prefix", "reused")
-
 
 @dataclass
 class ModelMetrics:
