@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from .disagg.modes import WORKER_MODES, WorkerRole
+from .disagg.modes import DEFAULT_PREFILL_ENDPOINT, WorkerRole
 from .extras import broken_extra_error, extra_installed
 from .frontend.config import FrontendConfig
 from .runtime.names import DEFAULT_WORKER_ENDPOINT
@@ -55,7 +55,6 @@ __all__ = [
     "vllm_worker_parser",
 ]
 
-DEFAULT_PREFILL_ENDPOINT = WorkerRole.prefill_endpoint
 DEFAULT_ECHO_ENDPOINT = "dynamo.echo.generate"
 
 AddFlags = Callable[[argparse.ArgumentParser], None]
@@ -140,24 +139,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add_disagg_args(parser)
 
 
-def _add_prefill_endpoint_arg(group: argparse._ActionsContainer) -> None:
-    group.add_argument(
-        "--prefill-endpoint",
-        default=DEFAULT_PREFILL_ENDPOINT,
-        help="where prefill workers serve; a decode worker asks one itself when a request comes "
-        "without bootstrap info (default: %(default)s)",
-    )
-
-
-def _add_no_bootstrap_endpoint_arg(group: argparse._ActionsContainer) -> None:
-    group.add_argument(
-        "--no-bootstrap-endpoint",
-        action="store_true",
-        help="prefill: do not publish the bootstrap server as disaggregated_endpoint, so routers take "
-        "the fallback path (wait for disaggregated_params), as with engines that have none (default: off)",
-    )
-
-
 def _set_unused_bootstrap_defaults(parser: argparse.ArgumentParser) -> None:
     """An engine whose KV moves by its own means (vLLM's connector, SGLang's bootstrap server)
     has no flags for our bootstrap server: its `WorkerRole` gets the role's defaults (unused)."""
@@ -171,47 +152,15 @@ def _set_unused_bootstrap_defaults(parser: argparse.ArgumentParser) -> None:
 
 
 def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) -> None:
-    """Add ``--mode`` and the disaggregated-serving flags (an engine worker's role); with
-    ``bootstrap`` False only ``--mode`` and ``--prefill-endpoint`` (an engine whose own KV
-    connector moves the KV, such as vLLM)."""
-    disagg = parser.add_argument_group("disaggregated serving")
-    disagg.add_argument(
-        "--mode",
-        choices=WORKER_MODES,
-        default="aggregated",
-        help="worker role: aggregated (prefill + decode), prefill (serves at --prefill-endpoint, parks "
-        "KV caches in its bootstrap server) or decode (serves at --endpoint, fetches them) "
-        "(default: %(default)s)",
-    )
-    _add_prefill_endpoint_arg(disagg)
+    """Add ``--mode`` and the disaggregated-serving flags (an engine worker's role: the fields of
+    `dynamo_nb.disagg.modes.WorkerRole`, declared there); with ``bootstrap`` False only ``--mode``
+    and ``--prefill-endpoint`` (an engine whose own KV connector moves the KV, such as vLLM)."""
     if not bootstrap:
+        add_settings(parser, WorkerRole, only=("mode", "prefill_endpoint"))
         _set_unused_bootstrap_defaults(parser)
         return
-    disagg.add_argument(
-        "--bootstrap-host",
-        default=env_default("BOOTSTRAP_HOST", WorkerRole.bootstrap_host),
-        help="prefill: the host the bootstrap server (decode workers fetch KV caches from it) listens on "
-        "(env DYN_NB_BOOTSTRAP_HOST; default: as --tcp-host)",
-    )
-    disagg.add_argument(
-        "--bootstrap-advertise-host",
-        default=env_default("BOOTSTRAP_ADVERTISE_HOST", WorkerRole.bootstrap_advertise_host),
-        help="prefill: the host decode workers are told to fetch from (default: --bootstrap-host, or for "
-        "0.0.0.0 the address that reaches discovery; never a wildcard)",
-    )
-    disagg.add_argument(
-        "--bootstrap-port",
-        type=int,
-        default=WorkerRole.bootstrap_port,
-        help="prefill: its port (default: %(default)s, a free one)",
-    )
-    _add_no_bootstrap_endpoint_arg(disagg)
-    disagg.add_argument(
-        "--kv-ttl",
-        type=float,
-        default=WorkerRole.kv_ttl,
-        help="prefill: seconds a parked KV cache waits for its decode before it is dropped (default: %(default)s)",
-    )
+    add_settings(parser, WorkerRole)
+    disagg = next(g for g in parser._action_groups if g.title == "disaggregated serving")
     disagg.add_argument(
         "--kv-timeout",
         type=float,
@@ -488,9 +437,8 @@ def sglang_worker_parser(
         help="name the model is served as (default: --served-model-name, else the folder's name)",
     )
     add_endpoint_arg(ours, DEFAULT_WORKER_ENDPOINT)
-    _add_prefill_endpoint_arg(ours)
+    add_settings(ours, WorkerRole, only=("prefill_endpoint", "publish_handoff"))
     _set_unused_bootstrap_defaults(parser)
-    _add_no_bootstrap_endpoint_arg(ours)
     add_sglang_args(parser)
     add_event_loop_arg(parser)
     parser.set_defaults(

@@ -34,7 +34,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar, Union
 
@@ -215,17 +215,27 @@ def settings_of(cls: type[Settings]) -> Iterator[tuple[dataclasses.Field[Any], S
             yield item, item.metadata[_SETTING]
 
 
-def add_settings(parser: argparse.ArgumentParser, cls: type[Settings], group: str | None = None) -> None:
-    """Add the flag of every field of ``cls`` (and of its nested configs) to ``parser``, under
-    the title ``group`` (or each setting's own); each default read from its variable. A flag
-    the parser already has is kept as it is (one flag serving two configs, such as a worker's
-    ``--model-path`` beside a frontend's in one process)."""
+def add_settings(
+    parser: argparse._ActionsContainer,
+    cls: type[Settings],
+    group: str | None = None,
+    *,
+    only: Iterable[str] | None = None,
+) -> None:
+    """Add the flag of every field of ``cls`` (and of its nested configs; ``only``: of the
+    fields so named) to ``parser`` (or an argument group), under the title ``group`` (or each
+    setting's own); each default read from its variable. A flag the parser already has is kept
+    as it is (one flag serving two configs, such as a worker's ``--model-path`` beside a
+    frontend's in one process)."""
     groups: dict[str | None, argparse._ActionsContainer] = {}
     hints = _hints_by_field(cls)
+    wanted = None if only is None else set(only)
     for item, spec in settings_of(cls):
-        if spec.flag in parser._option_string_actions:
+        if spec.flag in parser._option_string_actions or (wanted is not None and item.name not in wanted):
             continue
         title = spec.group or group
+        if isinstance(parser, argparse._ArgumentGroup):  # already a group: its flags go in it
+            title = None
         if title not in groups:
             groups[title] = parser.add_argument_group(title) if title else parser
         _add_flag(groups[title], item, spec, hints[item.name])

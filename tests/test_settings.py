@@ -99,6 +99,29 @@ def test_the_runtime_flags_are_its_config(monkeypatch: pytest.MonkeyPatch) -> No
         echo_worker_parser()
 
 
+def test_the_worker_role_flags_are_its_config() -> None:
+    """``--mode`` and the bootstrap server's flags come from `WorkerRole`'s fields; an engine
+    whose own connector moves the KV (vLLM) gets ``--mode`` and ``--prefill-endpoint`` only."""
+    from dynamo_nb.disagg.modes import WorkerRole
+    from dynamo_nb.flags import hf_worker_parser, vllm_worker_parser
+
+    declared = [item.name for item, _ in settings_of(WorkerRole)]
+    assert declared == [item.name for item in dataclasses.fields(WorkerRole) if item.name != "endpoint"]
+    role = WorkerRole.from_args(
+        hf_worker_parser().parse_args(["--mode", "prefill", "--no-bootstrap-endpoint"])
+    )
+    assert (role.mode, role.endpoint, role.publish_handoff) == ("prefill", "dynamo.prefill.generate", False)
+    assert WorkerRole.from_args(hf_worker_parser().parse_args([])) == WorkerRole()
+    vllm = vllm_worker_parser()
+    flags = {option for action in vllm._actions for option in action.option_strings}
+    assert {"--mode", "--prefill-endpoint"} <= flags and "--bootstrap-port" not in flags
+    assert WorkerRole.from_args(vllm.parse_args(["--mode", "decode"])).mode == "decode"
+    with pytest.raises(
+        ConfigError, match=r"mode \(--mode\) must be one of aggregated, prefill, decode, got 'both'"
+    ):
+        WorkerRole("both")
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

@@ -6,7 +6,7 @@ Example:
     >>> WorkerRole("both", "dynamo.backend.generate")
     Traceback (most recent call last):
     ...
-    dynamo_nb.errors.ConfigError: --mode 'both': use one of aggregated, prefill, decode
+    dynamo_nb.errors.ConfigError: mode (--mode) must be one of aggregated, prefill, decode, got 'both'
     >>> WorkerRole("decode", "dynamo.backend.generate").kinds
     ['chat', 'completions', 'decode']
 """
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ..runtime.names import DEFAULT_WORKER_ENDPOINT
+from ..settings import Settings, setting
 from .decode import DecodeHandler
 from .roles import DisaggregatedEngine, GeneratingEngine
 
@@ -31,10 +33,12 @@ __all__ = ["WORKER_MODES", "WorkerRole"]
 logger = logging.getLogger("dynamo_nb.disagg")
 
 WORKER_MODES = ("aggregated", "prefill", "decode")
+DEFAULT_PREFILL_ENDPOINT = "dynamo.prefill.generate"
+_GROUP = "disaggregated serving"
 
 
 @dataclass(frozen=True)
-class WorkerRole:
+class WorkerRole(Settings):
     """What ``--mode`` makes of an engine: where it serves, what its model card says, and what
     the role starts. Built once, in a worker's ``main``, from its flags (`from_args`).
 
@@ -55,34 +59,66 @@ class WorkerRole:
         prefill_endpoint: where prefill workers serve (a decode worker's own prefill client).
     """
 
-    mode: str
-    endpoint: str
-    prefill_endpoint: str = "dynamo.prefill.generate"
-    bootstrap_host: str | None = None  # None: the runtime's own address (`AddressRule`)
-    bootstrap_port: int = 0
-    bootstrap_advertise_host: str | None = None
-    kv_ttl: float = 60.0
-    publish_handoff: bool = True
-
-    def __post_init__(self) -> None:
-        if self.mode not in WORKER_MODES:
-            raise ConfigError(f"--mode {self.mode!r}: use one of {', '.join(WORKER_MODES)}")
+    mode: str = setting(
+        "aggregated",
+        flag="--mode",
+        choices=WORKER_MODES,
+        group=_GROUP,
+        help="worker role: aggregated (prefill + decode), prefill (serves at --prefill-endpoint, parks "
+        "KV caches in its bootstrap server) or decode (serves at --endpoint, fetches them)",
+    )
+    endpoint: str = (
+        DEFAULT_WORKER_ENDPOINT  # --endpoint (each program's own default), or for prefill --prefill-endpoint
+    )
+    prefill_endpoint: str = setting(
+        DEFAULT_PREFILL_ENDPOINT,
+        flag="--prefill-endpoint",
+        group=_GROUP,
+        help="where prefill workers serve; a decode worker asks one itself when a request comes without "
+        "bootstrap info",
+    )
+    bootstrap_host: str | None = setting(  # None: the runtime's own address (`AddressRule`)
+        None,
+        flag="--bootstrap-host",
+        env="BOOTSTRAP_HOST",
+        group=_GROUP,
+        default_text="as --tcp-host",
+        help="prefill: the host the bootstrap server (decode workers fetch KV caches from it) listens on",
+    )
+    bootstrap_advertise_host: str | None = setting(
+        None,
+        flag="--bootstrap-advertise-host",
+        env="BOOTSTRAP_ADVERTISE_HOST",
+        group=_GROUP,
+        default_text="--bootstrap-host, or for 0.0.0.0 the address that reaches discovery; never a wildcard",
+        help="prefill: the host decode workers are told to fetch from",
+    )
+    bootstrap_port: int = setting(
+        0, flag="--bootstrap-port", group=_GROUP, default_text="0, a free one", help="prefill: its port"
+    )
+    publish_handoff: bool = setting(
+        True,
+        flag="--no-bootstrap-endpoint",
+        negate=True,
+        group=_GROUP,
+        default_text="off",
+        help="prefill: do not publish the bootstrap server as disaggregated_endpoint, so routers take the "
+        "fallback path (wait for disaggregated_params), as with engines that have none",
+    )
+    kv_ttl: float = setting(
+        60.0,
+        flag="--kv-ttl",
+        group=_GROUP,
+        help="prefill: seconds a parked KV cache waits for its decode before it is dropped",
+    )
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> WorkerRole:
+    def from_args(cls, args: argparse.Namespace, **overrides: Any) -> WorkerRole:
         """The role an engine worker's flags give (`dynamo_nb.flags.add_disagg_args`: ``--mode``,
         ``--endpoint``, ``--prefill-endpoint``, ``--bootstrap-*``, ``--no-bootstrap-endpoint``,
-        ``--kv-ttl``)."""
-        return cls(
-            mode=args.mode,
-            endpoint=args.prefill_endpoint if args.mode == "prefill" else args.endpoint,
-            prefill_endpoint=args.prefill_endpoint,
-            bootstrap_host=args.bootstrap_host,
-            bootstrap_port=args.bootstrap_port,
-            bootstrap_advertise_host=args.bootstrap_advertise_host,
-            kv_ttl=args.kv_ttl,
-            publish_handoff=not args.no_bootstrap_endpoint,
-        )
+        ``--kv-ttl``): a prefill worker serves at its prefill endpoint."""
+        endpoint = args.prefill_endpoint if args.mode == "prefill" else args.endpoint
+        return super().from_args(args, **{"endpoint": endpoint, **overrides})
 
     @property
     def kinds(self) -> list[str] | None:
@@ -121,4 +157,4 @@ class WorkerRole:
                 logger.warning("no prefill client (%s): such requests run here", exc)
                 prefill = None
             return DecodeHandler(engine, prefill).generate, None
-        raise ConfigError(f"--mode {self.mode!r}: use one of aggregated, prefill, decode")
+        raise ConfigError(f"mode (--mode) must be one of {', '.join(WORKER_MODES)}, got {self.mode!r}")

@@ -42,6 +42,7 @@ CACHED_TOKEN_BUCKETS = (0, 100, 210, 430, 870, 1800, 3600, 7400, 15000, 31000, 6
 OVERHEAD_MS_BUCKETS = tuple(0.01 * 3**k for k in range(17))  # Dynamo's: 0.01 ms to 430 s
 ROUTING_PHASES = ("block_hashing", "indexer_find_matches", "scheduling", "total")
 
+
 @dataclass
 class ModelMetrics:
     """One model's series, looked up once per request (`FrontendMetrics.of`)."""
