@@ -1,9 +1,13 @@
-"""Every command-line flag of every component, each defined once (docs/design.md §4b), and the parsers.
+"""The parsers of every component, assembled from flags each defined once (docs/design.md §4b).
 
-This module only *defines* flags; what a flag does is built next to what it configures
-(`dynamo_nb.runtime.runtime_from_args`, `HFEngine.from_args`, `WorkerRole.from_args`,
-`KvRouterConfig.from_args`, `dynamo_nb.frontend.options`). The parsers are importable, so a
-standalone program, a graph launcher and a notebook all read the same flags.
+Most flags are declared on the config field they set (`dynamo_nb.settings`): the runtime's on
+`dynamo_nb.runtime.RuntimeConfig`, the frontend's on `dynamo_nb.frontend.FrontendConfig` (with the
+KV router's and its policy's), the worker role's on `dynamo_nb.disagg.modes.WorkerRole`; the hf
+and mocker engines declare theirs in their ``add_args``. What is still written here: ``--endpoint``
+(each program sets its default), the engine workers' ``--kv-cache-block-size``, ``--max-num-seqs``
+and ``--kv-timeout``, the model and logging flags, and the flags vLLM and SGLang define where they
+are not installed. The parsers are importable, so a standalone program, a graph launcher and a
+notebook all read the same flags.
 
 Each flag may take its default from a ``DYN_NB_*`` environment variable; a flag given on the
 command line always wins, and ``--help`` shows every default.

@@ -188,3 +188,25 @@ def test_each_package_docstring_names_its_modules() -> None:
 def test_the_map_says_who_may_connect() -> None:
     rows = dict(re.findall(r"^\| ([^|]+?) \| (.+) \|$", ARCHITECTURE.read_text(), re.M))
     assert "security.py" in rows["who may connect"] and "docs/security.md" in rows["who may connect"]
+
+
+def test_every_dotted_name_the_package_text_names_exists() -> None:
+    """A docstring's ``dynamo_nb.x.y`` reference names a module or an object that exists (a
+    reference left behind by a move or a rename is found here)."""
+    import importlib
+
+    stale = set()
+    for path in sorted((ROOT / "dynamo_nb").rglob("*.py")):
+        for reference in re.findall(r"`(dynamo_nb(?:\.[A-Za-z_]\w*)+)`", path.read_text()):
+            parts = reference.split(".")
+            for end in range(len(parts), 0, -1):
+                try:
+                    found: object = importlib.import_module(".".join(parts[:end]))
+                except ImportError:
+                    continue
+                for name in parts[end:]:
+                    found = getattr(found, name, None)
+                if found is None:
+                    stale.add(f"{path.relative_to(ROOT)}: {reference}")
+                break
+    assert sorted(stale) == []

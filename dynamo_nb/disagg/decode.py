@@ -99,7 +99,7 @@ class DecodeHandler:
     async def generate(
         self, request: PreprocessedRequest, context: Context | None = None
     ) -> AsyncIterator[LLMEngineOutput]:
-        """The decode endpoint's method (serve it with `dynamo_nb.engines.engine_handler`)."""
+        """The decode endpoint's method (serve it with `dynamo_nb.llm.engine_handler`)."""
         if (request.extra_args or {}).get("aggregated"):  # the frontend's router chose it
             async with closing(self.engine.generate(request, context)) as outputs:
                 async for output in outputs:
