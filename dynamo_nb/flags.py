@@ -2,8 +2,8 @@
 
 Most flags are declared on the config field they set (`dynamo_nb.settings`): the runtime's on
 `dynamo_nb.runtime.RuntimeConfig`, the frontend's on `dynamo_nb.frontend.FrontendConfig` (with the
-KV router's and its policy's), the worker role's on `dynamo_nb.disagg.modes.WorkerRole`; the hf
-and mocker engines declare theirs in their ``add_args``. What is still written here: ``--endpoint``
+KV router's and its policy's), the worker role's on `dynamo_nb.disagg.modes.WorkerRole`, the hf
+engine's on `dynamo_nb.engines.hf.HFSettings`; the mocker declares its own in its ``add_args``. What is still written here: ``--endpoint``
 (each program sets its default), the engine workers' ``--kv-cache-block-size``, ``--max-num-seqs``
 and ``--kv-timeout``, the model and logging flags, and the flags vLLM and SGLang define where they
 are not installed. The parsers are importable, so a standalone program, a graph launcher and a

@@ -80,6 +80,7 @@ class Setting:
     aliases: tuple[str, ...] = ()
     group: str | None = None
     hidden: bool = False
+    both_ways: bool = False
 
     @property
     def dest(self) -> str:
@@ -114,6 +115,7 @@ def setting(
     aliases: tuple[str, ...] = (),
     group: str | None = None,
     hidden: bool = False,
+    both_ways: bool = False,
     factory: Callable[[], Any] | None = None,
 ) -> Any:
     """A config field that is also a command-line flag.
@@ -133,8 +135,11 @@ def setting(
         negate: the field is the switch's opposite (``--no-kv-events`` sets ``use_kv_events``
             False).
         aliases: older spellings of the flag; two spellings with two values are refused.
+        both_ways: a ``bool`` switch with its ``--no-`` twin (``--enable-x``/``--no-enable-x``).
     """
-    spec = Setting(flag, help, env, default_text, check, choices, metavar, negate, aliases, group, hidden)
+    spec = Setting(
+        flag, help, env, default_text, check, choices, metavar, negate, aliases, group, hidden, both_ways
+    )
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata={_SETTING: spec})
     return dataclasses.field(default=default, metadata={_SETTING: spec})
@@ -251,7 +256,7 @@ def _add_flag(
     env = f"env {spec.env_name}; " if spec.env_name else ""
     options["help"] = argparse.SUPPRESS if spec.hidden else f"{spec.help} ({env}default: {shown})"
     if kind is bool:
-        options["action"] = argparse.BooleanOptionalAction if optional else "store_true"
+        options["action"] = argparse.BooleanOptionalAction if optional or spec.both_ways else "store_true"
     else:
         options["type"] = kind
         if spec.choices is not None:

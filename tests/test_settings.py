@@ -122,6 +122,24 @@ def test_the_worker_role_flags_are_its_config() -> None:
         WorkerRole("both")
 
 
+def test_the_hf_engines_flags_are_its_settings() -> None:
+    from dynamo_nb.engines.hf import HFSettings
+    from dynamo_nb.flags import hf_worker_parser
+
+    assert HFSettings.from_args(hf_worker_parser().parse_args([])) == HFSettings()
+    flags = ["--no-enable-prefix-caching", "--no-enable-chunked-prefill", "--max-num-batched-tokens", "64"]
+    own = HFSettings.from_args(hf_worker_parser().parse_args(flags))
+    assert (own.enable_prefix_caching, own.enable_chunked_prefill, own.max_num_batched_tokens) == (
+        False,
+        False,
+        64,
+    )
+    with pytest.raises(
+        ConfigError, match=r"prefix_cache_blocks \(--prefix-cache-blocks\) must be at least 0"
+    ):
+        HFSettings.from_args(hf_worker_parser().parse_args(["--prefix-cache-blocks", "-1"]))
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [

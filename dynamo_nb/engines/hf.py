@@ -31,6 +31,7 @@ import logging
 import random
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +44,65 @@ from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from ..runtime.streams import closing
-from ..settings import env_default
+from ..settings import Settings, add_settings, at_least, setting
 from .base import KvEvent, KvEventSink, token_budget
 from .hf_scheduler import StepScheduler, StepSequence, check_finish
 from .kv_cache.prefix import PrefixCache
 
-__all__ = ["HFEngine"]
+__all__ = ["HFEngine", "HFSettings"]
 
 logger = logging.getLogger("dynamo_nb.engines.hf")
+
+_GROUP = "hf engine"
+
+
+@dataclass(frozen=True)
+class HFSettings(Settings):
+    """The hf engine's own settings, each a flag of its worker (see `dynamo_nb.settings`).
+
+    Example:
+        >>> HFSettings(max_num_batched_tokens=0)
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.ConfigError: max_num_batched_tokens (--max-num-batched-tokens) must be at least 1, got 0
+    """
+
+    device: str = setting(
+        "auto", flag="--device", env="DEVICE", group=_GROUP, help="auto (CUDA when present) | cpu | cuda[:N]"
+    )
+    dtype: str = setting("auto", flag="--dtype", group=_GROUP, help="auto | float32 | float16 | bfloat16")
+    prefix_cache_blocks: int = setting(
+        1024,
+        flag="--prefix-cache-blocks",
+        group=_GROUP,
+        check=at_least(0),
+        help="full prompt blocks whose KV is kept for reuse by later prompts, with KV events for KV routing",
+    )
+    enable_prefix_caching: bool = setting(
+        True,
+        flag="--no-enable-prefix-caching",
+        negate=True,
+        group=_GROUP,
+        default_text="off, prefix caching on",
+        help="no prefix cache, as --prefix-cache-blocks 0",
+    )
+    max_num_batched_tokens: int = setting(
+        2048,
+        flag="--max-num-batched-tokens",
+        group=_GROUP,
+        check=at_least(1),
+        help="tokens a step runs: one per decoding request, the rest for prompts waiting to be prefilled, "
+        "batched in one forward pass (as vLLM's flag)",
+    )
+    enable_chunked_prefill: bool = setting(
+        True,
+        flag="--enable-chunked-prefill",
+        both_ways=True,
+        group=_GROUP,
+        default_text="on",
+        help="prefill a prompt longer than what a step has left in chunks over several steps, so running "
+        "requests keep getting a token every step",
+    )
 
 
 class HFEngine(BootstrapRole):
@@ -165,62 +217,29 @@ class HFEngine(BootstrapRole):
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
-        """Add the hf engine's own flags that `from_args` reads (``--device``, ``--dtype``, the
-        prefix cache; ``--kv-timeout`` comes with every engine worker): an `dynamo_nb.EngineProgram`
-        of this class or a subclass gets them."""
-        group = parser.add_argument_group("hf engine")
-        group.add_argument(
-            "--device",
-            default=env_default("DEVICE", "auto"),
-            help="auto (CUDA when present) | cpu | cuda[:N] (default: %(default)s)",
-        )
-        group.add_argument(
-            "--dtype", default="auto", help="auto | float32 | float16 | bfloat16 (default: %(default)s)"
-        )
-        group.add_argument(
-            "--prefix-cache-blocks",
-            type=int,
-            default=1024,
-            help="full prompt blocks whose KV is kept for reuse by later prompts, with KV events for "
-            "KV routing (default: %(default)s)",
-        )
-        group.add_argument(
-            "--no-enable-prefix-caching",
-            action="store_true",
-            help="no prefix cache, as --prefix-cache-blocks 0 (default: off, prefix caching on)",
-        )
-        group.add_argument(
-            "--max-num-batched-tokens",
-            type=int,
-            default=2048,
-            help="tokens a step runs: one per decoding request, the rest for prompts waiting to be "
-            "prefilled, batched in one forward pass (as vLLM's flag) (default: %(default)s)",
-        )
-        group.add_argument(
-            "--enable-chunked-prefill",
-            action=argparse.BooleanOptionalAction,
-            default=True,
-            help="prefill a prompt longer than what a step has left in chunks over several steps, so "
-            "running requests keep getting a token every step (default: on)",
-        )
+        """Add the hf engine's own flags that `from_args` reads (`HFSettings`' fields: ``--device``,
+        ``--dtype``, the prefix cache, the step's token budget; ``--kv-timeout`` comes with every
+        engine worker): an `dynamo_nb.EngineProgram` of this class or a subclass gets them."""
+        add_settings(parser, HFSettings)
 
     @classmethod
     async def from_args(
         cls, args: argparse.Namespace, model_path: str | Path, *, kv_events: KvEventSink | None = None
     ) -> HFEngine:
-        """The engine the worker flags describe (``--device``, ``--dtype``, ``--max-num-seqs``, the prefix
-        cache, ``--kv-timeout``, ``--max-num-batched-tokens``, ``--enable-chunked-prefill``)."""
+        """The engine the worker flags describe (`HFSettings`, and every engine worker's
+        ``--max-num-seqs``, ``--kv-cache-block-size`` and ``--kv-timeout``)."""
+        own = HFSettings.from_args(args)
         return await cls.load(
             model_path,
-            device=args.device,
-            dtype=args.dtype,
+            device=own.device,
+            dtype=own.dtype,
             max_num_seqs=args.max_num_seqs,
-            prefix_cache_blocks=0 if args.no_enable_prefix_caching else args.prefix_cache_blocks,
+            prefix_cache_blocks=own.prefix_cache_blocks if own.enable_prefix_caching else 0,
             block_size=args.kv_cache_block_size,
             kv_events=kv_events,
             kv_timeout=args.kv_timeout,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            enable_chunked_prefill=args.enable_chunked_prefill,
+            max_num_batched_tokens=own.max_num_batched_tokens,
+            enable_chunked_prefill=own.enable_chunked_prefill,
         )
 
     @property

@@ -271,12 +271,6 @@ class RuntimeConfig(Settings):
         ('etcd://h:2379', None, -1)
     """
 
-    discovery: str = setting(
-        "memory",
-        flag="--discovery",
-        env="DISCOVERY",
-        help="discovery backend: memory | file://DIR (processes of one host, no etcd) | etcd://HOST:PORT | static",
-    )
     runtime: str = setting(
         "dynamo_nb",
         flag="--runtime",
@@ -284,6 +278,12 @@ class RuntimeConfig(Settings):
         choices=RUNTIMES,
         help="whose runtime serves this program: the kit's (dynamo_nb) or NVIDIA Dynamo's (dynamo: behind "
         "python -m dynamo.frontend; --discovery file://DIR or etcd://HOST:PORT; python3 -m dynamo_nb install dynamo)",
+    )
+    discovery: str = setting(
+        "memory",
+        flag="--discovery",
+        env="DISCOVERY",
+        help="discovery backend: memory | file://DIR (processes of one host, no etcd) | etcd://HOST:PORT | static",
     )
     request_plane: str | None = setting(
         None,
@@ -296,11 +296,24 @@ class RuntimeConfig(Settings):
     nats_url: str | None = setting(
         None, flag="--nats-url", env="NATS_URL", default_text="none", help="NATS server, nats://HOST:PORT"
     )
+    connect_timeout: float = setting(
+        60.0,
+        flag="--connect-timeout",
+        env="CONNECT_TIMEOUT",
+        help="seconds to wait at start for etcd and NATS to answer, so components may start in any order",
+    )
     lease_ttl: float = setting(
         DEFAULT_LEASE_TTL,
         flag="--lease-ttl",
         env="LEASE_TTL",
         help="seconds after which a dead worker leaves etcd",
+    )
+    static: bool = setting(  # no discovery service (--static, or a frontend's --static-endpoint)
+        False,
+        flag="--static",
+        default_text="off",
+        help="static mode: no discovery service; serve at the subject derived from the endpoint path (NATS) "
+        "or at --tcp-port (same as --discovery static)",
     )
     tcp_host: str | None = setting(  # None: loopback, or the address that reaches remote discovery
         None,
@@ -310,7 +323,6 @@ class RuntimeConfig(Settings):
         "interface that reaches them",
         help="TCP plane listen host",
     )
-    tcp_port: int = setting(0, flag="--tcp-port", env="TCP_PORT", help="TCP plane port, 0 = free")
     tcp_advertise_host: str | None = setting(
         None,
         flag="--tcp-advertise-host",
@@ -318,31 +330,7 @@ class RuntimeConfig(Settings):
         default_text="--tcp-host, or for 0.0.0.0 the address that reaches discovery; never a wildcard",
         help="host discovery gives clients for the TCP plane",
     )
-    system_host: str = setting(
-        "127.0.0.1",
-        flag="--system-host",
-        env="SYSTEM_HOST",
-        help="host of the system status server (/live, /health)",
-    )
-    system_port: int = setting(  # -1: no system status server
-        -1,
-        flag="--system-port",
-        env="SYSTEM_PORT",
-        help="serve /live and /health for probes at this port, 0 = free, -1 = off",
-    )
-    static: bool = setting(  # no discovery service (--static, or a frontend's --static-endpoint)
-        False,
-        flag="--static",
-        default_text="off",
-        help="static mode: no discovery service; serve at the subject derived from the endpoint path (NATS) "
-        "or at --tcp-port (same as --discovery static)",
-    )
-    connect_timeout: float = setting(
-        60.0,
-        flag="--connect-timeout",
-        env="CONNECT_TIMEOUT",
-        help="seconds to wait at start for etcd and NATS to answer, so components may start in any order",
-    )
+    tcp_port: int = setting(0, flag="--tcp-port", env="TCP_PORT", help="TCP plane port, 0 = free")
     cluster_secret_file: str | None = setting(
         None,
         flag="--cluster-secret-file",
@@ -375,6 +363,18 @@ class RuntimeConfig(Settings):
         env="TLS_CA",
         default_text="none",
         help="PEM CA that peers' certificates must be signed by; with --tls-cert, clients need one too (mutual TLS)",
+    )
+    system_host: str = setting(
+        "127.0.0.1",
+        flag="--system-host",
+        env="SYSTEM_HOST",
+        help="host of the system status server (/live, /health)",
+    )
+    system_port: int = setting(  # -1: no system status server
+        -1,
+        flag="--system-port",
+        env="SYSTEM_PORT",
+        help="serve /live and /health for probes at this port, 0 = free, -1 = off",
     )
 
     @classmethod
