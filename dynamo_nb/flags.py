@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from .disagg.modes import DEFAULT_PREFILL_ENDPOINT, WorkerRole
+from .disagg.modes import DEFAULT_PREFILL_ENDPOINT, FLAG_GROUP, WorkerRole
 from .extras import broken_extra_error, extra_installed
 from .frontend.config import FrontendConfig
 from .runtime.names import DEFAULT_WORKER_ENDPOINT
@@ -164,7 +164,7 @@ def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) 
         _set_unused_bootstrap_defaults(parser)
         return
     add_settings(parser, WorkerRole)
-    disagg = next(g for g in parser._action_groups if g.title == "disaggregated serving")
+    disagg = next(g for g in parser._action_groups if g.title == FLAG_GROUP)
     disagg.add_argument(
         "--kv-timeout",
         type=float,

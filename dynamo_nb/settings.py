@@ -291,7 +291,7 @@ def _default(item: dataclasses.Field[Any], spec: Setting, kind: Any) -> Any:
     else:
         default = None
     name = spec.env_name
-    raw = os.environ.get(name) if name else None
+    raw = env_default(spec.env, None) if spec.env is not None else None
     if raw is None or not raw.strip():  # unset, or set empty: the field's default
         return default
     if kind is bool:

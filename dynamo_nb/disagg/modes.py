@@ -28,13 +28,14 @@ if TYPE_CHECKING:
     from ..llm.register import EngineMethod
     from ..runtime.distributed import DistributedRuntime
 
-__all__ = ["WORKER_MODES", "WorkerRole"]
+__all__ = ["DEFAULT_PREFILL_ENDPOINT", "FLAG_GROUP", "WORKER_MODES", "WorkerRole"]
 
 logger = logging.getLogger("dynamo_nb.disagg")
 
 WORKER_MODES = ("aggregated", "prefill", "decode")
 DEFAULT_PREFILL_ENDPOINT = "dynamo.prefill.generate"
-_GROUP = "disaggregated serving"
+FLAG_GROUP = "disaggregated serving"
+"""The ``--help`` group of the role's flags (an engine worker adds ``--kv-timeout`` to it)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class WorkerRole(Settings):
         "aggregated",
         flag="--mode",
         choices=WORKER_MODES,
-        group=_GROUP,
+        group=FLAG_GROUP,
         help="worker role: aggregated (prefill + decode), prefill (serves at --prefill-endpoint, parks "
         "KV caches in its bootstrap server) or decode (serves at --endpoint, fetches them)",
     )
@@ -73,7 +74,7 @@ class WorkerRole(Settings):
     prefill_endpoint: str = setting(
         DEFAULT_PREFILL_ENDPOINT,
         flag="--prefill-endpoint",
-        group=_GROUP,
+        group=FLAG_GROUP,
         help="where prefill workers serve; a decode worker asks one itself when a request comes without "
         "bootstrap info",
     )
@@ -81,7 +82,7 @@ class WorkerRole(Settings):
         None,
         flag="--bootstrap-host",
         env="BOOTSTRAP_HOST",
-        group=_GROUP,
+        group=FLAG_GROUP,
         default_text="as --tcp-host",
         help="prefill: the host the bootstrap server (decode workers fetch KV caches from it) listens on",
     )
@@ -89,18 +90,18 @@ class WorkerRole(Settings):
         None,
         flag="--bootstrap-advertise-host",
         env="BOOTSTRAP_ADVERTISE_HOST",
-        group=_GROUP,
+        group=FLAG_GROUP,
         default_text="--bootstrap-host, or for 0.0.0.0 the address that reaches discovery; never a wildcard",
         help="prefill: the host decode workers are told to fetch from",
     )
     bootstrap_port: int = setting(
-        0, flag="--bootstrap-port", group=_GROUP, default_text="0, a free one", help="prefill: its port"
+        0, flag="--bootstrap-port", group=FLAG_GROUP, default_text="0, a free one", help="prefill: its port"
     )
     publish_handoff: bool = setting(
         True,
         flag="--no-bootstrap-endpoint",
         negate=True,
-        group=_GROUP,
+        group=FLAG_GROUP,
         default_text="off",
         help="prefill: do not publish the bootstrap server as disaggregated_endpoint, so routers take the "
         "fallback path (wait for disaggregated_params), as with engines that have none",
@@ -108,7 +109,7 @@ class WorkerRole(Settings):
     kv_ttl: float = setting(
         60.0,
         flag="--kv-ttl",
-        group=_GROUP,
+        group=FLAG_GROUP,
         help="prefill: seconds a parked KV cache waits for its decode before it is dropped",
     )
 

@@ -402,11 +402,9 @@ class RuntimeConfig(Settings):
         the whole process (`dynamo_nb.runtime.security.configure`). A program that needs the
         kit's runtime (the frontend) starts this one: another ``runtime`` is refused, saying so."""
         if self.runtime != "dynamo_nb":
-            raise ConfigError(
+            raise ConfigError(  # (a runtime not in RUNTIMES is refused when the config is made)
                 f"--runtime {self.runtime!r}: this program runs on the kit's runtime (dynamo_nb); on NVIDIA "
                 "Dynamo's runtime its frontend is python -m dynamo.frontend"
-                if self.runtime in RUNTIMES
-                else f"--runtime {self.runtime!r}: use dynamo_nb (the kit's) or dynamo (NVIDIA Dynamo's)"
             )
         security = PlaneSecurity.from_settings(
             self.cluster_secret_file, self.tls_cert, self.tls_key, self.tls_ca, self.allow_unauthenticated
