@@ -68,7 +68,7 @@ OPT_IN: dict[str, tuple[str, str]] = {
     "long": (
         "DYN_NB_VLLM_LONG",
         "the long runs (vLLM's engine starts, ~5 min on 2 cores; an LLM notebook re-run at another model; "
-        "migration over NATS; the slowest process tests, so that the default run keeps under 15 min)",
+        "migration over NATS; the slowest process tests, so that the default run keeps under 12 min)",
     ),
     "exports": ("DYN_NB_EXPORT_ALL", "every notebook's exported program (the quick ones run by default)"),
     "browser": ("DYN_NB_BROWSER", "the notebooks in JupyterLab with Playwright and Chromium"),
@@ -103,7 +103,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "dynamo: needs NVIDIA Dynamo's packages (skipped without them; fails without them when asked for "
         "with -m dynamo)",
         "gpu: needs a CUDA device (skipped without one; fails without one when asked for with -m gpu)",
-        "long: opt-in, the long runs: vLLM's, and slow cases kept out of the default run's 15 minutes "
+        "long: opt-in, the long runs: vLLM's, and slow cases kept out of the default run's 12 minutes "
         "(-m long or DYN_NB_VLLM_LONG=1)",
         "exports: opt-in, every notebook's exported program (-m exports or DYN_NB_EXPORT_ALL=1)",
         "browser: opt-in, the notebooks in JupyterLab (-m browser or DYN_NB_BROWSER=1)",

@@ -25,10 +25,9 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from dynamo_nb import ConfigError
 from dynamo_nb.disagg.modes import WorkerRole
-from dynamo_nb.engines import MockerEngine
 from dynamo_nb.engines.engine_worker import EngineWorker, serve_engine
+from dynamo_nb.engines.mocker import MockerEngine, MockerWorkerSettings
 from dynamo_nb.flags import mocker_worker_parser
 from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import (
@@ -67,12 +66,11 @@ async def start_engine(args, model_path, model_name) -> tuple[DistributedRuntime
 async def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    if args.num_workers < 1:
-        raise ConfigError(f"--num-workers must be at least 1, got {args.num_workers}")
+    workers = MockerWorkerSettings.from_args(args).num_workers  # checked: at least 1
     model_path, model_name = model_from_args(
         args
     )  # its tokenizer: the built-in tiny model unless --model-path
-    started = [await start_engine(args, model_path, model_name) for _ in range(args.num_workers)]
+    started = [await start_engine(args, model_path, model_name) for _ in range(workers)]
     ids = ",".join(f"{worker.server.instance_id:x}" for _, worker in started)
     shutdown_on_signals(*(runtime for runtime, _ in started))  # SIGTERM / Ctrl-C → every engine's runtime
     announce_ready(str(started[0][1].endpoint.path), instance=ids, model=model_name)

@@ -29,7 +29,8 @@ import logging
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from .disagg.modes import DEFAULT_PREFILL_ENDPOINT, FLAG_GROUP, WorkerRole
+from .disagg.modes import DEFAULT_PREFILL_ENDPOINT, WorkerRole
+from .engines.base import EngineLimits
 from .extras import broken_extra_error, extra_installed
 from .frontend.config import FrontendConfig
 from .runtime.names import DEFAULT_WORKER_ENDPOINT
@@ -127,19 +128,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Add what every engine worker takes: ``--endpoint``, the KV block size, the running-request
     limit, and its ``--mode`` (disaggregated serving)."""
     add_endpoint_arg(parser, DEFAULT_WORKER_ENDPOINT)
-    group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--kv-cache-block-size",
-        type=int,
-        default=16,
-        help="tokens per KV block, published in the model card for KV routing (default: %(default)s)",
-    )
-    group.add_argument(
-        "--max-num-seqs",
-        type=int,
-        default=64,
-        help="requests running at once; more wait (default: %(default)s)",
-    )
+    add_settings(parser, EngineLimits, "engine")
     add_disagg_args(parser)
 
 
@@ -151,6 +140,7 @@ def _set_unused_bootstrap_defaults(parser: argparse.ArgumentParser) -> None:
         bootstrap_port=WorkerRole.bootstrap_port,
         bootstrap_advertise_host=WorkerRole.bootstrap_advertise_host,
         kv_ttl=WorkerRole.kv_ttl,
+        kv_timeout=WorkerRole.kv_timeout,
         no_bootstrap_endpoint=False,
     )
 
@@ -164,13 +154,6 @@ def add_disagg_args(parser: argparse.ArgumentParser, *, bootstrap: bool = True) 
         _set_unused_bootstrap_defaults(parser)
         return
     add_settings(parser, WorkerRole)
-    disagg = next(g for g in parser._action_groups if g.title == FLAG_GROUP)
-    disagg.add_argument(
-        "--kv-timeout",
-        type=float,
-        default=30.0,
-        help="decode: seconds to wait for a prefill's KV cache (default: %(default)s)",
-    )
 
 
 def add_hf_args(parser: argparse.ArgumentParser) -> None:

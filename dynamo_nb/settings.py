@@ -49,6 +49,7 @@ __all__ = [
     "env_default",
     "greater_than",
     "nested",
+    "redefault",
     "setting",
     "settings_of",
 ]
@@ -155,6 +156,21 @@ def nested(factory: Callable[[], Any]) -> Any:
     return dataclasses.field(default_factory=factory, metadata={_NESTED: True})
 
 
+def redefault(cls: type[Settings], name: str, default: Any) -> Any:
+    """The field ``name`` of ``cls`` again, its flag, help and check as declared there, with
+    another ``default``: for a subclass whose engine defaults differently.
+
+    Example::
+
+        class MockerSettings(EngineLimits):
+            max_num_seqs: int = redefault(EngineLimits, "max_num_seqs", 256)
+    """
+    item = next((item for item in dataclasses.fields(cls) if item.name == name), None)  # type: ignore[arg-type]  # a Settings is a dataclass
+    if item is None or _SETTING not in item.metadata:
+        raise TypeError(f"{cls.__name__} has no setting {name!r}")
+    return dataclasses.field(default=default, metadata=item.metadata)
+
+
 def env_default(name: str, default: str | None) -> str | None:
     """The ``DYN_NB_<name>`` variable's value, else ``default``: a flag's default where the flag
     is still written by hand (a `setting` reads its own).
@@ -209,6 +225,30 @@ class Settings:
                     values[item.name] = not value if spec.negate else value
         values.update(overrides)
         return cls(**values)
+
+    def argv(self) -> list[str]:
+        """The command line that gives this config (each flagged field, nested ones too, that
+        is not None; a float as ``%g``), for a program started with these settings.
+
+        Example:
+            >>> from dataclasses import dataclass
+            >>> @dataclass(frozen=True)
+            ... class Probe(Settings):
+            ...     retries: int = setting(3, flag="--probe-retries", help="tries")
+            ...     verbose: bool = setting(False, flag="--verbose", help="say more")
+            >>> Probe(retries=5, verbose=True).argv()
+            ['--probe-retries', '5', '--verbose']
+        """
+        words: list[str] = []
+        hints = typing.get_type_hints(type(self))
+        for item in dataclasses.fields(self):  # type: ignore[arg-type]  # a Settings is a dataclass
+            value = getattr(self, item.name)
+            if item.metadata.get(_NESTED):
+                words += value.argv()
+            elif _SETTING in item.metadata and value is not None:
+                two_ways = _value_type(hints[item.name])[1]  # bool | None: --x or --no-x
+                words += _flag_words(item.metadata[_SETTING], value, two_ways)
+        return words
 
 
 def settings_of(cls: type[Settings]) -> Iterator[tuple[dataclasses.Field[Any], Setting]]:
@@ -333,6 +373,17 @@ def _flagged_values(config: Settings) -> Iterator[tuple[Setting, str, Any]]:
     for item in dataclasses.fields(config):  # type: ignore[arg-type]  # a Settings is a dataclass
         if _SETTING in item.metadata:
             yield item.metadata[_SETTING], item.name, getattr(config, item.name)
+
+
+def _flag_words(spec: Setting, value: Any, two_ways: bool) -> list[str]:
+    """A value on the command line: ``[flag, value]``; a switch: its flag where it is on (one
+    with a ``--no-`` twin: the flag or its twin)."""
+    if isinstance(value, bool):
+        on = value != spec.negate
+        if spec.both_ways or two_ways:
+            return [spec.flag if on else "--no-" + spec.flag.removeprefix("--")]
+        return [spec.flag] if on else []
+    return [spec.flag, f"{value:g}" if isinstance(value, float) else str(value)]
 
 
 def _shown(value: Any) -> str:

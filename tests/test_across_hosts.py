@@ -17,15 +17,16 @@ import base64
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from helpers import FRONTEND, HF_WORKER, MOCKER_WORKER, ROOT, collect, req
 
 from dynamo_nb import LocalServices, ManagedProcess
+from dynamo_nb.http import HttpAnswer, LeanHttpClient
 from dynamo_nb.llm import ModelTokenizer
 from dynamo_nb.runtime.addresses import is_loopback, is_wildcard
 from dynamo_nb.testing.hosts import HostNetwork
@@ -66,8 +67,8 @@ class Cluster:
         assert process.url is not None and process.url.startswith(f"http://{fe.address}:")
         return process.url
 
-    def http(self) -> aiohttp.ClientSession:
-        return self.net["cl"].http_session(timeout=aiohttp.ClientTimeout(total=60))
+    def http(self) -> Http:
+        return Http(self.net["cl"].http_client())
 
     async def etcd_values(self, prefix: str = "v1/") -> dict[str, Any]:
         """Every key under ``prefix`` with its JSON value, read from ``cl`` over etcd's JSON gateway."""
@@ -77,8 +78,8 @@ class Cluster:
             "key": base64.b64encode(prefix.encode()).decode(),
             "range_end": base64.b64encode(end.encode()).decode(),
         }
-        async with self.http() as http, http.post(f"{url}/v3/kv/range", json=body) as response:
-            reply = await response.json()
+        async with self.http() as http:
+            _, _, reply = await http.post(f"{url}/v3/kv/range", body)
         return {
             base64.b64decode(kv["key"]).decode(): json.loads(base64.b64decode(kv["value"]))
             for kv in reply.get("kvs", [])
@@ -88,6 +89,48 @@ class Cluster:
         for process in reversed(self.started):
             await process.stop(timeout=5)
         self.started.clear()
+
+
+class Http:
+    """JSON requests from the client host, each answered within 60 s."""
+
+    TIMEOUT = 60.0
+
+    def __init__(self, client: LeanHttpClient) -> None:
+        self.client = client
+
+    async def __aenter__(self) -> Http:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.client.close()
+
+    async def get(self, url: str) -> tuple[int, dict[str, str], Any]:
+        return await self._whole("GET", url, b"")
+
+    async def post(self, url: str, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
+        return await self._whole("POST", url, json.dumps(body).encode())
+
+    @asynccontextmanager
+    async def stream(self, url: str, body: dict[str, Any]) -> AsyncIterator[HttpAnswer]:
+        """A POST's answer, its head in; leaving the block mid-body closes its connection."""
+        answer = await asyncio.wait_for(self._send("POST", url, json.dumps(body).encode()), self.TIMEOUT)
+        try:
+            yield answer
+        finally:
+            answer.close()
+
+    async def _whole(self, method: str, url: str, body: bytes) -> tuple[int, dict[str, str], Any]:
+        async def whole() -> tuple[int, dict[str, str], Any]:
+            answer = await self._send(method, url, body)
+            text = await answer.read()
+            return answer.status, answer.headers, json.loads(text) if text else None
+
+        return await asyncio.wait_for(whole(), self.TIMEOUT)
+
+    def _send(self, method: str, url: str, body: bytes) -> Any:
+        headers = {"Content-Type": "application/json"} if body else None
+        return self.client.request(method, url, body, headers)
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +163,8 @@ async def wait_for(check: Any, timeout: float, what: str) -> Any:
 
 async def instances(cluster: Cluster, url: str) -> list[str]:
     """The instance ids the frontend routes to now (its /health)."""
-    async with cluster.http() as http, http.get(f"{url}/health") as response:
-        body = await response.json()
+    async with cluster.http() as http:
+        _, _, body = await http.get(f"{url}/health")
     return sorted(entry["instance_id"] for entry in body["instances"])
 
 
@@ -154,13 +197,11 @@ async def check_advertised(cluster: Cluster, expected_hosts: set[str]) -> int:
     return found
 
 
-async def complete(
-    http: aiohttp.ClientSession, url: str, prompt: str, **extra: Any
-) -> tuple[dict[str, Any], Any]:
+async def complete(http: Http, url: str, prompt: str, **extra: Any) -> tuple[dict[str, Any], dict[str, str]]:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, **extra}
-    async with http.post(f"{url}/v1/completions", json=body) as response:
-        assert response.status == 200, await response.text()
-        return await response.json(), response.headers
+    status, headers, reply = await http.post(f"{url}/v1/completions", body)
+    assert status == 200, reply
+    return reply, headers
 
 
 @pytest.mark.parametrize("plane", ["tcp", "nats"])
@@ -186,8 +227,9 @@ async def test_serving_kv_routing_and_cancellation_across_hosts(cluster: Cluster
     ids = sorted(f"{w.instance_id:x}" for w in workers)
     await wait_for(lambda: _equal(instances(cluster, url), ids), 20, "both workers routed to")
     found = await check_advertised(cluster, {"w1", "w2"})
-    async with cluster.http() as http, http.get(f"{url}/health") as response:
-        transports = [entry["transport"] for entry in (await response.json())["instances"]]
+    async with cluster.http() as http:
+        _, _, health = await http.get(f"{url}/health")
+    transports = [entry["transport"] for entry in health["instances"]]
     assert {t["kind"] for t in transports} == {plane}
     # over TCP every endpoint of each worker has an address; over NATS a subject, no address
     assert found >= 2 if plane == "tcp" else found == 0
@@ -204,19 +246,19 @@ async def test_serving_kv_routing_and_cancellation_across_hosts(cluster: Cluster
 
         # a stream read across hosts, then cancelled by the client: the worker stops it
         body = {"model": MODEL, "prompt": "stream me", "max_tokens": 1000, "ignore_eos": True, "stream": True}
-        async with http.post(f"{url}/v1/completions", json=body) as response:
-            assert response.status == 200, await response.text()
+        async with http.stream(f"{url}/v1/completions", body) as response:
+            assert response.status == 200, await response.read()
             worker = next(
                 w for w in workers if f"{w.instance_id:x}" == response.headers["x-dynamo-decode-worker"]
             )
             status = f"http://{worker.host.address}:9090/health"  # type: ignore[union-attr]
             chunks = 0
-            async for line in response.content:
+            async for line in response.lines():
                 chunks += line.startswith(b"data: {")
                 if chunks == 5:
                     break
-            async with http.get(status) as health:
-                assert sum((await health.json())["inflight"].values()) == 1
+            _, _, worker_health = await http.get(status)
+            assert sum(worker_health["inflight"].values()) == 1
         await wait_for(lambda: _inflight_is(http, status, 0), 10, "the worker stopped the cancelled stream")
 
 
@@ -229,9 +271,9 @@ async def generate_ids(cluster: Cluster) -> list[str]:
     return sorted(key.rsplit("/", 1)[-1] for key in await cluster.etcd_values(GENERATE_KEYS))
 
 
-async def _inflight_is(http: aiohttp.ClientSession, status: str, count: int) -> bool:
-    async with http.get(status) as health:
-        return sum((await health.json())["inflight"].values()) == count
+async def _inflight_is(http: Http, status: str, count: int) -> bool:
+    _, _, health = await http.get(status)
+    return sum(health["inflight"].values()) == count
 
 
 @pytest.mark.parametrize("plane", ["nats", "tcp"])
@@ -262,9 +304,9 @@ async def test_static_mode_across_hosts(cluster: Cluster, tiny_path: Path, plane
             assert reply["usage"]["completion_tokens"] == 8
 
 
-async def _has_model(http: aiohttp.ClientSession, url: str) -> bool:
-    async with http.get(f"{url}/v1/models") as response:
-        return bool((await response.json())["data"]) if response.status == 200 else False
+async def _has_model(http: Http, url: str) -> bool:
+    status, _, models = await http.get(f"{url}/v1/models")
+    return bool(models["data"]) if status == 200 else False
 
 
 async def test_disaggregated_fast_and_fallback_move_the_kv_across_hosts(
@@ -317,12 +359,12 @@ async def test_a_worker_cut_mid_stream_migrates_expires_and_rejoins(cluster: Clu
     tokens = 400
     body = {"model": MODEL, "prompt": "a long story", "max_tokens": tokens, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
-    async with cluster.http() as http, http.post(f"{url}/v1/completions", json=body) as response:
+    async with cluster.http() as http, http.stream(f"{url}/v1/completions", body) as response:
         serving = response.headers["x-dynamo-decode-worker"]
         victim = next(w for w in workers if f"{w.instance_id:x}" == serving)
         assert victim.host is not None
         usage, last, longest_gap, chunks = None, time.monotonic(), 0.0, 0
-        async for line in response.content:
+        async for line in response.lines():
             if not line.startswith(b"data: {"):
                 continue
             now = time.monotonic()

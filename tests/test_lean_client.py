@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,7 +18,7 @@ import pytest
 
 from dynamo_nb.bench.http_client import send_request
 from dynamo_nb.errors import ConfigError, DynamoNBError
-from dynamo_nb.http.lean_client import LeanHttpClient, ServerAnswerError
+from dynamo_nb.http.lean_client import LeanHttpClient, ServerAnswerError, fetch
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter, bytes], Awaitable[bool]]
 """Given a request's head and body, writes an answer; True keeps the connection open."""
@@ -133,6 +134,47 @@ async def test_a_chunked_body_is_handed_over_as_it_arrives(client: LeanHttpClien
         answer = await client.request("POST", server.url, b"x")
         assert answer.headers["x-request-id"] == "r1"
         assert [piece async for piece in answer] == [b"data: one\n\n", b"data: x\n\n"]
+
+
+async def test_lines_split_pieces_at_line_ends_whatever_the_chunks() -> None:
+    async def split_oddly(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for piece in (b"data: o", b"ne\n\ndata: two\n", b"\nlast"):
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.write(b"0\r\n\r\n")
+        return True
+
+    async with RawServer(split_oddly) as server, LeanHttpClient() as client:
+        answer = await client.request("GET", server.url)
+        assert [line async for line in answer.lines()] == [
+            b"data: one\n",
+            b"\n",
+            b"data: two\n",
+            b"\n",
+            b"last",
+        ]
+
+
+async def test_each_new_connection_starts_from_the_socket_factorys_socket() -> None:
+    made: list[socket.socket] = []
+
+    def factory() -> socket.socket:
+        made.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+        return made[-1]
+
+    async with RawServer(_answer_length) as server:
+        url = server.url
+        status, body = await fetch(url, method="POST", body=b"hi", socket_factory=factory)
+        assert (status, body, len(made)) == (201, b"hi", 1)
+        async with LeanHttpClient(socket_factory=factory) as client:
+            for _ in range(2):  # kept alive: one more socket for both
+                assert await (await client.request("POST", server.url, b"a")).read() == b"a"
+        assert len(made) == 2 and server.connections == 2
+    with pytest.raises(ServerAnswerError, match="could not connect"):
+        await fetch(url, socket_factory=factory)  # the server has gone
+    assert all(sock.fileno() == -1 for sock in made)  # each closed, the refused one too
 
 
 async def test_new_connection_mode_says_close_and_opens_one_per_request() -> None:

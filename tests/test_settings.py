@@ -15,7 +15,7 @@ from dynamo_nb.errors import ConfigError
 from dynamo_nb.flags import FlagParser, frontend_parser
 from dynamo_nb.frontend import Frontend, FrontendConfig
 from dynamo_nb.router.kv.router import KvRouterConfig
-from dynamo_nb.settings import add_settings, at_least, setting, settings_of
+from dynamo_nb.settings import Settings, add_settings, at_least, setting, settings_of
 
 
 @dataclass(frozen=True)
@@ -138,6 +138,62 @@ def test_the_hf_engines_flags_are_its_settings() -> None:
         ConfigError, match=r"prefix_cache_blocks \(--prefix-cache-blocks\) must be at least 0"
     ):
         HFSettings.from_args(hf_worker_parser().parse_args(["--prefix-cache-blocks", "-1"]))
+
+
+def test_the_mocker_workers_flags_are_its_settings_and_give_its_command_line() -> None:
+    """Every engine worker's limits come from `EngineLimits`; the mocker's settings share them
+    (its own default of 256 running requests) and `argv` gives a command line that parses back
+    to the same settings."""
+    from dynamo_nb.engines.base import EngineLimits
+    from dynamo_nb.engines.mocker import MockerWorkerSettings
+    from dynamo_nb.flags import hf_worker_parser, mocker_worker_parser
+
+    assert EngineLimits.from_args(hf_worker_parser().parse_args([])) == EngineLimits()
+    assert MockerWorkerSettings.from_args(mocker_worker_parser().parse_args([])) == MockerWorkerSettings()
+    assert (EngineLimits().max_num_seqs, MockerWorkerSettings().engine.max_num_seqs) == (64, 256)
+    custom = MockerWorkerSettings(num_workers=3, context_length=4096)
+    custom = dataclasses.replace(
+        custom, engine=dataclasses.replace(custom.engine, block_size=32, speedup_ratio=2.5)
+    )
+    argv = custom.argv()
+    assert argv[:2] == ["--num-workers", "3"] and argv[-2:] == ["--context-length", "4096"]
+    assert "--speedup-ratio" in argv and argv[argv.index("--speedup-ratio") + 1] == "2.5"
+    assert MockerWorkerSettings.from_args(mocker_worker_parser().parse_args(argv)) == custom
+    for flags, message in [
+        (["--max-num-seqs", "0"], r"max_num_seqs \(--max-num-seqs\) must be at least 1, got 0"),
+        (["--num-workers", "0"], r"num_workers \(--num-workers\) must be at least 1, got 0"),
+        (
+            ["--decode-speedup-ratio", "0"],
+            r"decode_speedup_ratio \(--decode-speedup-ratio\) must be more than 0",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            MockerWorkerSettings.from_args(mocker_worker_parser().parse_args(flags))
+    with pytest.raises(ConfigError, match=r"kv_timeout \(--kv-timeout\) must be more than 0 seconds"):
+        from dynamo_nb.disagg.modes import WorkerRole
+
+        WorkerRole.from_args(hf_worker_parser().parse_args(["--kv-timeout", "0"]))
+
+
+def test_argv_writes_switches_both_ways() -> None:
+    @dataclass(frozen=True)
+    class Switches(Settings):
+        fast: bool = setting(False, flag="--fast", help="go fast")
+        cache: bool = setting(True, flag="--no-cache", negate=True, help="no cache")
+        chunked: bool = setting(True, flag="--chunked", both_ways=True, help="chunk")
+        maybe: bool | None = setting(None, flag="--maybe", help="perhaps")
+
+    assert Switches().argv() == ["--chunked"]
+    assert Switches(fast=True, cache=False, chunked=False, maybe=False).argv() == [
+        "--fast",
+        "--no-cache",
+        "--no-chunked",
+        "--no-maybe",
+    ]
+    parser = FlagParser()
+    add_settings(parser, Switches)
+    for config in (Switches(), Switches(fast=True, cache=False, chunked=False, maybe=True)):
+        assert Switches.from_args(parser.parse_args(config.argv())) == config
 
 
 @pytest.mark.parametrize(

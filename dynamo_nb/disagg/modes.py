@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..runtime.names import DEFAULT_WORKER_ENDPOINT
-from ..settings import Settings, setting
+from ..settings import Settings, greater_than, setting
 from .decode import DecodeHandler
 from .roles import DisaggregatedEngine, GeneratingEngine
 
@@ -58,6 +58,8 @@ class WorkerRole(Settings):
         mode: ``aggregated``, ``prefill`` or ``decode``.
         endpoint: where the worker serves (a prefill worker: its prefill endpoint).
         prefill_endpoint: where prefill workers serve (a decode worker's own prefill client).
+        kv_timeout: seconds a decode engine waits for its prefill's KV (the engine reads it, as
+            ``--kv-timeout``, when its worker builds it).
     """
 
     mode: str = setting(
@@ -112,12 +114,19 @@ class WorkerRole(Settings):
         group=FLAG_GROUP,
         help="prefill: seconds a parked KV cache waits for its decode before it is dropped",
     )
+    kv_timeout: float = setting(
+        30.0,
+        flag="--kv-timeout",
+        group=FLAG_GROUP,
+        check=greater_than(0, "seconds"),
+        help="decode: seconds to wait for a prefill's KV cache",
+    )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **overrides: Any) -> WorkerRole:
         """The role an engine worker's flags give (`dynamo_nb.flags.add_disagg_args`: ``--mode``,
         ``--endpoint``, ``--prefill-endpoint``, ``--bootstrap-*``, ``--no-bootstrap-endpoint``,
-        ``--kv-ttl``): a prefill worker serves at its prefill endpoint."""
+        ``--kv-ttl``, ``--kv-timeout``): a prefill worker serves at its prefill endpoint."""
         endpoint = args.prefill_endpoint if args.mode == "prefill" else args.endpoint
         return super().from_args(args, **{"endpoint": endpoint, **overrides})
 

@@ -48,16 +48,19 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from ..llm.limits import check_context
 from ..llm.protocol import DEFAULT_MAX_TOKENS, LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
+from ..settings import Settings, at_least, setting
 
 __all__ = [
     "Engine",
     "EngineClass",
+    "EngineLimits",
     "KvEvent",
     "KvEventSink",
     "stats_handler",
@@ -69,6 +72,29 @@ KvEvent = Any
 
 KvEventSink = Callable[[KvEvent], Awaitable[Any]]
 """Where an engine sends its KV events, e.g. a `KvEventPublisher`'s ``publish``."""
+
+
+@dataclass(frozen=True)
+class EngineLimits(Settings):
+    """What every engine worker's flags say of its engine, whichever engine it is: tokens per KV
+    block and requests running at once (``--kv-cache-block-size``, ``--max-num-seqs``).
+
+    Example:
+        >>> EngineLimits(max_num_seqs=0)
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.ConfigError: max_num_seqs (--max-num-seqs) must be at least 1, got 0
+    """
+
+    block_size: int = setting(
+        16,
+        flag="--kv-cache-block-size",
+        check=at_least(1),
+        help="tokens per KV block, published in the model card for KV routing",
+    )
+    max_num_seqs: int = setting(
+        64, flag="--max-num-seqs", check=at_least(1), help="requests running at once; more wait"
+    )
 
 
 @runtime_checkable

@@ -45,7 +45,7 @@ from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from ..runtime.streams import closing
 from ..settings import Settings, add_settings, at_least, setting
-from .base import KvEvent, KvEventSink, token_budget
+from .base import EngineLimits, KvEvent, KvEventSink, token_budget
 from .hf_scheduler import StepScheduler, StepSequence, check_finish
 from .kv_cache.prefix import PrefixCache
 
@@ -228,14 +228,14 @@ class HFEngine(BootstrapRole):
     ) -> HFEngine:
         """The engine the worker flags describe (`HFSettings`, and every engine worker's
         ``--max-num-seqs``, ``--kv-cache-block-size`` and ``--kv-timeout``)."""
-        own = HFSettings.from_args(args)
+        own, limits = HFSettings.from_args(args), EngineLimits.from_args(args)
         return await cls.load(
             model_path,
             device=own.device,
             dtype=own.dtype,
-            max_num_seqs=args.max_num_seqs,
+            max_num_seqs=limits.max_num_seqs,
             prefix_cache_blocks=own.prefix_cache_blocks if own.enable_prefix_caching else 0,
-            block_size=args.kv_cache_block_size,
+            block_size=limits.block_size,
             kv_events=kv_events,
             kv_timeout=args.kv_timeout,
             max_num_batched_tokens=own.max_num_batched_tokens,

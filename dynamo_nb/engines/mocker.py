@@ -51,13 +51,14 @@ from ..errors import DisaggregationError, EngineError
 from ..llm.protocol import EmittingStream, LLMEngineOutput, PreprocessedRequest
 from ..runtime.context import Context
 from ..runtime.streams import closing
+from ..settings import Settings, add_settings, at_least, nested, setting
 from .base import KvEvent, KvEventSink, token_budget
 from .kv_cache.blocks import KvBlockManager, publish_kv_events
-from .mocker_scheduler import MockerScheduler, MockerSettings, MockJob, decode_ms, prefill_ms
+from .mocker_scheduler import FLAG_GROUP, MockerScheduler, MockerSettings, MockJob, decode_ms, prefill_ms
 
 logger = logging.getLogger("dynamo_nb.engines.mocker")
 
-__all__ = ["MOCK_KV_FORMAT", "MockerEngine", "decode_ms", "prefill_ms"]
+__all__ = ["MOCK_KV_FORMAT", "MockerEngine", "MockerWorkerSettings", "decode_ms", "prefill_ms"]
 
 MOCK_KV_FORMAT = "dynamo_nb.mock-kv.v1"  # a prefill's handoff: no tensors, the prompt length and first token
 
@@ -144,6 +145,36 @@ class _Outputs(EmittingStream):
         await self._engine._emit(self._job, self._context, emit)
 
 
+@dataclass(frozen=True)
+class MockerWorkerSettings(Settings):
+    """Every flag of the mocker worker's own (see `dynamo_nb.settings`): how many engines it
+    runs, each engine's `MockerSettings`, and the context length its model card publishes.
+
+    Example:
+        >>> MockerWorkerSettings(num_workers=0)
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.ConfigError: num_workers (--num-workers) must be at least 1, got 0
+    """
+
+    num_workers: int = setting(
+        1,
+        flag="--num-workers",
+        group=FLAG_GROUP,
+        check=at_least(1),
+        help="engines in this process, each its own instance",
+    )
+    engine: MockerSettings = nested(MockerSettings)
+    context_length: int | None = setting(
+        None,
+        flag="--context-length",
+        group=FLAG_GROUP,
+        check=at_least(1),
+        default_text="the model folder's",
+        help="longest prompt + output published in the model card",
+    )
+
+
 class MockerEngine(BootstrapRole):
     """See the module docstring.
 
@@ -167,8 +198,14 @@ class MockerEngine(BootstrapRole):
         context_length: int | None = None,
         kv_timeout: float = 30.0,
     ) -> None:
-        settings = MockerSettings(block_size, num_blocks, max_num_batched_tokens, max_num_seqs, speedup_ratio,
-                                  decode_speedup_ratio)  # fmt: skip
+        settings = MockerSettings(
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            num_blocks=num_blocks,
+            max_num_batched_tokens=max_num_batched_tokens,
+            speedup_ratio=speedup_ratio,
+            decode_speedup_ratio=decode_speedup_ratio,
+        )
         self.scheduler = MockerScheduler(settings, on_token=self._deliver, on_reject=self._reject)
         self.block_size = block_size
         self.max_num_seqs: int | None = max_num_seqs
@@ -221,41 +258,8 @@ class MockerEngine(BootstrapRole):
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
         """Add the flags `from_args` reads (the KV pool, scheduler limits, speed): an
         `dynamo_nb.EngineProgram` of this class or a subclass gets them."""
-        group = parser.add_argument_group("mocker engine")
-        group.add_argument(
-            "--num-workers",
-            type=int,
-            default=1,
-            help="engines in this process, each its own instance (default: %(default)s)",
-        )
-        group.add_argument(
-            "--num-gpu-blocks", type=int, default=16384, help="KV blocks per engine (default: %(default)s)"
-        )
-        group.add_argument(
-            "--max-num-batched-tokens",
-            type=int,
-            default=8192,
-            help="token budget of a step (default: %(default)s)",
-        )
-        group.add_argument(
-            "--speedup-ratio",
-            type=float,
-            default=1.0,
-            help="divide every simulated step time by this (default: %(default)s)",
-        )
-        group.add_argument(
-            "--decode-speedup-ratio",
-            type=float,
-            default=1.0,
-            help="divide the decode part of a step time by this too, as Dynamo's mocker (default: %(default)s)",
-        )
-        group.add_argument(
-            "--context-length",
-            type=int,
-            default=None,
-            help="longest prompt + output published in the model card (default: the model folder's)",
-        )
-        parser.set_defaults(max_num_seqs=256)
+        add_settings(parser, MockerWorkerSettings)
+        parser.set_defaults(max_num_seqs=MockerSettings.max_num_seqs)  # its own default, not 64
 
     @classmethod
     async def from_args(
@@ -269,11 +273,12 @@ class MockerEngine(BootstrapRole):
         ``--context-length``, ``--kv-timeout``); it streams the prompt's ids but not the special
         ones of ``model_path``'s tokenizer (they decode to no text)."""
         skip = _special_token_ids(str(model_path)) if model_path is not None else frozenset()
+        own = MockerWorkerSettings.from_args(args)
         return cls(
-            **dataclasses.asdict(MockerSettings.from_args(args)),
+            **dataclasses.asdict(own.engine),
             kv_events=kv_events,
             skip_token_ids=skip,
-            context_length=args.context_length,
+            context_length=own.context_length,
             kv_timeout=args.kv_timeout,
         )
 

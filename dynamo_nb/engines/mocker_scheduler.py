@@ -35,16 +35,19 @@ Example (a 40-token prompt, 4 tokens out, on a simulated clock):
 
 from __future__ import annotations
 
-import argparse
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import ConfigError, InvalidRequestError
+from ..errors import InvalidRequestError
+from ..settings import at_least, greater_than, redefault, setting
+from .base import EngineLimits
 from .kv_cache.blocks import Allocation, KvBlockManager
 
 __all__ = ["MockJob", "MockerScheduler", "MockerSettings", "decode_ms", "prefill_ms"]
+
+FLAG_GROUP = "mocker engine"
 
 # The timing model follows Dynamo's mocker: ai-dynamo/dynamo lib/mocker/src/common/perf_model.rs
 # (PerfModel::Polynomial) and lib/mocker/src/scheduler/vllm/core.rs (the pass's prefill tokens,
@@ -65,56 +68,46 @@ def decode_ms(kv_load: float) -> float:
 
 
 @dataclass(frozen=True)
-class MockerSettings:
-    """The scheduler and timing flags of the mocker worker (components/mocker_worker.py), with its
-    defaults; `argv` gives them back as its command line.
+class MockerSettings(EngineLimits):
+    """The scheduler and timing flags of the mocker worker (components/mocker_worker.py), each
+    declared on its field with its default (see `dynamo_nb.settings`); the block size and the
+    running-request limit are every engine worker's (`EngineLimits`), the limit 256 here as in
+    Dynamo's mocker. `argv` gives them back as the worker's command line.
 
     Example:
         >>> MockerSettings(speedup_ratio=5).argv()[-4:]
         ['--speedup-ratio', '5', '--decode-speedup-ratio', '1']
+        >>> MockerSettings(speedup_ratio=0)
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.ConfigError: speedup_ratio (--speedup-ratio) must be more than 0, got 0
     """
 
-    block_size: int = 16
-    num_blocks: int = 16384
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    speedup_ratio: float = 1.0
-    decode_speedup_ratio: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.speedup_ratio <= 0 or self.decode_speedup_ratio <= 0:
-            raise ConfigError(
-                f"--speedup-ratio and --decode-speedup-ratio must be positive, got {self.speedup_ratio} and "
-                f"{self.decode_speedup_ratio}"
-            )
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
-            raise ConfigError(
-                f"--max-num-batched-tokens and --max-num-seqs must be at least 1, got "
-                f"{self.max_num_batched_tokens} and {self.max_num_seqs}"
-            )
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> MockerSettings:
-        """The settings of a mocker worker's parsed flags."""
-        return cls(
-            block_size=args.kv_cache_block_size,
-            num_blocks=args.num_gpu_blocks,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            speedup_ratio=args.speedup_ratio,
-            decode_speedup_ratio=args.decode_speedup_ratio,
-        )
-
-    def argv(self) -> list[str]:
-        """The mocker worker's flags for these settings."""
-        return [
-            "--kv-cache-block-size", str(self.block_size),
-            "--num-gpu-blocks", str(self.num_blocks),
-            "--max-num-batched-tokens", str(self.max_num_batched_tokens),
-            "--max-num-seqs", str(self.max_num_seqs),
-            "--speedup-ratio", f"{self.speedup_ratio:g}",
-            "--decode-speedup-ratio", f"{self.decode_speedup_ratio:g}",
-        ]  # fmt: skip
+    max_num_seqs: int = redefault(EngineLimits, "max_num_seqs", 256)
+    num_blocks: int = setting(
+        16384, flag="--num-gpu-blocks", group=FLAG_GROUP, check=at_least(1), help="KV blocks per engine"
+    )
+    max_num_batched_tokens: int = setting(
+        8192,
+        flag="--max-num-batched-tokens",
+        group=FLAG_GROUP,
+        check=at_least(1),
+        help="token budget of a step",
+    )
+    speedup_ratio: float = setting(
+        1.0,
+        flag="--speedup-ratio",
+        group=FLAG_GROUP,
+        check=greater_than(0),
+        help="divide every simulated step time by this",
+    )
+    decode_speedup_ratio: float = setting(
+        1.0,
+        flag="--decode-speedup-ratio",
+        group=FLAG_GROUP,
+        check=greater_than(0),
+        help="divide the decode part of a step time by this too, as Dynamo's mocker",
+    )
 
     def scaled(self, speedup: float) -> MockerSettings:
         """The same engines ``speedup`` times faster (for a live run of a time-compressed trace)."""

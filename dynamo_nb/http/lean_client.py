@@ -24,8 +24,9 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl as _ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import TracebackType
 from urllib.parse import urlsplit
 
@@ -34,7 +35,11 @@ import httptools
 from ..errors import ConfigError, DynamoNBError
 from .parser import MAX_HEAD_BYTES
 
-__all__ = ["HttpAnswer", "LeanHttpClient", "ServerAnswerError", "fetch"]
+__all__ = ["HttpAnswer", "LeanHttpClient", "ServerAnswerError", "SocketFactory", "fetch"]
+
+SocketFactory = Callable[[], socket.socket]
+"""Makes the TCP socket a connection starts from (such as one in another network namespace:
+`dynamo_nb.testing.hosts.Host.socket`)."""
 
 _PAUSE_ABOVE = 1 << 20  # body bytes not yet read by the caller before reading pauses
 
@@ -110,6 +115,18 @@ class HttpAnswer:
     async def read(self) -> bytes:
         """The whole body (what is left of it)."""
         return b"".join([piece async for piece in self])
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """The body line by line as it arrives, each with its ``\\n`` (the last one may have
+        none): server-sent events read as they come."""
+        rest = b""
+        async for piece in self:
+            rest += piece
+            *whole, rest = rest.split(b"\n")
+            for line in whole:
+                yield line + b"\n"
+        if rest:
+            yield rest
 
     def close(self) -> None:
         """Stop reading: a body not read to its end closes its connection."""
@@ -279,6 +296,8 @@ class LeanHttpClient:
             request says ``Connection: close``).
         headers: sent with every request (an ``Authorization`` header, say).
         ssl: the TLS context for ``https://`` (default: the system's trusted certificates).
+        socket_factory: makes the socket each new connection starts from (default: the
+            event loop's own, on this host's network).
 
     Example::
 
@@ -293,8 +312,10 @@ class LeanHttpClient:
         new_connection: bool = False,
         headers: Mapping[str, str] | None = None,
         ssl: _ssl.SSLContext | None = None,
+        socket_factory: SocketFactory | None = None,
     ) -> None:
         self.new_connection = new_connection
+        self._socket_factory = socket_factory
         self._headers = _header_lines(headers)
         self._idle: dict[tuple[str, int, bool], list[_Connection]] = {}
         self._open: set[_Connection] = set()
@@ -394,13 +415,34 @@ class LeanHttpClient:
                 self._ssl = _ssl.create_default_context()
             tls = self._ssl
         try:
-            _, connection = await loop.create_connection(
-                lambda: _Connection(self, key), key[0], key[1], ssl=tls
-            )
+            if self._socket_factory is None:
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self, key), key[0], key[1], ssl=tls
+                )
+            else:
+                _, connection = await loop.create_connection(
+                    lambda: _Connection(self, key),
+                    sock=await self._connected_socket(key, loop),
+                    ssl=tls,
+                    server_hostname=key[0] if tls else None,
+                )
         except OSError as exc:
             raise ServerAnswerError(f"could not connect to {key[0]}:{key[1]}: {exc}") from exc
         self._open.add(connection)
         return connection
+
+    async def _connected_socket(
+        self, key: tuple[str, int, bool], loop: asyncio.AbstractEventLoop
+    ) -> socket.socket:
+        assert self._socket_factory is not None
+        made = self._socket_factory()
+        made.setblocking(False)
+        try:
+            await loop.sock_connect(made, (key[0], key[1]))
+        except BaseException:
+            made.close()
+            raise
+        return made
 
     def _release(self, connection: _Connection) -> None:
         self._idle.setdefault(connection.key, []).append(connection)
@@ -419,16 +461,17 @@ async def fetch(
     body: bytes = b"",
     headers: Mapping[str, str] | None = None,
     timeout: float = 10.0,
+    socket_factory: SocketFactory | None = None,
 ) -> tuple[int, bytes]:
     """One request on a connection of its own, read whole: ``(status, body)``, within ``timeout``
     seconds (else `TimeoutError`). A connection that fails or closes early raises
-    `ServerAnswerError` (a `ConnectionError`).
+    `ServerAnswerError` (a `ConnectionError`); ``socket_factory`` as `LeanHttpClient`'s.
 
     Example::
 
         status, text = await fetch("http://127.0.0.1:8000/metrics", timeout=5)
     """
-    async with LeanHttpClient(new_connection=True) as client:
+    async with LeanHttpClient(new_connection=True, socket_factory=socket_factory) as client:
 
         async def whole() -> tuple[int, bytes]:
             answer = await client.request(method, url, body, headers)

@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Protocol
 
 __all__ = ["NetworkHost"]
@@ -18,7 +19,7 @@ __all__ = ["NetworkHost"]
 
 class NetworkHost(Protocol):
     """A host programs can run in: its name and address, a command wrapped to run there, and a
-    connection opened from there (a readiness probe)."""
+    socket or a connection opened from there (readiness probes)."""
 
     @property
     def name(self) -> str: ...
@@ -27,6 +28,8 @@ class NetworkHost(Protocol):
     def address(self) -> str: ...
 
     def wrap(self, command: list[str]) -> list[str]: ...
+
+    def socket(self) -> socket.socket: ...
 
     async def open_connection(
         self, address: str, port: int, *, timeout: float = 5.0

@@ -12,16 +12,14 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from ..errors import BinaryNotFoundError, ConfigError, ServiceStartError
+from ..http.lean_client import fetch
 from ..runtime.addresses import free_port
 from .ledger import ledger, settle_leftovers_once
 from .network_host import NetworkHost
 from .process_group import guarded_command, signal_group, stop_group
-
-_Connect = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
 
 __all__ = ["INSTALL_HINTS", "LocalServices", "find_binary", "free_port"]
 
@@ -75,30 +73,34 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-async def _answers(connect: _Connect, address: str, port: int, send: bytes, expect: bytes) -> bool:
-    """Connect to address:port, send ``send``, look for ``expect`` in the answer (1 s per step)."""
+async def _etcd_ready(host: NetworkHost | None, address: str, port: int) -> bool:
+    """etcd answers its ``/health`` healthy (within 1 s), asked from ``host`` (None: here)."""
     try:
-        reader, writer = await asyncio.wait_for(connect(address, port), 1.0)
+        status, body = await fetch(
+            f"http://{address}:{port}/health",
+            timeout=1.0,
+            socket_factory=host.socket if host is not None else None,
+        )
+    except (OSError, asyncio.TimeoutError):  # ServerAnswerError is an OSError
+        return False
+    return status == 200 and b'"health":"true"' in body
+
+
+async def _nats_ready(host: NetworkHost | None, address: str, port: int) -> bool:
+    """nats-server greets a new connection with its ``INFO`` line (within 1 s per step)."""
+    try:
+        if host is not None:
+            reader, writer = await host.open_connection(address, port, timeout=1.0)
+        else:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(address, port), 1.0)
     except (OSError, asyncio.TimeoutError):
         return False
     try:
-        if send:
-            writer.write(send)
-        answer = await asyncio.wait_for(reader.read(4096), 1.0)
-        return expect in answer
+        return b"INFO" in await asyncio.wait_for(reader.read(4096), 1.0)
     except (OSError, asyncio.TimeoutError):
         return False
     finally:
         writer.close()
-
-
-async def _etcd_ready(connect: _Connect, address: str, port: int) -> bool:
-    probe = f"GET /health HTTP/1.0\r\nHost: {address}\r\n\r\n".encode()
-    return await _answers(connect, address, port, probe, b'"health":"true"')
-
-
-async def _nats_ready(connect: _Connect, address: str, port: int) -> bool:
-    return await _answers(connect, address, port, b"", b"INFO")
 
 
 class _Child:
@@ -241,9 +243,8 @@ class LocalServices:
         ledger().record(process.pid, name, command, str(log))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        connect: _Connect = self.host.open_connection if self.host is not None else asyncio.open_connection
         while loop.time() < deadline and process.poll() is None:
-            if await ready(connect, self.address, port):
+            if await ready(self.host, self.address, port):
                 return child
             await asyncio.sleep(0.05)
         await child.stop()

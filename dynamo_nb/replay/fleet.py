@@ -12,7 +12,7 @@ Example:
     >>> Fleet(prefill=1, decode=3, router="round-robin").describe()
     '1 prefill + 3 decode workers, round-robin router'
     >>> MockerSettings(speedup_ratio=5).argv()
-    ['--kv-cache-block-size', '16', '--num-gpu-blocks', '16384', '--max-num-batched-tokens', '8192', '--max-num-seqs', '256', '--speedup-ratio', '5', '--decode-speedup-ratio', '1']
+    ['--kv-cache-block-size', '16', '--max-num-seqs', '256', '--num-gpu-blocks', '16384', '--max-num-batched-tokens', '8192', '--speedup-ratio', '5', '--decode-speedup-ratio', '1']
 """
 
 from __future__ import annotations

@@ -51,12 +51,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, ProcessStartError, ProcessTimeoutError
+from ..http.lean_client import LeanHttpClient
 from ..launch.process_group import pid_alive
 from .netswitch import NETNS_DIR, Shape, delete_netns, in_netns
 
 if TYPE_CHECKING:
-    import aiohttp
-
     from ..launch.launcher import ManagedProcess
     from ..launch.services import LocalServices
 
@@ -209,12 +208,10 @@ class Host:
             raise
         return await asyncio.open_connection(sock=sock)
 
-    def http_session(self, **kwargs: Any) -> aiohttp.ClientSession:
-        """An ``aiohttp.ClientSession`` whose connections start on this host."""
-        import aiohttp
-
-        connector = aiohttp.TCPConnector(socket_factory=lambda info: self.socket(*info[:3]))
-        return aiohttp.ClientSession(connector=connector, **kwargs)
+    def http_client(self, **kwargs: Any) -> LeanHttpClient:
+        """A `dynamo_nb.http.LeanHttpClient` whose connections start on this host (``kwargs``:
+        its own, such as ``headers``)."""
+        return LeanHttpClient(socket_factory=self.socket, **kwargs)
 
     def url(self, port: int, scheme: str = "http") -> str:
         """``scheme://ADDRESS:port`` on this host."""
