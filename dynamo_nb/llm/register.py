@@ -126,10 +126,6 @@ class ReadinessGate:
         self.timeout = timeout
         self.held_total = 0
 
-    @property
-    def is_open(self) -> bool:
-        return self._ready.is_set()
-
     def open(self) -> None:
         """Registration is done: let held and new requests through."""
         self._ready.set()

@@ -180,10 +180,6 @@ class EndpointServer:
         """Streams running now."""
         return len(self._streams)
 
-    @property
-    def is_serving(self) -> bool:
-        return not self._closing
-
     def start_stream(
         self, request_id: str, body: Any, sink: ResponseSink, metadata: dict[str, Any] | None = None
     ) -> ServerStream | None:
@@ -281,10 +277,6 @@ class EndpointServer:
                     await asyncio.wait(pending, timeout=1.0)
         finally:
             self._stopped.set()
-
-    async def wait_stopped(self) -> None:
-        """Wait until `stop` has finished."""
-        await self._stopped.wait()
 
     def __repr__(self) -> str:
         state = "serving" if not self._closing else "stopped"

@@ -39,7 +39,6 @@ class PrefixWatch:
         self.items: dict[str, bytes] = {}
         self.retained: dict[str, float] = {}  # key the store lost in a reset → when to drop it (monotonic)
         self._listeners: list[Listener] = []
-        self.on_close: Callable[[], object] | None = None
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)

@@ -463,11 +463,6 @@ class TcpPlane(RequestPlane):
         self._closed = False
 
     @property
-    def listen_address(self) -> str:
-        """``host:port`` this worker listens on (after the first `add_target`)."""
-        return host_port(self.host, self.port)
-
-    @property
     def advertised_address(self) -> str:
         """``host:port`` clients connect to, as discovery has it (after the first `add_target`)."""
         return host_port(self.advertise_host, self.port)
