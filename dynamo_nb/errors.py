@@ -25,7 +25,8 @@ OpenAI's error ``openai_type`` and ``code``), so the status never depends on a c
     │   └── ServiceUnavailableError (ConnectionError)  503
     ├── RequestError                                   a request that did not complete
     │   ├── InvalidRequestError (ValueError)           400 invalid_request_error
-    │   │   └── ModelNotFoundError (LookupError)       404 not_found_error, code model_not_found
+    │   │   ├── ModelNotFoundError (LookupError)       404 not_found_error, code model_not_found
+    │   │   └── RouteOffError (LookupError)            404 not_found_error: a route turned off here
     │   ├── NoInstancesError (TimeoutError)            503 nobody serves it (within the timeout)
     │   │   └── InstanceNotFoundError                  `direct()` to an id that is not serving
     │   ├── OverloadedError                            503 workers and queue full (Retry-After)
@@ -77,6 +78,7 @@ __all__ = [
     "ProtocolError",
     "RemoteHandlerError",
     "RequestError",
+    "RouteOffError",
     "RoutingError",
     "RuntimeClosedError",
     "ServiceError",
@@ -223,6 +225,19 @@ class ModelNotFoundError(InvalidRequestError, LookupError):
     http_status = 404
     openai_type = "not_found_error"
     code = "model_not_found"
+
+
+class RouteOffError(InvalidRequestError, LookupError):
+    """A route this server has but does not serve as configured (the admin routes of a frontend
+    started without admin credentials): a 404 that says how to turn it on.
+
+    Example:
+        >>> RouteOffError("/router_policy is off here").http_status
+        404
+    """
+
+    http_status = 404
+    openai_type = "not_found_error"
 
 
 class NoInstancesError(RequestError, TimeoutError):

@@ -6,6 +6,7 @@ frontend keeps serving."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.timeout(60)
 MODEL = "routed"
 
 
-async def test_a_function_router_set_on_a_running_frontend(tiny_path: Path) -> None:
+async def test_a_function_router_set_on_a_running_frontend(
+    tiny_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     runtime = await DistributedRuntime.create()
     endpoint = runtime.endpoint("cr.backend.generate")
     servers = [
@@ -64,8 +67,12 @@ async def test_a_function_router_set_on_a_running_frontend(tiny_path: Path) -> N
         await frontend.set_router(MODEL, broken)
         async with httpx.AsyncClient(base_url=frontend.url, timeout=10) as http:
             body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
-            failed = await http.post("/v1/completions", json=body)
+            with caplog.at_level(logging.WARNING, logger="dynamo_nb.frontend"):
+                failed = await http.post("/v1/completions", json=body)
             assert failed.status_code == 500 and "broken raised KeyError" in failed.json()["error"]["message"]
+            logged = [r for r in caplog.records if "broken raised KeyError" in r.getMessage()]
+            assert logged and logged[0].exc_info is not None  # the function's traceback, to find the line
+            assert "raise KeyError" in caplog.text
             await frontend.set_router(MODEL, lambda request, ids: max(ids) + 1)
             wrong = await http.post("/v1/completions", json=body)
             assert wrong.status_code == 500 and "not one of the instances" in wrong.json()["error"]["message"]

@@ -190,3 +190,22 @@ def test_a_priority_too_large_for_a_float_is_a_400() -> None:
     body = {"model": "m", "prompt": "hi", "nvext": {"agent_hints": {"priority": 10**400}}}
     with pytest.raises(InvalidRequestError, match="finite number"):
         parse_request(body, "completions")
+
+
+def test_a_misspelt_hint_and_vllms_top_level_priority_are_400s_that_name_the_field() -> None:
+    misspelt = {"model": "m", "prompt": "hi", "nvext": {"agent_hints": {"priorty": 10}}}
+    with pytest.raises(
+        InvalidRequestError, match=r"agent_hints.priorty is not a hint: did you mean priority\?"
+    ) as bad:
+        parse_request(misspelt, "completions")
+    assert bad.value.param == "nvext.agent_hints.priorty"
+    vllms = {"model": "m", "prompt": "hi", "priority": 10}
+    with pytest.raises(
+        InvalidRequestError, match=r"vLLM's \(lower first\).*nvext.agent_hints.priority"
+    ) as bad:
+        parse_request(vllms, "completions")
+    assert bad.value.param == "priority"
+    # Dynamo's other hints are taken (and not used here), as Dynamo takes them
+    others = {"osl": 128, "speculative_prefill": False, "latency_sensitivity": 0.5, "priority": 3}
+    parsed = parse_request({"model": "m", "prompt": "hi", "nvext": {"agent_hints": others}}, "completions")
+    assert parsed.priority == 3.0

@@ -17,6 +17,7 @@ from helpers import FRONTEND, MOCKER_WORKER, free_port, metric_value, until
 
 from dynamo_nb import ConfigError, DistributedRuntime, bench
 from dynamo_nb.engines import EchoEngine
+from dynamo_nb.errors import AdminAuthError
 from dynamo_nb.flags import frontend_parser
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.frontend.admin import SIGNATURE_HEADER, AdminAuth, sign_admin_request
@@ -97,6 +98,14 @@ def signed(body: bytes, secret: ClusterSecret = SECRET, now: float | None = None
     return {SIGNATURE_HEADER: sign_admin_request(secret, "PATCH", "/router_policy", body, now=now)}
 
 
+def test_a_bearer_token_sent_to_a_frontend_without_one_is_told_to_sign_instead() -> None:
+    with pytest.raises(
+        AdminAuthError, match=r"no admin token \(started without --admin-token-file\): sign"
+    ) as refused:
+        AdminAuth(secret=SECRET).check("GET", "/router_policy", {"authorization": f"Bearer {TOKEN}"}, b"")
+    assert refused.value.http_status == 403
+
+
 async def test_the_admin_routes_are_off_unless_configured(tiny_path: Any) -> None:
     runtimes, frontend = await start(tiny_path, "polo", admin=None)
     try:
@@ -105,6 +114,7 @@ async def test_the_admin_routes_are_off_unless_configured(tiny_path: Any) -> Non
                 answer = await http.request(method, "/router_policy", json={"temperature": 1})
                 assert answer.status_code == 404, answer.text
                 assert "--admin-token-file" in answer.json()["error"]["message"]
+                assert answer.json()["error"]["type"] == "not_found_error"  # no credentials were wrong
         assert frontend.models.kv_router_policy() == RouterPolicy()
     finally:
         await stop(runtimes, frontend)
@@ -124,9 +134,12 @@ async def test_the_admin_api_refuses_strangers_and_replays_and_takes_the_token_o
             change = json.dumps({"prefill_load_scale": 32, "overlap_score_credit": 1.5}).encode()
             stranger = await patch(change, {})
             assert stranger.status_code == 401 and "needs credentials" in stranger.text
+            for headers in ({"Authorization": f"Basic {TOKEN}"}, {"Authorization": TOKEN}):
+                malformed = await patch(change, headers)
+                assert malformed.status_code == 401, (headers, malformed.text)
+                assert "must read 'Bearer <token>'" in malformed.text and TOKEN not in malformed.text
             for headers in (
                 {"Authorization": "Bearer a-wrong-token-of-some-length"},
-                {"Authorization": f"Basic {TOKEN}"},
                 signed(change, ClusterSecret(b"another secret of 32 bytes or so..")),
                 signed(b'{"prefill_load_scale": 1}'),  # signed for another body: altered
                 signed(change, now=1_000_000_000),  # stale

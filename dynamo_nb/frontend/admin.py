@@ -116,9 +116,19 @@ class AdminAuth:
         if authorization is None and signature is None:
             raise AdminAuthError(401, f"{method} {path} is an admin route and needs credentials: {_HOW}")
         if authorization is not None:
-            scheme, _, token = authorization.partition(" ")
-            if self.token is None or scheme.lower() != "bearer":
-                raise AdminAuthError(403, f"this frontend takes no bearer token for {path}: {_HOW}")
+            scheme, _, token = authorization.strip().partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():  # e.g. the token alone: not echoed
+                raise AdminAuthError(
+                    401,
+                    f"the Authorization header of {method} {path} must read 'Bearer <token>' (the word "
+                    f"Bearer, a space, then the token): {_HOW}",
+                )
+            if self.token is None:
+                raise AdminAuthError(
+                    403,
+                    f"this frontend has no admin token (started without --admin-token-file): sign {path} "
+                    f"with the cluster secret in {SIGNATURE_HEADER} (dynamo_nb.frontend.admin.sign_admin_request)",
+                )
             if not hmac.compare_digest(token.strip().encode(), self.token.encode()):
                 raise AdminAuthError(403, f"wrong admin token for {method} {path}")
             return "the admin token"

@@ -24,7 +24,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AdminAuthError, ConfigError, DynamoNBError, InvalidRequestError, OverloadedError
+from ..errors import ConfigError, DynamoNBError, InvalidRequestError, OverloadedError, RouteOffError
 from ..http import Handler, HttpRequest, HttpResponse, HttpServer, StreamedResponse, json_response
 from ..http.connections import ConnectionGuard
 from ..llm.card import ModelCard, card_from_folder
@@ -317,8 +317,13 @@ class Frontend:
                         status=self.config.overload_status,
                         headers={"Retry-After": str(exc.retry_after)},
                     )
-                if status >= 500:
-                    logger.warning("%s %s answered %d: %s", request.method, request.path, status, exc)
+                if status >= 500:  # a user's code that raised (a routing function): its traceback too
+                    cause = exc.__cause__
+                    traced = cause is not None and not isinstance(cause, DynamoNBError)
+                    logger.warning(
+                        "%s %s answered %d: %s", request.method, request.path, status, exc,
+                        exc_info=cause if traced else None,
+                    )  # fmt: skip
                 return json_response(body, status=status)
 
         return answer
@@ -353,10 +358,9 @@ class Frontend:
     def _admin(self, request: HttpRequest) -> str:
         """Who sent this admin request (`AdminAuth.check`), or the error that refuses it."""
         if self.admin is None:
-            raise AdminAuthError(
-                404,
+            raise RouteOffError(
                 f"{request.path} is an admin route, off on this frontend: start it with --admin-token-file "
-                "FILE, or --admin-api with a cluster secret",
+                "FILE, or --admin-api with a cluster secret"
             )
         return self.admin.check(request.method, request.path, request.headers, request.body)
 

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Mapping
@@ -154,6 +155,13 @@ def _unsupported(body: dict[str, Any]) -> None:
         raise _bad(f"user must be a string, got {user!r}", "user")
     if body.get("suffix"):
         raise _bad("suffix is not supported: leave it out", "suffix")
+    if body.get("priority") is not None:  # vLLM's field, lower first: the opposite polarity of ours
+        raise _bad(
+            "priority at the top level is vLLM's (lower first); this frontend takes Dynamo's "
+            "nvext.agent_hints.priority (higher first) or the x-dynamo-request-priority header: send "
+            "{'nvext': {'agent_hints': {'priority': P}}}",
+            "priority",
+        )
     if body.get("tools") or body.get("functions"):
         raise _bad("tools and function calling are not supported: leave tools out", "tools")
     response_format = body.get("response_format")
@@ -218,14 +226,27 @@ def _priority_value(name: str, value: Any, where: str) -> float | int:
     return float(value)
 
 
+AGENT_HINTS = ("priority", "strict_priority", "osl", "speculative_prefill", "latency_sensitivity")
+"""The hints Dynamo's ``nvext.agent_hints`` has: the first two are used here, the rest accepted
+and ignored; any other name is refused, as Dynamo refuses it."""
+
+
 def _agent_hints(body: dict[str, Any]) -> dict[str, float | int]:
-    """``nvext.agent_hints``' ``priority`` and ``strict_priority`` (as in Dynamo); other hints
-    are accepted and ignored."""
+    """``nvext.agent_hints``' ``priority`` and ``strict_priority`` (as in Dynamo); Dynamo's other
+    hints (`AGENT_HINTS`) are accepted and ignored, a name it does not have is a 400."""
     hints = _nvext(body).get("agent_hints")
     if hints is None:
         return {}
     if not isinstance(hints, dict):
         raise _bad("nvext.agent_hints must be an object such as {'priority': 10}", "nvext.agent_hints")
+    for name in hints:
+        if name not in AGENT_HINTS:
+            close = difflib.get_close_matches(str(name), AGENT_HINTS, n=1)
+            meant = f"did you mean {close[0]}? " if close else ""
+            raise _bad(
+                f"nvext.agent_hints.{name} is not a hint: {meant}the hints are {', '.join(AGENT_HINTS)}",
+                f"nvext.agent_hints.{name}",
+            )
     return {
         name: _priority_value(name, hints[name], f"nvext.agent_hints.{name}")
         for name in PRIORITY_HEADERS
