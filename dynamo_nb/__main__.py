@@ -5,7 +5,11 @@ Commands:
     run           serve an LLM: frontend + worker in one process, or either alone (see run --help)
     demo          the runtime demo: serve and call endpoints in one process, then across processes
     demo-worker   the demo's worker (started by ``demo``; runtime flags as every component)
-    install       install an extra (vllm) and leave an environment where it imports (see install --help)
+    install       install an extra (vllm or dynamo) and leave an environment where it imports
+                  (see install --help)
+    dynamo-frontend
+                  NVIDIA Dynamo's frontend for --runtime dynamo workers, its settings matching
+                  theirs (see dynamo-frontend --help)
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ def main(argv: list[str] | None = None) -> int:
         from .install import main as install_main
 
         return install_main(argv[1:])
+    if argv[:1] == ["dynamo-frontend"]:
+        from .on_dynamo.frontend import main as dynamo_frontend_main
+
+        return dynamo_frontend_main(argv[1:])
     if argv[:1] == ["demo-worker"]:  # its own flags: the runtime flags every component takes
         from .demo import serve_worker
 
@@ -37,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m dynamo_nb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=("serve", "run", "demo", "demo-worker", "install"))
+    parser.add_argument(
+        "command", choices=("serve", "run", "demo", "demo-worker", "install", "dynamo-frontend")
+    )
     parser.add_argument(
         "--in-process-only", action="store_true", help="demo: skip the part that starts etcd/NATS"
     )

@@ -372,3 +372,23 @@ def test_token_events_are_counted_from_their_bytes_as_decoding_would() -> None:
         b"[1, 2]",
     ):
         assert text_pieces(data) is None, data
+
+
+def test_instances_are_counted_on_dynamos_health_too() -> None:
+    """Dynamo's /health names no model per instance (its shape, as Dynamo 1.6.1 answers): the
+    workers of its generate endpoints are counted; with several models it cannot say, and says so."""
+    from dynamo_nb.bench.runner import _instances_serving
+
+    def entry(instance: int, endpoint: str) -> dict[str, object]:
+        return {"component": "backend", "endpoint": endpoint, "namespace": "dynamo", "instance_id": instance,
+                "transport": {"tcp": "127.0.0.1:39549/3aca/dynamo/backend/" + endpoint}}  # fmt: skip
+
+    dynamos = {"status": "healthy", "endpoints": ["dyn://dynamo.backend.generate", "dyn://dynamo.backend.stats"],
+               "instances": [entry(1, "generate"), entry(1, "stats"), entry(2, "generate"), entry(2, "stats")]}  # fmt: skip
+    assert _instances_serving(dynamos, "tiny-llama", ["tiny-llama"]) == 2
+    with pytest.raises(ConfigError, match="does not say which model an instance serves"):
+        _instances_serving(dynamos, "tiny-llama", ["tiny-llama", "other"])
+    ours = {
+        "instances": [{"model": "tiny-llama", "instance_id": "a"}, {"model": "other", "instance_id": "b"}]
+    }
+    assert _instances_serving(ours, "tiny-llama", ["tiny-llama", "other"]) == 1

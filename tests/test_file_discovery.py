@@ -62,6 +62,30 @@ async def test_instances_are_files_and_leave_with_their_runtime(tmp_path: Path) 
         await worker.shutdown(grace=0)
 
 
+async def test_a_folder_of_dynamos_runtime_is_refused_and_left_untouched(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A folder holding NVIDIA Dynamo's own discovery keys (``v1/``: workers on ``--runtime
+    dynamo``) cannot be read by the kit: the runtime says which frontend serves them and writes
+    nothing there; one where Dynamo's keys appear later is said once in the log."""
+    theirs = tmp_path / "theirs"
+    (theirs / "v1" / "instances").mkdir(parents=True)
+    with pytest.raises(
+        ConfigError, match=r"NVIDIA Dynamo's discovery folder.*dynamo_nb dynamo-frontend --discovery file://"
+    ):
+        await DistributedRuntime.create(f"file://{theirs}")
+    assert [p.name for p in theirs.iterdir()] == ["v1"]
+    shared = tmp_path / "shared"
+    runtime = await DistributedRuntime.create(f"file://{shared}")
+    try:
+        await runtime.endpoint("dyn.files.generate").client()  # a watch: the folder is polled
+        (shared / "v1").mkdir()
+        await wait_for(lambda: "NVIDIA Dynamo's discovery folder" in caplog.text, timeout=10)
+    finally:
+        await runtime.shutdown(grace=0)
+    assert caplog.text.count("NVIDIA Dynamo's discovery folder") == 1
+
+
 def test_bad_file_urls_and_ttls_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="expected 'file://DIR'"):
         make_discovery("file://")

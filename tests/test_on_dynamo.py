@@ -8,8 +8,11 @@ them it skips, saying so. The flag mapping and the missing-package error run eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from dynamo_nb.frontend import Frontend
 from dynamo_nb.launch import launch
 from dynamo_nb.llm import serve_llm
 from dynamo_nb.on_dynamo import DynamoPlanes, launch_dynamo_frontend
+from dynamo_nb.runtime.addresses import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "tiny-llama"
@@ -51,6 +55,62 @@ def test_the_runtime_flags_become_dynamos_settings() -> None:
             DynamoPlanes.from_flags(discovery, None, None, tcp_host=None)
     with pytest.raises(ConfigError, match="--nats-url"):
         DynamoPlanes.from_flags("file:///tmp/kv", "nats", None, tcp_host=None)
+
+
+def test_dynamos_listeners_keep_to_loopback_unless_allowed_and_kv_events_need_nats(tmp_path: Path) -> None:
+    """Dynamo's planes have no cluster secret: off loopback they are refused unless
+    --allow-unauthenticated; KV events go over NATS, or over ZMQ (which binds every interface)
+    only where that is allowed."""
+    folder = f"file://{tmp_path / 'kv'}"
+    DynamoPlanes.from_flags(folder, None, None, tcp_host=None).check_listeners()
+    for host, flag in (("0.0.0.0", "--tcp-host"), ("198.18.0.7", "--tcp-host")):
+        with pytest.raises(ConfigError, match=f"would listen on {host}.*keep {flag} on loopback"):
+            DynamoPlanes.from_flags(folder, None, None, tcp_host=host).check_listeners()
+    with pytest.raises(ConfigError, match=r"Dynamo's system server would listen on 0\.0\.0\.0"):
+        DynamoPlanes.from_flags(folder, None, None, tcp_host=None, system_host="0.0.0.0").check_listeners()
+    DynamoPlanes.from_flags(
+        folder, None, None, tcp_host="0.0.0.0", allow_unauthenticated=True
+    ).check_listeners()
+    assert not DynamoPlanes.from_flags(folder, None, None, tcp_host=None).kv_events_allowed
+    assert DynamoPlanes.from_flags(folder, None, "nats://127.0.0.1:4222", tcp_host=None).kv_events_allowed
+    assert DynamoPlanes.from_flags(
+        folder, None, None, tcp_host=None, allow_unauthenticated=True
+    ).kv_events_allowed
+
+
+def test_a_folder_of_the_kits_runtime_is_refused_by_dynamos(tmp_path: Path) -> None:
+    (tmp_path / "leases").mkdir()
+    (tmp_path / "keys").mkdir()
+    with pytest.raises(ConfigError, match=r"the kit's runtime's discovery folder.*a folder of its own"):
+        DynamoPlanes.from_flags(f"file://{tmp_path}", None, None, tcp_host=None)
+
+
+def test_the_frontend_command_matches_the_workers_settings() -> None:
+    planes = DynamoPlanes.from_flags("etcd://127.0.0.1:2379", "nats", "nats://127.0.0.1:4222", tcp_host=None)
+    kit = shlex.split(planes.frontend_command(9000, kit=True))
+    assert kit == [sys.executable, "-m", "dynamo_nb", "dynamo-frontend", "--discovery", "etcd://127.0.0.1:2379",
+                   "--nats-url", "nats://127.0.0.1:4222", "--request-plane", "nats", "--http-port", "9000"]  # fmt: skip
+    spelled = shlex.split(planes.frontend_command(9000))
+    settings = dict(word.split("=", 1) for word in spelled[: spelled.index(sys.executable)])
+    assert settings == planes.frontend_environment() and settings["DYN_HTTP_HOST"] == "127.0.0.1"
+    assert spelled[spelled.index(sys.executable) :] == [
+        sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", "9000"
+    ]  # fmt: skip
+
+
+@pytest.mark.processes
+@pytest.mark.skipif(extra_installed("dynamo"), reason="Dynamo's packages are installed here")
+def test_without_dynamo_the_kits_dynamo_frontend_command_is_one_line_and_exit_2() -> None:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "dynamo_nb", "dynamo-frontend", "--discovery", "file:///tmp/kv"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "error: Dynamo's frontend needs dynamo, which is not installed here: python3 -m dynamo_nb install dynamo"
+    ]
 
 
 @pytest.mark.processes
@@ -257,11 +317,11 @@ asyncio.run(main())
 
 
 async def ask_with_dynamos_client(
-    where: str, endpoint: str, request: dict[str, Any], *, each: bool = False
+    where: str, endpoint: str, request: dict[str, Any], *, each: bool = False, nats_url: str | None = None
 ) -> list[Any]:
     """The items of ``request`` to ``endpoint``, asked by a program that uses only Dynamo's own
     Python client (over the discovery ``where``); ``each``: every instance's items, a list each."""
-    env = {**os.environ, **DynamoPlanes.from_flags(where, None, None, tcp_host=None).environment}
+    env = {**os.environ, **DynamoPlanes.from_flags(where, None, nats_url, tcp_host=None).environment}
     client = await asyncio.create_subprocess_exec(
         sys.executable, "-c", DYNAMO_CLIENT, endpoint, json.dumps(request), *(["each"] if each else []), env=env,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -325,17 +385,23 @@ async def test_an_hf_prefill_and_decode_on_dynamos_runtime_give_the_aggregated_t
 
 @pytest.mark.dynamo
 @pytest.mark.processes
-async def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_that_holds_it(tmp_path: Path) -> None:
+async def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_that_holds_it(
+    services: Any, tmp_path: Path
+) -> None:
     """Two hf workers on Dynamo's runtime publish their prefix caches' KV events to Dynamo's KV
-    publisher; python -m dynamo.frontend --router-mode kv sends each repeat of a long prompt to
-    the worker that holds it, whose prefix cache reports the hit (cached_tokens > 0), where round
-    robin would send every other repeat to a worker that holds nothing."""
-    where = f"file://{tmp_path / 'kv'}"
+    publisher over NATS (its ZMQ plane would listen on every interface); python -m dynamo.frontend
+    --router-mode kv sends each repeat of a long prompt to the worker that holds it, whose prefix
+    cache reports the hit (cached_tokens > 0), where round robin would send every other repeat to
+    a worker that holds nothing."""
+    where, nats = f"file://{tmp_path / 'kv'}", str(services.nats_url)
     workers = await asyncio.gather(
-        *(on_dynamo("components/hf_worker.py", where, tmp_path, name=f"hf{i}") for i in range(2))
+        *(
+            on_dynamo("components/hf_worker.py", where, tmp_path, "--nats-url", nats, name=f"hf{i}")
+            for i in range(2)
+        )
     )
     frontend = await launch_dynamo_frontend(
-        where, "--router-mode", "kv", log_dir=tmp_path, show_logs=False, timeout=120
+        where, "--router-mode", "kv", nats_url=nats, log_dir=tmp_path, show_logs=False, timeout=120
     )
     try:
         await bench.wait_for_model(frontend.url, MODEL, timeout=60)
@@ -349,7 +415,9 @@ async def test_dynamos_kv_router_sends_a_repeated_prompt_to_the_worker_that_hold
                 cached.append(answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
                 if attempt == 0:  # the holder handed its blocks to Dynamo's publisher (asked by
                     # Dynamo's own client: a second process, by which time the event is delivered)
-                    published = await ask_with_dynamos_client(where, "dynamo.backend.stats", {}, each=True)
+                    published = await ask_with_dynamos_client(
+                        where, "dynamo.backend.stats", {}, each=True, nats_url=nats
+                    )
                     assert sorted(s[0]["kv_blocks_published"] > 0 for s in published) == [False, True], (
                         published
                     )
@@ -392,3 +460,161 @@ async def test_a_mocker_prefill_and_decode_on_dynamos_runtime_stream_the_aggrega
             for worker in workers:
                 assert await worker.stop(timeout=30) == 0, worker.tail()
     assert texts["pair"] == texts["aggregated"] and texts["pair"][0], texts
+
+
+BROKEN_ENGINE = '''
+"""A mocker whose stream raises after three items: a bug in the engine."""
+import sys
+from dynamo_nb import EngineProgram
+from dynamo_nb.engines.mocker import MockerEngine
+
+
+class Broken(MockerEngine):
+    async def generate(self, request, context=None):
+        sent = 0
+        async for item in super().generate(request, context):
+            if sent == 3:
+                raise TypeError("broken on purpose")
+            yield item
+            sent += 1
+
+
+worker = EngineProgram(Broken)
+if __name__ == "__main__":
+    sys.exit(worker.run())
+'''
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_an_engines_bug_on_dynamos_runtime_is_a_500_and_the_worker_log_names_it(tmp_path: Path) -> None:
+    """An exception in the engine mid-stream: Dynamo's frontend answers 500 (its own words: it
+    withholds a 5xx's message), not 400 "Invalid request"; the worker's log names the exception,
+    the worker and the request id the client can see (the chunks' ``chatcmpl-<id>``)."""
+    program = tmp_path / "broken.py"
+    program.write_text(BROKEN_ENGINE)
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await on_dynamo(str(program), where, tmp_path, "--speedup-ratio", "20")
+    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        await bench.wait_for_model(frontend.url, MODEL, instances=1, timeout=60)
+        body = {**CHAT, "max_tokens": 10}
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+            unary = await http.post("/v1/chat/completions", json=body)
+            assert unary.status_code == 500, unary.text
+            async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as answer:
+                lines = [line async for line in answer.aiter_lines()]
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        error = events[-1]["error"]
+        assert (error["code"], error["type"]) == (500, "internal_server_error"), events
+        request_id = events[0]["id"].removeprefix("chatcmpl-")
+        for _ in range(100):  # the log line may come a moment after the answer
+            failed = [
+                line for line in worker.logs() if "the worker failed: TypeError: broken on purpose" in line
+            ]
+            if len(failed) >= 2:
+                break
+            await asyncio.sleep(0.05)
+        assert any(
+            f"request {request_id}" in line and "of dynamo.backend.generate" in line for line in failed
+        ), worker.tail()
+        assert any('raise TypeError("broken on purpose")' in line for line in worker.logs())  # its traceback
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+def listening_addresses(pid: int) -> list[str]:
+    """The addresses process ``pid`` listens on (TCP, from /proc: its sockets' inodes)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                continue
+            raw, port = fields[1].split(":")
+            packed = bytes.fromhex(raw)
+            words = b"".join(
+                packed[i : i + 4][::-1] for i in range(0, len(packed), 4)
+            )  # each 32-bit word host-order
+            host = str(ipaddress.ip_address(words)) if width == 8 else str(ipaddress.IPv6Address(words))
+            found.append(f"{host}:{int(port, 16)}")
+    return found
+
+
+def is_loopback_address(address: str) -> bool:
+    host = ipaddress.ip_address(address.rsplit(":", 1)[0])
+    mapped = getattr(host, "ipv4_mapped", None)
+    return host.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_a_worker_on_dynamos_runtime_listens_only_on_loopback_unless_allowed(tmp_path: Path) -> None:
+    """With default flags nothing listens off loopback (its KV events stay unpublished, saying why);
+    --tcp-host 0.0.0.0 without --allow-unauthenticated is one line and exit 2; with it Dynamo's
+    ZMQ publisher's listener on every interface appears."""
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await on_dynamo("components/mocker_worker.py", where, tmp_path, name="default")
+    try:
+        addresses = listening_addresses(worker.pid)
+        assert addresses and all(is_loopback_address(a) for a in addresses), addresses
+        assert any("KV events are not published" in line and "--nats-url" in line for line in worker.logs())
+    finally:
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+    refused = await asyncio.create_subprocess_exec(
+        sys.executable, "components/mocker_worker.py", "--runtime", "dynamo", "--discovery", where,
+        "--tcp-host", "0.0.0.0", cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(refused.communicate(), 60)
+    assert refused.returncode == 2, err.decode()
+    assert (
+        err.decode()
+        .strip()
+        .splitlines()[-1]
+        .startswith(
+            "error: Dynamo's TCP request plane would listen on 0.0.0.0, and Dynamo's runtime has no cluster secret"
+        )
+    )
+    allowed = await on_dynamo(
+        "components/mocker_worker.py", where, tmp_path, "--allow-unauthenticated", name="open"
+    )
+    try:
+        assert not all(is_loopback_address(a) for a in listening_addresses(allowed.pid))
+    finally:
+        assert await allowed.stop(timeout=30) == 0, allowed.tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_the_frontend_command_a_worker_prints_serves_it(tmp_path: Path) -> None:
+    """A --runtime dynamo worker logs the command that starts Dynamo's frontend for it, in the
+    kit's short form and spelled out: each, run as printed (another port), lists and serves the
+    model; the kit's own runtime, pointed at that folder, says which frontend to use instead."""
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await on_dynamo("components/mocker_worker.py", where, tmp_path, "--speedup-ratio", "20")
+    try:
+        line = next(line for line in worker.logs() if "Dynamo's frontend for this worker: " in line)
+        kit, spelled = line.split("Dynamo's frontend for this worker: ", 1)[1].split("   (or, spelled out: ")
+        for form, command in (("kit", kit), ("spelled", spelled.removesuffix(")"))):
+            words = shlex.split(command.replace("--http-port 8000", f"--http-port {(port := free_port())}"))
+            env = dict(word.split("=", 1) for word in words if "=" in word and not word.startswith("-"))
+            program = [word for word in words if word not in {f"{k}={v}" for k, v in env.items()}]
+            frontend = await launch(*program, env=env, cwd=ROOT, log_dir=tmp_path, show_logs=False, ready=None,
+                                    timeout=120, name=f"frontend-{form}")  # fmt: skip
+            try:
+                url = f"http://127.0.0.1:{port}"
+                await bench.wait_for_model(url, MODEL, instances=1, timeout=90)
+                assert await answer_of(url, {**CHAT, "max_tokens": 4}), form
+            finally:
+                assert await frontend.stop(timeout=10) == 0, frontend.tail()
+        with pytest.raises(ConfigError, match="NVIDIA Dynamo's discovery folder"):
+            await DistributedRuntime.create(where)
+    finally:
+        assert await worker.stop(timeout=30) == 0, worker.tail()

@@ -26,6 +26,20 @@ __all__ = ["ENDPOINTS", "run", "wait_for_model"]
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
+def _instances_serving(health: dict[str, Any], model: str, names: list[str]) -> int:
+    """How many instances ``/health`` shows serving ``model``: ours names each instance's model;
+    Dynamo's names none, so there the distinct instances of ``generate`` endpoints count."""
+    entries = [entry for entry in health.get("instances", []) if isinstance(entry, dict)]
+    if any("model" in entry for entry in entries) or not entries:
+        return sum(1 for entry in entries if entry.get("model") == model)
+    if len(names) > 1:
+        raise ConfigError(
+            f"this frontend's /health does not say which model an instance serves (Dynamo's) and it lists "
+            f"{len(names)} models: wait with instances=0, or count the workers of {model!r} yourself"
+        )
+    return len({entry.get("instance_id") for entry in entries if entry.get("endpoint") == "generate"})
+
+
 def _base_url(url: str) -> str:
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"url must start with http:// or https://, got {url!r}")
@@ -251,11 +265,14 @@ async def _open_loop(
 
 
 async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: float = 120.0) -> list[str]:
-    """Wait until ``GET /v1/models`` lists ``model`` (and, on our frontend, ``/health`` shows
-    at least ``instances`` workers serving it); the listed model names.
+    """Wait until ``GET /v1/models`` lists ``model`` (and ``/health`` shows at least
+    ``instances`` workers serving it); the listed model names.
 
-    Works with any OpenAI-compatible server (``instances`` needs our frontend's or Dynamo's
-    ``/health``). Raises `TimeoutError` naming what was last seen.
+    Works with any OpenAI-compatible server; ``instances`` needs our frontend's ``/health``
+    (instances by model) or Dynamo's (instances by endpoint, with no model: there the workers of
+    a ``generate`` endpoint are counted, and a frontend listing more than one model is refused,
+    as its ``/health`` cannot say which serves ``model``). Raises `TimeoutError` naming what was
+    last seen.
 
     Example::
 
@@ -274,13 +291,15 @@ async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: f
             seen = f"models {names}"
             if model in names and instances > 0:
                 health = json.loads((await fetch(base + "/health", timeout=5))[1])
-                serving = [i for i in health.get("instances", []) if i.get("model") == model]
-                seen += f", {len(serving)} instance(s) of {model!r}"
-                if len(serving) >= instances:
+                serving = _instances_serving(health, model, names)
+                seen += f", {serving} instance(s) of {model!r}"
+                if serving >= instances:
                     return names
             elif model in names:
                 return names
         except (ConnectionError, TimeoutError, ValueError, AttributeError, KeyError, TypeError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
             seen = f"{type(exc).__name__}: {exc}"
         if loop.time() >= deadline:
             raise NoInstancesError(

@@ -10,19 +10,21 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import LaunchError
+from ..errors import DynamoNBError, LaunchError
 from ..extras import require_extra
 from ..http import fetch
 from ..launch.launcher import ManagedProcess, launch
 from ..runtime.addresses import free_port
 from .planes import LOOPBACK, DynamoPlanes
 
-__all__ = ["DynamoFrontend", "launch_dynamo_frontend"]
+__all__ = ["DynamoFrontend", "launch_dynamo_frontend", "main"]
 
 
 @dataclass
@@ -51,7 +53,7 @@ async def launch_dynamo_frontend(
     require_extra("dynamo", "Dynamo's frontend")
     planes = DynamoPlanes.from_flags(discovery, request_plane, nats_url, tcp_host=None)
     port = port or free_port()
-    env = {**planes.environment, "DYN_HTTP_HOST": LOOPBACK, "DYN_LOG": launch_options.pop("log", "info")}
+    env = {**planes.frontend_environment(), "DYN_LOG": launch_options.pop("log", "info")}
     env.update(launch_options.pop("env", None) or {})
     timeout = float(launch_options.pop("timeout", 120.0))
     process = await launch(
@@ -95,3 +97,47 @@ async def _wait_listening(process: ManagedProcess, url: str, timeout: float) -> 
                 f"Dynamo's frontend did not answer at {url} within {timeout:g} s: {process.tail()}"
             )
         await asyncio.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dynamo_nb dynamo-frontend --discovery URL [--nats-url URL] [--request-plane P]
+    [--http-port N] [DYNAMO'S OWN FLAGS …]``: Dynamo's frontend in this terminal, its environment
+    set for workers started with the same ``--runtime dynamo`` flags (the process becomes
+    ``python -m dynamo.frontend``: Ctrl-C stops it). Flags it does not know go to Dynamo's
+    frontend (``--router-mode kv`` …).
+
+    Example::
+
+        python -m dynamo_nb dynamo-frontend --discovery file:///tmp/kv --router-mode kv
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamo_nb dynamo-frontend",
+        description="NVIDIA Dynamo's frontend (python -m dynamo.frontend) for the kit's --runtime dynamo "
+        "workers; flags not listed here go to it",
+    )
+    parser.add_argument(
+        "--discovery", required=True, help="as the workers' --discovery: file://DIR or etcd://HOST:PORT"
+    )
+    parser.add_argument("--nats-url", default=None, help="as the workers' --nats-url (NATS event plane)")
+    parser.add_argument("--request-plane", default=None, choices=("tcp", "nats"), help="as the workers'")
+    parser.add_argument(
+        "--http-port", type=int, default=8000, help="port on 127.0.0.1 (default: %(default)s)"
+    )
+    args, theirs = parser.parse_known_args(argv)
+    try:
+        require_extra("dynamo", "Dynamo's frontend")
+        planes = DynamoPlanes.from_flags(args.discovery, args.request_plane, args.nats_url, tcp_host=None)
+    except DynamoNBError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    command = [
+        sys.executable,
+        "-m",
+        "dynamo.frontend",
+        "--http-host",
+        LOOPBACK,
+        "--http-port",
+        str(args.http_port),
+    ]
+    print(f"Dynamo's frontend on http://{LOOPBACK}:{args.http_port} ({planes.describe()})", file=sys.stderr)
+    os.execve(sys.executable, [*command, *theirs], {**os.environ, **planes.frontend_environment()})

@@ -42,6 +42,9 @@ class DynamoKvEvents:
     event plane is ZMQ publish/subscribe, where what is sent before a router has subscribed is
     lost, so a publisher created at the first event would lose that event.
 
+    A sink made with ``enabled=False`` publishes nothing and creates no publisher (Dynamo's ZMQ
+    publisher listens on every interface: see `dynamo_nb.on_dynamo.DynamoPlanes.kv_events_allowed`).
+
     Attributes:
         stored_blocks: blocks announced as stored.
         removed_blocks: blocks announced as removed.
@@ -49,13 +52,16 @@ class DynamoKvEvents:
 
     wants_token_ids = True  # the engine's stored events carry their blocks' tokens
 
-    def __init__(self, endpoint: DynamoEndpoint) -> None:
+    def __init__(self, endpoint: DynamoEndpoint, *, enabled: bool = True) -> None:
         self.endpoint = endpoint
+        self.enabled = enabled
         self.publisher: Any = None
         self.stored_blocks = 0
         self.removed_blocks = 0
 
     async def __call__(self, event: Any) -> None:
+        if not self.enabled:
+            return
         if isinstance(event, dict) and "stored" in event:
             self._stored(event["stored"])
         elif isinstance(event, dict) and "removed" in event:
@@ -68,7 +74,7 @@ class DynamoKvEvents:
 
     def start(self, block_size: int) -> None:
         """Create Dynamo's ``KvEventPublisher`` for blocks of ``block_size`` tokens (once)."""
-        if self.publisher is None:
+        if self.publisher is None and self.enabled:
             from dynamo.llm import KvEventPublisher
 
             self.publisher = KvEventPublisher(self.endpoint.inner, kv_block_size=int(block_size))

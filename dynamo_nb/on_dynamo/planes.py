@@ -12,10 +12,14 @@ Example:
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError
+from ..runtime.addresses import is_loopback
 
 __all__ = ["DynamoPlanes"]
 
@@ -32,6 +36,42 @@ class DynamoPlanes:
     request_plane: str
     event_plane: str
     environment: dict[str, str] = field(default_factory=dict)
+    allow_unauthenticated: bool = False
+    discovery: str = ""  # the --discovery URL given
+    nats_url: str | None = None
+
+    @property
+    def kv_events_allowed(self) -> bool:
+        """Whether an engine's KV events may be published: over NATS (nothing listens here), or
+        over ZMQ only where listening unauthenticated is allowed. Dynamo 1.6.1's ZMQ publisher
+        binds every interface (``tcp://0.0.0.0:PORT``, whatever ``DYN_EVENT_PLANE_HOST`` says)
+        and checks no one who connects."""
+        return self.event_plane == "nats" or self.allow_unauthenticated
+
+    def check_listeners(self) -> None:
+        """Refuse (`ConfigError`) hosts off loopback for Dynamo's request plane and system
+        server unless ``allow_unauthenticated``: Dynamo's planes have no cluster secret or TLS,
+        so the kit's secret cannot protect them (the kit's rule: `dynamo_nb.runtime.security`).
+
+        Example:
+            >>> DynamoPlanes.from_flags("file:///tmp/kv", None, None, tcp_host="0.0.0.0").check_listeners()
+            Traceback (most recent call last):
+            ...
+            dynamo_nb.errors.ConfigError: Dynamo's TCP request plane would listen on 0.0.0.0, and Dynamo's runtime has no cluster secret or TLS of its own (the kit's secret does not reach it), so anyone who reaches it could use it: keep --tcp-host on loopback, or pass --allow-unauthenticated on a network you trust
+        """
+        if self.allow_unauthenticated:
+            return
+        for variable, what, flag in (
+            ("DYN_TCP_RPC_HOST", "Dynamo's TCP request plane", "--tcp-host"),
+            ("DYN_SYSTEM_HOST", "Dynamo's system server", "--system-host"),
+        ):
+            host = self.environment.get(variable, LOOPBACK)
+            if not is_loopback(host.strip("[]")):
+                raise ConfigError(
+                    f"{what} would listen on {host}, and Dynamo's runtime has no cluster secret or TLS of "
+                    "its own (the kit's secret does not reach it), so anyone who reaches it could use it: "
+                    f"keep {flag} on loopback, or pass --allow-unauthenticated on a network you trust"
+                )
 
     @classmethod
     def from_flags(
@@ -42,11 +82,13 @@ class DynamoPlanes:
         *,
         tcp_host: str | None,
         system_host: str = LOOPBACK,
+        allow_unauthenticated: bool = False,
     ) -> DynamoPlanes:
         """Map ``--discovery`` (``file://DIR`` or ``etcd://HOST:PORT``: Dynamo's frontend runs in
         another process, so ``memory`` and ``static`` cannot be used), ``--request-plane``
         (``tcp``, default, or ``nats``), ``--nats-url`` (NATS is then the event plane too, else
-        ZMQ) and ``--tcp-host`` (what Dynamo's servers bind: 127.0.0.1 unless given)."""
+        ZMQ) and ``--tcp-host`` (what Dynamo's servers bind: 127.0.0.1 unless given);
+        ``allow_unauthenticated`` (``--allow-unauthenticated``): see `check_listeners`."""
         host = tcp_host or LOOPBACK
         env = {
             "DYN_TCP_RPC_HOST": host,
@@ -58,6 +100,7 @@ class DynamoPlanes:
         if discovery.startswith("file://"):
             backend = "file"
             env["DYN_FILE_KV"] = discovery.removeprefix("file://")
+            _refuse_the_kits_folder(env["DYN_FILE_KV"])
         elif discovery.startswith("etcd://"):
             backend = "etcd"
             where = urlsplit(discovery)
@@ -78,7 +121,34 @@ class DynamoPlanes:
         env["DYN_REQUEST_PLANE"] = plane
         event_plane = "nats" if nats_url else "zmq"
         env["DYN_EVENT_PLANE"] = event_plane
-        return cls(backend, plane, event_plane, env)
+        return cls(backend, plane, event_plane, env, allow_unauthenticated, discovery, nats_url)
+
+    def frontend_environment(self, http_host: str = LOOPBACK) -> dict[str, str]:
+        """The environment ``python -m dynamo.frontend`` needs to find and reach these workers."""
+        return {**self.environment, "DYN_HTTP_HOST": http_host}
+
+    def frontend_command(self, port: int = 8000, *, kit: bool = False) -> str:
+        """The shell command that starts Dynamo's frontend for workers of these settings, ready
+        to paste: with ``kit`` the kit's short form (``python -m dynamo_nb dynamo-frontend``),
+        else ``python -m dynamo.frontend`` with its environment spelled out.
+
+        Example:
+            >>> planes = DynamoPlanes.from_flags("file:///tmp/kv", None, None, tcp_host=None)
+            >>> planes.frontend_command(kit=True).split(" ", 1)[1]
+            '-m dynamo_nb dynamo-frontend --discovery file:///tmp/kv --http-port 8000'
+            >>> planes.frontend_command().startswith("DYN_DISCOVERY_BACKEND=file DYN_EVENT_PLANE=zmq")
+            True
+        """
+        python = shlex.quote(sys.executable)
+        if kit:
+            words = ["--discovery", self.discovery]
+            if self.nats_url:
+                words += ["--nats-url", self.nats_url]
+            if self.request_plane != "tcp":
+                words += ["--request-plane", self.request_plane]
+            return f"{python} -m dynamo_nb dynamo-frontend {shlex.join([*words, '--http-port', str(port)])}"
+        settings = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.frontend_environment().items()))
+        return f"{settings} {python} -m dynamo.frontend --http-host {LOOPBACK} --http-port {port}"
 
     def apply(self) -> None:
         """Set the environment in this process (Dynamo's runtime reads it when it is created)."""
@@ -95,4 +165,16 @@ class DynamoPlanes:
         return (
             f"Dynamo's runtime: discovery {self.discovery_backend}, request plane {self.request_plane}, "
             f"event plane {self.event_plane} ({settings})"
+        )
+
+
+def _refuse_the_kits_folder(folder: str) -> None:
+    """A folder the kit's runtime uses (its ``leases/`` and ``keys/``) is not Dynamo's: a worker
+    registered there on Dynamo's runtime would be seen by no frontend."""
+    root = Path(folder)
+    if (root / "leases").is_dir() and (root / "keys").is_dir():
+        raise ConfigError(
+            f"{root} is the kit's runtime's discovery folder (it holds leases/ and keys/), which Dynamo's "
+            "runtime and frontend cannot read: give --runtime dynamo a folder of its own, and serve it with "
+            f"Dynamo's frontend (python -m dynamo_nb dynamo-frontend --discovery file://DIR)"
         )

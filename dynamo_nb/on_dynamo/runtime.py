@@ -94,6 +94,11 @@ class DynamoRuntime:
             event_plane=planes.event_plane,
         )
         logger.info("%s", planes.describe())
+        logger.info(
+            "Dynamo's frontend for this worker: %s   (or, spelled out: %s)",
+            planes.frontend_command(kit=True),
+            planes.frontend_command(),
+        )
         return cls(inner, planes)
 
     @property
@@ -174,6 +179,9 @@ class DynamoEndpoint:
                 await producer  # raises what the handler raised
             except DynamoNBError as exc:
                 raise _http_error(exc) from exc
+            except Exception as exc:  # the engine's or handler's bug: a 500 naming it, not a 400
+                # (Dynamo's runtime logs it with this traceback chained: the request id beside it)
+                raise _worker_failed(exc, self.path, server.instance_id, ours.id) from exc
             finally:
                 server.inflight -= 1
                 producer.cancel()
@@ -234,6 +242,21 @@ def _http_error(exc: DynamoNBError) -> Exception:
     return HttpError(int(getattr(exc, "http_status", 500)), str(exc))
 
 
+def _worker_failed(exc: Exception, path: EndpointPath, instance_id: int, request_id: str) -> Exception:
+    """Any other exception as Dynamo's ``HttpError`` 500 naming it and the worker, as the kit's
+    own frontend names it. A bare exception would reach the client as 400 "Invalid request" (the
+    client's fault); Dynamo 1.6.1's frontend answers a 5xx with its own words ("Internal server
+    error"), so the message is for Dynamo's own clients and the worker's log, next to the
+    traceback and the request id (the ``chatcmpl-<id>`` a streamed answer carries)."""
+    from dynamo.llm.exceptions import HttpError
+
+    return HttpError(
+        500,
+        f"the worker failed: {type(exc).__name__}: {exc} (instance {instance_id:x} of {path}, "
+        f"request {request_id}; its log has the traceback)",
+    )
+
+
 async def runtime_from_config(config: RuntimeConfig) -> DynamoRuntime:
     """NVIDIA Dynamo's runtime from the kit's runtime settings (``--runtime dynamo``): what
     `RuntimeConfig.start` runs for it (`dynamo_nb.runtime.program.OTHER_RUNTIMES`).
@@ -248,7 +271,9 @@ async def runtime_from_config(config: RuntimeConfig) -> DynamoRuntime:
         config.nats_url,
         tcp_host=config.tcp_host,
         system_host=config.system_host,
+        allow_unauthenticated=config.allow_unauthenticated,
     )
+    planes.check_listeners()
     return await DynamoRuntime.create(planes)
 
 

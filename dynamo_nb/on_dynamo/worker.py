@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from .runtime import DynamoRuntime
 
 __all__ = ["serve_engine_on_dynamo", "with_handoff_token"]
+
+logger = logging.getLogger(__name__)
 
 
 async def serve_engine_on_dynamo(
@@ -61,7 +64,8 @@ async def serve_engine_on_dynamo(
     from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, WorkerType, register_model
 
     endpoint = runtime.endpoint(role.endpoint)
-    kv_events = DynamoKvEvents(endpoint)  # to Dynamo's KV router (python -m dynamo.frontend --router-mode kv)
+    # to Dynamo's KV router (python -m dynamo.frontend --router-mode kv), where nothing listens unasked
+    kv_events = DynamoKvEvents(endpoint, enabled=runtime.planes.kv_events_allowed)
     made = make_engine(kv_events)
     engine: Engine = await made if inspect.isawaitable(made) else made
     try:
@@ -74,6 +78,13 @@ async def serve_engine_on_dynamo(
         if engine.block_size is not None:
             options["kv_cache_block_size"] = int(engine.block_size)
             kv_events.start(engine.block_size)  # before serving: routers subscribe meanwhile
+            if not kv_events.enabled:
+                logger.warning(
+                    "KV events are not published, so Dynamo's KV router (--router-mode kv) cannot see this "
+                    "engine's cache: Dynamo's ZMQ event plane would listen on every interface (0.0.0.0) with "
+                    "no authentication. Give --nats-url nats://HOST:PORT (NATS carries them; nothing listens "
+                    "here), or --allow-unauthenticated on a network you trust"
+                )
         model_type = ModelType.Chat | ModelType.Completions
         if role.mode == "aggregated":
             method, options["worker_type"] = engine.generate, WorkerType.Aggregated

@@ -37,11 +37,25 @@ from ...errors import ConfigError
 from ..ids import new_instance_id
 from .base import KeyValueDiscovery, PrefixWatch, cancel_tasks
 
-__all__ = ["FileDiscovery", "parse_file_url"]
+__all__ = ["DYNAMO_LAYOUT", "FileDiscovery", "dynamo_folder_error", "parse_file_url"]
 
 logger = logging.getLogger("dynamo_nb.discovery.file")
 
 POLL_INTERVAL = 0.25
+
+DYNAMO_LAYOUT = "v1"
+"""The top folder NVIDIA Dynamo's own file discovery (``DYN_FILE_KV``) keeps its keys under: a
+folder holding it belongs to workers on Dynamo's runtime, which the kit's readers cannot list."""
+
+
+def dynamo_folder_error(root: Path) -> ConfigError:
+    """What to do when the kit is pointed at a folder of Dynamo's runtime."""
+    return ConfigError(
+        f"{root} is NVIDIA Dynamo's discovery folder (it holds {DYNAMO_LAYOUT}/: workers started with "
+        f"--runtime dynamo), which the kit's runtime cannot read: serve them with Dynamo's frontend "
+        f"(python -m dynamo_nb dynamo-frontend --discovery file://{root}), or give the kit's programs a "
+        "folder of their own"
+    )
 
 
 def parse_file_url(url: str) -> Path:
@@ -95,11 +109,14 @@ class FileDiscovery(KeyValueDiscovery):
         self._ttls: dict[str, float] = {}  # lease file → the TTL its runtime wrote in it
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._dynamo_noticed = False  # Dynamo's runtime writing here too: said once
 
     def describe(self) -> str:
         return self.url
 
     async def start(self) -> None:
+        if (self.root / DYNAMO_LAYOUT).is_dir():  # before writing anything there
+            raise dynamo_folder_error(self.root)
         try:
             self._make_folders()
         except OSError as exc:
@@ -278,6 +295,9 @@ class FileDiscovery(KeyValueDiscovery):
             await asyncio.sleep(self.poll_interval)
             if not self._watches:
                 continue
+            if not self._dynamo_noticed and (self.root / DYNAMO_LAYOUT).is_dir():
+                self._dynamo_noticed = True
+                logger.warning("file discovery: %s", dynamo_folder_error(self.root))
             try:
                 snapshot, wiped = await asyncio.to_thread(self._scan_noting_wipes)
             except OSError as exc:
