@@ -344,6 +344,36 @@ async def test_an_engine_yielding_dicts_is_told_to_yield_llm_engine_outputs() ->
     ), failed
 
 
+async def test_a_wrapper_that_speaks_before_its_inner_engine_refuses_is_told_to_take_the_first_item() -> None:
+    """A wrapper yielding its own item before reading the inner stream: the inner engine's refusal
+    of a too-long prompt comes after output, too late for a 400; the check says what to change,
+    and the same wrapper taking the first item first passes it."""
+    from dynamo_nb.engines import check_engine
+    from dynamo_nb.llm import LLMEngineOutput
+
+    class SpeaksFirst(EchoEngine):
+        async def generate(self, request, context=None):
+            yield LLMEngineOutput(token_ids=[7])
+            async for item in super().generate(request, context):
+                yield item
+
+    class TakesTheFirstItem(EchoEngine):
+        async def generate(self, request, context=None):
+            stream = super().generate(request, context)
+            first = await anext(stream)  # the inner engine refuses here
+            yield LLMEngineOutput(token_ids=[7])
+            yield first
+            async for item in stream:
+                yield item
+
+    row = "a prompt past the context is refused"
+    report = await check_engine(SpeaksFirst(context_length=64))
+    detail = next(result.detail for result in report.results if result.name == row)
+    assert "refused only after 1 item(s) of output" in detail and "await anext(stream)" in detail, report
+    fixed = await check_engine(TakesTheFirstItem(context_length=64))
+    assert next(result.status for result in fixed.results if result.name == row) == "passed", fixed
+
+
 async def test_an_engine_that_needs_a_temperature_is_told_a_client_may_send_none() -> None:
     """A client that sends no temperature gets SamplingOptions(temperature=None): an engine that
     divides by it fails the contract's check, which says to sample at 1 then."""

@@ -84,5 +84,7 @@ def test_the_check_finds_what_makes_a_chart_unreadable() -> None:
     ax.set_xticks(range(6), [f"{n} workers · concurrency 200" for n in range(6)])
     ax.axhline(4, label="target")
     ax.legend(loc="lower left")
+    ax.set_title("a title far too long for a figure four inches wide, so its ends are cut by the edges")
     problems = layout_problems(figure)
     assert any("overlap" in p for p in problems) and any("legend covers" in p for p in problems), problems
+    assert any("is cut by the figure's edge" in p and p.startswith("'a title") for p in problems), problems

@@ -172,3 +172,14 @@ async def test_the_vllm_worker_reaches_ready_over_file_discovery(tmp_path: Path)
         assert any(line.startswith("READY dynamo.backend.generate") for line in worker.logs()), worker.tail()
     finally:
         assert await worker.stop(timeout=60) == 0, worker.tail()
+
+
+def test_the_commands_help_names_every_extra_install_takes() -> None:
+    import dynamo_nb.__main__ as entry
+    from dynamo_nb.install import EXTRAS
+
+    install_line = next(
+        line for line in (entry.__doc__ or "").splitlines() if line.strip().startswith("install")
+    )
+    assert all(extra in install_line for extra in EXTRAS), (install_line, sorted(EXTRAS))
+    assert "dynamo-frontend" in (entry.__doc__ or "")

@@ -618,3 +618,22 @@ async def test_the_frontend_command_a_worker_prints_serves_it(tmp_path: Path) ->
             await DistributedRuntime.create(where)
     finally:
         assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_the_dynamo_pages_python_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/dynamo.md's Python snippet, with its own imports (its folder /tmp/kv made the test's):
+    the worker and Dynamo's frontend it starts answer."""
+    from doc_snippets import run_snippets
+
+    monkeypatch.chdir(ROOT)
+    names = await run_snippets(ROOT / "docs" / "dynamo.md", folder=("/tmp/kv", str(tmp_path / "kv")))
+    try:
+        await bench.wait_for_model(names["frontend"].url, MODEL, instances=1, timeout=60)
+        assert await answer_of(names["frontend"].url, {**CHAT, "max_tokens": 4})
+    finally:
+        assert await names["frontend"].stop() == 0, names["frontend"].process.tail()
+        assert await names["worker"].stop(timeout=30) == 0, names["worker"].tail()

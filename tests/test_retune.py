@@ -11,7 +11,7 @@ import pytest
 from dynamo_nb.bench import SLO, synthetic_trace
 from dynamo_nb.errors import ConfigError
 from dynamo_nb.planner import retune
-from dynamo_nb.planner.retune import last_window
+from dynamo_nb.planner.retune import describe, last_window
 from dynamo_nb.replay import Fleet, ReplayResult, replay
 from dynamo_nb.router.policy import RouterPolicy
 
@@ -76,3 +76,18 @@ def test_a_window_and_bad_settings() -> None:
         TRACE, [RouterPolicy()], objective="goodput_req_per_s", slo=SLO(ttft_ms=50), fleet=Fleet(workers=2)
     )
     assert good.table["goodput_req_per_s"].iloc[0] > 0
+
+
+def test_the_retune_chart_reads_cleanly_with_many_policies() -> None:
+    """Eight policies and the incumbent (notebook 14's grid): each label on its own row, the title
+    inside the figure (the layout check of the kit's charts)."""
+    from dynamo_nb.bench import layout_problems
+
+    ms = {float(scale): 100.0 - scale for scale in (1, 2, 4, 8, 16, 32, 64, 128)}
+    answer = retune(TRACE, {"prefill_load_scale": [2, 4, 8, 16, 32, 64, 128], "overlap_score_credit": [1.0]},
+                    simulate=scripted(ms))  # fmt: skip
+    chart = answer.chart()
+    assert layout_problems(chart) == []
+    assert [t.get_text() for t in chart.axes[0].get_yticklabels()] == [
+        describe(policy) for policy in answer.table["policy"]
+    ]

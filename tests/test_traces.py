@@ -4,6 +4,7 @@ format parses; synthetic traces have the prefix structure and arrivals asked for
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,12 @@ async def test_the_frontend_captures_each_finished_request(
             response = await http.post("/v1/completions", json=body)
             assert response.status_code == 200, response.text
             answers.append((response.headers["x-request-id"], response.json()["usage"]))
+    # a running frontend's file has each request within a second (a Retuner reads it), the last too
+    for _ in range(200):
+        if path.exists() and answers[-1][0] in path.read_text():
+            break
+        await asyncio.sleep(0.05)
+    assert answers[-1][0] in path.read_text(), "the last request's line was not flushed while running"
     await frontend.stop(timeout=10)  # the trace is flushed as the frontend stops
 
     trace = bench.read_trace(path)

@@ -424,7 +424,8 @@ def _readable_ticks(figure: Figure) -> None:
 
 def layout_problems(figure: Figure) -> list[str]:
     """What makes a chart hard to read, as sentences: x tick labels that overlap, a legend drawn
-    over a panel's bars or lines, a figure legend over a panel. Empty when none.
+    over a panel's bars or lines, a figure legend over a panel, a title or tick label cut by the
+    figure's edge. Empty when none.
 
     Example::
 
@@ -453,6 +454,30 @@ def layout_problems(figure: Figure) -> list[str]:
         covered = [ax.get_title() for ax in figure.axes if ax.get_window_extent(renderer).overlaps(box)]
         if covered:
             problems.append(f"the figure legend covers the panels {covered}")
+    return problems + _clipped_texts(figure, renderer)
+
+
+def _drawn_labels(ticks: Any, labels: list[Any], limits: tuple[float, float]) -> list[Any]:
+    """The tick labels drawn: those of ticks within the axis' limits (the others are not)."""
+    low, high = min(limits), max(limits)
+    return [label for tick, label in zip(ticks, labels, strict=False) if low <= tick <= high]
+
+
+def _clipped_texts(figure: Figure, renderer: Any) -> list[str]:
+    """Titles and tick labels that reach past the figure's edge (drawn cut off)."""
+    edge = figure.bbox
+    texts = [figure._suptitle] if figure._suptitle is not None else []  # type: ignore[attr-defined]  # matplotlib keeps the suptitle there
+    for ax in figure.axes:
+        if ax.axison:
+            texts += [ax.title, *_drawn_labels(ax.get_xticks(), ax.get_xticklabels(), ax.get_xlim())]
+            texts += _drawn_labels(ax.get_yticks(), ax.get_yticklabels(), ax.get_ylim())
+    problems = []
+    for text in texts:
+        if not text.get_visible() or not text.get_text():
+            continue
+        box = text.get_window_extent(renderer)
+        if box.x0 < edge.x0 - 1 or box.x1 > edge.x1 + 1 or box.y0 < edge.y0 - 1 or box.y1 > edge.y1 + 1:
+            problems.append(f"{text.get_text()!r} is cut by the figure's edge")
     return problems
 
 

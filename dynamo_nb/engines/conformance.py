@@ -240,9 +240,21 @@ class _Checks:
         limit = self.engine.context_length
         if limit is None:
             raise _Skip("it declares no context_length")
+        yielded = 0
         try:
-            await self.run(self.request(4, prompt=[self.prompt[0]] * limit))
+            async with closing(
+                self.engine.generate(self.request(4, prompt=[self.prompt[0]] * limit))
+            ) as stream:
+                async for _ in stream:
+                    yielded += 1
         except InvalidRequestError:
+            if yielded:  # the frontend could no longer answer 400: the client already had a 200
+                raise AssertionError(
+                    f"a {limit}-token prompt was refused only after {yielded} item(s) of output: refuse "
+                    "before the first item. A wrapper that yields something of its own must first take "
+                    "the inner stream's first item (await anext(stream): the inner engine refuses there), "
+                    "then yield its own"
+                ) from None
             return
         raise AssertionError(
             f"a {limit}-token prompt (its whole context) was not refused with InvalidRequestError"

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -57,8 +58,10 @@ class TracedRequest:
 
 
 class RequestTraceWriter:
-    """Appends `TracedRequest` records to ``path`` as JSON lines (buffered, flushed every second
-    and on `close`)."""
+    """Appends `TracedRequest` records to ``path`` as JSON lines, buffered: each line is in the
+    file within a second of its request's end (a timer flushes what waits; without an event
+    loop, at once) and everything on `close`, so a reader of a running frontend's file (the
+    `dynamo_nb.planner.Retuner`) lags it by a second at most."""
 
     def __init__(self, path: str | os.PathLike[str], block_size: int = TRACE_BLOCK_SIZE) -> None:
         self.path = Path(path)
@@ -66,18 +69,25 @@ class RequestTraceWriter:
         self.block_size = block_size
         self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
         self._flushed = time.monotonic()
+        self._flush_timer: asyncio.TimerHandle | None = None
         self.written = 0
 
     def write(self, request: TracedRequest) -> None:
-        """Append one request's line."""
+        """Append one request's line (in the file within `_FLUSH_SECONDS`)."""
         if self._file is None:
             return
         self._file.write(json.dumps(self.event(request), separators=(",", ":")) + "\n")
         self.written += 1
         now = time.monotonic()
         if now - self._flushed >= _FLUSH_SECONDS:
-            self._file.flush()
-            self._flushed = now
+            self.flush()
+        elif self._flush_timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop to come back on: now
+                self.flush()
+            else:
+                self._flush_timer = loop.call_later(_FLUSH_SECONDS, self.flush)
 
     def event(self, request: TracedRequest) -> dict[str, Any]:
         """The ``dynamo.request.trace.v1`` ``request_end`` event of ``request``."""
@@ -118,12 +128,16 @@ class RequestTraceWriter:
 
     def flush(self) -> Path:
         """Write what is buffered now (to read the trace while the frontend runs); the path."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         if self._file is not None:
             self._file.flush()
             self._flushed = time.monotonic()
         return self.path
 
     def close(self) -> None:
+        self.flush()
         if self._file is not None:
             self._file.close()
             self._file = None

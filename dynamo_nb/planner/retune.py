@@ -73,18 +73,21 @@ class Retune:
         """The objective for each policy, the incumbent and the winner marked."""
         from ..bench.charts import _chart
 
-        figure, (ax,) = _chart(1)
         table = self.table
+        figure, (ax,) = _chart(1, width=6.4, height=1.6 + 0.32 * len(table))  # a row per policy
         labels = [describe(policy) for policy in table["policy"]]
         colors = [
             "green" if w else "grey" if i else "steelblue"
             for w, i in zip(table["winner"], table["incumbent"], strict=True)
         ]
-        ax.bar(range(len(table)), table[self.objective], color=colors)
-        ax.set_xticks(range(len(table)), labels, rotation=60, ha="right", fontsize="small")
-        ax.set_ylabel(self.objective)
-        ax.set_title(f"{self.objective} by router policy (green: the winner, grey: the incumbent)")
-        ax.grid(True, axis="y", alpha=0.3)
+        ax.barh(range(len(table)), table[self.objective], color=colors)
+        ax.set_yticks(range(len(table)), labels, fontsize="small")  # labels on their own rows
+        ax.invert_yaxis()  # the table's order, top down
+        ax.set_xlabel(self.objective)
+        ax.set_title(
+            f"{self.objective} by router policy\n(green: the winner, grey: the incumbent)", fontsize="medium"
+        )
+        ax.grid(True, axis="x", alpha=0.3)
         return figure
 
     def __repr__(self) -> str:
