@@ -57,13 +57,7 @@ async def launch_dynamo_frontend(
     env.update(launch_options.pop("env", None) or {})
     timeout = float(launch_options.pop("timeout", 120.0))
     process = await launch(
-        sys.executable,
-        "-m",
-        "dynamo.frontend",
-        "--http-host",
-        LOOPBACK,
-        "--http-port",
-        str(port),
+        *DynamoPlanes.frontend_argv(port),
         *args,
         name=launch_options.pop("name", "dynamo-frontend"),
         ready=None,  # its log may be quieter than the line it prints when it listens: asked over HTTP
@@ -130,14 +124,6 @@ def main(argv: list[str] | None = None) -> int:
     except DynamoNBError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    command = [
-        sys.executable,
-        "-m",
-        "dynamo.frontend",
-        "--http-host",
-        LOOPBACK,
-        "--http-port",
-        str(args.http_port),
-    ]
+    command = DynamoPlanes.frontend_argv(args.http_port)
     print(f"Dynamo's frontend on http://{LOOPBACK}:{args.http_port} ({planes.describe()})", file=sys.stderr)
     os.execve(sys.executable, [*command, *theirs], {**os.environ, **planes.frontend_environment()})

@@ -127,6 +127,11 @@ class DynamoPlanes:
         """The environment ``python -m dynamo.frontend`` needs to find and reach these workers."""
         return {**self.environment, "DYN_HTTP_HOST": http_host}
 
+    @staticmethod
+    def frontend_argv(port: int = 8000) -> list[str]:
+        """``python -m dynamo.frontend`` on 127.0.0.1:``port`` (this Python), as a command's words."""
+        return [sys.executable, "-m", "dynamo.frontend", "--http-host", LOOPBACK, "--http-port", str(port)]
+
     def frontend_command(self, port: int = 8000, *, kit: bool = False) -> str:
         """The shell command that starts Dynamo's frontend for workers of these settings, ready
         to paste: with ``kit`` the kit's short form (``python -m dynamo_nb dynamo-frontend``),
@@ -148,7 +153,7 @@ class DynamoPlanes:
                 words += ["--request-plane", self.request_plane]
             return f"{python} -m dynamo_nb dynamo-frontend {shlex.join([*words, '--http-port', str(port)])}"
         settings = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.frontend_environment().items()))
-        return f"{settings} {python} -m dynamo.frontend --http-host {LOOPBACK} --http-port {port}"
+        return f"{settings} {shlex.join(self.frontend_argv(port))}"
 
     def apply(self) -> None:
         """Set the environment in this process (Dynamo's runtime reads it when it is created)."""
