@@ -51,12 +51,14 @@ __all__ = [
     "add_model_args",
     "add_runtime_args",
     "add_sglang_args",
+    "add_upstream_args",
     "component_parser",
     "echo_worker_parser",
     "frontend_parser",
     "hf_worker_parser",
     "mocker_worker_parser",
     "sglang_worker_parser",
+    "upstream_worker_parser",
     "vllm_worker_parser",
 ]
 
@@ -228,6 +230,22 @@ def echo_worker_parser(prog: str = "echo_worker", description: str | None = None
 def hf_worker_parser(prog: str = "hf_worker", description: str | None = None) -> argparse.ArgumentParser:
     """Every flag of the ``hf`` engine worker (components/hf_worker.py)."""
     return component_parser(prog, description, add_model_args, add_engine_args, add_hf_args)
+
+
+def add_upstream_args(parser: argparse.ArgumentParser) -> None:
+    """Add the upstream worker's own flags (the server to serve: declared beside the engine,
+    `dynamo_nb.engines.upstream.UpstreamSettings`)."""
+    from .engines.upstream import UpstreamEngine
+
+    UpstreamEngine.add_args(parser)
+
+
+def upstream_worker_parser(
+    prog: str = "upstream_worker", description: str | None = None
+) -> argparse.ArgumentParser:
+    """Every flag of the upstream worker (components/upstream_worker.py): a running
+    OpenAI-compatible server served as an engine."""
+    return component_parser(prog, description, add_model_args, add_engine_args, add_upstream_args)
 
 
 def mocker_worker_parser(

@@ -3,6 +3,9 @@
 =============================  ===============================================================
 ``--in http --out hf``         frontend + hf worker in one process (memory discovery, inproc);
                                nothing else to start. ``--out echo``: a zero-cost echo engine.
+``--in http --out upstream=URL``
+                               frontend + a running OpenAI-compatible server at ``URL``
+                               (``vllm serve`` …) behind it, as an engine (`UpstreamEngine`)
 ``--in http --out dyn://P``    frontend only, serving the models registered at endpoint ``P``
                                (``--discovery etcd://...``; or ``--static`` with the model flags)
 ``--in dyn://P --out hf``      worker only, serving endpoint ``P`` (runtime flags as any worker)
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["run", "run_parser"]
 
 ENGINES = ("hf", "echo")
+UPSTREAM = "upstream="  # --out upstream=URL: a running OpenAI-compatible server
 
 
 def run_parser() -> argparse.ArgumentParser:
@@ -48,7 +52,10 @@ def run_parser() -> argparse.ArgumentParser:
         "--in", dest="input", default="http", help="http | dyn://ns.comp.ep (default: %(default)s)"
     )
     parser.add_argument(
-        "--out", dest="output", default="hf", help="hf | echo | dyn://ns.comp.ep (default: %(default)s)"
+        "--out",
+        dest="output",
+        default="hf",
+        help="hf | echo | upstream=http://HOST:PORT (a running server) | dyn://ns.comp.ep (default: %(default)s)",
     )
     return parser
 
@@ -73,9 +80,10 @@ async def run(argv: list[str] | None = None) -> int:
     out_path = _dyn_path(args.output, "--out")
     if args.input != "http" and in_path is None:
         raise ConfigError(f"--in {args.input!r}: use http or dyn://namespace.component.endpoint")
-    if args.output not in ENGINES and out_path is None:
+    if args.output not in ENGINES and out_path is None and not args.output.startswith(UPSTREAM):
         raise ConfigError(
-            f"--out {args.output!r}: use {', '.join(ENGINES)} or dyn://namespace.component.endpoint"
+            f"--out {args.output!r}: use {', '.join(ENGINES)}, upstream=http://HOST:PORT or "
+            "dyn://namespace.component.endpoint"
         )
     if in_path is not None and out_path is not None:
         raise ConfigError("--in dyn://... serves an engine: give --out hf or --out echo")
@@ -119,8 +127,19 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
     from .llm.register import model_from_args
 
     model_path, model_name = model_from_args(args)
+    upstream = None
+    if args.output.startswith(UPSTREAM):  # connected first: it names the model unless --model-name
+        from .engines.upstream import UpstreamEngine
+        from .llm.tokenizer import ModelTokenizer
+
+        upstream = await UpstreamEngine.connect(
+            args.output.removeprefix(UPSTREAM), tokenizer=ModelTokenizer.load(model_path)
+        )
+        model_name = args.model_name or upstream.model
 
     async def make_engine(kv_events: Any) -> Any:
+        if upstream is not None:
+            return upstream
         if args.output == "echo":
             return await EchoEngine.from_args(args, model_path)
         from .engines.hf import HFEngine

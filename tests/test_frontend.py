@@ -127,6 +127,34 @@ async def test_openai_client_completions_unary_and_stream(served: Served) -> Non
     assert by_ids.choices[0].text == expected
 
 
+async def test_return_token_ids_gives_vllms_fields_streamed_and_unary(served: Served) -> None:
+    """vLLM's ``return_token_ids``: the choice carries the prompt's ids and the generated ones;
+    streamed, each chunk the ids since the last (an upstream worker reads them back)."""
+    prompt = served.tokenizer.encode("Once upon a time a small robot")
+    _, tokens = await direct_text(served, prompt, 10)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 10, "temperature": 0, "return_token_ids": True}
+    whole = (await served.http.post("/v1/completions", json=body)).json()["choices"][0]
+    assert (whole["prompt_token_ids"], whole["token_ids"]) == (prompt, tokens)
+    for kind, extra in (("completions", {}), ("chat/completions", {"messages": HI, "prompt": None})):
+        streamed = {**body, **extra, "stream": True}
+        streamed = {k: v for k, v in streamed.items() if v is not None}
+        async with served.http.stream("POST", f"/v1/{kind}", json=streamed) as answer:
+            chunks = [
+                json.loads(line[6:]) async for line in answer.aiter_lines() if line.startswith("data: {")
+            ]
+        choices = [chunk["choices"][0] for chunk in chunks]
+        assert "prompt_token_ids" in choices[0] and all("prompt_token_ids" not in c for c in choices[1:])
+        ids = [token for choice in choices for token in choice["token_ids"]]
+        expected = (
+            tokens
+            if kind == "completions"
+            else (await direct_text(served, chat_token_ids(served, HI), 10))[1]
+        )
+        assert ids == expected, kind
+    plain = (await served.http.post("/v1/completions", json={**body, "return_token_ids": False})).json()
+    assert "token_ids" not in plain["choices"][0]  # only when asked
+
+
 async def test_stop_strings_end_the_text_and_the_worker_stream(served: Served) -> None:
     expected, _ = await direct_text(served, chat_token_ids(served, HI), 30)
     stop = expected[8:11]

@@ -637,3 +637,26 @@ async def test_the_dynamo_pages_python_runs_as_written(
     finally:
         assert await names["frontend"].stop() == 0, names["frontend"].process.tail()
         assert await names["worker"].stop(timeout=30) == 0, names["worker"].tail()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_a_running_server_behind_dynamos_frontend_through_the_upstream_worker(tmp_path: Path) -> None:
+    """components/upstream_worker.py with --runtime dynamo: a running OpenAI-compatible server
+    (the kit's own run --out hf, in its own process) behind Dynamo's frontend, the same text as
+    the server asked directly."""
+    port = free_port()
+    server = await launch(sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", "hf", "--http-port", port,
+                          cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name="server")  # fmt: skip
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await on_dynamo(
+        "components/upstream_worker.py", where, tmp_path, "--upstream", f"http://127.0.0.1:{port}"
+    )
+    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        await bench.wait_for_model(frontend.url, MODEL, instances=1, timeout=60)
+        assert await answer_of(frontend.url, CHAT) == await answer_of(f"http://127.0.0.1:{port}", CHAT)
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+        await server.stop(timeout=10)

@@ -14,6 +14,9 @@
   vLLM's KV connector;
 - ``sglang.py``: `SglangEngine`, ``sglang.Engine`` (the ``sglang`` extra, on a GPU) with SGLang's
   bootstrap-room disaggregation; ``sglang_fake.py``: its recording stand-in (no GPU needed);
+- ``upstream.py``: `UpstreamEngine`, a running OpenAI-compatible server (``vllm serve``, SGLang's
+  server, another kit frontend) as an engine: token ids in and out, cancellation and the
+  server's own errors passed through;
 - ``conformance.py``: `check_engine`, the contract's checks, run on any engine from a cell;
 - ``engine_worker.py``: `serve_engine`, an engine served as a worker from its flags (its role, KV
   events, model card, stats endpoint);
@@ -40,6 +43,7 @@ from .base import Engine, KvEvent, KvEventSink, stats_handler, token_budget
 from .conformance import ConformanceReport, check_engine
 from .echo import EchoEngine
 from .mocker import MockerEngine
+from .upstream import UpstreamEngine
 from .model_calls import forward_with_cache, new_kv_cache
 
 if TYPE_CHECKING:
@@ -57,6 +61,7 @@ __all__ = [
     "KvEventSink",
     "MockerEngine",
     "SglangEngine",
+    "UpstreamEngine",
     "VllmEngine",
     "check_engine",
     "forward_with_cache",

@@ -382,10 +382,11 @@ class Frontend:
         return json_response({"policy": new.to_dict(), "changed": changed})
 
     async def _list_models(self, request: HttpRequest) -> HttpResponse:
-        data = [
-            {"id": m.name, "object": "model", "created": m.created, "owned_by": "dynamo_nb"}
+        data = [  # max_model_len as vLLM lists it: a client (an upstream worker) learns the context
+            {"id": m.name, "object": "model", "created": m.created, "owned_by": "dynamo_nb",
+             "max_model_len": m.card.context_length}
             for m in sorted(self.models.live_models(), key=lambda m: m.name)
-        ]
+        ]  # fmt: skip
         return json_response({"object": "list", "data": data})
 
     async def _health(self, request: HttpRequest) -> HttpResponse:

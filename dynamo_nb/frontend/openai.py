@@ -52,6 +52,7 @@ class OpenAIRequest:
     routing: dict[str, Any] | None = None
     priority: float = 0.0  # nvext.agent_hints.priority: soft, higher first (Dynamo's polarity)
     strict_priority: int = 0  # nvext.agent_hints.strict_priority: a tier, higher always first
+    return_token_ids: bool = False  # vLLM's: each choice also carries its token ids (and the prompt's)
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -367,6 +368,7 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
         sampling,
         extra_fields=_extra_fields(body),
         routing=_routing(body),
+        return_token_ids=_flag(body, "return_token_ids"),
         **_agent_hints(body),  # type: ignore[arg-type]  # priority: float, strict_priority: int
     )
     if kind == "chat":

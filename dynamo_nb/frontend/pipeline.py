@@ -248,6 +248,7 @@ class RequestPipeline:
                 opened.stream, opened.plan, ticket=ticket, decision=opened.decision,
                 asked=parsed.extra_fields,
                 timing=RequestTiming(received_ms, started, waited_s, first_s, len(request.token_ids)),
+                returned=[] if parsed.return_token_ids else None,
             )  # fmt: skip
             try:
                 pieces = relay(
@@ -257,10 +258,10 @@ class RequestPipeline:
                     response: HttpResponse | StreamedResponse
                     if parsed.stream:
                         response = await write_stream(
-                            http_request, parsed, pieces, outcome, len(request.token_ids)
+                            http_request, parsed, pieces, outcome, request.token_ids
                         )
                     else:
-                        response = await write_unary(parsed, pieces, outcome, len(request.token_ids))
+                        response = await write_unary(parsed, pieces, outcome, request.token_ids)
                     if streaming is not None:
                         streaming.add_event("last token", {"completion_tokens": outcome.completion_tokens})
             except ConnectionResetError:

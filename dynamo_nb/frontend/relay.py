@@ -81,6 +81,8 @@ class Outcome:
             ``usage.prompt_tokens_details.cached_tokens``).
         error: why it ended early, when it did.
         ending: the relay has the stream's last item (what it yields now is the last text).
+        returned: every token id generated so far, when the request asked for them (vLLM's
+            ``return_token_ids``); None when it did not.
     """
 
     stream: ResponseStream | RoutedStream
@@ -95,6 +97,7 @@ class Outcome:
     cached_tokens: int | None = None
     error: str | None = None
     ending: bool = False
+    returned: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.plan is not None:
@@ -181,9 +184,12 @@ async def relay(
     last = time.perf_counter()
     count = 0
     earlier = 0  # tokens streamed by workers that went down (their usage is not in the last one's)
+    returned = outcome.returned
     while True:
         ids: Sequence[int] = item.get("token_ids") or ()
         count += len(ids)
+        if returned is not None:
+            returned.extend(ids)
         moving.record(ids)
         text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
         finish = item.get("finish_reason")

@@ -3,15 +3,15 @@
 
 Example::
 
-    response = await write_stream(http_request, parsed, pieces, outcome, prompt_tokens=12)
-    response = await write_unary(parsed, pieces, outcome, prompt_tokens=12)
+    response = await write_stream(http_request, parsed, pieces, outcome, request.token_ids)
+    response = await write_unary(parsed, pieces, outcome, request.token_ids)
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -34,11 +34,13 @@ async def write_stream(
     parsed: OpenAIRequest,
     pieces: AsyncIterator[str],
     outcome: Outcome,
-    prompt_tokens: int,
+    prompt: Sequence[int],
 ) -> StreamedResponse:
     """Send ``pieces`` as SSE chunks as they come, then the finish reason (and ``nvext``), the
     usage chunk when asked for (``stream_options.include_usage``) and ``[DONE]``; an error
-    mid-stream is an error event before ``[DONE]``.
+    mid-stream is an error event before ``[DONE]``. With vLLM's ``return_token_ids`` each
+    choice also carries the ids generated since the last chunk (``token_ids``), the first the
+    ``prompt`` ids (``prompt_token_ids``).
 
     The events of all pieces already received go out in one write (the headers and the role
     chunk with the first), and the last piece's with the finish chunk and the end of the
@@ -66,9 +68,15 @@ async def write_stream(
         suffix = ',"logprobs":null,"finish_reason":null}]}\n\n'
     write = response.write
     dumps = json.dumps
+    prompt_tokens = len(prompt)
+    returned = outcome.returned
+    ids = _IdsSince(returned, prompt) if returned is not None else None
+    if ids is not None and chat:  # the role chunk is the first: it carries the prompt's ids
+        events[0] = events[0].replace('"finish_reason":null}', f'"finish_reason":null{ids.field()}}}', 1)
     async for text in pieces:
         if text:
-            events.append(f"{prefix}{quote(text)}{suffix}")
+            more = suffix if ids is None else suffix.replace("null}", f"null{ids.field()}}}", 1)
+            events.append(f"{prefix}{quote(text)}{more}")
         if events and not outcome.ending and not getattr(outcome.stream, "ready", 0):
             # the next piece would wait: send these now (the last ones go with the stream's end)
             await write("".join(events).encode())
@@ -79,9 +87,10 @@ async def write_stream(
         empty = '"delta":{}' if chat else '"text":""'
         nvext = outcome.nvext
         extension = f',"nvext":{dumps(nvext)}' if nvext else ""
+        rest = ids.field() if ids is not None else ""
         events.append(
             f'data: {head},"choices":[{{"index":0,{empty},"logprobs":null,'
-            f'"finish_reason":"{outcome.finish_reason}"}}]{extension}}}\n\n'
+            f'"finish_reason":"{outcome.finish_reason}"{rest}}}]{extension}}}\n\n'
         )
         if parsed.include_usage:
             counts = completion_usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
@@ -92,9 +101,11 @@ async def write_stream(
 
 
 async def write_unary(
-    parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: Outcome, prompt_tokens: int
+    parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: Outcome, prompt: Sequence[int]
 ) -> HttpResponse:
-    """The whole answer as one JSON body; an error mid-stream is an `EngineError` (a 500)."""
+    """The whole answer as one JSON body; an error mid-stream is an `EngineError` (a 500). With
+    vLLM's ``return_token_ids`` the choice carries ``prompt_token_ids`` and ``token_ids``."""
+    prompt_tokens = len(prompt)
     text = "".join([piece async for piece in pieces])
     if outcome.error is not None:
         raise EngineError(f"the worker failed mid-stream: {outcome.error}")
@@ -105,6 +116,8 @@ async def write_unary(
     else:
         choice["text"] = text
     choice.update(logprobs=None, finish_reason=outcome.finish_reason)
+    if outcome.returned is not None:
+        choice.update(prompt_token_ids=list(prompt), token_ids=outcome.returned)
     body: dict[str, Any] = {
         "id": ("chatcmpl-" if chat else "cmpl-") + (outcome.request_id or new_request_id()),
         "object": "chat.completion" if chat else "text_completion",
@@ -117,3 +130,21 @@ async def write_unary(
     if nvext:
         body["nvext"] = nvext
     return json_response(body, headers=outcome.headers)
+
+
+class _IdsSince:
+    """The ``token_ids`` field of each chunk: the ids generated since the last chunk (the first
+    chunk's also ``prompt_token_ids``), as vLLM's ``return_token_ids`` writes them."""
+
+    def __init__(self, returned: list[int], prompt: Sequence[int]) -> None:
+        self.returned = returned
+        self.prompt: Sequence[int] | None = prompt
+        self.sent = 0
+
+    def field(self) -> str:
+        new, self.sent = self.returned[self.sent :], len(self.returned)
+        text = f',"token_ids":{json.dumps(new)}'
+        if self.prompt is not None:
+            text = f',"prompt_token_ids":{json.dumps(list(self.prompt))}{text}'
+            self.prompt = None
+        return text

@@ -1,0 +1,381 @@
+"""`UpstreamEngine`: a running OpenAI-compatible server (``vllm serve``, SGLang's server, another
+kit frontend) as an engine the kit serves, routes to and measures, the server left unchanged.
+
+Tokens in and out, as every engine: the prompt goes as token ids (``/v1/completions`` with
+``prompt`` a list of ids, which vLLM, SGLang's OpenAI server and the kit take) and vLLM's
+``return_token_ids`` brings the generated ids back. A server that answers with text only has
+its text encoded again by the model's tokenizer, said once in the log: its token boundaries may
+differ from the server's (the text is the same; counts and stop-at-token may shift).
+
+- A caller that stops (its context stopped, or the stream closed) closes the server's request:
+  the connection is dropped, and the server stops generating.
+- The server's 4xx answer (a prompt past its context, a bad parameter) is raised as an
+  `InvalidRequestError` with the server's status and message, so the client gets the same
+  error; a 5xx or a connection that fails is an `EngineError` naming the server.
+- `connect` waits until the server lists its models (``GET /v1/models``) and takes the served
+  name and the context length (vLLM's ``max_model_len``) from there.
+
+Example::
+
+    engine = await UpstreamEngine.connect("http://127.0.0.1:8000")      # a server that runs
+    async for item in engine.generate(PreprocessedRequest(token_ids=[1, 450, 318])):
+        print(item.token_ids)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, DynamoNBError, EngineError, InvalidRequestError, NotReadyError
+from ..http.lean_client import HttpAnswer, LeanHttpClient, ServerAnswerError, fetch
+from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
+from ..llm.tokenizer import ModelTokenizer
+from ..runtime.context import Context
+from ..settings import Settings, add_settings, greater_than, setting
+from .base import KvEvent, KvEventSink, token_budget
+
+__all__ = ["UpstreamEngine", "UpstreamSettings"]
+
+logger = logging.getLogger("dynamo_nb.engines.upstream")
+
+_GROUP = "upstream server"
+
+
+def _check_url(url: str | None) -> str | None:
+    if url is None or url.startswith(("http://", "https://")):
+        return None
+    return "must be the server's base URL, http://HOST:PORT"
+
+
+@dataclass(frozen=True)
+class UpstreamSettings(Settings):
+    """The upstream worker's own flags (see `dynamo_nb.settings`).
+
+    Example:
+        >>> UpstreamSettings(url="127.0.0.1:8000")
+        Traceback (most recent call last):
+        ...
+        dynamo_nb.errors.ConfigError: url (--upstream) must be the server's base URL, http://HOST:PORT, got '127.0.0.1:8000'
+    """
+
+    url: str | None = setting(
+        None,
+        flag="--upstream",
+        env="UPSTREAM",
+        group=_GROUP,
+        check=_check_url,
+        metavar="URL",
+        default_text="none: required",
+        help="the running OpenAI-compatible server to serve, http://HOST:PORT (vllm serve, SGLang's server …)",
+    )
+    model: str | None = setting(
+        None,
+        flag="--upstream-model",
+        group=_GROUP,
+        default_text="the first model the server lists",
+        help="the model the server serves under this name",
+    )
+    api_key_env: str | None = setting(
+        None,
+        flag="--api-key-env",
+        group=_GROUP,
+        metavar="VAR",
+        default_text="none",
+        help="the environment variable holding the server's API key (sent as a bearer token)",
+    )
+    ready_timeout: float = setting(
+        120.0,
+        flag="--upstream-ready-timeout",
+        group=_GROUP,
+        check=greater_than(0, "seconds"),
+        help="seconds to wait at start for the server to list its models",
+    )
+
+    def _check(self) -> None:
+        if self.api_key_env is not None and not os.environ.get(self.api_key_env):
+            raise ConfigError(
+                f"--api-key-env {self.api_key_env}: that variable is not set here; export it with the key"
+            )
+
+
+class UpstreamEngine:
+    """A running OpenAI-compatible server as an engine (see the module docstring).
+
+    Attributes:
+        url: the server's base URL. model: the name it serves the model under.
+        context_length: the server's (None: it did not say).
+        active: requests in flight to it now. requests_total, refused_total, failed_total: sent,
+            answered 4xx, failed (5xx or no answer).
+    """
+
+    max_num_seqs: int | None = None  # the server queues inside: no limit of its own here
+    block_size: int | None = None  # no KV events of its own (yet): the card has --kv-cache-block-size
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        context_length: int | None = None,
+        tokenizer: ModelTokenizer | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.context_length = context_length
+        self.tokenizer = tokenizer
+        self.active = 0
+        self.requests_total = 0
+        self.refused_total = 0
+        self.failed_total = 0
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = LeanHttpClient(headers=self._headers or None)
+        self._said_text_only = False
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        tokenizer: ModelTokenizer | None = None,
+        timeout: float = 120.0,
+    ) -> UpstreamEngine:
+        """The engine for the server at ``url``, once it lists its models (within ``timeout``
+        seconds, else `NotReadyError` saying what was last seen); ``model``: the served name to
+        use (default: the first listed; one not listed is a `ConfigError` naming those that are)."""
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        listed = await _wait_for_models(url.rstrip("/"), headers, timeout)
+        names = [str(entry.get("id")) for entry in listed]
+        chosen = model or names[0]
+        entry = next((entry for entry in listed if entry.get("id") == chosen), None)
+        if entry is None:
+            raise ConfigError(f"the server at {url} does not serve {chosen!r}; it serves {', '.join(names)}")
+        context = entry.get("max_model_len") or entry.get("context_length") or entry.get("context_window")
+        return cls(
+            url,
+            chosen,
+            api_key=api_key,
+            context_length=int(context) if isinstance(context, int) and context > 0 else None,
+            tokenizer=tokenizer,
+        )
+
+    @classmethod
+    def add_args(cls, parser: argparse.ArgumentParser) -> None:
+        """Add the flags `from_args` reads (`UpstreamSettings`' fields)."""
+        add_settings(parser, UpstreamSettings)
+
+    @classmethod
+    async def from_args(
+        cls, args: argparse.Namespace, model_path: str | Path, *, kv_events: KvEventSink | None = None
+    ) -> UpstreamEngine:
+        """The engine the upstream worker's flags describe; ``model_path``'s tokenizer encodes
+        the text of a server that returns no token ids."""
+        own = UpstreamSettings.from_args(args)
+        if own.url is None:
+            raise ConfigError("the upstream worker needs --upstream http://HOST:PORT (the server to serve)")
+        api_key = os.environ[own.api_key_env] if own.api_key_env else None
+        tokenizer = await asyncio.to_thread(ModelTokenizer.load, model_path)
+        return await cls.connect(
+            own.url, model=own.model, api_key=api_key, tokenizer=tokenizer, timeout=own.ready_timeout
+        )
+
+    def request_body(self, request: PreprocessedRequest) -> dict[str, Any]:
+        """The ``/v1/completions`` body for ``request``: its token ids as the prompt, its limits
+        and sampling, streamed with usage and (vLLM's) the generated token ids.
+
+        Example:
+            >>> engine = UpstreamEngine("http://127.0.0.1:8000", "m")
+            >>> body = engine.request_body(PreprocessedRequest(token_ids=[5, 6]))
+            >>> body["prompt"], body["max_tokens"], body["return_token_ids"]
+            ([5, 6], 16, True)
+        """
+        stop, sampling = request.stop_conditions, request.sampling_options
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": list(request.token_ids),
+            "max_tokens": token_budget(request, None),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        if stop.min_tokens:
+            body["min_tokens"] = stop.min_tokens
+        if stop.ignore_eos:
+            body["ignore_eos"] = True
+        for name in ("temperature", "top_p", "top_k", "seed"):
+            value = getattr(sampling, name, None)
+            if value is not None:
+                body[name] = value
+        return body
+
+    async def generate(
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
+        """The server's tokens as they come, then a last item with its finish reason and usage."""
+        self.requests_total += 1
+        self.active += 1
+        answer: HttpAnswer | None = None
+        body = json.dumps(self.request_body(request)).encode()
+        try:
+            try:
+                answer = await self._client.request(
+                    "POST", f"{self.url}/v1/completions", body, {"Content-Type": "application/json"}
+                )
+            except ServerAnswerError as exc:
+                self.failed_total += 1
+                raise EngineError(f"the upstream server {self.url} did not answer: {exc}") from None
+            if answer.status >= 400:
+                raise self._refusal(answer.status, await answer.read())
+            emitted, finish, usage = 0, None, None
+            async for line in answer.lines():
+                if context is not None and context.is_stopped():
+                    yield LLMEngineOutput.final(
+                        [], "cancelled", prompt_tokens=len(request.token_ids), completion_tokens=emitted
+                    )
+                    return
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    self.failed_total += 1
+                    raise EngineError(f"the upstream server {self.url} failed mid-stream: {_message(event)}")
+                usage = event.get("usage") or usage
+                for choice in event.get("choices") or ():
+                    ids = self._ids_of(choice)
+                    finish = choice.get("finish_reason") or finish
+                    if ids:
+                        emitted += len(ids)
+                        yield LLMEngineOutput(ids)
+            yield self._last(request, finish, usage, emitted)
+        finally:
+            self.active -= 1
+            if answer is not None:
+                answer.close()  # a request left early: the server sees the connection drop
+
+    def _ids_of(self, choice: dict[str, Any]) -> list[int]:
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            return [int(token) for token in ids]
+        text = choice.get("text") or ""
+        if not text:
+            return []
+        if self.tokenizer is None:
+            raise EngineError(
+                f"the upstream server {self.url} returns text without token ids (no return_token_ids) and "
+                "this engine has no tokenizer to encode it: give it the model's folder (--model-path)"
+            )
+        if not self._said_text_only:
+            self._said_text_only = True
+            logger.warning(
+                "the upstream server %s returns no token ids: its text is encoded again here, so token "
+                "counts may differ from the server's",
+                self.url,
+            )
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _last(
+        self, request: PreprocessedRequest, finish: str | None, usage: dict[str, Any] | None, emitted: int
+    ) -> LLMEngineOutput:
+        usage = usage or {}
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        completion = usage.get("completion_tokens")
+        return LLMEngineOutput.final(
+            [],
+            finish or "stop",
+            prompt_tokens=len(request.token_ids),
+            completion_tokens=completion if isinstance(completion, int) else emitted,
+            cached_tokens=cached if isinstance(cached, int) else None,
+        )
+
+    def _refusal(self, status: int, raw: bytes) -> DynamoNBError:
+        """The server's error answer as ours: a 4xx keeps its status and message."""
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = {"message": raw.decode(errors="replace")[:300]}
+        message = _message(data)
+        if 400 <= status < 500:
+            self.refused_total += 1
+            error = InvalidRequestError(message, param=_param(data))
+            error.http_status = status  # type: ignore[misc]  # the server's own answer, per request
+            return error
+        self.failed_total += 1
+        return EngineError(f"the upstream server {self.url} answered {status}: {message}")
+
+    def stats(self) -> dict[str, Any]:
+        """Requests sent, refused (4xx) and failed, and in flight now."""
+        return {
+            "requests": self.requests_total,
+            "refused": self.refused_total,
+            "failed": self.failed_total,
+            "active": self.active,
+        }
+
+    def kv_snapshot(self) -> list[KvEvent]:
+        """No KV events of its own: nothing to rebuild."""
+        return []
+
+    async def close(self) -> None:
+        """Close the connections to the server (the server keeps running)."""
+        await self._client.close()
+
+    def __repr__(self) -> str:
+        return f"<UpstreamEngine {self.model} at {self.url}, {self.active} active>"
+
+
+def _message(data: dict[str, Any]) -> str:
+    error = data.get("error", data)
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)
+
+
+def _param(data: dict[str, Any]) -> str | None:
+    error = data.get("error", data)
+    param = error.get("param") if isinstance(error, dict) else None
+    return param if isinstance(param, str) else None
+
+
+async def _wait_for_models(url: str, headers: dict[str, str] | None, timeout: float) -> list[dict[str, Any]]:
+    """The server's ``GET /v1/models`` list, once it answers with at least one model."""
+    deadline = time.monotonic() + timeout
+    seen = "no answer"
+    while True:
+        try:
+            status, raw = await fetch(f"{url}/v1/models", headers=headers, timeout=5.0)
+            if status == 200:
+                listed = [entry for entry in json.loads(raw).get("data", []) if isinstance(entry, dict)]
+                if listed:
+                    return listed
+                seen = "no model listed yet"
+            elif status in (401, 403):
+                raise ConfigError(
+                    f"the server at {url} answered {status} to GET /v1/models: give its API key (--api-key-env VAR)"
+                )
+            else:
+                seen = f"status {status}"
+        except (ConnectionError, TimeoutError, ValueError) as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            seen = f"{type(exc).__name__}: {exc}"
+        if time.monotonic() >= deadline:
+            raise NotReadyError(
+                f"the upstream server {url} did not list a model within {timeout:g} s (last: {seen}): start it "
+                "first, or check --upstream"
+            )
+        await asyncio.sleep(0.25)

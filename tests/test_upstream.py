@@ -1,0 +1,227 @@
+"""A running OpenAI-compatible server behind the kit (`UpstreamEngine`, components/upstream_worker.py):
+the server here is real, the kit's own ``python -m dynamo_nb run --in http --out hf`` in its own
+process (vLLM's server is the peer in the vllm group); nothing is mocked.
+
+What is checked: the engine passes the conformance suite against the server; greedy text through
+the kit's frontend equals the server's own; a client that leaves frees the server's request; the
+server's own 400 reaches the client as that 400; a server that is not there is a clear error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from helpers import ROOT, free_port
+
+from dynamo_nb import DistributedRuntime
+from dynamo_nb.disagg.modes import WorkerRole
+from dynamo_nb.engines import check_engine
+from dynamo_nb.engines.engine_worker import serve_engine
+from dynamo_nb.engines.upstream import UpstreamEngine
+from dynamo_nb.errors import InvalidRequestError, NotReadyError
+from dynamo_nb.frontend import Frontend
+from dynamo_nb.launch import ManagedProcess, launch
+from dynamo_nb.llm import ModelTokenizer, PreprocessedRequest, StopConditions
+from dynamo_nb.models import tiny_model_path
+
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
+
+SMALL_CONTEXT = 256  # the server's model folder says so: prompts past it are the server's 400
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a 256-token context (its own folder: the server's)."""
+    folder = tmp_path_factory.mktemp("small") / "tiny-llama"
+    shutil.copytree(tiny_model_path(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = SMALL_CONTEXT
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+async def server(
+    small_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ManagedProcess]:
+    """The upstream: the kit's own frontend and hf worker in one process, on a port of its own."""
+    port = free_port()
+    process = await launch(
+        sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", "hf", "--http-port", port,
+        "--model-path", small_model, cwd=ROOT, log_dir=tmp_path_factory.mktemp("logs"), show_logs=False,
+        timeout=120, name="upstream",
+    )  # fmt: skip
+    process.url = f"http://127.0.0.1:{port}"
+    yield process
+    await process.stop(timeout=10)
+
+
+async def connect(server: ManagedProcess) -> UpstreamEngine:
+    assert server.url is not None
+    return await UpstreamEngine.connect(
+        server.url, tokenizer=ModelTokenizer.load(tiny_model_path()), timeout=60
+    )
+
+
+async def test_the_upstream_engine_passes_the_engine_contract(server: ManagedProcess) -> None:
+    engine = await connect(server)
+    try:
+        assert (engine.model, engine.context_length) == ("tiny-llama", SMALL_CONTEXT)
+        report = await check_engine(engine, timeout=60)
+        assert report.passed, report
+    finally:
+        await engine.close()
+
+
+async def test_the_servers_own_400_arrives_as_that_400(server: ManagedProcess) -> None:
+    engine = await connect(server)
+    assert server.url is not None
+    too_long = {"model": "tiny-llama", "prompt": [450] * (SMALL_CONTEXT + 10), "max_tokens": 4}
+    async with httpx.AsyncClient(timeout=30) as http:
+        direct = await http.post(f"{server.url}/v1/completions", json=too_long)
+    assert direct.status_code == 400, direct.text
+    try:
+        request = PreprocessedRequest(
+            token_ids=too_long["prompt"], stop_conditions=StopConditions(max_tokens=4)
+        )
+        with pytest.raises(InvalidRequestError) as refused:
+            async for _ in engine.generate(request):
+                pass
+        assert refused.value.http_status == 400
+        assert str(refused.value) == direct.json()["error"]["message"]
+        assert engine.stats()["refused"] == 1
+    finally:
+        await engine.close()
+
+
+class Kit:
+    """The kit's frontend with an upstream worker in front of the server (one process, memory discovery)."""
+
+    def __init__(self, runtime: DistributedRuntime, frontend: Frontend, engine: UpstreamEngine) -> None:
+        self.runtime, self.frontend, self.engine = runtime, frontend, engine
+
+    async def stop(self) -> None:
+        await self.frontend.stop()
+        await self.runtime.shutdown()
+        await self.engine.close()
+
+
+async def kit_in_front(server: ManagedProcess, *, card_context: int | None = None) -> Kit:
+    """``card_context``: what the kit's card says of the context (None: the server's)."""
+    engine = await connect(server)
+    if card_context is not None:
+        engine.context_length = card_context
+    runtime = await DistributedRuntime.create()
+    role = WorkerRole(endpoint="kit.upstream.generate")
+    await serve_engine(runtime, role, tiny_model_path(), engine.model, lambda kv_events: engine)
+    frontend = await Frontend.start(runtime, port=0)
+    await frontend.wait_for_model(engine.model, timeout=30)
+    return Kit(runtime, frontend, engine)
+
+
+async def text_of(url: str, body: dict[str, Any]) -> str:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        answer = await http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["choices"][0]["message"]["content"])
+
+
+async def test_through_the_kit_the_text_is_the_servers_and_its_400_passes(server: ManagedProcess) -> None:
+    assert server.url is not None
+    kit = await kit_in_front(
+        server, card_context=2048
+    )  # the kit lets long prompts through: the server judges
+    try:
+        body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Tell me about ships"}],
+                "max_tokens": 12, "temperature": 0}  # fmt: skip
+        assert await text_of(kit.frontend.url, body) == await text_of(server.url, body)
+        async with httpx.AsyncClient(timeout=30) as http:
+            too_long = {"model": "tiny-llama", "prompt": "word " * 400, "max_tokens": 4}
+            direct = await http.post(f"{server.url}/v1/completions", json=too_long)
+            through = await http.post(f"{kit.frontend.url}/v1/completions", json=too_long)
+        assert (through.status_code, direct.status_code) == (400, 400), through.text
+        assert through.json()["error"]["message"] == direct.json()["error"]["message"]
+    finally:
+        await kit.stop()
+
+
+async def inflight_at(url: str) -> float:
+    async with httpx.AsyncClient(timeout=10) as http:
+        text = (await http.get(f"{url}/metrics")).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("dynamo_frontend_inflight_requests{")
+    )
+
+
+async def test_a_client_that_leaves_frees_the_servers_request(server: ManagedProcess) -> None:
+    assert server.url is not None
+    kit = await kit_in_front(server)
+    try:
+        body = {
+            "model": "tiny-llama",
+            "prompt": "a long story",
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        async with httpx.AsyncClient(base_url=kit.frontend.url, timeout=60) as http:
+            async with http.stream("POST", "/v1/completions", json=body) as answer:
+                assert answer.status_code == 200
+                lines = answer.aiter_lines()
+                for _ in range(3):
+                    await anext(lines)
+                assert await inflight_at(server.url) == 1
+        for _ in range(200):  # the connection is closed: the server's request too
+            if await inflight_at(server.url) == 0 and kit.engine.active == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert await inflight_at(server.url) == 0 and kit.engine.active == 0
+    finally:
+        await kit.stop()
+
+
+async def test_the_worker_program_and_run_put_a_server_behind_the_kit(
+    server: ManagedProcess, tmp_path: Path
+) -> None:
+    """components/upstream_worker.py (served under the server's model name, found over a
+    discovery folder by a kit frontend) and ``run --in http --out upstream=URL``: the server's text."""
+    assert server.url is not None
+    body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Hello there"}],
+            "max_tokens": 8, "temperature": 0}  # fmt: skip
+    expected = await text_of(server.url, body)
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await launch("components/upstream_worker.py", "--upstream", server.url, "--discovery", where,
+                          cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120)  # fmt: skip
+    port = free_port()
+    one_process = await launch(
+        sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", f"upstream={server.url}",
+        "--http-port", port, cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name="run-upstream",
+    )  # fmt: skip
+    runtime = await DistributedRuntime.create(where)
+    frontend = await Frontend.start(runtime, port=0)
+    try:
+        assert worker.ready_line.endswith("model=tiny-llama"), worker.ready_line
+        await frontend.wait_for_model("tiny-llama", timeout=30)
+        assert await text_of(frontend.url, body) == expected
+        assert await text_of(f"http://127.0.0.1:{port}", body) == expected
+    finally:
+        await frontend.stop()
+        await runtime.shutdown()
+        assert await worker.stop(timeout=10) == 0, worker.tail()
+        assert await one_process.stop(timeout=10) == 0, one_process.tail()
+
+
+async def test_a_server_that_is_not_there_is_a_clear_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(NotReadyError, match=rf"the upstream server {url} did not list a model within 0.5 s"):
+        await UpstreamEngine.connect(url, timeout=0.5)
