@@ -36,6 +36,7 @@ OpenAI's error ``openai_type`` and ``code``), so the status never depends on a c
     │   ├── RemoteHandlerError                         the handler raised: the remote error's status
     │   ├── DisaggregationError                        503 a prefill → decode handoff failed
     │   └── EngineError                                500 an engine failed
+    │       └── WorkerUnavailableError                 503 its server is down: the caller moves the request
     ├── RuntimeClosedError                             503 the runtime was shut down
     └── ClaimError (AssertionError)                    a notebook's measured sentence its numbers do not bear out
 
@@ -84,6 +85,7 @@ __all__ = [
     "ServiceError",
     "ServiceStartError",
     "ServiceUnavailableError",
+    "WorkerUnavailableError",
     "error_details",
 ]
 
@@ -349,6 +351,21 @@ class DisaggregationError(RequestError):
 
 class EngineError(RequestError):
     """An engine failed: a model step raised, or a stream ended without its output."""
+
+
+class WorkerUnavailableError(EngineError):
+    """The server behind this worker cannot serve now (an upstream engine's server refused the
+    connection, answered 5xx or cut the stream): another instance may. Raised in a handler, the
+    caller sees the instance down (`InstanceDownError`): it skips the instance for a while and the
+    frontend moves the request on (migration).
+
+    Example:
+        >>> WorkerUnavailableError("the upstream server http://127.0.0.1:8001 refused the connection").http_status
+        503
+    """
+
+    http_status = 503
+    openai_type = "service_unavailable_error"
 
 
 class RuntimeClosedError(DynamoNBError):

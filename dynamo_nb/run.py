@@ -2,7 +2,8 @@
 
 =============================  ===============================================================
 ``--in http --out hf``         frontend + hf worker in one process (memory discovery, inproc);
-                               nothing else to start. ``--out echo``: a zero-cost echo engine.
+                               nothing else to start. ``--out echo``: a zero-cost echo engine;
+                               ``--out mocker``: a simulated one (Dynamo's timing model)
 ``--in http --out upstream=URL``
                                frontend + a running OpenAI-compatible server at ``URL``
                                (``vllm serve`` …) behind it, as an engine (`UpstreamEngine`)
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["run", "run_parser"]
 
-ENGINES = ("hf", "echo")
+ENGINES = ("hf", "echo", "mocker")
 UPSTREAM = "upstream="  # --out upstream=URL: a running OpenAI-compatible server
 
 
@@ -47,6 +48,7 @@ def run_parser() -> argparse.ArgumentParser:
         flags.add_frontend_args,
         flags.add_engine_args,
         flags.add_hf_args,
+        _add_mocker_args,
     )
     parser.add_argument(
         "--in", dest="input", default="http", help="http | dyn://ns.comp.ep (default: %(default)s)"
@@ -55,9 +57,20 @@ def run_parser() -> argparse.ArgumentParser:
         "--out",
         dest="output",
         default="hf",
-        help="hf | echo | upstream=http://HOST:PORT (a running server) | dyn://ns.comp.ep (default: %(default)s)",
+        help="hf | echo | mocker | upstream=http://HOST:PORT (a running server) | dyn://ns.comp.ep "
+        "(default: %(default)s)",
     )
     return parser
+
+
+def _add_mocker_args(parser: argparse.ArgumentParser) -> None:
+    """``--out mocker``'s own flags (the KV pool and the speed; the flags the hf engine takes too,
+    such as ``--max-num-batched-tokens``, keep the hf engine's defaults)."""
+    from .engines.mocker import MockerWorkerSettings
+    from .settings import add_settings
+
+    own = ("num_blocks", "speedup_ratio", "decode_speedup_ratio", "context_length")
+    add_settings(parser, MockerWorkerSettings, "mocker engine (--out mocker)", only=own)
 
 
 def _dyn_path(value: str, flag: str) -> EndpointPath | None:
@@ -142,6 +155,10 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
             return upstream
         if args.output == "echo":
             return await EchoEngine.from_args(args, model_path)
+        if args.output == "mocker":
+            from .engines.mocker import MockerEngine
+
+            return await MockerEngine.from_args(args, model_path, kv_events=kv_events)
         from .engines.hf import HFEngine
 
         return await HFEngine.from_args(args, model_path, kv_events=kv_events)

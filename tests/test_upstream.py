@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -225,3 +226,70 @@ async def test_a_server_that_is_not_there_is_a_clear_error() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(NotReadyError, match=rf"the upstream server {url} did not list a model within 0.5 s"):
         await UpstreamEngine.connect(url, timeout=0.5)
+
+
+async def test_a_server_killed_mid_stream_hands_the_stream_to_another(tmp_path: Path) -> None:
+    """Two servers (simulated engines at real speed), an upstream worker each, the kit's frontend in
+    front: the server serving a stream is SIGKILLed mid-stream; the client's stream carries on
+    on the other (migration) to every token asked for, and the dead server's instance is skipped."""
+    servers, ports = [], []
+    for name in ("a", "b"):
+        port = free_port()
+        servers.append(await launch(
+            sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", "mocker", "--http-port", port,
+            "--speedup-ratio", "1", cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name=name,
+        ))  # fmt: skip
+        ports.append(port)
+    where = f"file://{tmp_path / 'kv'}"
+    runtimes, engines = [], []
+    for port in ports:
+        runtime = await DistributedRuntime.create(where)
+        engine = await UpstreamEngine.connect(f"http://127.0.0.1:{port}", timeout=30)
+        await serve_engine(
+            runtime, WorkerRole(), tiny_model_path(), engine.model, lambda kv_events, e=engine: e
+        )
+        runtimes.append(runtime)
+        engines.append(engine)
+    front = await DistributedRuntime.create(where)
+    frontend = await Frontend.start(front, port=0)
+    try:
+        await frontend.wait_for_model("tiny-llama", timeout=30)
+        client = frontend.models.get("tiny-llama").client
+        for _ in range(200):
+            if len(client.instance_ids()) == 2:
+                break
+            await asyncio.sleep(0.05)
+        body = {"model": "tiny-llama", "prompt": "a long story", "max_tokens": 120, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=120) as http:
+            async with http.stream("POST", "/v1/completions", json=body) as answer:
+                assert answer.status_code == 200
+                serving = int(answer.headers["x-dynamo-decode-worker"], 16)
+                victim = servers[[r.connection_id for r in runtimes].index(serving)]
+                chunks, usage = 0, None
+                async for line in answer.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    event = json.loads(line[6:])
+                    usage = event.get("usage") or usage
+                    chunks += bool(event["choices"] and event["choices"][0]["text"])
+                    if chunks == 10 and victim.running:
+                        victim.send_signal(signal.SIGKILL)  # the connection to it breaks mid-stream
+        assert usage is not None and usage["completion_tokens"] == 120, usage  # one stream, all of it
+        assert not victim.running and serving in client.down_ids()
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(f"{frontend.url}/metrics")).text
+        assert 'dynamo_frontend_migrations_total{model="tiny-llama"} 1.0' in metrics  # moved once
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:  # later requests: the other
+            for _ in range(4):
+                again = await http.post("/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 4})
+                assert again.status_code == 200, again.text
+    finally:
+        await frontend.stop()
+        await front.shutdown()
+        for runtime in runtimes:
+            await runtime.shutdown()
+        for engine in engines:
+            await engine.close()
+        for server in servers:
+            await server.stop(timeout=10)

@@ -43,8 +43,8 @@ from .base import Engine, KvEvent, KvEventSink, stats_handler, token_budget
 from .conformance import ConformanceReport, check_engine
 from .echo import EchoEngine
 from .mocker import MockerEngine
-from .upstream import UpstreamEngine
 from .model_calls import forward_with_cache, new_kv_cache
+from .upstream import UpstreamEngine
 
 if TYPE_CHECKING:
     from .hf import HFEngine

@@ -134,8 +134,9 @@ if TYPE_CHECKING:
     from .hf import HFEngine
     from .mocker import MockerEngine
     from .sglang import SglangEngine
+    from .upstream import UpstreamEngine
     from .vllm import VllmEngine
 
     def _every_engine_builds_from_its_flags() -> list[EngineClass]:
         """mypy checks here that each engine of the kit has the `EngineClass` ``from_args``."""
-        return [EchoEngine, HFEngine, MockerEngine, SglangEngine, VllmEngine]
+        return [EchoEngine, HFEngine, MockerEngine, SglangEngine, UpstreamEngine, VllmEngine]

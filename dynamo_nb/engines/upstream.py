@@ -11,7 +11,9 @@ differ from the server's (the text is the same; counts and stop-at-token may shi
   the connection is dropped, and the server stops generating.
 - The server's 4xx answer (a prompt past its context, a bad parameter) is raised as an
   `InvalidRequestError` with the server's status and message, so the client gets the same
-  error; a 5xx or a connection that fails is an `EngineError` naming the server.
+  error. A refused connection, a 5xx or a stream cut before its end is a
+  `WorkerUnavailableError`: the caller takes this worker's instance as down and the frontend
+  moves the request to another (migration), with the tokens already streamed.
 - `connect` waits until the server lists its models (``GET /v1/models``) and takes the served
   name and the context length (vLLM's ``max_model_len``) from there.
 
@@ -35,7 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError, DynamoNBError, EngineError, InvalidRequestError, NotReadyError
+from ..errors import (
+    ConfigError,
+    DynamoNBError,
+    EngineError,
+    InvalidRequestError,
+    NotReadyError,
+    WorkerUnavailableError,
+)
 from ..http.lean_client import HttpAnswer, LeanHttpClient, ServerAnswerError, fetch
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..llm.tokenizer import ModelTokenizer
@@ -234,11 +243,23 @@ class UpstreamEngine:
                 )
             except ServerAnswerError as exc:
                 self.failed_total += 1
-                raise EngineError(f"the upstream server {self.url} did not answer: {exc}") from None
+                raise WorkerUnavailableError(
+                    f"the upstream server {self.url} did not answer: {exc}"
+                ) from None
             if answer.status >= 400:
                 raise self._refusal(answer.status, await answer.read())
-            emitted, finish, usage = 0, None, None
-            async for line in answer.lines():
+            emitted, finish, usage, done = 0, None, None, False
+            lines = answer.lines()
+            while True:
+                try:
+                    line = await anext(lines)
+                except StopAsyncIteration:
+                    break
+                except ServerAnswerError as exc:  # the server went away mid-stream
+                    self.failed_total += 1
+                    raise WorkerUnavailableError(
+                        f"the upstream server {self.url} cut the stream after {emitted} tokens: {exc}"
+                    ) from None
                 if context is not None and context.is_stopped():
                     yield LLMEngineOutput.final(
                         [], "cancelled", prompt_tokens=len(request.token_ids), completion_tokens=emitted
@@ -248,11 +269,14 @@ class UpstreamEngine:
                     continue
                 data = line[5:].strip()
                 if data == b"[DONE]":
+                    done = True
                     break
                 event = json.loads(data)
                 if "error" in event:
                     self.failed_total += 1
-                    raise EngineError(f"the upstream server {self.url} failed mid-stream: {_message(event)}")
+                    raise WorkerUnavailableError(
+                        f"the upstream server {self.url} failed mid-stream: {_message(event)}"
+                    )
                 usage = event.get("usage") or usage
                 for choice in event.get("choices") or ():
                     ids = self._ids_of(choice)
@@ -260,6 +284,11 @@ class UpstreamEngine:
                     if ids:
                         emitted += len(ids)
                         yield LLMEngineOutput(ids)
+            if not done and finish is None:
+                self.failed_total += 1
+                raise WorkerUnavailableError(
+                    f"the upstream server {self.url} ended the stream after {emitted} tokens without its end"
+                )
             yield self._last(request, finish, usage, emitted)
         finally:
             self.active -= 1
@@ -315,7 +344,7 @@ class UpstreamEngine:
             error.http_status = status  # type: ignore[misc]  # the server's own answer, per request
             return error
         self.failed_total += 1
-        return EngineError(f"the upstream server {self.url} answered {status}: {message}")
+        return WorkerUnavailableError(f"the upstream server {self.url} answered {status}: {message}")
 
     def stats(self) -> dict[str, Any]:
         """Requests sent, refused (4xx) and failed, and in flight now."""

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import DynamoNBError, InvalidHandlerError, error_details
+from ..errors import DynamoNBError, InvalidHandlerError, WorkerUnavailableError, error_details
 from ..telemetry.request_ids import set_request_id
 from ..telemetry.tracing import span, tracing_enabled
 from .context import Context
@@ -241,6 +241,10 @@ class EndpointServer:
                 return
             sink.error(ErrorCode.SHUTDOWN, "Cancelled", "the server stopped before the handler finished")
             raise
+        except WorkerUnavailableError as exc:  # its server is down: the caller takes this instance as down
+            self.errors_total += 1
+            logger.warning("%s cannot serve now: %s", self.endpoint.path, exc)
+            sink.error(ErrorCode.NO_INSTANCE, type(exc).__name__, str(exc))
         except Exception as exc:
             self.errors_total += 1
             # one of ours (a peer gone, a bad request) says what happened in its message; anything
