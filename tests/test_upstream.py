@@ -32,6 +32,7 @@ from dynamo_nb.frontend import Frontend
 from dynamo_nb.launch import ManagedProcess, launch
 from dynamo_nb.llm import ModelTokenizer, PreprocessedRequest, StopConditions
 from dynamo_nb.models import tiny_model_path
+from dynamo_nb.router.kv.router import KvRouterConfig
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
@@ -228,44 +229,73 @@ async def test_a_server_that_is_not_there_is_a_clear_error() -> None:
         await UpstreamEngine.connect(url, timeout=0.5)
 
 
+class Fleet:
+    """Servers (``run --out mocker``, each its own process), an upstream worker each (their own
+    runtimes over a discovery folder), and the kit's frontend in front."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path, self.where = tmp_path, f"file://{tmp_path / 'kv'}"
+        self.servers: list[ManagedProcess] = []
+        self.runtimes: list[DistributedRuntime] = []
+        self.engines: list[UpstreamEngine] = []
+        self.front: DistributedRuntime | None = None
+        self.frontend: Frontend | None = None
+
+    async def start(self, count: int, speedup: str, **frontend: Any) -> Frontend:
+        for index in range(count):
+            port = free_port()
+            self.servers.append(await launch(
+                sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", "mocker", "--http-port", port,
+                "--speedup-ratio", speedup, cwd=ROOT, log_dir=self.tmp_path, show_logs=False, timeout=120,
+                name=f"server{index}",
+            ))  # fmt: skip
+            runtime = await DistributedRuntime.create(self.where)
+            engine = await UpstreamEngine.connect(f"http://127.0.0.1:{port}", timeout=30)
+            await serve_engine(
+                runtime, WorkerRole(), tiny_model_path(), engine.model, lambda kv_events, e=engine: e
+            )
+            self.runtimes.append(runtime)
+            self.engines.append(engine)
+        self.front = await DistributedRuntime.create(self.where)
+        self.frontend = await Frontend.start(self.front, port=0, **frontend)
+        await self.frontend.wait_for_model("tiny-llama", timeout=30)
+        client = self.frontend.models.get("tiny-llama").client
+        for _ in range(200):
+            if len(client.instance_ids()) == count:
+                break
+            await asyncio.sleep(0.05)
+        assert len(client.instance_ids()) == count
+        return self.frontend
+
+    def server_of(self, instance_id: int) -> ManagedProcess:
+        return self.servers[[runtime.connection_id for runtime in self.runtimes].index(instance_id)]
+
+    async def stop(self) -> None:
+        if self.frontend is not None:
+            await self.frontend.stop()
+        for runtime in [*([self.front] if self.front else []), *self.runtimes]:
+            await runtime.shutdown()
+        for engine in self.engines:
+            await engine.close()
+        for server in self.servers:
+            await server.stop(timeout=10)
+
+
 async def test_a_server_killed_mid_stream_hands_the_stream_to_another(tmp_path: Path) -> None:
     """Two servers (simulated engines at real speed), an upstream worker each, the kit's frontend in
     front: the server serving a stream is SIGKILLed mid-stream; the client's stream carries on
     on the other (migration) to every token asked for, and the dead server's instance is skipped."""
-    servers, ports = [], []
-    for name in ("a", "b"):
-        port = free_port()
-        servers.append(await launch(
-            sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", "mocker", "--http-port", port,
-            "--speedup-ratio", "1", cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120, name=name,
-        ))  # fmt: skip
-        ports.append(port)
-    where = f"file://{tmp_path / 'kv'}"
-    runtimes, engines = [], []
-    for port in ports:
-        runtime = await DistributedRuntime.create(where)
-        engine = await UpstreamEngine.connect(f"http://127.0.0.1:{port}", timeout=30)
-        await serve_engine(
-            runtime, WorkerRole(), tiny_model_path(), engine.model, lambda kv_events, e=engine: e
-        )
-        runtimes.append(runtime)
-        engines.append(engine)
-    front = await DistributedRuntime.create(where)
-    frontend = await Frontend.start(front, port=0)
+    fleet = Fleet(tmp_path)
     try:
-        await frontend.wait_for_model("tiny-llama", timeout=30)
+        frontend = await fleet.start(2, "1")
         client = frontend.models.get("tiny-llama").client
-        for _ in range(200):
-            if len(client.instance_ids()) == 2:
-                break
-            await asyncio.sleep(0.05)
         body = {"model": "tiny-llama", "prompt": "a long story", "max_tokens": 120, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
         async with httpx.AsyncClient(base_url=frontend.url, timeout=120) as http:
             async with http.stream("POST", "/v1/completions", json=body) as answer:
                 assert answer.status_code == 200
                 serving = int(answer.headers["x-dynamo-decode-worker"], 16)
-                victim = servers[[r.connection_id for r in runtimes].index(serving)]
+                victim = fleet.server_of(serving)
                 chunks, usage = 0, None
                 async for line in answer.aiter_lines():
                     if not line.startswith("data: {"):
@@ -277,19 +307,54 @@ async def test_a_server_killed_mid_stream_hands_the_stream_to_another(tmp_path: 
                         victim.send_signal(signal.SIGKILL)  # the connection to it breaks mid-stream
         assert usage is not None and usage["completion_tokens"] == 120, usage  # one stream, all of it
         assert not victim.running and serving in client.down_ids()
-        async with httpx.AsyncClient() as http:
-            metrics = (await http.get(f"{frontend.url}/metrics")).text
-        assert 'dynamo_frontend_migrations_total{model="tiny-llama"} 1.0' in metrics  # moved once
-        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:  # later requests: the other
-            for _ in range(4):
-                again = await http.post("/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 4})
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+            metrics = (await http.get("/metrics")).text
+            assert 'dynamo_frontend_migrations_total{model="tiny-llama"} 1.0' in metrics  # moved once
+            for _ in range(4):  # later requests: the living server
+                again = await http.post(
+                    "/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 4}
+                )
                 assert again.status_code == 200, again.text
     finally:
-        await frontend.stop()
-        await front.shutdown()
-        for runtime in runtimes:
-            await runtime.shutdown()
-        for engine in engines:
-            await engine.close()
-        for server in servers:
-            await server.stop(timeout=10)
+        await fleet.stop()
+
+
+def reuse_funnel(metrics: str) -> dict[str, float]:
+    """The frontend's KV reuse funnel (prompt tokens by stage) from its /metrics."""
+    funnel = {}
+    for line in metrics.splitlines():
+        if line.startswith('dynamo_frontend_kv_reuse_tokens_total{model="tiny-llama"'):
+            stage = line.split('stage="', 1)[1].split('"', 1)[0]
+            funnel[stage] = float(line.rsplit(" ", 1)[1])
+    return funnel
+
+
+async def test_approximate_kv_routing_over_servers_sends_a_repeat_to_its_holder(tmp_path: Path) -> None:
+    """Without KV events (Dynamo's --no-kv-events): the router remembers where it sent each prompt's
+    blocks, so each repeat of a long prompt goes to the server that served it first, which reports
+    the prefix cached; the funnel sets what the router predicted beside what the servers reused."""
+    fleet = Fleet(tmp_path)
+    try:
+        frontend = await fleet.start(2, "10", router_mode="kv", kv=KvRouterConfig(use_kv_events=False))
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+            for group in range(3):
+                prompt = f"group {group}: " + "the harbour keeps its ships in rows, " * 20
+                body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 2}
+                served = []
+                for _ in range(3):
+                    answer = await http.post("/v1/completions", json=body)
+                    assert answer.status_code == 200, answer.text
+                    served.append((answer.headers["x-dynamo-decode-worker"],
+                                   answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"]))  # fmt: skip
+                assert len({worker for worker, _ in served}) == 1, served  # every repeat to the holder
+                assert served[0][1] == 0 and all(cached > 0 for _, cached in served[1:]), served
+            funnel = reuse_funnel((await http.get("/metrics")).text)
+        assert funnel["chosen_prefix"] > 0 and funnel["reused"] > 0, funnel
+        error = abs(funnel["chosen_prefix"] - funnel["reused"]) / funnel["reused"]
+        print(f"approximate routing: predicted {funnel['chosen_prefix']:.0f} prompt tokens cached, the servers "
+              f"reused {funnel['reused']:.0f} ({error:.0%} apart)")  # fmt: skip
+        assert error < 0.5, (
+            funnel
+        )  # the router's memory and the servers' caches agree, within a block a prompt
+    finally:
+        await fleet.stop()
