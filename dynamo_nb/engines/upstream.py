@@ -16,6 +16,10 @@ differ from the server's (the text is the same; counts and stop-at-token may shi
   moves the request to another (migration), with the tokens already streamed.
 - `connect` waits until the server lists its models (``GET /v1/models``) and takes the served
   name and the context length (vLLM's ``max_model_len``) from there.
+- With the server's ZMQ KV-event publisher (``--upstream-kv-events``: vLLM's
+  ``--kv-events-config`` endpoint, SGLang's) its cache's events are relayed as the kit's
+  (`dynamo_nb.engines.kv_cache.zmq_relay.ZmqKvRelay`), so ``--router-mode kv`` routes by what
+  the server holds; its blocks are ``--kv-cache-block-size`` tokens (the server's block size).
 
 Example::
 
@@ -50,7 +54,8 @@ from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..llm.tokenizer import ModelTokenizer
 from ..runtime.context import Context
 from ..settings import Settings, add_settings, greater_than, setting
-from .base import KvEvent, KvEventSink, token_budget
+from .base import EngineLimits, KvEventSink, token_budget
+from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
 
 __all__ = ["UpstreamEngine", "UpstreamSettings"]
 
@@ -101,6 +106,15 @@ class UpstreamSettings(Settings):
         default_text="none",
         help="the environment variable holding the server's API key (sent as a bearer token)",
     )
+    kv_events: str | None = setting(
+        None,
+        flag="--upstream-kv-events",
+        group=_GROUP,
+        metavar="ZMQ",
+        default_text="none: no KV events",
+        help="the server's ZMQ KV-event publisher to follow, tcp://HOST:PORT (vLLM's --kv-events-config "
+        "endpoint), so --router-mode kv routes by what it holds; give --kv-cache-block-size its block size",
+    )
     ready_timeout: float = setting(
         120.0,
         flag="--upstream-ready-timeout",
@@ -116,7 +130,7 @@ class UpstreamSettings(Settings):
             )
 
 
-class UpstreamEngine:
+class UpstreamEngine(RelayedKvEvents):
     """A running OpenAI-compatible server as an engine (see the module docstring).
 
     Attributes:
@@ -127,7 +141,6 @@ class UpstreamEngine:
     """
 
     max_num_seqs: int | None = None  # the server queues inside: no limit of its own here
-    block_size: int | None = None  # no KV events of its own (yet): the card has --kv-cache-block-size
 
     def __init__(
         self,
@@ -137,8 +150,13 @@ class UpstreamEngine:
         api_key: str | None = None,
         context_length: int | None = None,
         tokenizer: ModelTokenizer | None = None,
+        relay: ZmqKvRelay | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.relay = relay
+        # its blocks' size where its KV events are followed; else none of its own (the card has
+        # the worker's --kv-cache-block-size)
+        self.block_size: int | None = relay.block_size if relay is not None else None
         self.model = model
         self.context_length = context_length
         self.tokenizer = tokenizer
@@ -159,10 +177,12 @@ class UpstreamEngine:
         api_key: str | None = None,
         tokenizer: ModelTokenizer | None = None,
         timeout: float = 120.0,
+        relay: ZmqKvRelay | None = None,
     ) -> UpstreamEngine:
         """The engine for the server at ``url``, once it lists its models (within ``timeout``
         seconds, else `NotReadyError` saying what was last seen); ``model``: the served name to
-        use (default: the first listed; one not listed is a `ConfigError` naming those that are)."""
+        use (default: the first listed; one not listed is a `ConfigError` naming those that are);
+        ``relay``: its KV events' relay (started by the caller)."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
         listed = await _wait_for_models(url.rstrip("/"), headers, timeout)
         names = [str(entry.get("id")) for entry in listed]
@@ -177,6 +197,7 @@ class UpstreamEngine:
             api_key=api_key,
             context_length=int(context) if isinstance(context, int) and context > 0 else None,
             tokenizer=tokenizer,
+            relay=relay,
         )
 
     @classmethod
@@ -189,15 +210,30 @@ class UpstreamEngine:
         cls, args: argparse.Namespace, model_path: str | Path, *, kv_events: KvEventSink | None = None
     ) -> UpstreamEngine:
         """The engine the upstream worker's flags describe; ``model_path``'s tokenizer encodes
-        the text of a server that returns no token ids."""
+        the text of a server that returns no token ids; ``kv_events``: where the server's KV
+        events go (with ``--upstream-kv-events``)."""
         own = UpstreamSettings.from_args(args)
         if own.url is None:
             raise ConfigError("the upstream worker needs --upstream http://HOST:PORT (the server to serve)")
         api_key = os.environ[own.api_key_env] if own.api_key_env else None
         tokenizer = await asyncio.to_thread(ModelTokenizer.load, model_path)
-        return await cls.connect(
-            own.url, model=own.model, api_key=api_key, tokenizer=tokenizer, timeout=own.ready_timeout
+        relay = None
+        if own.kv_events is not None:
+            relay = ZmqKvRelay(own.kv_events, EngineLimits.from_args(args).block_size)
+        engine = await cls.connect(
+            own.url,
+            model=own.model,
+            api_key=api_key,
+            tokenizer=tokenizer,
+            timeout=own.ready_timeout,
+            relay=relay,
         )
+        if relay is not None:
+            if kv_events is None:
+                logger.warning("--upstream-kv-events: this runtime has no event plane (give --nats-url)")
+            else:
+                await relay.start(kv_events)
+        return engine
 
     def request_body(self, request: PreprocessedRequest) -> dict[str, Any]:
         """The ``/v1/completions`` body for ``request``: its token ids as the prompt, its limits
@@ -347,20 +383,18 @@ class UpstreamEngine:
         return WorkerUnavailableError(f"the upstream server {self.url} answered {status}: {message}")
 
     def stats(self) -> dict[str, Any]:
-        """Requests sent, refused (4xx) and failed, and in flight now."""
+        """Requests sent, refused (4xx) and failed, in flight now, and KV events relayed."""
         return {
             "requests": self.requests_total,
             "refused": self.refused_total,
             "failed": self.failed_total,
             "active": self.active,
+            "kv_events_relayed": self.kv_events_relayed,
         }
 
-    def kv_snapshot(self) -> list[KvEvent]:
-        """No KV events of its own: nothing to rebuild."""
-        return []
-
     async def close(self) -> None:
-        """Close the connections to the server (the server keeps running)."""
+        """Close the connections to the server (the server keeps running) and stop relaying."""
+        await self.stop_relay()
         await self._client.close()
 
     def __repr__(self) -> str:
