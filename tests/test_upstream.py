@@ -27,9 +27,9 @@ from dynamo_nb.disagg.modes import WorkerRole
 from dynamo_nb.engines import check_engine
 from dynamo_nb.engines.engine_worker import serve_engine
 from dynamo_nb.engines.upstream import UpstreamEngine
-from dynamo_nb.errors import InvalidRequestError, NotReadyError
+from dynamo_nb.errors import InvalidRequestError, LaunchError, NotReadyError
 from dynamo_nb.frontend import Frontend
-from dynamo_nb.launch import ManagedProcess, launch
+from dynamo_nb.launch import ManagedProcess, launch, launch_server, launch_upstream
 from dynamo_nb.llm import ModelTokenizer, PreprocessedRequest, StopConditions
 from dynamo_nb.models import tiny_model_path
 from dynamo_nb.router.kv.router import KvRouterConfig
@@ -202,8 +202,7 @@ async def test_the_worker_program_and_run_put_a_server_behind_the_kit(
             "max_tokens": 8, "temperature": 0}  # fmt: skip
     expected = await text_of(server.url, body)
     where = f"file://{tmp_path / 'kv'}"
-    worker = await launch("components/upstream_worker.py", "--upstream", server.url, "--discovery", where,
-                          cwd=ROOT, log_dir=tmp_path, show_logs=False, timeout=120)  # fmt: skip
+    worker = await launch_upstream(server, "--discovery", where, cwd=ROOT, log_dir=tmp_path, show_logs=False)
     port = free_port()
     one_process = await launch(
         sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", f"upstream={server.url}",
@@ -221,6 +220,25 @@ async def test_the_worker_program_and_run_put_a_server_behind_the_kit(
         await runtime.shutdown()
         assert await worker.stop(timeout=10) == 0, worker.tail()
         assert await one_process.stop(timeout=10) == 0, one_process.tail()
+
+
+async def test_launch_server_waits_for_an_answer_and_reports_one_that_exits(tmp_path: Path) -> None:
+    """A server that prints no READY line is ready once it answers over HTTP; one that exits
+    first is a LaunchError with its last lines."""
+    port = free_port()
+    server = await launch_server("-m", "dynamo_nb", "run", "--in", "http", "--out", "echo", "--http-port", port,
+                                 url=f"http://127.0.0.1:{port}", cwd=ROOT, log_dir=tmp_path, show_logs=False,
+                                 timeout=120, name="echo-server")  # fmt: skip
+    try:
+        assert server.url == f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(timeout=10) as http:
+            assert (await http.get(f"{server.url}/v1/models")).json()["data"][0]["id"] == "tiny-llama"
+    finally:
+        await server.stop(timeout=10)
+    with pytest.raises(LaunchError, match=r"bad-server exited with 3:.*no such model here"):
+        await launch_server(sys.executable, "-c", "print('no such model here'); raise SystemExit(3)",
+                            url=f"http://127.0.0.1:{free_port()}", log_dir=tmp_path, show_logs=False,
+                            name="bad-server", timeout=30)  # fmt: skip
 
 
 async def test_a_server_that_is_not_there_is_a_clear_error() -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from .launcher import DEFAULT_READY_PATTERN, ManagedProcess, adopt_leftovers, launch, launched
 from .ledger import Leftover, leftovers
+from .servers import launch_server, launch_upstream, wait_until_answering
 from .services import LocalServices, find_binary
 
 __all__ = [
@@ -35,6 +36,9 @@ __all__ = [
     "adopt_leftovers",
     "find_binary",
     "launch",
+    "launch_server",
+    "launch_upstream",
     "launched",
     "leftovers",
+    "wait_until_answering",
 ]

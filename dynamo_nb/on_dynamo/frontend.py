@@ -11,16 +11,15 @@ Example::
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DynamoNBError, LaunchError
+from ..errors import DynamoNBError
 from ..extras import require_extra
-from ..http import fetch
-from ..launch.launcher import ManagedProcess, launch
+from ..launch.launcher import ManagedProcess
+from ..launch.servers import launch_server
 from ..runtime.addresses import free_port
 from .planes import LOOPBACK, DynamoPlanes
 
@@ -56,41 +55,17 @@ async def launch_dynamo_frontend(
     env = {**planes.frontend_environment(), "DYN_LOG": launch_options.pop("log", "info")}
     env.update(launch_options.pop("env", None) or {})
     timeout = float(launch_options.pop("timeout", 120.0))
-    process = await launch(
+    url = f"http://{LOOPBACK}:{port}"
+    process = await launch_server(  # its log may be quieter than a READY line: asked over HTTP
         *DynamoPlanes.frontend_argv(port),
         *args,
+        url=url,
         name=launch_options.pop("name", "dynamo-frontend"),
-        ready=None,  # its log may be quieter than the line it prints when it listens: asked over HTTP
         env=env,
         timeout=timeout,
         **launch_options,
     )
-    url = f"http://{LOOPBACK}:{port}"
-    try:
-        await _wait_listening(process, url, timeout)
-    except BaseException:
-        await process.stop(timeout=5)
-        raise
     return DynamoFrontend(process, url)
-
-
-async def _wait_listening(process: ManagedProcess, url: str, timeout: float) -> None:
-    """Until ``GET /v1/models`` answers (the frontend listens), the process exits, or ``timeout``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            if (await fetch(f"{url}/v1/models", timeout=5))[0] == 200:
-                return
-        except (ConnectionError, TimeoutError):
-            pass
-        if process.returncode is not None:
-            raise LaunchError(f"Dynamo's frontend exited with {process.returncode}: {process.tail()}")
-        if loop.time() >= deadline:
-            raise LaunchError(
-                f"Dynamo's frontend did not answer at {url} within {timeout:g} s: {process.tail()}"
-            )
-        await asyncio.sleep(0.1)
 
 
 def main(argv: list[str] | None = None) -> int:
