@@ -12,7 +12,8 @@ prompt goes to the server as token ids, the generated ids come back with vLLM's
 ``return_token_ids``), registers the model card (the tokenizer and template from
 ``--model-path``, the built-in tiny model by default; the served name is ``--model-name``, else
 the server's own) and prints ``READY <endpoint> instance=<id> address=<address> model=<name>``.
-A client that leaves closes the server's request; the server's 4xx reaches the client as it was.
+A client that leaves closes the server's request; the server's 4xx reaches the client as it was;
+while the server does not answer the worker leaves discovery (``--upstream-health-interval``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.disagg.modes import WorkerRole
 from dynamo_nb.engines.engine_worker import serve_engine
-from dynamo_nb.engines.upstream import UpstreamEngine
+from dynamo_nb.engines.upstream import UpstreamEngine, UpstreamSettings
 from dynamo_nb.flags import upstream_worker_parser
 from dynamo_nb.llm import model_from_args
 from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args, shutdown_on_signals
@@ -51,9 +52,16 @@ async def main(argv: list[str] | None = None) -> int:
     runtime: DistributedRuntime = await runtime_from_args(args)
     worker = await serve_engine(runtime, role, model_path, model_name, lambda kv_events: engine)
     logging.getLogger("upstream_worker").info("%s serves %s with %s", worker.server, worker.endpoint, engine)
+    interval = UpstreamSettings.from_args(args).health_interval
+    # in discovery only while the server answers (on the kit's runtime: Dynamo's has no withdrawal)
+    watching = (
+        engine.watch(worker.server, interval) if interval and hasattr(worker.server, "withdraw") else None
+    )
     shutdown_on_signals(runtime)  # SIGTERM / Ctrl-C → runtime.shutdown(), set before READY says so
     worker.announce()
     await runtime.wait_closed()
+    if watching is not None:
+        watching.cancel()
     await engine.close()
     return 0
 

@@ -165,6 +165,13 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
 
     worker = await serve_engine(runtime, WorkerRole.from_args(args), model_path, model_name, make_engine)
     closers.append(worker.engine.close)
+    if upstream is not None:  # in discovery only while the server answers
+        watching = upstream.watch(worker.server)
+
+        async def stop_watching() -> None:
+            watching.cancel()
+
+        closers.append(stop_watching)
     worker.announce()
     return worker.model_name
 

@@ -258,20 +258,26 @@ class Fleet:
         self.engines: list[UpstreamEngine] = []
         self.front: DistributedRuntime | None = None
         self.frontend: Frontend | None = None
+        self.watching: list[asyncio.Task[None]] = []
 
-    async def start(self, count: int, speedup: str, **frontend: Any) -> Frontend:
+    async def start_server(self, index: int, port: int, speedup: str) -> ManagedProcess:
+        return await launch(
+            sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", "mocker", "--http-port", port,
+            "--speedup-ratio", speedup, cwd=ROOT, log_dir=self.tmp_path, show_logs=False, timeout=120,
+            name=f"server{index}",
+        )  # fmt: skip
+
+    async def start(self, count: int, speedup: str, *, watch: float = 0, **frontend: Any) -> Frontend:
         for index in range(count):
             port = free_port()
-            self.servers.append(await launch(
-                sys.executable, "-m", "dynamo_nb", "run", "--in", "http", "--out", "mocker", "--http-port", port,
-                "--speedup-ratio", speedup, cwd=ROOT, log_dir=self.tmp_path, show_logs=False, timeout=120,
-                name=f"server{index}",
-            ))  # fmt: skip
+            self.servers.append(await self.start_server(index, port, speedup))
             runtime = await DistributedRuntime.create(self.where)
             engine = await UpstreamEngine.connect(f"http://127.0.0.1:{port}", timeout=30)
-            await serve_engine(
+            worker = await serve_engine(
                 runtime, WorkerRole(), tiny_model_path(), engine.model, lambda kv_events, e=engine: e
             )
+            if watch:  # in discovery only while the server answers
+                self.watching.append(engine.watch(worker.server, watch))
             self.runtimes.append(runtime)
             self.engines.append(engine)
         self.front = await DistributedRuntime.create(self.where)
@@ -289,6 +295,8 @@ class Fleet:
         return self.servers[[runtime.connection_id for runtime in self.runtimes].index(instance_id)]
 
     async def stop(self) -> None:
+        for task in self.watching:
+            task.cancel()
         if self.frontend is not None:
             await self.frontend.stop()
         for runtime in [*([self.front] if self.front else []), *self.runtimes]:
@@ -333,6 +341,45 @@ async def test_a_server_killed_mid_stream_hands_the_stream_to_another(tmp_path: 
                     "/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 4}
                 )
                 assert again.status_code == 200, again.text
+    finally:
+        await fleet.stop()
+
+
+async def test_a_worker_leaves_discovery_while_its_server_is_down_and_comes_back(tmp_path: Path) -> None:
+    """The worker asks its server every 0.2 s: the server killed, its instance leaves the frontend's
+    /health; the server started again on the same port, the same instance comes back and serves."""
+    fleet = Fleet(tmp_path)
+    try:
+        frontend = await fleet.start(2, "10", watch=0.2)
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+
+            async def listed() -> list[int]:
+                health = (await http.get("/health")).json()
+                return sorted(int(entry["instance_id"], 16) for entry in health["instances"])
+
+            async def until_listed(expected: list[int]) -> None:
+                for _ in range(300):
+                    if await listed() == expected:
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError(f"/health lists {await listed()}, not {expected}")
+
+            ids = sorted(runtime.connection_id for runtime in fleet.runtimes)
+            await until_listed(ids)
+            port = int(fleet.engines[0].url.rsplit(":", 1)[1])
+            fleet.servers[0].send_signal(signal.SIGKILL)
+            await until_listed([fleet.runtimes[1].connection_id])  # it left, no request needed
+            for _ in range(4):
+                answer = await http.post(
+                    "/v1/completions", json={"model": "tiny-llama", "prompt": "hi", "max_tokens": 2}
+                )
+                assert (
+                    answer.status_code == 200
+                    and answer.headers["x-dynamo-decode-worker"]
+                    == f"{ids[ids.index(fleet.runtimes[1].connection_id)]:x}"
+                )
+            fleet.servers[0] = await fleet.start_server(0, port, "10")
+            await until_listed(ids)  # the same instance, back
     finally:
         await fleet.stop()
 

@@ -204,3 +204,9 @@ async def test_a_server_killed_mid_stream_ends_the_stream_on_the_other(fleet: di
                     victim = servers[running.index(max(running))]
                     victim.process.send_signal(signal.SIGKILL)
     assert usage is not None and usage["completion_tokens"] == 300, usage
+    async with httpx.AsyncClient(base_url=fleet["url"], timeout=10) as http:  # its worker leaves /health
+        for _ in range(300):
+            if len((await http.get("/health")).json()["instances"]) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert len((await http.get("/health")).json()["instances"]) == 1

@@ -16,6 +16,8 @@ differ from the server's (the text is the same; counts and stop-at-token may shi
   moves the request to another (migration), with the tokens already streamed.
 - `connect` waits until the server lists its models (``GET /v1/models``) and takes the served
   name and the context length (vLLM's ``max_model_len``) from there.
+- `watch` keeps a served instance in discovery only while the server answers: it leaves when the
+  server stops answering and comes back (the same instance) when it answers again.
 - With the server's ZMQ KV-event publisher (``--upstream-kv-events``: vLLM's
   ``--kv-events-config`` endpoint, SGLang's) its cache's events are relayed as the kit's
   (`dynamo_nb.engines.kv_cache.zmq_relay.ZmqKvRelay`), so ``--router-mode kv`` routes by what
@@ -53,7 +55,7 @@ from ..http.lean_client import HttpAnswer, LeanHttpClient, ServerAnswerError, fe
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..llm.tokenizer import ModelTokenizer
 from ..runtime.context import Context
-from ..settings import Settings, add_settings, greater_than, setting
+from ..settings import Settings, add_settings, at_least, greater_than, setting
 from .base import EngineLimits, KvEventSink, token_budget
 from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
 
@@ -114,6 +116,14 @@ class UpstreamSettings(Settings):
         default_text="none: no KV events",
         help="the server's ZMQ KV-event publisher to follow, tcp://HOST:PORT (vLLM's --kv-events-config "
         "endpoint), so --router-mode kv routes by what it holds; give --kv-cache-block-size its block size",
+    )
+    health_interval: float = setting(
+        2.0,
+        flag="--upstream-health-interval",
+        group=_GROUP,
+        check=at_least(0, "0 (off)"),
+        help="seconds between checks that the server answers (GET /v1/models): while it does not, the "
+        "worker leaves discovery, and comes back when it does",
     )
     ready_timeout: float = setting(
         120.0,
@@ -234,6 +244,44 @@ class UpstreamEngine(RelayedKvEvents):
             else:
                 await relay.start(kv_events)
         return engine
+
+    async def answers(self, timeout: float = 2.0) -> bool:
+        """Whether the server answers ``GET /v1/models`` now (within ``timeout`` seconds)."""
+        try:
+            status, _ = await fetch(f"{self.url}/v1/models", headers=self._headers or None, timeout=timeout)
+        except (ConnectionError, TimeoutError):
+            return False
+        return status == 200
+
+    def watch(self, server: Any, interval: float = 2.0) -> asyncio.Task[None]:
+        """A task that keeps ``server`` (the `dynamo_nb.EndpointServer` serving this engine) in
+        discovery only while the server answers: every ``interval`` seconds it asks, and
+        withdraws the instance when the server does not answer, rejoins when it does again.
+        Cancel the task to stop watching.
+
+        Example::
+
+            watching = engine.watch(worker.server, interval=2.0)
+        """
+        return asyncio.get_running_loop().create_task(self._watch(server, interval), name="upstream-watch")
+
+    async def _watch(self, server: Any, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            answering = await self.answers(timeout=max(interval, 1.0))
+            try:
+                if not answering and not server.withdrawn:
+                    logger.warning(
+                        "the upstream server %s does not answer: instance %x leaves discovery until it does",
+                        self.url, server.instance_id,
+                    )  # fmt: skip
+                    await server.withdraw()
+                elif answering and server.withdrawn:
+                    logger.warning("the upstream server %s answers again: instance %x is back", self.url,
+                                   server.instance_id)  # fmt: skip
+                    await server.rejoin()
+            except Exception as exc:  # discovery unreachable now: the next check tries again
+                logger.warning("could not change instance %x in discovery: %s", server.instance_id, exc)
 
     def request_body(self, request: PreprocessedRequest) -> dict[str, Any]:
         """The ``/v1/completions`` body for ``request``: its token ids as the prompt, its limits

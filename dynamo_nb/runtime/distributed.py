@@ -249,6 +249,15 @@ class DistributedRuntime:
             keys.remove(key)
             await self.discovery.delete(key)  # type: ignore[attr-defined]  # every discovery backend has delete; the base protocol names only what routers read
 
+    async def _withdraw(self, server: EndpointServer) -> None:
+        """``server``'s instance out of discovery (its target still served: streams finish)."""
+        await self.discovery.deregister_instance(server.instance)
+        logger.info("instance %x of %s left discovery for now", server.instance_id, server.endpoint.path)
+
+    async def _rejoin(self, server: EndpointServer) -> None:
+        await self.discovery.register_instance(server.instance)
+        logger.info("instance %x of %s is back in discovery", server.instance_id, server.endpoint.path)
+
     async def _unserve(self, server: EndpointServer) -> None:
         if server in self._servers:
             self._servers.remove(server)

@@ -148,6 +148,7 @@ class EndpointServer:
         self._call = adapt_handler(handler)
         self._streams: set[ServerStream] = set()
         self._closing = False
+        self._withdrawn = False
         self._stopped = asyncio.Event()
         self.requests_total = 0
         self.cancelled_total = 0
@@ -259,6 +260,25 @@ class EndpointServer:
                 self.cancelled_total += 1
             stream.finished()
             self._streams.discard(stream)
+
+    @property
+    def withdrawn(self) -> bool:
+        """Whether this instance has left discovery for a while (`withdraw`)."""
+        return self._withdrawn
+
+    async def withdraw(self) -> None:
+        """Leave discovery for a while, serving on: clients stop sending it requests, the streams
+        under way finish (what a worker does while what it serves with is down); `rejoin` comes
+        back under the same instance id."""
+        if not self._withdrawn and not self._closing:
+            self._withdrawn = True
+            await self.endpoint.runtime._withdraw(self)
+
+    async def rejoin(self) -> None:
+        """Come back to discovery after `withdraw` (clients send it requests again)."""
+        if self._withdrawn and not self._closing:
+            self._withdrawn = False
+            await self.endpoint.runtime._rejoin(self)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Stop serving: leave discovery, refuse new requests, let running streams finish.
