@@ -24,7 +24,7 @@ MODES = ["memory-inproc", "memory-tcp", "file-tcp", "file-nats", "etcd-tcp", "et
 
 RuntimeFactory = Callable[[str], Awaitable[DistributedRuntime]]
 
-NEEDS_VLLM = {"07_serving_with_vllm"}  # notebooks that start vLLM engines (marked vllm and long)
+NEEDS_VLLM = {"07_serving_with_vllm", "15_your_servers_behind_the_kit"}  # notebooks that start vLLM engines (marked vllm and long)
 NEEDS_DYNAMO = {
     "13_on_nvidia_dynamo"
 }  # notebooks that run NVIDIA Dynamo's runtime and frontend (marked dynamo)
