@@ -5,6 +5,9 @@
   running it); ``declarations.py``: which component a file declares (``FILE:NAME``);
 - ``launcher.py``: `launch` starts a component in its own process group, waits for its READY
   line (or its instance in discovery), shows its output live and returns a `ManagedProcess`;
+- ``servers.py``: `launch_server` starts a server that prints no READY line (``vllm serve``,
+  Dynamo's frontend), ready once it answers over HTTP; `launch_upstream` an upstream worker in
+  front of it;
 - ``services.py``: `LocalServices` runs etcd and nats-server on free 127.0.0.1 ports;
 - ``process_group.py`` and ``parent_guard.py``: stopping a whole process group, and a child
   that dies with its parent; ``logview.py``: where a launched program's lines are shown;
