@@ -14,6 +14,22 @@ from typing import Any
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+async def level_figures(url: str, model: str, level: int, requests: int, **options: Any) -> dict[str, Any]:
+    """One concurrency level of `dynamo_nb.bench.run` at ``url`` (``options``: its keywords, the
+    prompts, ``max_tokens`` …; no progress bar, no worker ids): the figures a row reports."""
+    from dynamo_nb import bench
+
+    df = await bench.run(url, model, concurrency=level, requests=requests, worker_ids=False, progress=False,
+                         **options)  # fmt: skip
+    row = bench.summary(df).iloc[0]
+    names = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "req_per_s", "mean_output_tokens")
+    return {
+        "requests": int(row["requests"]),
+        "errors": int(row["errors"]),
+        **{n: float(row[n]) for n in names},
+    }
+
+
 def machine() -> str:
     """The machine a result was measured on, for its JSON: architecture, processor model, cores,
     Python (figures move between processors; ratios measured in one run are what compare)."""

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _harness import machine, run_benchmark
+from _harness import level_figures, machine, run_benchmark
 
 from dynamo_nb import bench, launch
 from dynamo_nb.extras import extra_installed
@@ -71,18 +71,8 @@ class Stack:
         await bench.wait_for_model(self.url, MODEL, timeout=120)
 
     async def measure(self, level: int, requests: int) -> dict[str, Any]:
-        df = await bench.run(self.url, MODEL, prompts=PROMPTS, concurrency=level, requests=requests,
-                             max_tokens=TOKENS, ignore_eos=True, worker_ids=False, new_connection=True,
-                             progress=False)  # fmt: skip
-        row = bench.summary(df).iloc[0]
-        return {
-            "requests": int(row["requests"]),
-            "errors": int(row["errors"]),
-            "ttft_p50_ms": float(row["ttft_p50_ms"]),
-            "ttft_p90_ms": float(row["ttft_p90_ms"]),
-            "req_per_s": float(row["req_per_s"]),
-            "mean_output_tokens": float(row["mean_output_tokens"]),
-        }
+        return await level_figures(self.url, MODEL, level, requests, prompts=PROMPTS, max_tokens=TOKENS,
+                                   ignore_eos=True, new_connection=True)  # fmt: skip
 
     async def stop(self) -> None:
         for process in reversed(self.processes):

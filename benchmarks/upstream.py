@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _harness import machine, run_benchmark
+from _harness import level_figures, machine, run_benchmark
 
 from dynamo_nb import bench, launch
 from dynamo_nb.runtime.addresses import free_port
@@ -42,18 +42,9 @@ async def start(*out: str, name: str) -> tuple[Any, str]:
 
 
 async def measure(url: str, level: int, requests: int) -> dict[str, Any]:
-    df = await bench.run(url, MODEL, prompts=PROMPTS, concurrency=level, requests=requests, max_tokens=TOKENS,
-                         ignore_eos=True, worker_ids=False, progress=False)  # fmt: skip
-    row = bench.summary(df).iloc[0]
-    return {
-        "requests": int(row["requests"]),
-        "errors": int(row["errors"]),
-        "ttft_p50_ms": float(row["ttft_p50_ms"]),
-        "ttft_p90_ms": float(row["ttft_p90_ms"]),
-        "itl_p50_ms": float(row["itl_p50_ms"]),
-        "itl_p90_ms": float(row["itl_p90_ms"]),
-        "req_per_s": float(row["req_per_s"]),
-    }
+    return await level_figures(
+        url, MODEL, level, requests, prompts=PROMPTS, max_tokens=TOKENS, ignore_eos=True
+    )
 
 
 async def main(requests: int) -> dict[str, Any]:
