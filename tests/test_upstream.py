@@ -183,6 +183,8 @@ async def test_a_client_that_leaves_frees_the_servers_request(server: ManagedPro
                 for _ in range(3):
                     await anext(lines)
                 assert await inflight_at(server.url) == 1
+                load = await kit.engine.read_load()  # the server's own load, from its /metrics
+                assert load["running"] == 1 and kit.engine.stats()["server_running"] == 1, load
         for _ in range(200):  # the connection is closed: the server's request too
             if await inflight_at(server.url) == 0 and kit.engine.active == 0:
                 break

@@ -155,6 +155,13 @@ async def test_a_client_that_disconnects_frees_vllms_slot(fleet: dict[str, Any])
             for _ in range(3):
                 await anext(lines)
             assert sum([await running_at(server.url) for server in servers]) == 1  # vLLM runs it
+            loads = []
+            for server in servers:  # what an upstream worker reads of vLLM's load (its stats)
+                engine = await UpstreamEngine.connect(server.url, timeout=30)
+                loads.append(await engine.read_load())
+                await engine.close()
+            assert all({"running", "waiting", "kv_usage"} <= set(load) for load in loads), loads
+            assert sum(load["running"] for load in loads) == 1, loads
     left = time.monotonic()
     for _ in range(200):
         if sum([await running_at(server.url) for server in servers]) == 0:

@@ -17,7 +17,10 @@ differ from the server's (the text is the same; counts and stop-at-token may shi
 - `connect` waits until the server lists its models (``GET /v1/models``) and takes the served
   name and the context length (vLLM's ``max_model_len``) from there.
 - `watch` keeps a served instance in discovery only while the server answers: it leaves when the
-  server stops answering and comes back (the same instance) when it answers again.
+  server stops answering and comes back (the same instance) when it answers again. At each
+  check it also reads the server's own load from its Prometheus ``/metrics`` (`SERVER_LOAD`:
+  vLLM's, SGLang's, the kit's names), which `stats` reports as ``server_running``,
+  ``server_waiting`` and ``server_kv_usage``.
 - With the server's ZMQ KV-event publisher (``--upstream-kv-events``: vLLM's
   ``--kv-events-config`` endpoint, SGLang's) its cache's events are relayed as the kit's
   (`dynamo_nb.engines.kv_cache.zmq_relay.ZmqKvRelay`), so ``--router-mode kv`` routes by what
@@ -64,6 +67,38 @@ __all__ = ["UpstreamEngine", "UpstreamSettings"]
 logger = logging.getLogger("dynamo_nb.engines.upstream")
 
 _GROUP = "upstream server"
+
+SERVER_LOAD = {
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "dynamo_frontend_inflight_requests"),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "dynamo_frontend_queued_requests"),
+    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
+}
+"""The Prometheus series a server's load is read from, by what they say (the first a server has)."""
+
+
+def server_load(metrics: str) -> dict[str, float]:
+    """The load a server's ``/metrics`` text says (`SERVER_LOAD`; each series summed over its labels).
+
+    Example:
+        >>> server_load('vllm:num_requests_running{model_name="m"} 2.0')
+        {'running': 2.0}
+    """
+    sums: dict[str, float] = {}
+    for line in metrics.splitlines():
+        if not line or line[0] == "#":
+            continue
+        head = line.split(" ", 1)[0]
+        name = head.partition("{")[0]
+        try:
+            sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        except (ValueError, IndexError):
+            continue
+    load = {}
+    for what, names in SERVER_LOAD.items():
+        found = next((name for name in names if name in sums), None)
+        if found is not None:
+            load[what] = sums[found]
+    return load
 
 
 def _check_url(url: str | None) -> str | None:
@@ -175,6 +210,7 @@ class UpstreamEngine(RelayedKvEvents):
         self.refused_total = 0
         self.failed_total = 0
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.server_load: dict[str, float] = {}  # read at each `watch` check
         self._client = LeanHttpClient(headers=self._headers or None)
         self._said_text_only = False
 
@@ -265,10 +301,21 @@ class UpstreamEngine(RelayedKvEvents):
         """
         return asyncio.get_running_loop().create_task(self._watch(server, interval), name="upstream-watch")
 
+    async def read_load(self, timeout: float = 2.0) -> dict[str, float]:
+        """The server's load now, from its ``/metrics`` ({} where it has none of `SERVER_LOAD`)."""
+        try:
+            status, raw = await fetch(f"{self.url}/metrics", headers=self._headers or None, timeout=timeout)
+        except (ConnectionError, TimeoutError):
+            return {}
+        self.server_load = server_load(raw.decode(errors="replace")) if status == 200 else {}
+        return self.server_load
+
     async def _watch(self, server: Any, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
             answering = await self.answers(timeout=max(interval, 1.0))
+            if answering:
+                await self.read_load(timeout=max(interval, 1.0))
             try:
                 if not answering and not server.withdrawn:
                     logger.warning(
@@ -431,13 +478,15 @@ class UpstreamEngine(RelayedKvEvents):
         return WorkerUnavailableError(f"the upstream server {self.url} answered {status}: {message}")
 
     def stats(self) -> dict[str, Any]:
-        """Requests sent, refused (4xx) and failed, in flight now, and KV events relayed."""
+        """Requests sent, refused (4xx) and failed, in flight now, KV events relayed, and the
+        server's own load as its ``/metrics`` said at the last check (``server_running`` …)."""
         return {
             "requests": self.requests_total,
             "refused": self.refused_total,
             "failed": self.failed_total,
             "active": self.active,
             "kv_events_relayed": self.kv_events_relayed,
+            **{f"server_{what}": value for what, value in self.server_load.items()},
         }
 
     async def close(self) -> None:
