@@ -26,10 +26,11 @@ __all__ = ["ENDPOINTS", "run", "wait_for_model"]
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-def _instances_serving(health: dict[str, Any], model: str, names: list[str]) -> int:
+def _instances_serving(health: Any, model: str, names: list[str]) -> int:
     """How many instances ``/health`` shows serving ``model``: ours names each instance's model;
     Dynamo's names none, so there the distinct instances of ``generate`` endpoints count."""
-    entries = [entry for entry in health.get("instances", []) if isinstance(entry, dict)]
+    listed = health.get("instances", []) if isinstance(health, dict) else []
+    entries = [entry for entry in listed if isinstance(entry, dict)] if isinstance(listed, list) else []
     if any("model" in entry for entry in entries) or not entries:
         return sum(1 for entry in entries if entry.get("model") == model)
     if len(names) > 1:
@@ -284,6 +285,7 @@ async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: f
     deadline = loop.time() + timeout
     seen = "no answer"
     while True:
+        health = None
         try:
             names = [
                 m.get("id") for m in json.loads((await fetch(base + "/v1/models", timeout=5))[1])["data"]
@@ -291,16 +293,15 @@ async def wait_for_model(url: str, model: str, *, instances: int = 0, timeout: f
             seen = f"models {names}"
             if model in names and instances > 0:
                 health = json.loads((await fetch(base + "/health", timeout=5))[1])
-                serving = _instances_serving(health, model, names)
-                seen += f", {serving} instance(s) of {model!r}"
-                if serving >= instances:
-                    return names
-            elif model in names:
-                return names
         except (ConnectionError, TimeoutError, ValueError, AttributeError, KeyError, TypeError) as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            seen = f"{type(exc).__name__}: {exc}"
+            names, seen = [], f"{type(exc).__name__}: {exc}"
+        if model in names and instances <= 0:
+            return names
+        if health is not None:
+            serving = _instances_serving(health, model, names)  # a ConfigError where it cannot tell
+            seen += f", {serving} instance(s) of {model!r}"
+            if serving >= instances:
+                return names
         if loop.time() >= deadline:
             raise NoInstancesError(
                 f"{model!r} was not ready at {base} within {timeout:g} s (last seen: {seen})"

@@ -83,16 +83,15 @@ def server_load(metrics: str) -> dict[str, float]:
         >>> server_load('vllm:num_requests_running{model_name="m"} 2.0')
         {'running': 2.0}
     """
+    from prometheus_client.parser import text_string_to_metric_families
+
     sums: dict[str, float] = {}
-    for line in metrics.splitlines():
-        if not line or line[0] == "#":
-            continue
-        head = line.split(" ", 1)[0]
-        name = head.partition("{")[0]
-        try:
-            sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-        except (ValueError, IndexError):
-            continue
+    try:
+        for family in text_string_to_metric_families(metrics):
+            for sample in family.samples:
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+    except ValueError:  # not Prometheus text: no load known
+        return {}
     load = {}
     for what, names in SERVER_LOAD.items():
         found = next((name for name in names if name in sums), None)
@@ -518,21 +517,19 @@ async def _wait_for_models(url: str, headers: dict[str, str] | None, timeout: fl
     while True:
         try:
             status, raw = await fetch(f"{url}/v1/models", headers=headers, timeout=5.0)
-            if status == 200:
-                listed = [entry for entry in json.loads(raw).get("data", []) if isinstance(entry, dict)]
-                if listed:
-                    return listed
-                seen = "no model listed yet"
-            elif status in (401, 403):
-                raise ConfigError(
-                    f"the server at {url} answered {status} to GET /v1/models: give its API key (--api-key-env VAR)"
-                )
-            else:
-                seen = f"status {status}"
+            listed = (
+                [e for e in json.loads(raw).get("data", []) if isinstance(e, dict)] if status == 200 else []
+            )
         except (ConnectionError, TimeoutError, ValueError) as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            seen = f"{type(exc).__name__}: {exc}"
+            status, listed, seen = 0, [], f"{type(exc).__name__}: {exc}"
+        if listed:
+            return listed
+        if status in (401, 403):
+            raise ConfigError(
+                f"the server at {url} answered {status} to GET /v1/models: give its API key (--api-key-env VAR)"
+            )
+        if status:
+            seen = "no model listed yet" if status == 200 else f"status {status}"
         if time.monotonic() >= deadline:
             raise NotReadyError(
                 f"the upstream server {url} did not list a model within {timeout:g} s (last: {seen}): start it "
