@@ -384,7 +384,14 @@ async def let_go_of_a_request(server: Any, env: dict[str, str], through: str, ho
             assert waited < STOP_SEEN_WITHIN, f"{how} via {through}: no stop after {waited:.1f} s"
             await asyncio.sleep(0.02)
         if how in ("stop", "exit", "pre-stopped"):
-            assert await asyncio.wait_for(client.wait(), 30) == 0, printed
+            try:
+                assert await asyncio.wait_for(client.wait(), 30) == 0, (how, through, printed)
+            except TimeoutError:
+                client.send_signal(signal.SIGUSR1)  # the client prints its threads' stacks
+                await asyncio.sleep(2)
+                client.kill()
+                stacks = await asyncio.wait_for(client.stdout.read(), 10)
+                raise AssertionError(f"{how} via {through}: the client did not exit: {printed}\n{stacks.decode()}")
     finally:
         if client.returncode is None:
             client.kill()

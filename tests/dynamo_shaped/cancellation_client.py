@@ -11,6 +11,7 @@ request go in one of the ways a caller does (``--how``):
 
 import argparse
 import asyncio
+import faulthandler
 import os
 import signal
 
@@ -46,6 +47,7 @@ async def main(target: str, how: str):
 
 
 if __name__ == "__main__":
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks where a slow exit hangs
     parser = argparse.ArgumentParser()
     parser.add_argument("--middle", action="store_true")
     parser.add_argument("--how", choices=["stop", "break", "exit", "die", "pre-stopped"], default="stop")

@@ -187,6 +187,8 @@ class EtcdDiscovery(KeyValueDiscovery):
                     self._outage = False
                     logger.warning("etcd at %s answers again; this process's keys are published", self.shown)
             except asyncio.CancelledError:
+                if not self._closed:  # the loop is ending (asyncio.run's end) with the runtime open
+                    await self._close_channel()  # an open gRPC channel can hang the interpreter's exit
                 raise
             except Exception as exc:
                 if not self._outage:
@@ -219,6 +221,11 @@ class EtcdDiscovery(KeyValueDiscovery):
                 await asyncio.wait_for(self._client.revoke_lease(self._lease_id), 2.0)
             except Exception as exc:  # etcd gone: the lease expires on its own
                 logger.debug("could not revoke etcd lease: %s", exc)
+            await self._close_channel()
+
+    async def _close_channel(self) -> None:
+        """Close the gRPC channel to etcd (bounded: a gone etcd does not hold a shutdown)."""
+        if self._client is not None:
             try:
                 await asyncio.wait_for(self._client.close(), 2.0)
             except Exception as exc:
