@@ -520,3 +520,28 @@ def test_the_zmq_relay_passes_the_blocks_tokens_on_to_a_sink_that_hashes_them() 
     assert "token_ids" not in relay.translate(event)["stored"]
     relay.event_token_ids = True
     assert relay.translate(event)["stored"]["token_ids"] == [5, 6, 7, 8]
+
+
+def test_an_engines_relayed_events_confirm_the_blocks_the_router_counted_pending() -> None:
+    """A routed prompt counts on its worker for a few seconds; vLLM's stored event for it (in
+    vLLM's own block ids) confirms those very blocks, so they stay after the pending time, and
+    vLLM's removal (its ids again) takes them away."""
+    from dynamo_nb.engines.kv_cache.zmq_relay import ZmqKvRelay
+    from dynamo_nb.router.kv.hashing import block_hashes
+    from dynamo_nb.router.kv.indexer import RadixTree
+
+    prompt = list(range(100, 108))
+    local = block_hashes(prompt, 2)
+    tree = RadixTree(clock=lambda: 0.0)
+    tree.insert("w", local, ttl=5.0, now=0.0)  # the router's pending prediction
+    relay = ZmqKvRelay("tcp://127.0.0.1:1", block_size=2)
+    engine_ids = [b"\x07" * 32, b"\x08" * 32, b"\x09" * 32, b"\x0a" * 32]
+    tree.apply_event("w", relay.translate({"type": "BlockStored", "block_hashes": engine_ids[:2],
+                                           "parent_block_hash": None, "token_ids": prompt[:4]}))  # fmt: skip
+    tree.apply_event("w", relay.translate({"type": "BlockStored", "block_hashes": engine_ids[2:],
+                                           "parent_block_hash": engine_ids[1], "token_ids": prompt[4:]}))  # fmt: skip
+    assert tree.expire(now=60.0) == 0  # confirmed: nothing left to expire
+    assert tree.find_matches(local).scores == {"w": 4}
+    tree.apply_event("w", relay.translate({"type": "BlockRemoved", "block_hashes": engine_ids[2:]}))
+    assert tree.find_matches(local).scores == {"w": 2}
+    assert len(relay.snapshot()) == 2

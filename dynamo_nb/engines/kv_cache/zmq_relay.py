@@ -7,15 +7,20 @@ map tagged by ``type``: ``BlockStored`` (engine block hashes, parent hash, the b
 ids), ``BlockRemoved`` (hashes) or ``AllBlocksCleared``. SGLang's publisher uses the same shapes.
 
 `ZmqKvRelay` subscribes to that socket and turns each event into ours (`dynamo_nb.router.kv`):
-``stored`` with ``tokens_hash`` computed from the token ids by our block hash (so the router
-matches requests by content), ``removed``, ``cleared``. It keeps the live blocks, so
-`ZmqKvRelay.snapshot` rebuilds a router's view after a lost event.
+``stored``, ``removed``, ``cleared``, in our block ids: ``tokens_hash`` is our hash of the
+block's token ids and ``block_hash`` our sequence hash (the block with its prefix), the ids the
+router gives a prompt it routes. So the router matches requests by content, and a stored event
+confirms the very blocks the router counted as pending on that worker. The engine's own ids are
+mapped (a removal names them). It keeps the live blocks, so `ZmqKvRelay.snapshot` rebuilds a
+router's view after a lost event.
 
 Example:
+    >>> from dynamo_nb.router.kv.hashing import block_hashes, sequence_hashes
     >>> relay = ZmqKvRelay("tcp://127.0.0.1:5557", block_size=2)
-    >>> relay.translate({"type": "BlockStored", "block_hashes": [b"\\x01" * 8], "parent_block_hash": None,
-    ...                  "token_ids": [5, 6], "block_size": 2})["stored"]["blocks"][0]["block_hash"]
-    72340172838076673
+    >>> stored = relay.translate({"type": "BlockStored", "block_hashes": [b"\\x01" * 8],
+    ...                           "parent_block_hash": None, "token_ids": [5, 6], "block_size": 2})
+    >>> stored["stored"]["blocks"][0]["block_hash"] == sequence_hashes(block_hashes([5, 6], 2))[0]
+    True
     >>> relay.translate({"type": "AllBlocksCleared"}), relay.snapshot()
     ('cleared', [])
 """
@@ -25,10 +30,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from typing import Any
 
-from ...router.kv.hashing import block_hashes
+from ...router.kv.hashing import block_hashes, sequence_hashes
 from ...runtime.bounded_decode import unpack_bounded
 from ...runtime.planes.wire import MAX_FRAME_BYTES
 from ..base import KvEvent, KvEventSink
@@ -69,7 +74,9 @@ class ZmqKvRelay:
         self.topic = topic
         self.events_relayed = 0
         self.events_dropped = 0
-        self._blocks: OrderedDict[int, tuple[int | None, int]] = OrderedDict()  # id → (parent, tokens_hash)
+        self._blocks: OrderedDict[int, tuple[int | None, int]] = OrderedDict()  # our id → (parent, tokens_hash)
+        self._ours: dict[int, int] = {}  # the engine's block id → ours
+        self._holders: Counter[int] = Counter()  # our id → engine blocks mapped to it (the same content twice)
         self._task: asyncio.Task[None] | None = None
         self._socket: Any = None
         #: stored events also carry their blocks' ``token_ids`` (for a sink that hashes them
@@ -109,13 +116,24 @@ class ZmqKvRelay:
         """Our event for one engine event (None for one we do not follow), and the live blocks updated."""
         kind = event.get("type")
         if kind == "BlockStored":
-            ids = [engine_block_id(h) for h in event["block_hashes"]]
             size = event.get("block_size") or self.block_size
             content = block_hashes(event["token_ids"], size)
+            engine_ids = [engine_block_id(h) for h in event["block_hashes"]][: len(content)]
             parent = event.get("parent_block_hash")
-            first_parent = parent_id = None if parent is None else engine_block_id(parent)
+            if parent is None:
+                first_parent = None
+            else:  # a parent never relayed (the relay started late) keeps the engine's id: a gap
+                first_parent = self._ours.get(engine_block_id(parent), engine_block_id(parent))
+            ids = sequence_hashes(content[: len(engine_ids)], parent=first_parent)
             blocks = []
-            for block_id, tokens_hash in zip(ids, content, strict=False):
+            parent_id = first_parent
+            for engine_id, block_id, tokens_hash in zip(engine_ids, ids, content, strict=False):
+                before = self._ours.get(engine_id)
+                if before != block_id:  # new (or the engine reused its id for other content)
+                    if before is not None:
+                        self._release(before)
+                    self._ours[engine_id] = block_id
+                    self._holders[block_id] += 1
                 self._blocks[block_id] = (parent_id, tokens_hash)
                 blocks.append({"block_hash": block_id, "tokens_hash": tokens_hash})
                 parent_id = block_id
@@ -124,14 +142,23 @@ class ZmqKvRelay:
                 stored["token_ids"] = list(event["token_ids"][: len(blocks) * size])
             return {"stored": stored}
         if kind == "BlockRemoved":
-            ids = [engine_block_id(h) for h in event["block_hashes"]]
-            for block_id in ids:
-                self._blocks.pop(block_id, None)
-            return {"removed": {"block_hashes": ids}}
+            gone = [self._ours.pop(engine_id, engine_id) for engine_id in map(engine_block_id, event["block_hashes"])]
+            return {"removed": {"block_hashes": [block_id for block_id in gone if self._release(block_id)]}}
         if kind == "AllBlocksCleared":
             self._blocks.clear()
+            self._ours.clear()
+            self._holders.clear()
             return "cleared"
         return None
+
+    def _release(self, block_id: int) -> bool:
+        """One engine block of ours ``block_id`` went; True when none is left (the block is gone)."""
+        self._holders[block_id] -= 1
+        if self._holders[block_id] > 0:  # another engine block holds the same content
+            return False
+        del self._holders[block_id]
+        self._blocks.pop(block_id, None)
+        return True
 
     def snapshot(self) -> list[KvEvent]:
         """Events that rebuild the engine's cache as relayed so far (parents before children)."""

@@ -50,15 +50,25 @@ def block_hashes(tokens: Sequence[int], block_size: int, *, lora_name: str | Non
     return [digest(data[start : start + step], seed=seed) for start in range(0, 4 * full, step)]
 
 
-def sequence_hashes(local_hashes: Sequence[int], *, lora_name: str | None = None) -> list[int]:
-    """The chained sequence hash of each block: a block's identity together with its prefix."""
+def sequence_hashes(
+    local_hashes: Sequence[int], *, lora_name: str | None = None, parent: int | None = None
+) -> list[int]:
+    """The chained sequence hash of each block: a block's identity together with its prefix.
+
+    ``parent`` is the sequence hash of the block before the first one (None: they start the prompt).
+
+    Example:
+        >>> whole = sequence_hashes([1, 2, 3])
+        >>> sequence_hashes([2, 3], parent=whole[0]) == whole[1:]
+        True
+    """
     if not local_hashes:
         return []
     seed = _seed(lora_name)
     digest, pack = xxhash.xxh3_64_intdigest, _PAIR.pack
-    chained = [local_hashes[0]]
-    last = chained[0]
-    for local in local_hashes[1:]:
-        last = digest(pack(last, local), seed=seed)
+    chained = []
+    last = parent
+    for local in local_hashes:
+        last = local if last is None else digest(pack(last, local), seed=seed)
         chained.append(last)
     return chained
