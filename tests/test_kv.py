@@ -545,3 +545,21 @@ def test_an_engines_relayed_events_confirm_the_blocks_the_router_counted_pending
     tree.apply_event("w", relay.translate({"type": "BlockRemoved", "block_hashes": engine_ids[2:]}))
     assert tree.find_matches(local).scores == {"w": 2}
     assert len(relay.snapshot()) == 2
+
+
+def test_a_servers_reported_blocks_raise_a_workers_decode_load() -> None:
+    """The KV router's decode term takes the blocks a worker's server says are in use when that
+    is more than the router routed there (others use the server too), and only then."""
+    from dynamo_nb.router.kv.selector import ActiveLoad, cost_parts
+    from dynamo_nb.router.server_load import ServerLoad
+
+    own = ActiveLoad()
+    own.add("r1", 0, [1, 2, 3])
+    options = dict(prompt_tokens=32, block_size=16, overlaps={}, loads={"a": own, "b": own}, sequence=[7, 8])
+    reported = {"a": ServerLoad(running=3, kv_usage=0.5, kv_blocks=40).blocks_in_use, "b": 1.0}
+    parts = cost_parts(["a", "b"], server_blocks=reported, **options)
+    assert parts["a"]["decode_blocks"] == 20 + 2 and parts["a"]["server_blocks"] == 20
+    assert parts["b"]["decode_blocks"] == 3 + 2  # the router's own count is more
+    assert cost_parts(["a"], **options)["a"]["decode_blocks"] == 3 + 2
+    assert ServerLoad.from_stats({"requests": 3}, routed=0, at=0.0) is None  # a kit engine says nothing
+    assert ServerLoad.from_stats({"server_running": 5.0, "server_waiting": 1.0}, routed=2, at=0.0).others == 4

@@ -386,6 +386,42 @@ async def test_a_worker_leaves_discovery_while_its_server_is_down_and_comes_back
         await fleet.stop()
 
 
+async def test_least_loaded_routing_counts_what_a_server_runs_for_others(tmp_path: Path) -> None:
+    """Two servers, one kept busy by clients that ask it directly (not through the kit): the worker
+    reads its server's /metrics, the frontend its worker's stats, and least-loaded routing sends
+    the kit's requests to the idle server, its decision naming the busy server's other requests."""
+    fleet = Fleet(tmp_path)
+    busy: list[asyncio.Task[Any]] = []
+    try:
+        frontend = await fleet.start(2, "1", watch=0.2, router_mode="least-loaded", server_load_interval=0.2)
+        router = frontend.models.get("tiny-llama").router
+        loaded, idle = (runtime.connection_id for runtime in fleet.runtimes)
+        body = {"model": "tiny-llama", "prompt": "a long story", "max_tokens": 1000, "ignore_eos": True}
+        async with httpx.AsyncClient(base_url=fleet.engines[0].url, timeout=300) as direct:
+            busy = [asyncio.create_task(direct.post("/v1/completions", json=body)) for _ in range(4)]
+            for _ in range(600):  # the server's load reaches the router (two asks of 0.2 s apart)
+                if (router.others_on(loaded) or 0) >= 4:
+                    break
+                await asyncio.sleep(0.05)
+            assert not any(task.done() for task in busy), [task.result().text for task in busy if task.done()]
+            assert router.others_on(loaded) == 4 and router.others_on(idle) == 0
+            async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+                ask = {"model": "tiny-llama", "prompt": "hi", "max_tokens": 2,
+                       "nvext": {"extra_fields": ["routing"]}}  # fmt: skip
+                for _ in range(6):
+                    answer = await http.post("/v1/completions", json=ask)
+                    assert answer.status_code == 200, answer.text
+                    assert answer.headers["x-dynamo-decode-worker"] == f"{idle:x}"
+                routing = answer.json()["nvext"]["routing"]["decode"]
+            parts = {c["instance_id"]: c["parts"] for c in routing["candidates"]}
+            assert parts[loaded]["server_others"] == 4 and parts[idle]["server_others"] == 0, routing
+    finally:
+        for task in busy:
+            task.cancel()
+        await asyncio.gather(*busy, return_exceptions=True)
+        await fleet.stop()
+
+
 def reuse_funnel(metrics: str) -> dict[str, float]:
     """The frontend's KV reuse funnel (prompt tokens by stage) from its /metrics."""
     funnel = {}

@@ -20,7 +20,9 @@ differ from the server's (the text is the same; counts and stop-at-token may shi
   server stops answering and comes back (the same instance) when it answers again. At each
   check it also reads the server's own load from its Prometheus ``/metrics`` (`SERVER_LOAD`:
   vLLM's, SGLang's, the kit's names), which `stats` reports as ``server_running``,
-  ``server_waiting`` and ``server_kv_usage``.
+  ``server_waiting``, ``server_kv_usage`` and ``server_kv_blocks`` (vLLM's cache size); the
+  frontend's least-loaded and KV routers add it to their own count
+  (`dynamo_nb.router.server_load`).
 - With the server's ZMQ KV-event publisher (``--upstream-kv-events``: vLLM's
   ``--kv-events-config`` endpoint, SGLang's) its cache's events are relayed as the kit's
   (`dynamo_nb.engines.kv_cache.zmq_relay.ZmqKvRelay`), so ``--router-mode kv`` routes by what
@@ -74,6 +76,7 @@ SERVER_LOAD = {
     "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"),
 }
 """The Prometheus series a server's load is read from, by what they say (the first a server has)."""
+KV_BLOCKS_INFO = "vllm:cache_config_info"  # its num_gpu_blocks label: the cache's size (``kv_blocks``)
 
 
 def server_load(metrics: str) -> dict[str, float]:
@@ -82,14 +85,19 @@ def server_load(metrics: str) -> dict[str, float]:
     Example:
         >>> server_load('vllm:num_requests_running{model_name="m"} 2.0')
         {'running': 2.0}
+        >>> server_load('vllm:cache_config_info{block_size="16",num_gpu_blocks="512"} 1.0')
+        {'kv_blocks': 512.0}
     """
     from prometheus_client.parser import text_string_to_metric_families
 
     sums: dict[str, float] = {}
+    blocks_label = ""  # the cache's size in blocks: a label of vLLM's cache_config_info
     try:
         for family in text_string_to_metric_families(metrics):
             for sample in family.samples:
                 sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+                if sample.name.startswith(KV_BLOCKS_INFO):
+                    blocks_label = sample.labels.get("num_gpu_blocks", "") or blocks_label
     except ValueError:  # not Prometheus text: no load known
         return {}
     load = {}
@@ -97,6 +105,8 @@ def server_load(metrics: str) -> dict[str, float]:
         found = next((name for name in names if name in sums), None)
         if found is not None:
             load[what] = sums[found]
+    if blocks_label:
+        load["kv_blocks"] = float(blocks_label)
     return load
 
 
@@ -477,14 +487,16 @@ class UpstreamEngine(RelayedKvEvents):
         return WorkerUnavailableError(f"the upstream server {self.url} answered {status}: {message}")
 
     def stats(self) -> dict[str, Any]:
-        """Requests sent, refused (4xx) and failed, in flight now, KV events relayed, and the
-        server's own load as its ``/metrics`` said at the last check (``server_running`` …)."""
+        """Requests sent, refused (4xx) and failed, in flight now, KV events relayed, the server's
+        URL and its own load as its ``/metrics`` said at the last check (``server_running`` …;
+        a series it does not have yet, such as one labelled by a model not asked for, is absent)."""
         return {
             "requests": self.requests_total,
             "refused": self.refused_total,
             "failed": self.failed_total,
             "active": self.active,
             "kv_events_relayed": self.kv_events_relayed,
+            "server_url": self.url,  # a server's figures follow (none yet: it runs nothing known)
             **{f"server_{what}": value for what, value in self.server_load.items()},
         }
 

@@ -124,6 +124,15 @@ class FrontendConfig(Settings):
         "the policy's variable (default: the file's one RoutingPolicy); replaces --router-mode",
     )
     kv: KvRouterConfig = nested(KvRouterConfig)
+    server_load_interval: float = setting(
+        1.0,
+        flag="--server-load-interval",
+        env="SERVER_LOAD_INTERVAL",
+        check=at_least(0, "0 (off)"),
+        help="seconds between two asks of each worker's stats for the load its own server reports (upstream "
+        "workers in front of vllm serve and the like), which least-loaded and kv routing add to what they "
+        "routed; 0: off",
+    )
     admin_api: bool = setting(
         False,
         flag="--admin-api",

@@ -36,11 +36,13 @@ from ..router import (
     RoutingDecision,
     RoutingRecords,
     RoutingTicket,
+    ServerLoads,
     make_router,
 )
 from ..router.base import RoutedStream
 from ..router.decision import NO_TICKET
 from ..router.policy import RouterPolicy
+from ..router.server_load import STATS_ENDPOINT
 from ..runtime.client import Client, ResponseStream
 from ..runtime.context import Context
 from ..runtime.discovery import KeyValueDiscovery
@@ -242,6 +244,7 @@ class ModelManager:
         self.prefill: dict[str, PrefillPlanner] = {}  # model name → its prefill planner
         self.enforce_disagg = config.enforce_disagg
         self.kv_config = config.kv_settings(nats=runtime.nats_url is not None)
+        self.server_load_interval = config.server_load_interval
         self.policy_sync: PolicySync | None = None
         """Shares router policy changes with the other processes of its group (`share_kv_router_policy`)."""
         self._on_prefill_error = on_prefill_error
@@ -438,13 +441,18 @@ class ModelManager:
     ) -> Router:
         """The ``--router-mode`` router of a card's endpoint (a KV router follows its KV events;
         ``limit_of`` gives an instance's ``max_num_seqs``)."""
+        component = self.runtime.endpoint(card.endpoint).component()
+        server_loads = None
+        if self.server_load_interval > 0 and self.router_mode in ("least-loaded", "kv"):
+            server_loads = await ServerLoads.start(component.endpoint(STATS_ENDPOINT), self.server_load_interval)
         router = await make_router(
             self.router_mode,
             client,
             block_size=card.kv_cache_block_size,
             kv_config=self.kv_config,
-            component=self.runtime.endpoint(card.endpoint).component(),
+            component=component,
             limit_of=limit_of,
+            server_loads=server_loads,
         )
         if isinstance(router, KvRouter):  # a policy changed while it was made: the newest
             router.policy = self.kv_config.policy

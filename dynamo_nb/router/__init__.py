@@ -12,7 +12,9 @@
 - ``decision.py``: `RoutingDecision`, why a request went where it did (every router records
   one), and `RoutingRecords`, the frontend's ring of the last ones;
 - ``prefill_planner.py``: `PrefillPlanner`, the prefill half of disaggregated serving (fast and
-  fallback paths).
+  fallback paths);
+- ``server_load.py``: `ServerLoads`, the load a worker's own server reports (an upstream
+  worker's), which least-loaded and KV routing add to what they routed.
 
 `make_router` builds the router a frontend's ``--router-mode`` names.
 
@@ -35,6 +37,7 @@ from .kv import KvRoute, KvRouter, KvRouterConfig
 from .kv.indexer import RadixTree
 from .least_loaded import LeastLoadedRouter
 from .prefill_planner import DISAGG_PATHS, PrefillPlan, PrefillPlanner
+from .server_load import ServerLoad, ServerLoads
 
 if TYPE_CHECKING:
     from ..runtime.distributed import Component
@@ -62,6 +65,8 @@ __all__ = [
     "RoutingDecision",
     "RoutingRecords",
     "RoutingTicket",
+    "ServerLoad",
+    "ServerLoads",
     "build_router",
     "check_router_mode",
     "make_router",
@@ -109,9 +114,11 @@ async def make_router(
     kv_config: KvRouterConfig | None = None,
     component: Component | None = None,
     limit_of: Callable[[int], int | None] | None = None,
+    server_loads: ServerLoads | None = None,
 ) -> Router:
     """`build_router`, then a KV router follows ``component``'s KV events (unless ``kv_config``
-    turns them off) and shares its decisions (``kv_config.replica_sync``).
+    turns them off) and shares its decisions (``kv_config.replica_sync``); least-loaded and KV
+    routers add what ``server_loads`` reports (other modes stop it).
 
     Example::
 
@@ -120,4 +127,9 @@ async def make_router(
     router = build_router(mode, client, block_size=block_size, kv_config=kv_config, limit_of=limit_of)
     if isinstance(router, KvRouter):
         await router.follow(component)
+    if server_loads is not None:
+        if isinstance(router, (KvRouter, LeastLoadedRouter)):
+            router.follow_server_loads(server_loads)
+        else:
+            await server_loads.stop()
     return router

@@ -46,6 +46,7 @@ from .decision import NO_TICKET, Candidate, RoutingDecision, RoutingTicket
 if TYPE_CHECKING:
     from ..runtime.client import ResponseStream
     from ..runtime.context import Context
+    from .server_load import ServerLoads
 
 __all__ = [
     "DirectRouter",
@@ -119,9 +120,25 @@ class Router(ABC):
 
     tracks_requests = False
     name = "router"  # what its routing decisions call it
+    server_loads: ServerLoads | None = None
+    """What the workers' own servers report (`dynamo_nb.router.server_load`), for routers that count load."""
 
     def __init__(self, client: RoutingClient) -> None:
         self.client = client
+
+    def routed_to(self, instance_id: int) -> int:
+        """Requests this router has in flight on ``instance_id`` (routers that count load say)."""
+        return 0
+
+    def follow_server_loads(self, loads: ServerLoads) -> None:
+        """Add the load ``loads`` reports (what a worker's server runs that this router did not send)."""
+        loads.routed_to = self.routed_to
+        self.server_loads = loads
+
+    def others_on(self, instance_id: int) -> int | None:
+        """Requests ``instance_id``'s server runs or queues that this router did not send (None: it does not say)."""
+        load = self.server_loads.get(instance_id) if self.server_loads is not None else None
+        return None if load is None else load.others
 
     def decision(
         self,
@@ -183,8 +200,10 @@ class Router(ABC):
         """`pick` and `open` in one."""
         return self.open(self.pick(request, ticket), request, context=context)
 
-    async def stop(self) -> None:  # noqa: B027 - only routers that listen to something stop it
-        """Stop listening to whatever the router follows (KV events)."""
+    async def stop(self) -> None:
+        """Stop listening to whatever the router follows (KV events, the servers' loads)."""
+        if self.server_loads is not None:
+            await self.server_loads.stop()
 
 
 class RoundRobinRouter(Router):

@@ -5,7 +5,9 @@ the stream ends) and picks by the power of two choices (as SMG and Envoy do): tw
 at random, the one with fewer requests in flight. An instance at its limit (the card's
 ``max_num_seqs``) is skipped while any other has room, so a busy worker is passed over
 before it is overloaded; when every instance is full it still picks the least loaded (the
-frontend's admission control decides whether the request waits or gets a 503).
+frontend's admission control decides whether the request waits or gets a 503). Where a worker's
+own server reports its load (`dynamo_nb.router.server_load`: an upstream worker in front of a
+server others use too), the requests that server runs and this router did not send count as well.
 
 Example:
     >>> import asyncio
@@ -61,17 +63,26 @@ class LeastLoadedRouter(Router):
         self.limit_of = limit_of or (lambda _instance: None)
         self._random = rng or random.Random()
 
+    def routed_to(self, instance_id: int) -> int:
+        return self.inflight.get(instance_id, 0)
+
+    def load(self, instance_id: int) -> int:
+        """Requests on ``instance_id``: this router's in flight, and what its server runs for others."""
+        return self.inflight.get(instance_id, 0) + (self.others_on(instance_id) or 0)
+
     def _has_room(self, instance_id: int) -> bool:
         limit = self.limit_of(instance_id)
-        return limit is None or self.inflight[instance_id] < limit
+        return limit is None or self.load(instance_id) < limit
 
     def pick(self, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET) -> Route:
         ids = self.client.available_ids()
         open_ids = [i for i in ids if self._has_room(i)] or ids
         drawn = self._random.sample(open_ids, min(2, len(open_ids)))
-        chosen = min(drawn, key=lambda i: self.inflight[i])
+        chosen = min(drawn, key=self.load)
         candidates = self._candidates(ids, open_ids, drawn)
         rule = "fewer in flight of two drawn at random"
+        if self.server_loads is not None:
+            rule = "fewer requests (in flight from here, and others on its server) of two drawn at random"
         route = Route(chosen, decision=self.decision(chosen, rule, candidates, ticket=ticket))
         self.inflight[chosen] += 1
         return route
@@ -81,15 +92,18 @@ class LeastLoadedRouter(Router):
         candidates = []
         for i in ids:
             limit = self.limit_of(i)
-            parts: dict[str, float] = {"inflight": self.inflight[i]}
+            parts: dict[str, float] = {"inflight": self.inflight.get(i, 0)}
+            others = self.others_on(i)
+            if others is not None:
+                parts["server_others"] = others
             if limit is not None:
                 parts["limit"] = limit
             excluded = None
             if i not in open_ids:
-                excluded = f"at its limit ({self.inflight[i]} of {limit} in flight)"
+                excluded = f"at its limit ({self.load(i)} of {limit} in flight)"
             elif i not in drawn:
                 excluded = f"not drawn (two of {len(open_ids)} are compared)"
-            candidates.append(Candidate(i, score=self.inflight[i], parts=parts, excluded=excluded))
+            candidates.append(Candidate(i, score=self.load(i), parts=parts, excluded=excluded))
         return candidates
 
     def finished(self, route: Route) -> None:

@@ -74,9 +74,12 @@ class ZmqKvRelay:
         self.topic = topic
         self.events_relayed = 0
         self.events_dropped = 0
-        self._blocks: OrderedDict[int, tuple[int | None, int]] = OrderedDict()  # our id → (parent, tokens_hash)
+        # our block id → (its parent's, its tokens' hash)
+        self._blocks: OrderedDict[int, tuple[int | None, int]] = OrderedDict()
         self._ours: dict[int, int] = {}  # the engine's block id → ours
-        self._holders: Counter[int] = Counter()  # our id → engine blocks mapped to it (the same content twice)
+        self._holders: Counter[int] = (
+            Counter()
+        )  # our id → engine blocks mapped to it (the same content twice)
         self._task: asyncio.Task[None] | None = None
         self._socket: Any = None
         #: stored events also carry their blocks' ``token_ids`` (for a sink that hashes them
@@ -142,7 +145,10 @@ class ZmqKvRelay:
                 stored["token_ids"] = list(event["token_ids"][: len(blocks) * size])
             return {"stored": stored}
         if kind == "BlockRemoved":
-            gone = [self._ours.pop(engine_id, engine_id) for engine_id in map(engine_block_id, event["block_hashes"])]
+            gone = [
+                self._ours.pop(engine_id, engine_id)
+                for engine_id in map(engine_block_id, event["block_hashes"])
+            ]
             return {"removed": {"block_hashes": [block_id for block_id in gone if self._release(block_id)]}}
         if kind == "AllBlocksCleared":
             self._blocks.clear()

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import OrderedDict
@@ -206,6 +207,7 @@ class KvRouter(Router):
             overlap_score_credit=policy.overlap_score_credit,
             prefill_load_scale=policy.prefill_load_scale,
             sequence=sequence,
+            server_blocks=self._server_blocks(live, prompt_tokens) if self.server_loads is not None else None,
         )
         worker_costs = {w: p["cost"] for w, p in parts.items()}
         temperature = policy.temperature
@@ -257,6 +259,28 @@ class KvRouter(Router):
             decision=decision,
         )
 
+    def routed_to(self, instance_id: int) -> int:
+        load = self.loads.get(instance_id)
+        return len(load.requests) if load is not None else 0
+
+    def _server_blocks(self, live: set[int], prompt_tokens: int) -> dict[int, float]:
+        """The blocks each worker's server says are in use: its KV usage where it gives its size,
+        else what this router routed there plus a prompt's worth for each request it did not send."""
+        assert self.server_loads is not None
+        result = {}
+        for worker in live:
+            load = self.server_loads.get(worker)
+            if load is None:
+                continue
+            in_use = load.blocks_in_use
+            if in_use is None:
+                own = self.loads.get(worker)
+                in_use = (own.decode_blocks if own else 0) + load.others * math.ceil(
+                    prompt_tokens / self.block_size
+                )
+            result[worker] = in_use
+        return result
+
     def _seen_before(self, sequence: list[int]) -> int:
         """How many leading blocks of ``sequence`` this router sent somewhere before; then remember them."""
         seen = self._seen
@@ -294,6 +318,7 @@ class KvRouter(Router):
         return self.hit_blocks / self.prompt_blocks_total if self.prompt_blocks_total else 0.0
 
     async def stop(self) -> None:
+        await super().stop()
         if self.sync is not None:
             await self.sync.stop()
         if self.indexer is not None:

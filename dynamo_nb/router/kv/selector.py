@@ -6,7 +6,10 @@ For each candidate worker (as in Dynamo's ``selector.rs``):
   it already holds (overlap × block_size)) / block_size``: with the default credit 1, the
   prompt's new tokens;
 - ``decode_blocks`` = the worker's distinct active blocks with this request added (blocks a
-  running request already uses there, such as a shared system prompt, count once);
+  running request already uses there, such as a shared system prompt, count once); where the
+  worker's own server reports its load (`dynamo_nb.router.server_load`), the blocks it says are
+  in use when that is more, or, where it says only its request counts, each request it runs
+  that the router did not send counted as large as this prompt (``server_blocks``);
 - ``cost = prefill_load_scale × prefill_blocks + decode_blocks`` — lower is better
   (`dynamo_nb.router.policy.RouterPolicy` holds the knobs).
 
@@ -94,6 +97,7 @@ def cost_parts(
     overlap_score_credit: float = 1.0,
     prefill_load_scale: float = 1.0,
     sequence: Sequence[int] | None = None,
+    server_blocks: Mapping[W, float] | None = None,
 ) -> dict[W, dict[str, float]]:
     """Each worker's cost for a prompt of ``prompt_tokens`` with the parts it is made of
     (``overlap_blocks`` and the ``prefix_tokens`` they hold, ``new_prefill_tokens``,
@@ -101,6 +105,7 @@ def cost_parts(
 
     With the prompt's block ``sequence`` hashes, blocks already in use on a worker (a shared
     prefix of a running request) add no decode load there; without it, the overlap is subtracted.
+    ``server_blocks``: the blocks a worker's server says are in use (see the module docstring).
     """
     request_blocks = math.ceil(prompt_tokens / block_size)
     result = {}
@@ -113,7 +118,11 @@ def cost_parts(
             credited = max(credited, 0)
         prefill_blocks = (load.prefill_tokens + credited) / block_size
         added = load.new_blocks(sequence) if sequence is not None else request_blocks - overlap
-        decode_blocks = load.decode_blocks + added
+        in_use = float(load.decode_blocks)
+        reported = server_blocks.get(worker) if server_blocks else None
+        if reported is not None:
+            in_use = max(in_use, reported)
+        decode_blocks = in_use + added
         result[worker] = {
             "overlap_blocks": overlap,
             "prefix_tokens": overlap * block_size,
@@ -123,6 +132,8 @@ def cost_parts(
             "decode_blocks": decode_blocks,
             "cost": prefill_load_scale * prefill_blocks + decode_blocks,
         }
+        if reported is not None:
+            result[worker]["server_blocks"] = reported
     return result
 
 
