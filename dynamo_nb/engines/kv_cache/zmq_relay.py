@@ -77,9 +77,7 @@ class ZmqKvRelay:
         # our block id → (its parent's, its tokens' hash)
         self._blocks: OrderedDict[int, tuple[int | None, int]] = OrderedDict()
         self._ours: dict[int, int] = {}  # the engine's block id → ours
-        self._holders: Counter[int] = (
-            Counter()
-        )  # our id → engine blocks mapped to it (the same content twice)
+        self._holders: Counter[int] = Counter()  # our id → engine blocks mapped to it
         self._task: asyncio.Task[None] | None = None
         self._socket: Any = None
         #: stored events also carry their blocks' ``token_ids`` (for a sink that hashes them
