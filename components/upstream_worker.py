@@ -50,7 +50,8 @@ async def main(argv: list[str] | None = None) -> int:
     if args.model_name is None:
         model_name = engine.model  # served under the server's own name
     runtime: DistributedRuntime = await runtime_from_args(args)
-    worker = await serve_engine(runtime, role, model_path, model_name, lambda kv_events: engine)
+    # the server's KV events (--upstream-kv-events) go to the sink the worker's runtime gives
+    worker = await serve_engine(runtime, role, model_path, model_name, engine.relay_events_to)
     logging.getLogger("upstream_worker").info("%s serves %s with %s", worker.server, worker.endpoint, engine)
     interval = UpstreamSettings.from_args(args).health_interval
     # in discovery only while the server answers (on the kit's runtime: Dynamo's has no withdrawal)

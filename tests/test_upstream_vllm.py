@@ -136,6 +136,46 @@ async def test_vllms_own_kv_events_send_a_repeat_to_its_holder(fleet: dict[str, 
     assert all(cached > 0 for _, cached in served[1:]), served
 
 
+async def router_blocks(http: httpx.AsyncClient, url: str, worker: int) -> float:
+    """The blocks the frontend's KV router holds cached on ``worker`` (its /metrics)."""
+    text = (await http.get(f"{url}/metrics")).text
+    series = f'dynamo_frontend_kv_router_blocks{{model="{MODEL}",worker="{worker:x}"}}'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series))
+
+
+async def test_a_prefix_vllm_cached_for_another_client_draws_the_kits_request(fleet: dict[str, Any]) -> None:
+    """Each server is asked a long prompt of its own directly (another client of the server, not
+    the kit): only vLLM's KV events can tell the router where it is cached. Once they reached the
+    router, the kit's request with that prompt goes there and finds it cached."""
+    from dynamo_nb.llm import ModelTokenizer
+
+    tokenizer = ModelTokenizer.load(tiny_model_path())
+    for index, (server, worker) in enumerate(zip(fleet["servers"], fleet["workers"], strict=True)):
+        prompt = f"server {index}: " + " ".join(
+            f"line {i}: the lighthouse keeps its boats in rows" for i in range(12)
+        )
+        ids = tokenizer.encode(prompt)  # as the kit's frontend encodes a completion's prompt
+        async with httpx.AsyncClient(timeout=120) as http:
+            before = await router_blocks(http, fleet["url"], worker.instance_id)
+            direct = await http.post(
+                f"{server.url}/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 1}
+            )
+            assert direct.status_code == 200, direct.text
+            for _ in range(600):  # vLLM → its upstream worker → NATS → the router
+                if await router_blocks(http, fleet["url"], worker.instance_id) >= before + len(ids) // BLOCK:
+                    break
+                await asyncio.sleep(0.05)
+            assert await router_blocks(http, fleet["url"], worker.instance_id) >= before + len(ids) // BLOCK
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "nvext": {"extra_fields": ["routing"]}}
+            answer = await http.post(f"{fleet['url']}/v1/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-dynamo-decode-worker"] == f"{worker.instance_id:x}", (
+            index,
+            answer.json()["nvext"],
+        )
+        assert answer.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
 async def running_at(url: str) -> float:
     async with httpx.AsyncClient(timeout=10) as http:
         text = (await http.get(f"{url}/metrics")).text

@@ -266,7 +266,7 @@ class UpstreamEngine(RelayedKvEvents):
     ) -> UpstreamEngine:
         """The engine the upstream worker's flags describe; ``model_path``'s tokenizer encodes
         the text of a server that returns no token ids; ``kv_events``: where the server's KV
-        events go (with ``--upstream-kv-events``)."""
+        events go (with ``--upstream-kv-events``; or later, with `relay_events_to`)."""
         own = UpstreamSettings.from_args(args)
         if own.url is None:
             raise ConfigError("the upstream worker needs --upstream http://HOST:PORT (the server to serve)")
@@ -283,12 +283,25 @@ class UpstreamEngine(RelayedKvEvents):
             timeout=own.ready_timeout,
             relay=relay,
         )
-        if relay is not None:
+        if kv_events is not None:
+            await engine.relay_events_to(kv_events)
+        return engine
+
+    async def relay_events_to(self, kv_events: KvEventSink | None) -> UpstreamEngine:
+        """Start relaying the server's KV events (``--upstream-kv-events``) to ``kv_events``, the
+        sink `dynamo_nb.engines.engine_worker.serve_engine` hands its engine factory; the engine.
+
+        Example::
+
+            engine = await UpstreamEngine.from_args(args, model_path)   # the server's model name known
+            await serve_engine(runtime, role, model_path, engine.model, engine.relay_events_to)
+        """
+        if self.relay is not None:
             if kv_events is None:
                 logger.warning("--upstream-kv-events: this runtime has no event plane (give --nats-url)")
             else:
-                await relay.start(kv_events)
-        return engine
+                await self.relay.start(kv_events)
+        return self
 
     async def answers(self, timeout: float = 2.0) -> bool:
         """Whether the server answers ``GET /v1/models`` now (within ``timeout`` seconds)."""

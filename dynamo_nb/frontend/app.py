@@ -99,6 +99,7 @@ class Frontend:
             on_prefill_error=lambda model: metrics.prefill_errors.labels(model).inc(),
             on_policy_change=metrics.router_policy_changed,
         )
+        metrics.follow_kv_indexes(self.models.kv_index_blocks)
         trace = RequestTraceWriter(config.request_trace) if config.request_trace is not None else None
         self.pipeline = RequestPipeline(self.models, self.metrics, config.migration_limit, trace=trace)
         self.connections = ConnectionGuard(config.header_timeout, config.max_connections)

@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ from prometheus_client import (
     Gauge,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
 
 from .loop_histogram import LoopHistogram
 
@@ -264,6 +266,29 @@ class FrontendMetrics:
             counter = self._request_counters[key] = self.requests.labels(*key)
         counter.inc()
 
+    def follow_kv_indexes(self, blocks: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        """Report ``blocks()`` — (model, worker instance id, blocks) for each worker a KV router
+        knows cached blocks of, from KV events or its own predictions — as
+        ``dynamo_frontend_kv_router_blocks{model, worker}``, read at each scrape."""
+        self.registry.register(_KvIndexCollector(blocks))
+
     def render(self) -> bytes:
         """Every series in the Prometheus text format."""
         return generate_latest(self.registry)
+
+
+class _KvIndexCollector:
+    """``dynamo_frontend_kv_router_blocks``: the blocks each worker holds in its KV router's index."""
+
+    def __init__(self, blocks: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        self._blocks = blocks
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "dynamo_frontend_kv_router_blocks",
+            "KV blocks the model's KV router holds cached on each worker (from its KV events, or predicted)",
+            labels=("model", "worker"),
+        )
+        for model, worker, count in self._blocks():
+            family.add_metric((model, f"{worker:x}"), count)
+        yield family

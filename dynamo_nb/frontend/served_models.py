@@ -252,6 +252,15 @@ class ModelManager:
         self._card_names: dict[str, str] = {}  # discovery key → model name
         self._changed = asyncio.Event()
 
+    def kv_index_blocks(self) -> list[tuple[str, int, int]]:
+        """(model, worker instance id, blocks) for each worker the models' KV routers know cached blocks of."""
+        return [
+            (name, worker, model.router.tree.block_count(worker))
+            for name, model in list(self.models.items())
+            if isinstance(model.router, KvRouter)
+            for worker in model.router.tree.workers()
+        ]
+
     def kv_router_policy(self) -> RouterPolicy:
         """The KV routers' policy (`dynamo_nb.router.policy.RouterPolicy`): every KV router
         of this frontend, and those it makes for models that come later, decide by it."""
@@ -444,7 +453,9 @@ class ModelManager:
         component = self.runtime.endpoint(card.endpoint).component()
         server_loads = None
         if self.server_load_interval > 0 and self.router_mode in ("least-loaded", "kv"):
-            server_loads = await ServerLoads.start(component.endpoint(STATS_ENDPOINT), self.server_load_interval)
+            server_loads = await ServerLoads.start(
+                component.endpoint(STATS_ENDPOINT), self.server_load_interval
+            )
         router = await make_router(
             self.router_mode,
             client,
