@@ -203,3 +203,73 @@ def test_the_fallback_flags_and_server_args_are_sglangs() -> None:
     for name, default in SERVER_ARG_DEFAULTS.items():
         assert name in defaults, name
         assert defaults[name] == default, (name, defaults[name], default)
+
+
+def sglangs_event_classes() -> dict[str, Any]:
+    """SGLang's own KV event structs (msgspec), made from its source: its module imports SGLang's
+    runtime, which needs its GPU dependencies; the structs need only msgspec."""
+    import enum
+    from typing import Optional, Union
+
+    import msgspec
+
+    module = tree("srt/disaggregation/kv_events.py")
+    names = ("EventBatch", "KVCacheEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch")
+    wanted = ast.Module(body=[class_node(module, name) for name in names], type_ignores=[])
+    namespace: dict[str, Any] = {"msgspec": msgspec, "Any": Any, "Optional": Optional, "Union": Union, "enum": enum}
+    exec(compile(wanted, str(SOURCE / "srt/disaggregation/kv_events.py"), "exec"), namespace)  # noqa: S102
+    return namespace
+
+
+async def test_sglangs_own_encoded_kv_events_reach_the_router_in_its_block_ids() -> None:
+    """A batch encoded by SGLang's own structs and msgpack encoder, sent as its publisher sends it
+    (``topic, seq, payload`` on a ZMQ PUB socket), is relayed as the router's events: stored
+    blocks in the router's ids (SGLang's negative int64 hashes mapped), then their removal."""
+    import asyncio
+
+    import msgspec
+    import zmq
+    import zmq.asyncio
+
+    from dynamo_nb.engines.kv_cache.zmq_relay import ZmqKvRelay
+    from dynamo_nb.router.kv.hashing import block_hashes, sequence_hashes
+    from dynamo_nb.runtime.addresses import free_port
+
+    sglang = sglangs_event_classes()
+    tokens = list(range(40, 48))
+    batches = [
+        sglang["KVEventBatch"](ts=1.0, events=[sglang["BlockStored"](
+            block_hashes=[-5, 7], parent_block_hash=None, token_ids=tokens, block_size=4, lora_id=None, medium="GPU")]),
+        sglang["KVEventBatch"](ts=2.0, events=[sglang["BlockRemoved"](block_hashes=[7]), sglang["AllBlocksCleared"]()]),
+    ]  # fmt: skip
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    publisher = zmq.asyncio.Context.instance().socket(zmq.PUB)
+    publisher.bind(endpoint)
+    received: list[Any] = []
+    relay = ZmqKvRelay(endpoint, block_size=4)
+
+    async def sink(event: Any) -> None:
+        received.append(event)
+
+    await relay.start(sink)
+    try:
+        encode = msgspec.msgpack.Encoder().encode
+        for _ in range(200):  # a SUB socket misses what is sent before it joined: send until heard
+            await publisher.send_multipart((b"", (0).to_bytes(8, "big"), encode(batches[0])))
+            await asyncio.sleep(0.02)
+            if received:
+                break
+        await publisher.send_multipart((b"", (1).to_bytes(8, "big"), encode(batches[1])))
+        for _ in range(200):
+            if received and received[-1] == "cleared":
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await relay.stop()
+        publisher.close(linger=0)
+    ours = sequence_hashes(block_hashes(tokens, 4))
+    stored = received[0]["stored"]
+    assert stored["parent_hash"] is None
+    assert [b["block_hash"] for b in stored["blocks"]] == ours
+    assert [b["tokens_hash"] for b in stored["blocks"]] == block_hashes(tokens, 4)
+    assert received[-2:] == [{"removed": {"block_hashes": [ours[1]]}}, "cleared"]
