@@ -216,8 +216,14 @@ def sglangs_event_classes() -> dict[str, Any]:
     module = tree("srt/disaggregation/kv_events.py")
     names = ("EventBatch", "KVCacheEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared", "KVEventBatch")
     wanted = ast.Module(body=[class_node(module, name) for name in names], type_ignores=[])
-    namespace: dict[str, Any] = {"msgspec": msgspec, "Any": Any, "Optional": Optional, "Union": Union, "enum": enum}
-    exec(compile(wanted, str(SOURCE / "srt/disaggregation/kv_events.py"), "exec"), namespace)  # noqa: S102
+    namespace: dict[str, Any] = {
+        "msgspec": msgspec,
+        "Any": Any,
+        "Optional": Optional,
+        "Union": Union,
+        "enum": enum,
+    }
+    exec(compile(wanted, str(SOURCE / "srt/disaggregation/kv_events.py"), "exec"), namespace)
     return namespace
 
 
