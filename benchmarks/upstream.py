@@ -1,9 +1,10 @@
 """What the kit costs in front of a running server: the same server asked directly, and through
 the kit's frontend and an upstream worker (`dynamo_nb.engines.UpstreamEngine`), in one run.
 
-The server is ``python -m dynamo_nb run --in http --out mocker --speedup-ratio 10`` (an
-OpenAI-compatible server whose engine is simulated, so the model's time does not hide the
-hop's; vLLM's server is the real peer where it runs). The kit is ``python -m dynamo_nb run --in
+The server is ``python -m dynamo_nb run --in http --out mocker`` (an OpenAI-compatible server
+whose engine is simulated), twice: model-paced (``--speedup-ratio 1``: each step takes the time
+Dynamo's timing model gives a GPU, as a real server's steps take the model's time) and ten
+times faster (``--speedup-ratio 10``: the steps nearly free, so the hop's own CPU shows). The kit is ``python -m dynamo_nb run --in
 http --out upstream=URL``: its frontend and the upstream worker in one process, the worker
 asking the server over HTTP with token ids. The same load generator (`dynamo_nb.bench`, this
 process) asks each in turn at every concurrency level (1, 8, 32), 32-token streams, a kept-alive
@@ -30,6 +31,10 @@ LEVELS = (1, 8, 32)
 TOKENS = 32
 MODEL = "tiny-llama"
 PROMPTS = bench.random_prompts(64, words=32)
+SERVERS = {  # the mocker's --speedup-ratio → what that server is like
+    "1": "model-paced: steps take a GPU's time (Dynamo's timing model), as a real server's do",
+    "10": "ten times faster: the server's steps nearly free, so the hop's own CPU shows",
+}
 
 
 async def start(*out: str, name: str) -> tuple[Any, str]:
@@ -47,8 +52,9 @@ async def measure(url: str, level: int, requests: int) -> dict[str, Any]:
     )
 
 
-async def main(requests: int) -> dict[str, Any]:
-    server, direct = await start("--out", "mocker", "--speedup-ratio", "10", name="server")
+async def compare(speedup: str, requests: int) -> list[dict[str, Any]]:
+    """One server (the mocker at ``speedup``) asked directly and through the kit, level by level."""
+    server, direct = await start("--out", "mocker", "--speedup-ratio", speedup, name="server")
     kit, through = await start("--out", f"upstream={direct}", name="kit")
     rows = []
     try:
@@ -62,7 +68,7 @@ async def main(requests: int) -> dict[str, Any]:
             }
             a, b = measured["direct"], measured["through"]
             rows.append({
-                "concurrency": level, **measured,
+                "server": SERVERS[speedup], "speedup_ratio": float(speedup), "concurrency": level, **measured,
                 "ttft_p50_added_ms": b["ttft_p50_ms"] - a["ttft_p50_ms"],
                 "itl_p50_added_ms": b["itl_p50_ms"] - a["itl_p50_ms"],
                 "ratio_req_per_s": b["req_per_s"] / a["req_per_s"],
@@ -70,10 +76,20 @@ async def main(requests: int) -> dict[str, Any]:
     finally:
         await kit.stop(timeout=30)
         await server.stop(timeout=30)
+    return rows
+
+
+async def main(requests: int) -> dict[str, Any]:
+    rows = []
+    for speedup in SERVERS:
+        rows += await compare(speedup, requests)
     return {
         "benchmark": "upstream",
         "machine": machine(),
-        "server": "python -m dynamo_nb run --out mocker --speedup-ratio 10 (its own process)",
+        "servers": {
+            speedup: f"python -m dynamo_nb run --out mocker --speedup-ratio {speedup}: {what}"
+            for speedup, what in SERVERS.items()
+        },  # fmt: skip
         "kit": "python -m dynamo_nb run --out upstream=URL (frontend + upstream worker, one process)",
         "tokens": TOKENS,
         "requests": requests,
@@ -83,11 +99,11 @@ async def main(requests: int) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"{'c':>3}  {'TTFT p50 direct':>15} {'through':>8} {'added':>7}  {'ITL p50 direct':>14} {'through':>8}"
+    print(f"{'speedup':>7} {'c':>3}  {'TTFT p50 direct':>15} {'through':>8} {'added':>7}  {'ITL p50 direct':>14} {'through':>8}"
           f"  {'req/s direct':>12} {'through':>8} {'ratio':>6}")  # fmt: skip
     for row in result["rows"]:
         a, b = row["direct"], row["through"]
-        print(f"{row['concurrency']:>3}  {a['ttft_p50_ms']:>15.2f} {b['ttft_p50_ms']:>8.2f} {row['ttft_p50_added_ms']:>7.2f}"
+        print(f"{row['speedup_ratio']:>7g} {row['concurrency']:>3}  {a['ttft_p50_ms']:>15.2f} {b['ttft_p50_ms']:>8.2f} {row['ttft_p50_added_ms']:>7.2f}"
               f"  {a['itl_p50_ms']:>14.2f} {b['itl_p50_ms']:>8.2f}  {a['req_per_s']:>12.1f} {b['req_per_s']:>8.1f}"
               f" {row['ratio_req_per_s']:>6.2f}")  # fmt: skip
     print(result["note"])
