@@ -89,7 +89,7 @@ async def main(requests: int) -> dict[str, Any]:
         "servers": {
             speedup: f"python -m dynamo_nb run --out mocker --speedup-ratio {speedup}: {what}"
             for speedup, what in SERVERS.items()
-        },  # fmt: skip
+        },
         "kit": "python -m dynamo_nb run --out upstream=URL (frontend + upstream worker, one process)",
         "tokens": TOKENS,
         "requests": requests,
