@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ROOT, example_graphs
+from helpers import ROOT, example_graphs, free_port
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.errors import ProcessStartError
@@ -48,6 +48,15 @@ def graph_with(yaml_text: str) -> Graph:
         ("components: {w: {component: components/hf_worker.py, resources: {gpu: 1}}}", r"asks for 1 GPU\(s\).*has 0"),
         ("services: {etcd: somewhere}\ncomponents: {w: {component: components/frontend.py}}",
          r"services\.etcd must be 'local' or a URL"),
+        ("components: {s: {server: [python, -m, http.server, '8001']}}", r"components\.s\.ready must be the URL"),
+        ("components: {s: {server: [python], ready: 'http://127.0.0.1:1/', component: components/frontend.py}}",
+         r"components\.s: give component .* or server .*, not both"),
+        ("components: {s: {server: [python], ready: 'http://127.0.0.1:1/', replicas: 2}}",
+         r"components\.s\.replicas: a server listens on the port its command names"),
+        ("components: {s: {server: [python], ready: 'http://127.0.0.1:1/', flags: {port: 1}}}",
+         r"components\.s\.flags: a server's flags are part of its command line"),
+        ("components: {s: {component: components/frontend.py, ready: 'http://127.0.0.1:1/'}}",
+         r"components\.s\.ready belongs to a server"),
     ],
 )  # fmt: skip
 async def test_a_bad_graph_fails_before_anything_starts_and_names_what_to_fix(
@@ -153,6 +162,106 @@ async def test_an_example_graph_starts_from_its_yaml_serves_and_stops_without_or
         await running.stop()
     pids = [row["pid"] for row in rows]
     assert all(gone(pid) for pid in pids), running.status()
+
+
+def server_graph(server_port: int) -> Graph:
+    """A running server (the kit's own ``run --in http --out mocker``, standing for ``vllm serve``)
+    named in a graph by its command, an upstream worker in front of it, a frontend."""
+    return Graph.from_yaml(f"""
+name: stock-server
+services: {{etcd: local}}
+components:
+  server:
+    server: [python, -m, dynamo_nb, run, --in, http, --out, mocker, --speedup-ratio, "10", --http-port, "{server_port}"]
+    ready: http://127.0.0.1:{server_port}/v1/models
+  upstream:
+    component: components/upstream_worker.py
+    flags: {{upstream: "http://127.0.0.1:{server_port}"}}
+    depends_on: [server]
+  frontend:
+    component: components/frontend.py
+    flags: {{http-port: 0}}
+    depends_on: [upstream]
+""")
+
+
+@pytest.mark.processes
+async def test_a_graph_starts_a_server_by_its_command_and_serves_it_behind_the_kit() -> None:
+    """A server the graph names by its command line (no READY line: ready once its URL answers),
+    an upstream worker in front of it, a frontend: a request answers through the kit, the dry run
+    prints the server's command as written, and every process is gone after the stop."""
+    from dynamo_nb.graph import dry_run
+
+    port = free_port()
+    graph = server_graph(port)
+    assert (
+        f"server: python3 -m dynamo_nb run --in http --out mocker --speedup-ratio 10 --http-port {port}"
+        in dry_run(graph)
+    )
+    running = await serve(graph, show_logs=False)
+    try:
+        rows = running.status()
+        assert [row["service"] for row in rows] == ["server", "upstream", "frontend"]
+        assert running.url is not None and running.url != f"http://127.0.0.1:{port}"  # the frontend's
+        async with httpx.AsyncClient(base_url=running.url, timeout=60) as http:
+            body = {"model": "tiny-llama", "prompt": "hello there", "max_tokens": 4, "ignore_eos": True}
+            for _ in range(200):  # the upstream worker's card reaches the frontend
+                response = await http.post("/v1/completions", json=body)
+                if response.status_code != 404:
+                    break
+                await asyncio.sleep(0.05)
+        assert response.status_code == 200, response.text
+        assert response.json()["usage"]["completion_tokens"] == 4
+        with pytest.raises(GraphError, match="runs once"):
+            await running.scale("server", 2)
+    finally:
+        await running.stop()
+    assert all(gone(row["pid"]) for row in rows), running.status()
+
+
+@pytest.mark.processes
+@pytest.mark.vllm
+@pytest.mark.timeout(400)
+async def test_the_stock_vllm_graph_serves_two_vllm_servers_behind_the_kv_router() -> None:
+    """graphs/upstream_vllm.yaml (its ports made free): two unchanged vLLM servers, an upstream
+    worker each relaying vLLM's KV events, a KV-routing frontend; a repeat of a long prompt goes
+    to the server that holds it and finds it cached."""
+    text = (GRAPHS / "upstream_vllm.yaml").read_text()
+    for fixed in ("8000", "8001", "8002", "5557", "5558"):
+        text = text.replace(fixed, str(free_port()))
+    running = await serve(Graph.from_yaml(text), show_logs=False, timeout=400)
+    try:
+        body = {
+            "model": "tiny-llama",
+            "prompt": "the harbour keeps its ships in rows, " * 20,
+            "max_tokens": 2,
+        }
+        served = []
+        async with httpx.AsyncClient(base_url=running.url, timeout=120) as http:
+            for _ in range(3):
+                response = await http.post("/v1/completions", json=body)
+                assert response.status_code == 200, response.text
+                usage = response.json()["usage"]
+                served.append(
+                    (
+                        response.headers["x-dynamo-decode-worker"],
+                        usage["prompt_tokens_details"]["cached_tokens"],
+                    )
+                )
+        assert len({worker for worker, _ in served}) == 1 and all(cached > 0 for _, cached in served[1:]), (
+            served
+        )
+    finally:
+        await running.stop()
+
+
+def test_a_server_named_by_its_command_is_refused_for_kubernetes_with_what_to_do() -> None:
+    from dynamo_nb.graph.kubernetes import kubernetes_manifests
+
+    with pytest.raises(
+        GraphError, match=r"components\.server: .* its own Deployment from its engine's image"
+    ):
+        kubernetes_manifests(server_graph(8001))
 
 
 @pytest.mark.processes

@@ -16,6 +16,7 @@ import argparse
 import difflib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,7 @@ class ReplicaCommand:
     argv: list[str]
     env: dict[str, str]
     notebook: Path | None = None  # the notebook ``program`` is the export of
+    ready: str | None = None  # a server's: the URL that answers once it serves (it prints no READY line)
 
     @property
     def name(self) -> str:
@@ -64,7 +66,11 @@ class ReplicaCommand:
         import shlex
 
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        line = shlex.join(["python3", shown_path(self.program), *self.argv])
+        if self.ready is not None:  # a server's own command line
+            shown = "python3" if str(self.program) == sys.executable else str(self.program)
+            line = shlex.join([shown, *self.argv])
+        else:
+            line = shlex.join(["python3", shown_path(self.program), *self.argv])
         return f"{env} {line}" if env else line
 
     def export_step(self) -> str | None:
@@ -220,7 +226,13 @@ def check_graph(
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(taken)
             commands.append(
                 ReplicaCommand(
-                    name, index if service.replicas > 1 else -1, program, argv, env, notebook_of(service, cwd)
+                    name,
+                    index if service.replicas > 1 else -1,
+                    program,
+                    argv,
+                    env,
+                    notebook_of(service, cwd),
+                    ready=service.ready,
                 )
             )
     return commands
@@ -255,6 +267,8 @@ def resources_of(service: Service, program: Path) -> Resources:
     """The service's ``resources``, or its component's declared ``DEPLOYMENT`` resources when it names none."""
     if service.resources is not None:
         return service.resources
+    if service.server is not None:  # not one of the kit's programs: nothing declared
+        return Resources()
     return component_defaults(program).resources
 
 
@@ -267,6 +281,9 @@ def service_argv(
     (``{"--tcp-host": "0.0.0.0"}``) are added, each only where the component has the flag and the
     service does not set it.
     """
+    if service.server is not None:  # a server's command runs as written (``python``: this Python)
+        first, *rest = service.server
+        return Path(sys.executable if first in ("python", "python3") else first), rest
     try:  # a notebook runs as its export, checked for its one worker declaration (or the one named)
         program = reference_program(service.component, cwd)
     except ConfigError as exc:
@@ -288,6 +305,8 @@ def service_argv(
 
 def notebook_of(service: Service, cwd: Path) -> Path | None:
     """The notebook a service names (its program is the notebook's export), else None."""
+    if service.server is not None:
+        return None
     file, _ = split_reference(service.component)
     return resolve_program(file, cwd) if file.endswith(".ipynb") else None
 

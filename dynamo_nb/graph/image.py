@@ -51,6 +51,8 @@ def own_files(graph: Graph, cwd: Path) -> list[Path]:
     cwd = cwd.resolve()
     named: list[tuple[str, str]] = []
     for service in graph.services.values():
+        if service.server is not None:  # a server's command: nothing of the graph's own to copy
+            continue
         named.append((f"components.{service.name}.component", service.component))
         for flag in POLICY_FLAGS:
             if service.flags.get(flag):

@@ -80,6 +80,13 @@ def kubernetes_manifests(
         else:
             urls[kind] = value
     secret = secret_name(graph) if cluster_secret else None
+    servers = [name for name, service in graph.services.items() if service.server is not None]
+    if servers:
+        raise GraphError(
+            f"components.{servers[0]}: a server the graph starts with its own command is not rendered for "
+            "Kubernetes: run it as its own Deployment from its engine's image, and point the upstream "
+            "worker's --upstream at that Deployment's Service"
+        )
     for name in graph.start_order():
         manifests += _component(graph.services[name], prefix, urls, image, namespace, workdir, cwd, secret)
     return manifests

@@ -17,6 +17,19 @@ A graph is plain data, built in Python or loaded from YAML (the same object eith
         flags: {http-port: 8000}
         depends_on: [prefill, decode]
 
+A service may also be a **server that is not one of the kit's programs** (a stock ``vllm
+serve``): ``server`` is its command line (``python`` is this Python) and ``ready`` the URL that
+answers 200 once it serves; an upstream worker (``components/upstream_worker.py``) in front of
+it depends on it::
+
+      vllm:
+        server: [python, -m, vllm.entrypoints.openai.api_server, --model, MODEL_DIR, --port, "8001"]
+        ready: http://127.0.0.1:8001/v1/models
+      upstream:
+        component: components/upstream_worker.py
+        flags: {upstream: "http://127.0.0.1:8001"}
+        depends_on: [vllm]
+
 Example:
     >>> graph = Graph.from_yaml("components: {worker: {component: components/echo_worker.py}}")
     >>> graph.services["worker"].replicas, graph.services["worker"].flags
@@ -81,27 +94,48 @@ class Service:
     """
 
     name: str
-    component: str
+    component: str = ""
     replicas: int = 1
     flags: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     resources: Resources | None = None
     depends_on: list[str] = field(default_factory=list)
     restart: str = "no"
+    server: list[str] | None = None
+    ready: str | None = None
 
     @classmethod
     def from_dict(cls, name: str, data: Any) -> Service:
         where = f"components.{name}"
         data = _mapping(data, where)
-        known = {"component", "replicas", "flags", "env", "resources", "depends_on", "restart"}
+        known = {
+            "component",
+            "server",
+            "ready",
+            "replicas",
+            "flags",
+            "env",
+            "resources",
+            "depends_on",
+            "restart",
+        }
         unknown = sorted(set(data) - known)
         if unknown:
             raise GraphError(f"{where}: unknown key {unknown[0]!r}; use {', '.join(sorted(known))}")
-        if not isinstance(data.get("component"), str):
-            raise GraphError(f"{where}.component must name the program, e.g. components/hf_worker.py")
+        server = _server_of(data, where)
+        if server is None and not isinstance(data.get("component"), str):
+            raise GraphError(
+                f"{where}.component must name the program, e.g. components/hf_worker.py (or give server: "
+                "and ready: for a server that is not one of the kit's programs)"
+            )
         replicas = data.get("replicas", 1)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise GraphError(f"{where}.replicas must be a whole number (0 or more), got {replicas!r}")
+        if server is not None and replicas > 1:
+            raise GraphError(
+                f"{where}.replicas: a server listens on the port its command names, so it runs once; "
+                "write one service per server"
+            )
         restart = data.get("restart", "no")
         if restart not in RESTART_POLICIES:
             raise GraphError(f"{where}.restart must be one of {', '.join(RESTART_POLICIES)}, got {restart!r}")
@@ -110,7 +144,9 @@ class Service:
             raise GraphError(f"{where}.depends_on must be a list of service names, got {depends!r}")
         return cls(
             name=name,
-            component=data["component"],
+            component=data.get("component") or "",
+            server=server,
+            ready=data.get("ready"),
             replicas=replicas,
             flags=dict(_mapping(data.get("flags") or {}, f"{where}.flags")),
             env={str(k): str(v) for k, v in _mapping(data.get("env") or {}, f"{where}.env").items()},
@@ -122,7 +158,11 @@ class Service:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"component": self.component}
+        out: dict[str, Any] = (
+            {"server": list(self.server), "ready": self.ready}
+            if self.server is not None
+            else {"component": self.component}
+        )
         if self.replicas != 1:
             out["replicas"] = self.replicas
         for key, value in (
@@ -136,6 +176,34 @@ class Service:
         if self.restart != "no":
             out["restart"] = self.restart
         return out
+
+
+def _server_of(data: dict[str, Any], where: str) -> list[str] | None:
+    """A server service's command line (None for a component); errors say what to write."""
+    if "server" not in data:
+        if "ready" in data:
+            raise GraphError(f"{where}.ready belongs to a server: give its command line as server: [...]")
+        return None
+    if "component" in data:
+        raise GraphError(
+            f"{where}: give component (one of the kit's programs) or server (a command), not both"
+        )
+    server = data["server"]
+    if isinstance(server, str):
+        server = server.split()
+    if not isinstance(server, list) or not server or not all(isinstance(word, (str, int)) for word in server):
+        raise GraphError(
+            f"{where}.server must be the server's command line, e.g. [python, -m, vllm.entrypoints.openai.api_server, ...]"
+        )
+    ready = data.get("ready")
+    if not isinstance(ready, str) or not ready.startswith(("http://", "https://")):
+        raise GraphError(
+            f"{where}.ready must be the URL that answers 200 once the server serves, e.g. "
+            f"http://127.0.0.1:8001/v1/models, got {ready!r}"
+        )
+    if data.get("flags"):
+        raise GraphError(f"{where}.flags: a server's flags are part of its command line (server: [...])")
+    return [str(word) for word in server]
 
 
 @dataclass

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ProcessStartError
-from ..launch import LocalServices, launch
+from ..launch import LocalServices, launch, launch_server
 from ..launch.launcher import ManagedProcess
 from .commands import ReplicaCommand, check_graph, resources_of, service_argv, visible_gpus
 from .model import Graph, GraphError
@@ -67,8 +67,10 @@ class RunningGraph:
 
     @property
     def url(self) -> str | None:
-        """The first replica that serves HTTP (a frontend): its URL."""
+        """The first replica that serves HTTP (a frontend): its URL (a server the graph names is not one)."""
         for replica in self.replicas.values():
+            if replica.command.ready is not None:
+                continue
             url = getattr(replica.process, "url", None)
             if url:
                 return url
@@ -127,12 +129,14 @@ class RunningGraph:
             raise GraphError(f"no component {service!r}; use one of {', '.join(self.graph.services)}")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise GraphError(f"replicas must be a whole number (0 or more), got {replicas!r}")
+        if self.graph.services[service].server is not None and replicas > 1:
+            raise GraphError(f"{service} is a server listening on the port its command names: it runs once")
         current = [r for r in self.replicas.values() if r.command.service == service]
         template = current[0].command if current else None
         if template is None and replicas:  # scaled to 0 before: its command line again, checked
             spec = self.graph.services[service]
             program, argv = service_argv(spec, self._urls, self._cwd or Path.cwd())
-            template = ReplicaCommand(service, -1, program, argv, dict(spec.env))
+            template = ReplicaCommand(service, -1, program, argv, dict(spec.env), ready=spec.ready)
         for replica in reversed(current[replicas:]):
             await self._stop_replica(replica, timeout=10.0)
             del self.replicas[replica.command.name]
@@ -198,14 +202,7 @@ class RunningGraph:
 
     async def _start(self, replica: _Replica, *, show_logs: bool, timeout: float) -> None:
         command = replica.command
-        replica.process = await launch(
-            command.program,
-            *command.argv,
-            name=command.name,
-            env=command.env or None,
-            show_logs=show_logs,
-            timeout=timeout,
-        )
+        replica.process = await _launch(command, show_logs=show_logs, timeout=timeout)
         if self.graph.services[command.service].restart == "on-failure":
             replica.watcher = asyncio.get_running_loop().create_task(
                 self._watch(replica, show_logs=show_logs, timeout=timeout),
@@ -239,12 +236,19 @@ class RunningGraph:
             await asyncio.sleep(delay)
             command = replica.command
             try:
-                replica.process = await launch(
-                    command.program, *command.argv, name=command.name, env=command.env or None,
-                    show_logs=show_logs, timeout=timeout,
-                )  # fmt: skip
+                replica.process = await _launch(command, show_logs=show_logs, timeout=timeout)
             except Exception as exc:  # it failed to start: count it and try again
                 logger.warning("%s did not start again: %s", command.name, exc)
+
+
+async def _launch(command: ReplicaCommand, *, show_logs: bool, timeout: float) -> ManagedProcess:
+    """Start one replica: a kit program (ready at its READY line), or a server (ready once its
+    ``ready`` URL answers)."""
+    options: dict[str, Any] = {"name": command.name, "env": command.env or None, "show_logs": show_logs}
+    if command.ready is not None:
+        return await launch_server(command.program, *command.argv, url=command.ready, ready_path="",
+                                   timeout=timeout, **options)  # fmt: skip
+    return await launch(command.program, *command.argv, timeout=timeout, **options)
 
 
 async def serve(
