@@ -14,6 +14,9 @@ prompt goes to the server as token ids, the generated ids come back with vLLM's
 the server's own) and prints ``READY <endpoint> instance=<id> address=<address> model=<name>``.
 A client that leaves closes the server's request; the server's 4xx reaches the client as it was;
 while the server does not answer the worker leaves discovery (``--upstream-health-interval``).
+With ``--mode prefill`` / ``--mode decode`` it serves one half of a disaggregated pair of vLLM
+servers started with a KV connector (``--kv-transfer-config``), the frontend passing vLLM's
+``kv_transfer_params`` from the one to the other.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def build_parser():
 async def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    role = WorkerRole.from_args(args)  # --mode aggregated only: the server has no roles of ours
+    role = WorkerRole.from_args(args)  # --mode prefill / decode: vLLM servers with a KV connector
     model_path, model_name = model_from_args(
         args
     )  # the tokenizer: the built-in tiny model unless --model-path

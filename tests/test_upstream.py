@@ -165,6 +165,22 @@ async def inflight_at(url: str) -> float:
     )
 
 
+async def test_a_prefill_server_without_a_kv_connector_is_a_clear_error(server: ManagedProcess) -> None:
+    """The prefill role asks the server as vLLM's disaggregated proxy does (one token,
+    kv_transfer_params); a server that answers without kv_transfer_params (no KV connector, as
+    this one) is a DisaggregationError saying what to start it with."""
+    from dynamo_nb.errors import DisaggregationError
+
+    engine = await connect(server)
+    try:
+        with pytest.raises(DisaggregationError, match="--kv-transfer-config"):
+            async for _ in engine.prefill(PreprocessedRequest(token_ids=[1, 450, 318, 263])):
+                pass
+        assert engine.requests_total == 1 and engine.active == 0
+    finally:
+        await engine.close()
+
+
 async def test_a_client_that_leaves_frees_the_servers_request(server: ManagedProcess) -> None:
     assert server.url is not None
     kit = await kit_in_front(server)

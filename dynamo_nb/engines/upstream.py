@@ -50,6 +50,7 @@ from typing import Any
 
 from ..errors import (
     ConfigError,
+    DisaggregationError,
     DynamoNBError,
     EngineError,
     InvalidRequestError,
@@ -60,9 +61,11 @@ from ..http.lean_client import HttpAnswer, LeanHttpClient, ServerAnswerError, fe
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
 from ..llm.tokenizer import ModelTokenizer
 from ..runtime.context import Context
+from ..runtime.streams import closing
 from ..settings import Settings, add_settings, at_least, greater_than, setting
 from .base import EngineLimits, KvEventSink, token_budget
 from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
+from .vllm import kv_transfer_params_of
 
 __all__ = ["UpstreamEngine", "UpstreamSettings"]
 
@@ -195,6 +198,8 @@ class UpstreamEngine(RelayedKvEvents):
     """
 
     max_num_seqs: int | None = None  # the server queues inside: no limit of its own here
+    handoff_endpoint: dict[str, Any] | None = None  # prefill/decode: vLLM's connector moves the KV
+    kv_timeout: float = 30.0  # a DisaggregatedEngine's; the server's own connector keeps its time
 
     def __init__(
         self,
@@ -385,10 +390,89 @@ class UpstreamEngine(RelayedKvEvents):
         self, request: PreprocessedRequest, context: Context | None = None
     ) -> AsyncIterator[LLMEngineOutput]:
         """The server's tokens as they come, then a last item with its finish reason and usage."""
+        async with closing(self._stream(request, context, self.request_body(request))) as outputs:
+            async for output in outputs:
+                yield output
+
+    # -- disaggregated serving over vLLM servers: their KV connector moves the prompt's blocks
+
+    async def prefill(
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
+        """The prefill role (the server started with a KV connector as producer,
+        ``--kv-transfer-config``): the prompt with one output token and vLLM's
+        ``kv_transfer_params {"do_remote_decode": true}``, as vLLM's own disaggregated proxy sends
+        it; one item whose ``disaggregated_params`` carry the ``kv_transfer_params`` the server
+        answered with, for the decode."""
+        body = {
+            **self.request_body(request),
+            "max_tokens": 1,
+            "stream": False,
+            "kv_transfer_params": REMOTE_DECODE,
+        }
+        body.pop("stream_options", None)
+        body.pop("min_tokens", None)
+        self.requests_total += 1
+        self.active += 1
+        try:
+            status, raw = await self._post(json.dumps(body).encode())
+        finally:
+            self.active -= 1
+        if status >= 400:
+            raise self._refusal(status, raw)
+        answer = json.loads(raw)
+        transfer = answer.get("kv_transfer_params")
+        if not isinstance(transfer, dict):
+            raise DisaggregationError(
+                f"the upstream server {self.url} returned no kv_transfer_params for the prefill: start it with a KV "
+                'connector as producer (--kv-transfer-config \'{"kv_connector": "NixlConnector", '
+                '"kv_role": "kv_producer"}\'), see docs/upstream-servers.md'
+            )
+        choice = (answer.get("choices") or [{}])[0]
+        ids = self._ids_of(choice)
+        output = self._last(request, choice.get("finish_reason") or "length", answer.get("usage"), len(ids))
+        output.token_ids = ids
+        output.disaggregated_params = {"kv_transfer_params": transfer}
+        yield output
+
+    async def decode(
+        self, request: PreprocessedRequest, context: Context | None = None
+    ) -> AsyncIterator[LLMEngineOutput]:
+        """The decode role (the server's KV connector as consumer): the request with the prefill's
+        ``kv_transfer_params``, so the server pulls the prompt's KV instead of computing it."""
+        body = {**self.request_body(request), "kv_transfer_params": kv_transfer_params_of(request)}
+        async with closing(self._stream(request, context, body)) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def start_bootstrap(
+        self, host: str = "127.0.0.1", port: int = 0, *, ttl: float = 60.0, advertise_host: str | None = None
+    ) -> None:
+        """No bootstrap server of ours: the server's KV connector has its own side channel, and
+        the frontend takes the fallback path (it waits for the prefill's ``kv_transfer_params``)."""
+        return None
+
+    async def _post(self, body: bytes) -> tuple[int, bytes]:
+        """POST ``body`` to the server's ``/v1/completions``; its status and whole answer."""
+        try:
+            answer = await self._client.request(
+                "POST", f"{self.url}/v1/completions", body, {"Content-Type": "application/json"}
+            )
+            try:
+                return answer.status, await answer.read()
+            finally:
+                answer.close()
+        except ServerAnswerError as exc:
+            self.failed_total += 1
+            raise WorkerUnavailableError(f"the upstream server {self.url} did not answer: {exc}") from None
+
+    async def _stream(
+        self, request: PreprocessedRequest, context: Context | None, request_body: dict[str, Any]
+    ) -> AsyncIterator[LLMEngineOutput]:
         self.requests_total += 1
         self.active += 1
         answer: HttpAnswer | None = None
-        body = json.dumps(self.request_body(request)).encode()
+        body = json.dumps(request_body).encode()
         try:
             try:
                 answer = await self._client.request(
@@ -520,6 +604,11 @@ class UpstreamEngine(RelayedKvEvents):
 
     def __repr__(self) -> str:
         return f"<UpstreamEngine {self.model} at {self.url}, {self.active} active>"
+
+
+REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                 "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
+"""A prefill request's ``kv_transfer_params``: vLLM's disaggregated proxy sends these."""
 
 
 def _message(data: dict[str, Any]) -> str:
