@@ -6,7 +6,8 @@
 - ``hf.py``: `HFEngine`, a local Hugging Face model with PyTorch + transformers (the ``hf`` extra),
   batched continuously by its step scheduler, ``hf_scheduler.py``; a step's parts: ``hf_batch.py`` (the decoding sequences as one batch kept
   across steps), ``hf_prefill.py`` (the step's prompt chunks, planned and run in one forward pass)
-  and ``hf_sampling.py`` (every row's next token sampled on the device);
+  ``hf_sampling.py`` (every row's next token sampled on the device) and ``hf_grammar.py`` (a
+  structured-output request's logits row masked by its llguidance grammar);
 - ``mocker.py``: `MockerEngine`, a simulated vLLM-style scheduler with a KV block manager and
   Dynamo's timing model, for routing experiments at scale; ``mocker_scheduler.py``: its scheduler
   and timing model, with no clock of its own (`dynamo_nb.replay` runs it on a simulated one);

@@ -38,7 +38,7 @@ from typing import Any
 from ..disagg import KVLayout, pack_kv, unpack_kv
 from ..disagg.decode import fetch_prompt_kv
 from ..disagg.prefill import BootstrapRole
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidRequestError
 from ..llm.card import check_model_dir
 from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest
@@ -46,6 +46,7 @@ from ..runtime.context import Context
 from ..runtime.streams import closing
 from ..settings import Settings, add_settings, at_least, setting
 from .base import EngineLimits, KvEvent, KvEventSink, token_budget
+from .hf_grammar import GrammarMatcher, Grammars
 from .hf_scheduler import StepScheduler, StepSequence, check_finish
 from .kv_cache.prefix import PrefixCache
 
@@ -128,8 +129,9 @@ class HFEngine(BootstrapRole):
         kv_timeout: float = 30.0,
         max_num_batched_tokens: int = 2048,
         enable_chunked_prefill: bool = True,
+        model_folder: str | Path | None = None,
     ) -> None:
-        """Use `HFEngine.load`."""
+        """Use `HFEngine.load`; ``model_folder`` (its ``tokenizer.json``) makes structured output possible."""
         _check_budget(max_num_seqs, max_num_batched_tokens)
         self.model = model
         self.prefix_cache = prefix_cache
@@ -142,6 +144,8 @@ class HFEngine(BootstrapRole):
         self.max_num_seqs: int | None = max_num_seqs
         self.block_size: int | None = block_size
         self.kv_timeout = kv_timeout
+        self.model_folder = model_folder
+        self._grammars: Grammars | None = None  # made at the first structured-output request
         self._admission = asyncio.Semaphore(max_num_seqs)
         self._ids = itertools.count(1)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dynamo_nb-hf")
@@ -213,7 +217,13 @@ class HFEngine(BootstrapRole):
             kv_timeout=kv_timeout,
             max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=enable_chunked_prefill,
+            model_folder=folder,
         )
+
+    @property
+    def enforces_guided_decoding(self) -> bool:
+        """Whether requests may carry ``guided_decoding`` (structured output): with its model's folder."""
+        return self.model_folder is not None
 
     @classmethod
     def add_args(cls, parser: argparse.ArgumentParser) -> None:
@@ -284,6 +294,7 @@ class HFEngine(BootstrapRole):
         self, request: PreprocessedRequest, context: Context | None
     ) -> tuple[dict[str, Any], bytes]:
         """The prefill role's work (see `BootstrapRole.prefill`): the prompt's KV and first token, packed."""
+        _refuse_guided_on_a_pair(request)
         async with self._admission:
             seq = self._new_sequence(request, 1)
             try:
@@ -306,6 +317,7 @@ class HFEngine(BootstrapRole):
         (fallback path); streams like `generate`, starting with the prefill's first token.
         """
         self.check_request(request)
+        _refuse_guided_on_a_pair(request)
         header, payload = await fetch_prompt_kv(request, self.kv_timeout)
         loop = asyncio.get_running_loop()
         cache = await loop.run_in_executor(self._executor, self._import_cache, header, payload)
@@ -330,10 +342,29 @@ class HFEngine(BootstrapRole):
         """Refuse token ids outside the model's vocabulary (`InvalidRequestError`)."""
         RequestLimits(vocab_size=self.model.config.vocab_size).check(request)
 
+    def _grammar(self, request: PreprocessedRequest) -> GrammarMatcher | None:
+        """The matcher of the request's structured output (None: it asks for none)."""
+        guided = request.guided_decoding
+        if guided is None:
+            return None
+        if self.model_folder is None:
+            raise InvalidRequestError(
+                "structured output needs the engine's model folder (HFEngine.load makes it so)",
+                "guided_decoding",
+            )
+        if self._grammars is None:
+            self._grammars = Grammars.from_folder(
+                self.model_folder,
+                vocab_rows=self.model.config.vocab_size,
+                eos_token_ids=request.eos_token_ids or self.eos_token_ids,
+            )
+        return self._grammars.matcher(guided, request.token_ids)
+
     def _new_sequence(self, request: PreprocessedRequest, budget: int) -> StepSequence:
         stop = request.stop_conditions
         eos = frozenset() if stop.ignore_eos else frozenset(request.eos_token_ids or self.eos_token_ids)
         return StepSequence(
+            grammar=self._grammar(request),
             seq_id=next(self._ids),
             prompt=request.token_ids,
             budget=budget,
@@ -427,3 +458,12 @@ def _load_model(folder: Path, device: str, dtype: str) -> tuple[Any, str, list[i
         eos = model.config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return model, device, eos_ids
+
+
+def _refuse_guided_on_a_pair(request: PreprocessedRequest) -> None:
+    """Structured output is enforced aggregated only (a prefill's first token is not constrained yet)."""
+    if request.guided_decoding is not None:
+        raise InvalidRequestError(
+            "structured output on a prefill/decode pair is not served yet: serve the model aggregated for it",
+            request.guided_decoding.field or "guided_decoding",
+        )

@@ -28,6 +28,7 @@ from ..errors import EngineError
 from ..llm.protocol import SamplingOptions
 from .base import KvEventSink
 from .hf_batch import DecodeBatch, can_batch
+from .hf_grammar import GrammarMatcher
 from .hf_prefill import PrefillRow, plan_prefill, prefill_rows
 from .hf_sampling import sample_rows
 from .kv_cache.blocks import publish_kv_events
@@ -60,6 +61,7 @@ class StepSequence:
     finish: str | None = None
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (or the prefill's)
     left: bool = False  # ended, cancelled or failed: no step runs it again
+    grammar: GrammarMatcher | None = None  # structured output: its logits masked each step
 
     @property
     def decoding(self) -> bool:
@@ -201,6 +203,9 @@ class StepScheduler:
                     self.steps_total += 1
                     return []
                 rows = logits[0] if len(logits) == 1 else torch.cat(logits)
+                for row, seq in enumerate(sampled):
+                    if seq.grammar is not None:  # structured output: only what its grammar allows
+                        seq.grammar.mask(rows[row])
                 tokens = sample_rows(
                     rows, [seq.sampling for seq in sampled], [seq.generator for seq in sampled]
                 ).tolist()  # the step's one device-to-host copy
@@ -214,7 +219,17 @@ class StepScheduler:
             seq.last_token = token
             seq.generated += 1
             check_finish(seq, token)
+            self._advance_grammar(seq, token)
         return list(zip(sampled, tokens, strict=True))
+
+    @staticmethod
+    def _advance_grammar(seq: StepSequence, token: int) -> None:
+        """Move ``seq``'s grammar past ``token``; a complete grammar ends the sequence (``stop``)."""
+        if seq.grammar is None:
+            return
+        seq.grammar.accept(token)
+        if seq.grammar.finished and seq.finish is None:
+            seq.finish = "stop"
 
     def _decode(self, decoding: list[StepSequence]) -> tuple[list[StepSequence], Any]:
         """The decoding sequences' next-token logits: the sequences (in row order) and one row each."""

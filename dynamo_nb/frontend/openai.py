@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..llm.guided import GuidedDecoding
 from ..llm.protocol import DEFAULT_MAX_TOKENS, SamplingOptions, StopConditions
 from ..runtime.instance import parse_instance_id
 
@@ -53,6 +54,7 @@ class OpenAIRequest:
     priority: float = 0.0  # nvext.agent_hints.priority: soft, higher first (Dynamo's polarity)
     strict_priority: int = 0  # nvext.agent_hints.strict_priority: a tier, higher always first
     return_token_ids: bool = False  # vLLM's: each choice also carries its token ids (and the prompt's)
+    guided: GuidedDecoding | None = None  # response_format / nvext.structured_outputs, compiled once
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -165,13 +167,15 @@ def _unsupported(body: dict[str, Any]) -> None:
         )
     if body.get("tools") or body.get("functions"):
         raise _bad("tools and function calling are not supported: leave tools out", "tools")
-    response_format = body.get("response_format")
-    if response_format is not None and (
-        not isinstance(response_format, dict) or response_format.get("type") != "text"
-    ):
-        raise _bad(
-            "response_format is not supported: leave it out or send {'type': 'text'}", "response_format"
-        )
+
+
+def _guided(body: dict[str, Any]) -> GuidedDecoding | None:
+    """The structured output asked for (`dynamo_nb.llm.guided`), its grammar compiled once here:
+    a schema that does not compile is a 400 naming the field before a worker is asked."""
+    guided = GuidedDecoding.from_openai(body)
+    if guided is not None:
+        guided.check()
+    return guided
 
 
 def _flag(body: dict[str, Any], name: str) -> bool:
@@ -369,6 +373,7 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
         extra_fields=_extra_fields(body),
         routing=_routing(body),
         return_token_ids=_flag(body, "return_token_ids"),
+        guided=_guided(body),
         **_agent_hints(body),  # type: ignore[arg-type]  # priority: float, strict_priority: int
     )
     if kind == "chat":

@@ -180,6 +180,14 @@ class RequestPipeline:
         model = served_model(self.models, parsed.model, parsed.kind)
         token_ids = await model.tokenize(parsed.kind, parsed.messages, parsed.prompt)
         check_context(model, parsed, len(token_ids))
+        if parsed.guided is not None:
+            model.check_guided(parsed.guided)
+            if model.name in self.models.prefill:
+                raise InvalidRequestError(
+                    f"{parsed.guided.field}: structured output on a prefill/decode pair is not served yet "
+                    "(the prefill's first token is not constrained): serve the model aggregated for it",
+                    parsed.guided.field,
+                )
         request = PreprocessedRequest(
             token_ids=token_ids,
             stop_conditions=parsed.stop,
@@ -187,6 +195,7 @@ class RequestPipeline:
             eos_token_ids=model.card.eos_token_ids,
             model=model.name,
             routing=parsed.routing,
+            guided_decoding=parsed.guided,
         )
         return model, request
 

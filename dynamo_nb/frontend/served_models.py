@@ -22,7 +22,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError, InvalidRequestError, NoInstancesError
-from ..llm.card import CARD_PREFIX, ModelCard
+from ..llm.card import CARD_PREFIX, STRUCTURED_OUTPUT, ModelCard
+from ..llm.guided import GuidedDecoding
 from ..llm.protocol import PreprocessedRequest
 from ..llm.tokenizer import ModelTokenizer
 from ..router import (
@@ -129,6 +130,20 @@ class ServedModel:
         instance_id = _instance_of(key)
         if instance_id is not None:
             self.card_instances.discard(instance_id)
+
+    def check_guided(self, guided: GuidedDecoding) -> None:
+        """Refuse structured output (a 400 naming its field) unless every worker of this model
+        enforces it (its card's ``runtime_config.extra.structured_output``): a worker that does
+        not would answer unconstrained."""
+        cards = list(self.cards.values())
+        if cards and all(card.runtime_config.extra.get(STRUCTURED_OUTPUT) for card in cards):
+            return
+        field = guided.field or "response_format"
+        raise InvalidRequestError(
+            f"{field}: the workers of model {self.name!r} do not enforce structured output; serve it with "
+            "the hf engine (hf_worker.py, run --out hf) or vLLM's, or leave the field out",
+            field,
+        )
 
     def capacity(self) -> int | None:
         """Requests the workers take at once: the sum of their cards' ``max_num_seqs`` (None

@@ -6,6 +6,8 @@
   decode, typed and checked where a request enters a process;
 - ``card.py``: `ModelCard` and its runtime config, read from a model folder;
 - ``register.py``: `serve_llm` / `register_llm` (publish the card), `engine_handler`;
+- ``guided.py``: `GuidedDecoding`, structured output (``response_format``,
+  ``nvext.structured_outputs``) and the llguidance grammar that enforces it;
 - ``limits.py``: `RequestLimits`, the vocabulary and context a worker checks each request against;
 - ``tokenizer.py`` and ``detokenize.py``: the frontend's chat template, tokenizer and
   incremental detokenizer with stop strings.

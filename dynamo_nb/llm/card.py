@@ -26,6 +26,7 @@ from ..runtime.names import EndpointPath
 __all__ = [
     "CARD_PREFIX",
     "MODEL_KINDS",
+    "STRUCTURED_OUTPUT",
     "ModelCard",
     "ModelRuntimeConfig",
     "card_from_folder",
@@ -67,6 +68,10 @@ class ModelRuntimeConfig:
         return cls(
             **known, disaggregated_endpoint=data.get("disaggregated_endpoint"), extra=data.get("extra") or {}
         )
+
+
+STRUCTURED_OUTPUT = "structured_output"
+"""A worker's ``runtime_config.extra`` key: its engine enforces ``guided_decoding`` (`dynamo_nb.llm.guided`)."""
 
 
 @dataclass

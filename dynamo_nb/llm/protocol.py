@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from .bootstrap_info import BootstrapInfo, PrefillResult
+from .guided import GuidedDecoding
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -183,6 +184,7 @@ class PreprocessedRequest:
     bootstrap_info: BootstrapInfo | None = None
     prefill_result: PrefillResult | None = None
     extra_args: dict[str, Any] | None = None
+    guided_decoding: GuidedDecoding | None = None  # structured output (`dynamo_nb.llm.guided`)
 
     @classmethod
     def from_dict(cls, data: Any) -> PreprocessedRequest:
@@ -213,6 +215,9 @@ class PreprocessedRequest:
             bootstrap_info=_optional(BootstrapInfo.parse, data.get("bootstrap_info"), "bootstrap_info"),
             prefill_result=_optional(PrefillResult.parse, data.get("prefill_result"), "prefill_result"),
             extra_args=data.get("extra_args"),
+            guided_decoding=None
+            if data.get("guided_decoding") is None
+            else GuidedDecoding.parse(data["guided_decoding"]),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -232,6 +237,8 @@ class PreprocessedRequest:
             out["prefill_result"] = self.prefill_result.to_dict()
         if self.extra_args is not None:
             out["extra_args"] = self.extra_args
+        if self.guided_decoding is not None:
+            out["guided_decoding"] = self.guided_decoding.to_dict()
         return out
 
     def with_max_tokens(self, max_tokens: int) -> PreprocessedRequest:
@@ -266,6 +273,9 @@ class PreprocessedRequest:
             routing=None,
             bootstrap_info=None,
             prefill_result=None,
+            guided_decoding=None
+            if self.guided_decoding is None
+            else self.guided_decoding.continued(len(generated)),  # its grammar goes on from there
         )
 
 
