@@ -8,6 +8,8 @@ Skips (with the reason) when vLLM is not installed: ``python3 -m dynamo_nb insta
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import signal
 from collections.abc import AsyncIterator
 from typing import Any
@@ -99,6 +101,31 @@ async def test_disaggregated_greedy_output_equals_aggregated(graph: dict[str, An
     # vLLM's NIXL connector pulled the prompt's blocks from the prefill worker, twice
     assert after["kv_transfers"] - before["kv_transfers"] >= 2, (before, after)
     assert after["kv_transfer_failures"] == 0
+
+
+async def test_vllm_enforces_a_requests_structured_output(graph: dict[str, Any]) -> None:
+    """A request's guided_decoding becomes vLLM's own structured outputs: its answers match the
+    regex, the choice and the JSON schema (vLLM's backend, compact JSON); a Lark grammar is
+    refused naming the field (its syntax is the hf engine's)."""
+    from dynamo_nb.llm import ModelTokenizer
+    from dynamo_nb.models import tiny_model_path
+
+    tokenizer = ModelTokenizer.load(tiny_model_path())
+    client = graph["client"]
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}  # fmt: skip
+    cases = [("regex", "[a-z]{3}-[0-9]{2}", lambda text: re.fullmatch("[a-z]{3}-[0-9]{2}", text)),
+             ("choice", ["yes", "no"], lambda text: text in ("yes", "no")),
+             ("json", schema, lambda text: json.loads(text)["n"] in range(10))]  # fmt: skip
+    for kind, spec, holds in cases:
+        request = {**GREEDY, "stop_conditions": {"max_tokens": 40}, "extra_args": {"aggregated": True},
+                   "guided_decoding": {"kind": kind, "spec": spec, "field": f"nvext.structured_outputs.{kind}"}}  # fmt: skip
+        text = tokenizer.decode(tokens(await collect(client.round_robin(request))))
+        assert holds(text), (kind, text)
+    refused = {**GREEDY, "extra_args": {"aggregated": True},
+               "guided_decoding": {"kind": "grammar", "spec": 'start: "x"', "field": "nvext.structured_outputs.grammar"}}  # fmt: skip
+    with pytest.raises(Exception, match="Lark grammar is enforced by the hf engine"):
+        await collect(client.round_robin(refused))
 
 
 async def test_stop_strings_end_vllm_output_at_the_frontend(graph: dict[str, Any]) -> None:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DisaggregationError, EngineError, InvalidRequestError, RequestError
+from ..llm.guided import GuidedDecoding
 from ..llm.limits import RequestLimits
 from ..llm.protocol import LLMEngineOutput, PreprocessedRequest, completion_usage
 from ..runtime.addresses import AddressRule, free_port, is_wildcard
@@ -254,6 +255,7 @@ class VllmEngine(RelayedKvEvents):
     max_num_seqs: int | None = None
     handoff_endpoint: dict[str, Any] | None = None
     kv_timeout: float = 30.0  # vLLM's connector waits for the KV with its own timeouts
+    enforces_guided_decoding = True  # structured output: vLLM's own (its default backend)
 
     def __init__(self, llm: Any, stats: _EngineStats, relay: ZmqKvRelay | None = None) -> None:
         """Use `VllmEngine.start`."""
@@ -443,6 +445,8 @@ class VllmEngine(RelayedKvEvents):
             options["stop_token_ids"] = list(request.eos_token_ids)
         if kv_transfer_params is not None:
             options["extra_args"] = {"kv_transfer_params": kv_transfer_params}
+        if request.guided_decoding is not None:
+            options["structured_outputs"] = structured_outputs_of(request.guided_decoding)
         try:
             return SamplingParams(**options)
         except (ValueError, TypeError) as exc:
@@ -553,6 +557,28 @@ def nixl_transfer_config(mode: str, host: str = "127.0.0.1") -> Any:
         kv_role="kv_producer" if mode == "prefill" else "kv_consumer",
         kv_buffer_device="cpu" if current_platform.is_cpu() else "cuda",
     )
+
+
+def structured_outputs_of(guided: GuidedDecoding) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for a request's structured output: a JSON schema, a
+    regex or a choice, JSON without free whitespace (as the hf engine writes it). A Lark grammar
+    (llguidance's syntax) and a stream continued from another worker (vLLM cannot start its
+    grammar past tokens already made) are refused, naming the field."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    where = guided.field or "guided_decoding"
+    if guided.kind == "grammar":
+        raise InvalidRequestError(
+            f"{where}: a Lark grammar is enforced by the hf engine; vLLM's grammar syntax is its backend's "
+            "(EBNF with xgrammar): ask for json, regex or choice here",
+            where,
+        )
+    if guided.generated:
+        raise InvalidRequestError(
+            f"{where}: vLLM cannot continue a structured output another worker began; send the request again",
+            where,
+        )
+    return StructuredOutputsParams(**{guided.kind: guided.spec}, disable_any_whitespace=True)
 
 
 def kv_transfer_params_of(request: PreprocessedRequest) -> dict[str, Any]:
