@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP frontend: its routes and the error envelope, on the HTTP/1.1
 server of `dynamo_nb.http`.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE with ``stream: true``,
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
+(Anthropic's Messages API, `dynamo_nb.frontend.anthropic`) (SSE with ``stream: true``,
 ending in ``data: [DONE]``; else one JSON body), ``GET /v1/models``, ``GET /health`` (the
 instances behind each model), ``GET /live`` and ``GET /metrics`` (Prometheus). A generate
 request is parsed here and served by the request pipeline (`dynamo_nb.frontend.pipeline`:
@@ -35,6 +36,7 @@ from ..runtime.addresses import host_port
 from ..runtime.bounded_decode import json_cost_problem
 from ..runtime.security import current_security
 from .admin import AdminAuth
+from .anthropic import anthropic_error_body, parse_messages_request
 from .config import DEFAULT_HTTP_PORT, FrontendConfig
 from .error_envelope import error_body, http_error
 from .metrics import FrontendMetrics
@@ -250,6 +252,7 @@ class Frontend:
         routes: dict[str, dict[str, Handler]] = {
             "/v1/chat/completions": {"POST": self._errors(self._chat)},
             "/v1/completions": {"POST": self._errors(self._completions)},
+            "/v1/messages": {"POST": self._errors(self._messages, anthropic=True)},
             "/v1/models": {"GET": self._errors(self._list_models)},
             "/health": {"GET": self._errors(self._health)},
             "/live": {"GET": self._errors(self._live)},
@@ -303,15 +306,17 @@ class Frontend:
 
     # -- plumbing
 
-    def _errors(self, handler: Handler) -> Handler:
-        """``handler`` with our errors answered in OpenAI's envelope (their status), anything
-        else a 500 that says to look at the log."""
+    def _errors(self, handler: Handler, *, anthropic: bool = False) -> Handler:
+        """``handler`` with our errors answered in OpenAI's envelope (their status; with
+        ``anthropic``, Anthropic's), anything else a 500 that says to look at the log."""
 
         async def answer(request: HttpRequest) -> HttpResponse | StreamedResponse:
             try:
                 return await handler(request)
             except DynamoNBError as exc:
                 status, body = http_error(exc)
+                if anthropic:
+                    body = anthropic_error_body(status, body["error"]["message"])
                 if isinstance(exc, OverloadedError):  # expected under load: no warning per request
                     return json_response(
                         body,
@@ -421,6 +426,10 @@ class Frontend:
 
     async def _completions(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         parsed = parse_request(self._prompt_json(request, "prompt"), "completions")
+        return await self.pipeline.serve(request, with_priority_headers(parsed, request.headers))
+
+    async def _messages(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        parsed = parse_messages_request(self._prompt_json(request, "messages"))
         return await self.pipeline.serve(request, with_priority_headers(parsed, request.headers))
 
     def _prompt_json(self, request: HttpRequest, param: str) -> Any:

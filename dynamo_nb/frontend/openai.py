@@ -55,6 +55,7 @@ class OpenAIRequest:
     strict_priority: int = 0  # nvext.agent_hints.strict_priority: a tier, higher always first
     return_token_ids: bool = False  # vLLM's: each choice also carries its token ids (and the prompt's)
     guided: GuidedDecoding | None = None  # response_format / nvext.structured_outputs, compiled once
+    api: str = "openai"  # the shape of the answer: openai, or anthropic (/v1/messages)
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:

@@ -51,6 +51,7 @@ from ..runtime.context import Context
 from ..runtime.ids import new_request_id
 from ..telemetry.request_ids import set_request_id
 from ..telemetry.tracing import inject_trace, span
+from .anthropic import write_message, write_message_stream
 from .metrics import FrontendMetrics
 from .migration import Migration
 from .openai import OpenAIRequest
@@ -265,7 +266,13 @@ class RequestPipeline:
                 )
                 with span("stream") as streaming:
                     response: HttpResponse | StreamedResponse
-                    if parsed.stream:
+                    if parsed.api == "anthropic":  # /v1/messages: Anthropic's shapes
+                        response = await (
+                            write_message_stream(http_request, parsed, pieces, outcome, request.token_ids)
+                            if parsed.stream
+                            else write_message(parsed, pieces, outcome, request.token_ids)
+                        )
+                    elif parsed.stream:
                         response = await write_stream(
                             http_request, parsed, pieces, outcome, request.token_ids
                         )

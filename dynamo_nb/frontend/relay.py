@@ -98,6 +98,7 @@ class Outcome:
     error: str | None = None
     ending: bool = False
     returned: list[int] | None = None
+    stop_sequence: str | None = None  # the stop string that ended it (Anthropic's stop_sequence)
 
     def __post_init__(self) -> None:
         if self.plan is not None:
@@ -199,6 +200,7 @@ async def relay(
             yield text
         if detok.stopped:
             outcome.finish_reason = "stop"
+            outcome.stop_sequence = detok.stopped_by
             break
         if finish is not None:
             outcome.finish_reason = _FINISH.get(finish, "stop")

@@ -22,7 +22,7 @@ __all__ = ["StreamDetokenizer"]
 class StreamDetokenizer:
     """Turns one stream's token ids into text pieces, honouring ``stop`` strings."""
 
-    __slots__ = ("_decode", "_held", "_stream", "_tokenizer", "stop", "stopped")
+    __slots__ = ("_decode", "_held", "_stream", "_tokenizer", "stop", "stopped", "stopped_by")
 
     def __init__(self, tokenizer: ModelTokenizer, stop: list[str] | None = None) -> None:
         from tokenizers.decoders import DecodeStream
@@ -33,6 +33,7 @@ class StreamDetokenizer:
         self.stop = [s for s in (stop or []) if s]
         self._held = ""
         self.stopped = False
+        self.stopped_by: str | None = None  # the stop string that ended the text, once one did
 
     def push(self, token_id: int) -> str:
         """The text that ``token_id`` makes final ("" while bytes or a stop-string prefix are pending)."""
@@ -52,6 +53,7 @@ class StreamDetokenizer:
             at = held.find(stop)
             if at != -1 and (cut == -1 or at < cut):
                 cut = at
+                self.stopped_by = stop
         if cut != -1:
             self.stopped = True
             self._held = ""
