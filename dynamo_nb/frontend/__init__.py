@@ -7,8 +7,8 @@
   a request carried on by another worker; ``writers.py``: SSE chunks or one JSON body;
   ``admission.py``: the queue in front of full workers;
 - ``openai.py``: request bodies checked field by field (`parse_request`);
-- ``anthropic.py``: Anthropic's Messages API (``/v1/messages``), read into the same pipeline and
-  written in its shapes;
+- ``anthropic.py``, ``responses.py``: Anthropic's Messages API (``/v1/messages``) and OpenAI's
+  Responses API (``/v1/responses``, stateless), read into the same pipeline and written in their shapes;
 - ``admin.py``: `AdminAuth`, who may use the admin routes (``GET``/``PATCH /router_policy``);
 - ``served_models.py``: the served models, from model cards in discovery (or given in static mode),
   each with its tokenizer, client and router;

@@ -2,7 +2,8 @@
 server of `dynamo_nb.http`.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/messages``
-(Anthropic's Messages API, `dynamo_nb.frontend.anthropic`) (SSE with ``stream: true``,
+(Anthropic's Messages API, `dynamo_nb.frontend.anthropic`), ``POST /v1/responses`` (OpenAI's
+Responses API, stateless: `dynamo_nb.frontend.responses`) (SSE with ``stream: true``,
 ending in ``data: [DONE]``; else one JSON body), ``GET /v1/models``, ``GET /health`` (the
 instances behind each model), ``GET /live`` and ``GET /metrics`` (Prometheus). A generate
 request is parsed here and served by the request pipeline (`dynamo_nb.frontend.pipeline`:
@@ -44,6 +45,7 @@ from .migration import DEFAULT_MIGRATION_LIMIT
 from .openai import check_text, parse_request, with_priority_headers
 from .pipeline import RequestPipeline, model_not_found
 from .request_trace import RequestTraceWriter
+from .responses import parse_responses_request
 from .served_models import ModelManager, ServedModel
 
 if TYPE_CHECKING:
@@ -253,6 +255,7 @@ class Frontend:
             "/v1/chat/completions": {"POST": self._errors(self._chat)},
             "/v1/completions": {"POST": self._errors(self._completions)},
             "/v1/messages": {"POST": self._errors(self._messages, anthropic=True)},
+            "/v1/responses": {"POST": self._errors(self._responses)},
             "/v1/models": {"GET": self._errors(self._list_models)},
             "/health": {"GET": self._errors(self._health)},
             "/live": {"GET": self._errors(self._live)},
@@ -430,6 +433,10 @@ class Frontend:
 
     async def _messages(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
         parsed = parse_messages_request(self._prompt_json(request, "messages"))
+        return await self.pipeline.serve(request, with_priority_headers(parsed, request.headers))
+
+    async def _responses(self, request: HttpRequest) -> HttpResponse | StreamedResponse:
+        parsed = parse_responses_request(self._prompt_json(request, "input"))
         return await self.pipeline.serve(request, with_priority_headers(parsed, request.headers))
 
     def _prompt_json(self, request: HttpRequest, param: str) -> Any:

@@ -55,7 +55,8 @@ class OpenAIRequest:
     strict_priority: int = 0  # nvext.agent_hints.strict_priority: a tier, higher always first
     return_token_ids: bool = False  # vLLM's: each choice also carries its token ids (and the prompt's)
     guided: GuidedDecoding | None = None  # response_format / nvext.structured_outputs, compiled once
-    api: str = "openai"  # the shape of the answer: openai, or anthropic (/v1/messages)
+    api: str = "openai"  # the shape of the answer: openai, anthropic (/v1/messages), responses
+    echoed: dict[str, Any] | None = None  # what the answer repeats of the request (the Responses API's)
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:

@@ -57,6 +57,7 @@ from .migration import Migration
 from .openai import OpenAIRequest
 from .relay import Outcome, RequestTiming, relay
 from .request_trace import RequestTraceWriter, TracedRequest
+from .responses import write_response, write_response_stream
 from .served_models import ModelManager, ServedModel
 from .writers import write_stream, write_unary
 
@@ -153,6 +154,14 @@ class Opened:
     first: Any
     plan: PrefillPlan | None = None
     decision: RoutingDecision | None = None
+
+
+WRITERS: dict[str, tuple[Any, Any]] = {
+    "openai": (write_stream, write_unary),
+    "anthropic": (write_message_stream, write_message),  # /v1/messages
+    "responses": (write_response_stream, write_response),  # /v1/responses
+}
+"""Each API's writers of an answer: (streamed, whole)."""
 
 
 class RequestPipeline:
@@ -266,18 +275,11 @@ class RequestPipeline:
                 )
                 with span("stream") as streaming:
                     response: HttpResponse | StreamedResponse
-                    if parsed.api == "anthropic":  # /v1/messages: Anthropic's shapes
-                        response = await (
-                            write_message_stream(http_request, parsed, pieces, outcome, request.token_ids)
-                            if parsed.stream
-                            else write_message(parsed, pieces, outcome, request.token_ids)
-                        )
-                    elif parsed.stream:
-                        response = await write_stream(
-                            http_request, parsed, pieces, outcome, request.token_ids
-                        )
+                    streamed, whole = WRITERS[parsed.api]  # the answer in its API's shapes
+                    if parsed.stream:
+                        response = await streamed(http_request, parsed, pieces, outcome, request.token_ids)
                     else:
-                        response = await write_unary(parsed, pieces, outcome, request.token_ids)
+                        response = await whole(parsed, pieces, outcome, request.token_ids)
                     if streaming is not None:
                         streaming.add_event("last token", {"completion_tokens": outcome.completion_tokens})
             except ConnectionResetError:
