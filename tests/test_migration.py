@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from typing import Any
 
@@ -166,3 +167,32 @@ async def test_a_disaggregated_decode_that_dies_is_prefilled_and_decoded_again(
             metrics, "dynamo_frontend_disagg_requests_total", model="tiny-llama", path="fast"
         )
         assert paths == 3  # the first request, the killed stream's first leg, and its second
+
+
+@pytest.mark.long  # slow: CI's opt-in step runs it (the README suite keeps under its budget)
+async def test_a_structured_output_stream_keeps_its_grammar_when_it_moves(
+    services: Any, start_worker: Any
+) -> None:
+    """A stream under a grammar whose worker is SIGKILLed mid-stream goes on on the other worker
+    from the grammar's state there: the client's text still matches the regex and equals the
+    uninterrupted greedy answer."""
+    flags = ["--discovery", services.etcd_url, "--request-plane", "tcp"]
+    workers, url = await two_workers_and_a_frontend(
+        start_worker, flags, ["--endpoint", "migrategrammar.backend.generate"]
+    )
+    body = {**BODY, "ignore_eos": False, "nvext": {"structured_outputs": {"regex": "([0-9]{3} ){150}"}}}
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+        whole = (await http.post("/v1/chat/completions", json=body)).json()["choices"][0]["message"][
+            "content"
+        ]
+        killed: list[str] = []
+
+        def kill(worker: str) -> None:
+            killed.append(worker)
+            workers[worker].send_signal(signal.SIGKILL)
+
+        text, _chunks, errors = await read_stream(http, {**body, "stream": True}, 20, kill)
+        metrics = (await http.get("/metrics")).text
+    assert killed and errors == []
+    assert re.fullmatch("([0-9]{3} ){150}", text) and text == whole
+    assert metric_value(metrics, "dynamo_frontend_migrations_total", model="tiny-llama") == 1
