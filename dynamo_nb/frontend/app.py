@@ -105,7 +105,13 @@ class Frontend:
         )
         metrics.follow_kv_indexes(self.models.kv_index_blocks)
         trace = RequestTraceWriter(config.request_trace) if config.request_trace is not None else None
-        self.pipeline = RequestPipeline(self.models, self.metrics, config.migration_limit, trace=trace)
+        self.pipeline = RequestPipeline(
+            self.models,
+            self.metrics,
+            config.migration_limit,
+            trace=trace,
+            tool_call_parser=config.tool_call_parser,
+        )
         self.connections = ConnectionGuard(config.header_timeout, config.max_connections)
         if admin is None and config.admin_enabled:
             admin = AdminAuth.from_token_file(config.admin_token_file, current_security().secret)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from ..errors import ConfigError
 from ..http.connections import DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS
 from ..llm.card import check_model_dir
+from ..llm.tool_calls import TOOL_CALL_PARSERS
 from ..router import ROUTER_MODES
 from ..router.kv.router import KvRouterConfig
 from ..runtime.names import DEFAULT_WORKER_ENDPOINT, EndpointPath
@@ -124,6 +125,15 @@ class FrontendConfig(Settings):
         "the policy's variable (default: the file's one RoutingPolicy); replaces --router-mode",
     )
     kv: KvRouterConfig = nested(KvRouterConfig)
+    tool_call_parser: str | None = setting(
+        None,
+        flag="--tool-call-parser",
+        env="TOOL_CALL_PARSER",
+        choices=TOOL_CALL_PARSERS,
+        default_text="off",
+        help="serve tools on chat completions, reading the calls the model writes in this format (hermes: "
+        "<tool_call>{...}</tool_call>, as the built-in tiny model's template asks); off: tools are a 400",
+    )
     server_load_interval: float = setting(
         1.0,
         flag="--server-load-interval",

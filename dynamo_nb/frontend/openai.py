@@ -25,6 +25,7 @@ from typing import Any
 from ..errors import InvalidRequestError
 from ..llm.guided import GuidedDecoding
 from ..llm.protocol import DEFAULT_MAX_TOKENS, SamplingOptions, StopConditions
+from ..llm.tool_calls import check_tools, forced_tool_grammar
 from ..runtime.instance import parse_instance_id
 
 __all__ = ["PRIORITY_HEADERS", "OpenAIRequest", "check_text", "parse_request", "with_priority_headers"]
@@ -57,6 +58,9 @@ class OpenAIRequest:
     guided: GuidedDecoding | None = None  # response_format / nvext.structured_outputs, compiled once
     api: str = "openai"  # the shape of the answer: openai, anthropic (/v1/messages), responses
     echoed: dict[str, Any] | None = None  # what the answer repeats of the request (the Responses API's)
+    tools: list[dict[str, Any]] | None = None  # rendered by the chat template (tool_choice not none)
+    tool_choice: Any = "auto"
+    tool_parser: str | None = None  # the frontend's --tool-call-parser, set where tools are served
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -167,8 +171,8 @@ def _unsupported(body: dict[str, Any]) -> None:
             "{'nvext': {'agent_hints': {'priority': P}}}",
             "priority",
         )
-    if body.get("tools") or body.get("functions"):
-        raise _bad("tools and function calling are not supported: leave tools out", "tools")
+    if body.get("functions") or body.get("function_call"):
+        raise _bad("functions is OpenAI's old field: send tools (and tool_choice) instead", "functions")
 
 
 def _guided(body: dict[str, Any]) -> GuidedDecoding | None:
@@ -380,6 +384,25 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
     )
     if kind == "chat":
         request.messages = _messages(body)
+        if body.get("tools") is not None:
+            _tools(request, body)
     else:
         request.prompt = _prompt(body)
+        if body.get("tools"):
+            raise _bad("tools are served on /v1/chat/completions, not /v1/completions", "tools")
     return request
+
+
+def _tools(request: OpenAIRequest, body: dict[str, Any]) -> None:
+    """``tools`` and ``tool_choice``: ``none`` renders no tools; ``required`` or a named function
+    forces one call by a grammar (`dynamo_nb.llm.tool_calls`)."""
+    tools, choice = check_tools(body["tools"], body.get("tool_choice"))
+    request.tool_choice = choice
+    if choice == "none":
+        return
+    request.tools = tools
+    if choice != "auto":
+        if request.guided is not None:
+            raise _bad("tool_choice forces a tool call: leave response_format out, or send tool_choice auto",
+                       "tool_choice")  # fmt: skip
+        request.guided = GuidedDecoding("grammar", forced_tool_grammar(tools, choice), "tool_choice")

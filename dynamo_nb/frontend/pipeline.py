@@ -179,8 +179,10 @@ class RequestPipeline:
         metrics: FrontendMetrics,
         migration_limit: int,
         trace: RequestTraceWriter | None = None,
+        tool_call_parser: str | None = None,
     ) -> None:
         self.models = models
+        self.tool_call_parser = tool_call_parser  # --tool-call-parser: tools served, calls read so
         self.metrics = metrics
         self.migration = Migration(migration_limit, self.open_planned, metrics.migrations)
         self.trace = trace  # --request-trace: a line per finished request
@@ -188,7 +190,15 @@ class RequestPipeline:
     async def preprocess(self, parsed: OpenAIRequest) -> tuple[ServedModel, PreprocessedRequest]:
         """Step 1: the served model and the engine request (rendered, tokenized, checked)."""
         model = served_model(self.models, parsed.model, parsed.kind)
-        token_ids = await model.tokenize(parsed.kind, parsed.messages, parsed.prompt)
+        if parsed.tools:
+            if self.tool_call_parser is None:
+                raise InvalidRequestError(
+                    "tools: this frontend reads no tool calls; start it with --tool-call-parser hermes (the "
+                    "format the model writes calls in), or leave tools out",
+                    "tools",
+                )
+            parsed.tool_parser = self.tool_call_parser
+        token_ids = await model.tokenize(parsed.kind, parsed.messages, parsed.prompt, parsed.tools)
         check_context(model, parsed, len(token_ids))
         if parsed.guided is not None:
             model.check_guided(parsed.guided)

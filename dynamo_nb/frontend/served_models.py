@@ -177,13 +177,20 @@ class ServedModel:
         return router.open(route, request, context=context), route.decision
 
     async def tokenize(
-        self, kind: str, messages: list[dict[str, Any]] | None, prompt: str | list[int] | None
+        self,
+        kind: str,
+        messages: list[dict[str, Any]] | None,
+        prompt: str | list[int] | None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
-        """Token ids of a chat's rendered template or of a completion prompt. A text that cannot fit
-        the model's context whatever its tokens is refused before it is tokenized; a long one is
-        tokenized off the event loop."""
+        """Token ids of a chat's rendered template (``tools`` rendered by it) or of a completion
+        prompt. A text that cannot fit the model's context whatever its tokens is refused before
+        it is tokenized; a long one is tokenized off the event loop."""
         if kind == "chat":
-            text = await self.tokenizer.render_chat_off_loop(messages or [], add_generation_prompt=True)
+            extra = {"tools": tools} if tools else {}
+            text = await self.tokenizer.render_chat_off_loop(
+                messages or [], add_generation_prompt=True, **extra
+            )
             return await self._encode_within_context(text, "messages", add_special_tokens=False)
         if isinstance(prompt, list):
             vocab = self.tokenizer.vocab_size

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import EngineError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
 from ..llm.protocol import completion_usage
+from ..llm.tool_calls import parse_tool_calls
 from ..runtime.ids import new_request_id
 from .error_envelope import error_body
 from .openai import OpenAIRequest
@@ -46,6 +47,8 @@ async def write_stream(
     chunk with the first), and the last piece's with the finish chunk and the end of the
     chunked body: a stream whose first item is its last costs one socket write, each event is
     still its own SSE event."""
+    if parsed.tool_parser is not None:  # a tool call is known only once the text is whole
+        return await _write_tool_stream(request, parsed, pieces, outcome, prompt)
     response = request.stream({**SSE_HEADERS, **outcome.headers})
     chat = parsed.kind == "chat"
     request_id = ("chatcmpl-" if chat else "cmpl-") + (outcome.request_id or new_request_id())
@@ -111,11 +114,18 @@ async def write_unary(
         raise EngineError(f"the worker failed mid-stream: {outcome.error}")
     chat = parsed.kind == "chat"
     choice: dict[str, Any] = {"index": 0}
+    finish_reason = outcome.finish_reason
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
+        if parsed.tool_parser is not None:
+            content, calls = parse_tool_calls(text, parsed.tool_parser)
+            if calls:
+                choice["message"] = {"role": "assistant", "content": content,
+                                     "tool_calls": [call.to_openai() for call in calls]}  # fmt: skip
+                finish_reason = "tool_calls"
     else:
         choice["text"] = text
-    choice.update(logprobs=None, finish_reason=outcome.finish_reason)
+    choice.update(logprobs=None, finish_reason=finish_reason)
     if outcome.returned is not None:
         choice.update(prompt_token_ids=list(prompt), token_ids=outcome.returned)
     body: dict[str, Any] = {
@@ -130,6 +140,50 @@ async def write_unary(
     if nvext:
         body["nvext"] = nvext
     return json_response(body, headers=outcome.headers)
+
+
+async def _write_tool_stream(
+    request: HttpRequest,
+    parsed: OpenAIRequest,
+    pieces: AsyncIterator[str],
+    outcome: Outcome,
+    prompt: Sequence[int],
+) -> StreamedResponse:
+    """A chat stream whose request has tools: the text is read whole (a call is known only at its
+    end), then sent as OpenAI's chunks: the role, the content (the text before any call), one
+    ``tool_calls`` delta per call (``index``, ``id``, ``function.name`` and ``arguments``) and
+    ``finish_reason: tool_calls``; without a call, the text as content."""
+    text = "".join([piece async for piece in pieces])
+    response = request.stream({**SSE_HEADERS, **outcome.headers})
+    request_id = "chatcmpl-" + (outcome.request_id or new_request_id())
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **more: Any) -> str:
+        body = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": parsed.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **more}  # fmt: skip
+        return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    if outcome.error is not None:
+        events.append(f"data: {json.dumps(error_body(500, outcome.error))}\n\n")
+    else:
+        content, calls = parse_tool_calls(text, parsed.tool_parser or "hermes")
+        if content:
+            events.append(chunk({"content": content}))
+        for index, call in enumerate(calls):
+            events.append(chunk({"tool_calls": [call.to_openai(index)]}))
+        nvext = outcome.nvext
+        events.append(
+            chunk({}, "tool_calls" if calls else outcome.finish_reason, **({"nvext": nvext} if nvext else {}))
+        )
+        if parsed.include_usage:
+            usage = completion_usage(len(prompt), outcome.completion_tokens, outcome.cached_tokens)
+            body = {"id": request_id, "object": "chat.completion.chunk", "created": created,
+                    "model": parsed.model, "choices": [], "usage": usage}  # fmt: skip
+            events.append(f"data: {json.dumps(body, separators=(',', ':'))}\n\n")
+    events.append(DONE)
+    await response.write_eof("".join(events).encode())
+    return response
 
 
 class _IdsSince:

@@ -8,6 +8,8 @@
 - ``register.py``: `serve_llm` / `register_llm` (publish the card), `engine_handler`;
 - ``guided.py``: `GuidedDecoding`, structured output (``response_format``,
   ``nvext.structured_outputs``) and the llguidance grammar that enforces it;
+- ``tool_calls.py``: tool calls read out of a model's text (``--tool-call-parser``) and the
+  grammar that forces one (``tool_choice`` required or named);
 - ``limits.py``: `RequestLimits`, the vocabulary and context a worker checks each request against;
 - ``tokenizer.py`` and ``detokenize.py``: the frontend's chat template, tokenizer and
   incremental detokenizer with stop strings.

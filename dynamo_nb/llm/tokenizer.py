@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from functools import cached_property
 from pathlib import Path
@@ -113,14 +114,17 @@ class ModelTokenizer:
             ) from None
 
     async def render_chat_off_loop(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True, **extra: Any
     ) -> str:
         """`render_chat`, in a thread when the messages hold more than `LONG_TEXT_CHARS` characters
-        (a template is Python: the event loop runs between its steps instead of after them all)."""
+        (a template is Python: the event loop runs between its steps instead of after them all);
+        ``extra`` goes to the template (``tools``)."""
         if _text_size(messages) <= LONG_TEXT_CHARS:
-            return self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+            return self.render_chat(messages, add_generation_prompt=add_generation_prompt, **extra)
         return await asyncio.to_thread(
-            self.render_chat, messages, add_generation_prompt=add_generation_prompt
+            functools.partial(
+                self.render_chat, messages, add_generation_prompt=add_generation_prompt, **extra
+            )
         )
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
