@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -227,8 +228,8 @@ async def test_the_stock_vllm_graph_serves_two_vllm_servers_behind_the_kv_router
     worker each relaying vLLM's KV events, a KV-routing frontend; a repeat of a long prompt goes
     to the server that holds it and finds it cached."""
     text = (GRAPHS / "upstream_vllm.yaml").read_text()
-    for fixed in ("8000", "8001", "8002", "5557", "5558"):
-        text = text.replace(fixed, str(free_port()))
+    for fixed in ("8000", "8001", "8002", "5557", "5558"):  # whole numbers only (a free port may hold one)
+        text = re.sub(rf"\b{fixed}\b", str(free_port()), text)
     running = await serve(Graph.from_yaml(text), show_logs=False, timeout=400)
     try:
         body = {
