@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ MODES = ["memory-inproc", "memory-tcp", "file-tcp", "file-nats", "etcd-tcp", "et
 
 RuntimeFactory = Callable[[str], Awaitable[DistributedRuntime]]
 
-NEEDS_VLLM = {"07_serving_with_vllm", "15_your_servers_behind_the_kit"}  # notebooks that start vLLM engines (marked vllm and long)
+NEEDS_VLLM = {
+    "07_serving_with_vllm",
+    "15_your_servers_behind_the_kit",
+}  # notebooks that start vLLM engines (marked vllm and long)
 NEEDS_DYNAMO = {
     "13_on_nvidia_dynamo"
 }  # notebooks that run NVIDIA Dynamo's runtime and frontend (marked dynamo)
@@ -143,3 +147,27 @@ def write_notebook(path: Path, *cells: str | tuple[str, str], ran_in_kernel: boo
         notebook.cells.append(made)
     nbformat.write(notebook, path)
     return path
+
+
+@contextlib.asynccontextmanager
+async def hf_frontends(*configs: dict[str, Any], model: str = "tiny-llama") -> AsyncIterator[list[Any]]:
+    """The hf engine (the built-in tiny model) serving ``model`` in this process, behind one
+    frontend per ``configs`` entry (its `FrontendConfig` fields; none given: one frontend)."""
+    from dynamo_nb.disagg.modes import WorkerRole
+    from dynamo_nb.engines.engine_worker import serve_engine
+    from dynamo_nb.engines.hf import HFEngine
+    from dynamo_nb.frontend import Frontend
+    from dynamo_nb.models import tiny_model_path
+
+    async with await DistributedRuntime.create() as runtime:
+        engine = await HFEngine.load(tiny_model_path())
+        await serve_engine(runtime, WorkerRole(), tiny_model_path(), model, lambda kv_events: engine)
+        fronts = [await Frontend.start(runtime, port=0, **config) for config in configs or ({},)]
+        try:
+            for front in fronts:
+                await front.wait_for_model(model)
+            yield fronts
+        finally:
+            for front in fronts:
+                await front.stop()
+            await engine.close()

@@ -14,13 +14,9 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from helpers import hf_frontends
 
-from dynamo_nb import DistributedRuntime
-from dynamo_nb.disagg.modes import WorkerRole
-from dynamo_nb.engines.engine_worker import serve_engine
-from dynamo_nb.engines.hf import HFEngine
 from dynamo_nb.frontend import Frontend
-from dynamo_nb.models import tiny_model_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,14 +27,8 @@ ASKED = "What does a harbour keep?"
 
 @pytest.fixture(scope="module")
 async def frontend() -> AsyncIterator[Frontend]:
-    async with await DistributedRuntime.create() as runtime:
-        engine = await HFEngine.load(tiny_model_path())
-        await serve_engine(runtime, WorkerRole(), tiny_model_path(), MODEL, lambda kv_events: engine)
-        front = await Frontend.start(runtime, port=0)
-        await front.wait_for_model(MODEL)
+    async with hf_frontends() as (front,):
         yield front
-        await front.stop()
-        await engine.close()
 
 
 @pytest.fixture

@@ -15,14 +15,10 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from helpers import hf_frontends
 
-from dynamo_nb import DistributedRuntime
-from dynamo_nb.disagg.modes import WorkerRole
-from dynamo_nb.engines.engine_worker import serve_engine
-from dynamo_nb.engines.hf import HFEngine
 from dynamo_nb.frontend import Frontend
 from dynamo_nb.llm.tool_calls import parse_tool_calls
-from dynamo_nb.models import tiny_model_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,17 +40,8 @@ ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 @pytest.fixture(scope="module")
 async def frontends() -> AsyncIterator[tuple[Frontend, Frontend]]:
     """One frontend reading Hermes tool calls, one reading none, over the same hf worker."""
-    async with await DistributedRuntime.create() as runtime:
-        engine = await HFEngine.load(tiny_model_path())
-        await serve_engine(runtime, WorkerRole(), tiny_model_path(), MODEL, lambda kv_events: engine)
-        with_tools = await Frontend.start(runtime, port=0, tool_call_parser="hermes")
-        without = await Frontend.start(runtime, port=0)
-        for front in (with_tools, without):
-            await front.wait_for_model(MODEL)
+    async with hf_frontends({"tool_call_parser": "hermes"}, {}) as (with_tools, without):
         yield with_tools, without
-        for front in (with_tools, without):
-            await front.stop()
-        await engine.close()
 
 
 @pytest.fixture

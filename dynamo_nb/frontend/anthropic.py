@@ -28,10 +28,11 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ..errors import EngineError, InvalidRequestError
+from ..errors import InvalidRequestError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .openai import OpenAIRequest, parse_request
 from .relay import Outcome
+from .writers import whole_text
 
 __all__ = ["anthropic_error_body", "parse_messages_request", "write_message", "write_message_stream"]
 
@@ -154,9 +155,7 @@ async def write_message(
     parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: Outcome, prompt: Sequence[int]
 ) -> HttpResponse:
     """The whole answer as one message object; an error mid-stream is an `EngineError` (a 500)."""
-    text = "".join([piece async for piece in pieces])
-    if outcome.error is not None:
-        raise EngineError(f"the worker failed mid-stream: {outcome.error}")
+    text = await whole_text(pieces, outcome)
     body = {
         "id": _message_id(outcome),
         "type": "message",

@@ -30,10 +30,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from ..errors import EngineError, InvalidRequestError
+from ..errors import InvalidRequestError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .openai import OpenAIRequest, parse_request
 from .relay import Outcome
+from .writers import whole_text
 
 __all__ = ["parse_responses_request", "write_response", "write_response_stream"]
 
@@ -203,9 +204,7 @@ async def write_response(
     parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: Outcome, prompt: Sequence[int]
 ) -> HttpResponse:
     """The whole answer as one ``response`` object; an error mid-stream is an `EngineError` (a 500)."""
-    text = "".join([piece async for piece in pieces])
-    if outcome.error is not None:
-        raise EngineError(f"the worker failed mid-stream: {outcome.error}")
+    text = await whole_text(pieces, outcome)
     status = _status(outcome)
     body = _response(parsed, outcome, status, [_item(outcome, text, "completed")], _usage(prompt, outcome))
     return json_response(body, headers=outcome.headers)

@@ -24,7 +24,7 @@ from .error_envelope import error_body
 from .openai import OpenAIRequest
 from .relay import Outcome
 
-__all__ = ["write_stream", "write_unary"]
+__all__ = ["whole_text", "write_stream", "write_unary"]
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DONE = "data: [DONE]\n\n"
@@ -103,15 +103,21 @@ async def write_stream(
     return response
 
 
+async def whole_text(pieces: AsyncIterator[str], outcome: Outcome) -> str:
+    """The answer's text, read to its end; an error mid-stream is an `EngineError` (a 500)."""
+    text = "".join([piece async for piece in pieces])
+    if outcome.error is not None:
+        raise EngineError(f"the worker failed mid-stream: {outcome.error}")
+    return text
+
+
 async def write_unary(
     parsed: OpenAIRequest, pieces: AsyncIterator[str], outcome: Outcome, prompt: Sequence[int]
 ) -> HttpResponse:
     """The whole answer as one JSON body; an error mid-stream is an `EngineError` (a 500). With
     vLLM's ``return_token_ids`` the choice carries ``prompt_token_ids`` and ``token_ids``."""
     prompt_tokens = len(prompt)
-    text = "".join([piece async for piece in pieces])
-    if outcome.error is not None:
-        raise EngineError(f"the worker failed mid-stream: {outcome.error}")
+    text = await whole_text(pieces, outcome)
     chat = parsed.kind == "chat"
     choice: dict[str, Any] = {"index": 0}
     finish_reason = outcome.finish_reason
