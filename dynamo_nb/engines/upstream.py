@@ -412,12 +412,7 @@ class UpstreamEngine(RelayedKvEvents):
         }
         body.pop("stream_options", None)
         body.pop("min_tokens", None)
-        self.requests_total += 1
-        self.active += 1
-        try:
-            status, raw = await self._post(json.dumps(body).encode())
-        finally:
-            self.active -= 1
+        status, raw = await self._post(json.dumps(body).encode())
         if status >= 400:
             raise self._refusal(status, raw)
         answer = json.loads(raw)
@@ -452,19 +447,33 @@ class UpstreamEngine(RelayedKvEvents):
         the frontend takes the fallback path (it waits for the prefill's ``kv_transfer_params``)."""
         return None
 
-    async def _post(self, body: bytes) -> tuple[int, bytes]:
-        """POST ``body`` to the server's ``/v1/completions``; its status and whole answer."""
+    async def _open(self, body: bytes) -> HttpAnswer:
+        """POST ``body`` to the server's ``/v1/completions``: its answer, or `WorkerUnavailableError`."""
         try:
-            answer = await self._client.request(
+            return await self._client.request(
                 "POST", f"{self.url}/v1/completions", body, {"Content-Type": "application/json"}
             )
-            try:
-                return answer.status, await answer.read()
-            finally:
-                answer.close()
         except ServerAnswerError as exc:
             self.failed_total += 1
             raise WorkerUnavailableError(f"the upstream server {self.url} did not answer: {exc}") from None
+
+    async def _post(self, body: bytes) -> tuple[int, bytes]:
+        """`_open`, counted as a request, and its whole answer: status and body."""
+        self.requests_total += 1
+        self.active += 1
+        try:
+            answer = await self._open(body)
+            try:
+                return answer.status, await answer.read()
+            except ServerAnswerError as exc:
+                self.failed_total += 1
+                raise WorkerUnavailableError(
+                    f"the upstream server {self.url} did not answer: {exc}"
+                ) from None
+            finally:
+                answer.close()
+        finally:
+            self.active -= 1
 
     async def _stream(
         self, request: PreprocessedRequest, context: Context | None, request_body: dict[str, Any]
@@ -474,15 +483,7 @@ class UpstreamEngine(RelayedKvEvents):
         answer: HttpAnswer | None = None
         body = json.dumps(request_body).encode()
         try:
-            try:
-                answer = await self._client.request(
-                    "POST", f"{self.url}/v1/completions", body, {"Content-Type": "application/json"}
-                )
-            except ServerAnswerError as exc:
-                self.failed_total += 1
-                raise WorkerUnavailableError(
-                    f"the upstream server {self.url} did not answer: {exc}"
-                ) from None
+            answer = await self._open(body)
             if answer.status >= 400:
                 raise self._refusal(answer.status, await answer.read())
             emitted, finish, usage, done = 0, None, None, False

@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -32,11 +31,10 @@ from ..errors import InvalidRequestError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .openai import OpenAIRequest, parse_request
 from .relay import Outcome
-from .writers import whole_text
+from .writers import SSE_HEADERS, named_event, send_now, whole_text
 
 __all__ = ["anthropic_error_body", "parse_messages_request", "write_message", "write_message_stream"]
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                 503: "overloaded_error", 529: "overloaded_error"}  # fmt: skip
@@ -169,10 +167,6 @@ async def write_message(
     return json_response(body, headers=outcome.headers)
 
 
-def _event(kind: str, data: dict[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, separators=(',', ':'))}\n\n"
-
-
 async def write_message_stream(
     request: HttpRequest,
     parsed: OpenAIRequest,
@@ -183,30 +177,41 @@ async def write_message_stream(
     """The answer as Anthropic's server-sent events (see the module docstring); an error
     mid-stream is an ``error`` event."""
     response = request.stream({**SSE_HEADERS, **outcome.headers})
-    message: dict[str, Any] = {"id": _message_id(outcome), "type": "message", "role": "assistant", "model": parsed.model,
-               "content": [], "stop_reason": None, "stop_sequence": None,
-               "usage": {"input_tokens": len(prompt), "output_tokens": 0}}  # fmt: skip
+    message: dict[str, Any] = {
+        "id": _message_id(outcome),
+        "type": "message",
+        "role": "assistant",
+        "model": parsed.model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": len(prompt), "output_tokens": 0},
+    }
     events = [
-        _event("message_start", {"message": message}),
-        _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
-        _event("ping", {}),
+        named_event("message_start", {"message": message}),
+        named_event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+        named_event("ping", {}),
     ]
     async for text in pieces:
         if text:
             events.append(
-                _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}})
+                named_event(
+                    "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": text}}
+                )
             )
-        if events and not outcome.ending and not getattr(outcome.stream, "ready", 0):
+        if events and send_now(outcome):
             await response.write("".join(events).encode())
             events.clear()
     if outcome.error is not None:
-        events.append(_event("error", {"error": {"type": "api_error", "message": outcome.error}}))
+        events.append(named_event("error", {"error": {"type": "api_error", "message": outcome.error}}))
     else:
-        events.append(_event("content_block_stop", {"index": 0}))
+        events.append(named_event("content_block_stop", {"index": 0}))
         delta = {"stop_reason": _stop_reason(outcome), "stop_sequence": outcome.stop_sequence}
         events.append(
-            _event("message_delta", {"delta": delta, "usage": {"output_tokens": outcome.completion_tokens}})
+            named_event(
+                "message_delta", {"delta": delta, "usage": {"output_tokens": outcome.completion_tokens}}
+            )
         )
-        events.append(_event("message_stop", {}))
+        events.append(named_event("message_stop", {}))
     await response.write_eof("".join(events).encode())
     return response

@@ -25,7 +25,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -34,11 +33,10 @@ from ..errors import InvalidRequestError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
 from .openai import OpenAIRequest, parse_request
 from .relay import Outcome
-from .writers import whole_text
+from .writers import SSE_HEADERS, named_event, send_now, whole_text
 
 __all__ = ["parse_responses_request", "write_response", "write_response_stream"]
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
@@ -218,9 +216,8 @@ class _Events:
         self._number = 0
 
     def add(self, kind: str, **data: Any) -> None:
-        event = {"type": kind, "sequence_number": self._number, **data}
+        self.pending.append(named_event(kind, {"sequence_number": self._number, **data}))
         self._number += 1
-        self.pending.append(f"event: {kind}\ndata: {json.dumps(event, separators=(',', ':'))}\n\n")
 
     def take(self) -> bytes:
         out, self.pending = "".join(self.pending).encode(), []
@@ -251,7 +248,7 @@ async def write_response_stream(
         if text:
             texts.append(text)
             events.add("response.output_text.delta", **where, delta=text, logprobs=[])
-        if events.pending and not outcome.ending and not getattr(outcome.stream, "ready", 0):
+        if events.pending and send_now(outcome):
             await response.write(events.take())
     if outcome.error is not None:
         events.add("error", code="server_error", message=outcome.error, param=None)

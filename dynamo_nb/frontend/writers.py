@@ -24,10 +24,27 @@ from .error_envelope import error_body
 from .openai import OpenAIRequest
 from .relay import Outcome
 
-__all__ = ["whole_text", "write_stream", "write_unary"]
+__all__ = ["SSE_HEADERS", "named_event", "send_now", "whole_text", "write_stream", "write_unary"]
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DONE = "data: [DONE]\n\n"
+
+
+def named_event(kind: str, data: dict[str, Any]) -> str:
+    """One named server-sent event whose data is ``{"type": kind, **data}`` (Anthropic's and the
+    Responses API's events).
+
+    Example:
+        >>> named_event("ping", {})
+        'event: ping\\ndata: {"type":"ping"}\\n\\n'
+    """
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, separators=(',', ':'))}\n\n"
+
+
+def send_now(outcome: Outcome) -> bool:
+    """Whether the events ready should go out now: the next piece would wait (the last ones go
+    with the stream's end, in one write)."""
+    return not outcome.ending and not getattr(outcome.stream, "ready", 0)
 
 
 async def write_stream(
@@ -80,8 +97,7 @@ async def write_stream(
         if text:
             more = suffix if ids is None else suffix.replace("null}", f"null{ids.field()}}}", 1)
             events.append(f"{prefix}{quote(text)}{more}")
-        if events and not outcome.ending and not getattr(outcome.stream, "ready", 0):
-            # the next piece would wait: send these now (the last ones go with the stream's end)
+        if events and send_now(outcome):
             await write("".join(events).encode())
             events.clear()
     if outcome.error is not None:

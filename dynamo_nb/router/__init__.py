@@ -128,7 +128,7 @@ async def make_router(
     if isinstance(router, KvRouter):
         await router.follow(component)
     if server_loads is not None:
-        if isinstance(router, (KvRouter, LeastLoadedRouter)):
+        if router.tracks_requests:  # a router that counts load (least-loaded, KV) adds the servers'
             router.follow_server_loads(server_loads)
         else:
             await server_loads.stop()
