@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -150,24 +151,63 @@ def write_notebook(path: Path, *cells: str | tuple[str, str], ran_in_kernel: boo
 
 
 @contextlib.asynccontextmanager
-async def hf_frontends(*configs: dict[str, Any], model: str = "tiny-llama") -> AsyncIterator[list[Any]]:
+async def hf_frontends(
+    *configs: dict[str, Any], model: str = "tiny-llama", pair: bool = False
+) -> AsyncIterator[list[Any]]:
     """The hf engine (the built-in tiny model) serving ``model`` in this process, behind one
-    frontend per ``configs`` entry (its `FrontendConfig` fields; none given: one frontend)."""
-    from dynamo_nb.disagg.modes import WorkerRole
+    frontend per ``configs`` entry (its `FrontendConfig` fields; none given: one frontend);
+    ``pair``: a prefill and a decode engine (disaggregated, the KV over the bootstrap server)."""
+    from dynamo_nb.disagg.modes import DEFAULT_PREFILL_ENDPOINT, WorkerRole
     from dynamo_nb.engines.engine_worker import serve_engine
     from dynamo_nb.engines.hf import HFEngine
     from dynamo_nb.frontend import Frontend
     from dynamo_nb.models import tiny_model_path
 
     async with await DistributedRuntime.create() as runtime:
-        engine = await HFEngine.load(tiny_model_path())
-        await serve_engine(runtime, WorkerRole(), tiny_model_path(), model, lambda kv_events: engine)
+        roles = [WorkerRole()]
+        if pair:
+            roles = [WorkerRole(mode="prefill", endpoint=DEFAULT_PREFILL_ENDPOINT), WorkerRole(mode="decode")]
+        engines = []
+        for role in roles:
+            engine = await HFEngine.load(tiny_model_path())
+            engines.append(engine)
+            await serve_engine(
+                runtime, role, tiny_model_path(), model, lambda kv_events, engine=engine: engine
+            )
         fronts = [await Frontend.start(runtime, port=0, **config) for config in configs or ({},)]
         try:
             for front in fronts:
                 await front.wait_for_model(model)
+                if pair:
+                    await until(lambda front=front: front.models.prefill_planner(model) is not None,
+                                what="the frontend learns the prefill worker")  # fmt: skip
             yield fronts
         finally:
             for front in fronts:
                 await front.stop()
-            await engine.close()
+            for engine in engines:
+                await engine.close()
+
+
+def random_schema(draw: random.Random, depth: int = 0) -> dict[str, Any]:
+    """A JSON schema of bounded size (so a grammar can finish within the tokens asked for)."""
+    kinds = ["integer", "boolean", "string", "enum"] + (["object", "array"] if depth < 2 else [])
+    kind = draw.choice(kinds)
+    if kind == "integer":
+        low = draw.randint(-50, 50)
+        return {"type": "integer", "minimum": low, "maximum": low + draw.randint(0, 100)}
+    if kind == "boolean":
+        return {"type": "boolean"}
+    if kind == "string":
+        return {"type": "string", "maxLength": draw.randint(1, 6)}
+    if kind == "enum":
+        return {"enum": draw.sample(["red", "green", "blue", 3, None, True], draw.randint(1, 4))}
+    if kind == "array":
+        return {"type": "array", "items": random_schema(draw, depth + 1), "maxItems": draw.randint(0, 3)}
+    names = draw.sample(["id", "name", "ok", "size", "tags", "kind", "when"], draw.randint(1, 3))
+    return {
+        "type": "object",
+        "properties": {name: random_schema(draw, depth + 1) for name in names},
+        "required": names,
+        "additionalProperties": False,
+    }

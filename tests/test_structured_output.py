@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
+from helpers import random_schema
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.disagg.modes import WorkerRole
@@ -55,30 +56,6 @@ async def frontend() -> AsyncIterator[Frontend]:
         yield front
         await front.stop()
         await engine.close()
-
-
-def random_schema(draw: random.Random, depth: int = 0) -> dict[str, Any]:
-    """A JSON schema of bounded size (so a grammar can finish within the tokens asked for)."""
-    kinds = ["integer", "boolean", "string", "enum"] + (["object", "array"] if depth < 2 else [])
-    kind = draw.choice(kinds)
-    if kind == "integer":
-        low = draw.randint(-50, 50)
-        return {"type": "integer", "minimum": low, "maximum": low + draw.randint(0, 100)}
-    if kind == "boolean":
-        return {"type": "boolean"}
-    if kind == "string":
-        return {"type": "string", "maxLength": draw.randint(1, 6)}
-    if kind == "enum":
-        return {"enum": draw.sample(["red", "green", "blue", 3, None, True], draw.randint(1, 4))}
-    if kind == "array":
-        return {"type": "array", "items": random_schema(draw, depth + 1), "maxItems": draw.randint(0, 3)}
-    names = draw.sample(["id", "name", "ok", "size", "tags", "kind", "when"], draw.randint(1, 3))
-    return {
-        "type": "object",
-        "properties": {name: random_schema(draw, depth + 1) for name in names},
-        "required": names,
-        "additionalProperties": False,
-    }
 
 
 async def post(frontend: Frontend, path: str, body: dict[str, Any]) -> httpx.Response:

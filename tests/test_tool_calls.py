@@ -18,6 +18,8 @@ import pytest
 from helpers import hf_frontends
 
 from dynamo_nb.frontend import Frontend
+from dynamo_nb.frontend.openai import parse_request
+from dynamo_nb.frontend.writers import read_tool_calls
 from dynamo_nb.llm.tool_calls import parse_tool_calls
 
 pytestmark = pytest.mark.timeout(120)
@@ -37,15 +39,20 @@ TOOLS = [
 ASK = [{"role": "user", "content": "What is 2 + 3?"}]
 
 
+OTHER_PARSERS = ("llama3_json", "mistral", "qwen3_coder")
+
+
 @pytest.fixture(scope="module")
-async def frontends() -> AsyncIterator[tuple[Frontend, Frontend]]:
-    """One frontend reading Hermes tool calls, one reading none, over the same hf worker."""
-    async with hf_frontends({"tool_call_parser": "hermes"}, {}) as (with_tools, without):
-        yield with_tools, without
+async def frontends() -> AsyncIterator[list[Frontend]]:
+    """One frontend reading Hermes tool calls, one reading none, then one per other format, over
+    the same hf worker."""
+    configs = [{"tool_call_parser": "hermes"}, {}, *({"tool_call_parser": name} for name in OTHER_PARSERS)]
+    async with hf_frontends(*configs) as fronts:
+        yield fronts
 
 
 @pytest.fixture
-async def client(frontends: tuple[Frontend, Frontend]) -> AsyncIterator[openai.AsyncOpenAI]:
+async def client(frontends: list[Frontend]) -> AsyncIterator[openai.AsyncOpenAI]:
     sdk = openai.AsyncOpenAI(base_url=frontends[0].url + "/v1", api_key="none", max_retries=0)
     yield sdk
     await sdk.close()
@@ -92,7 +99,7 @@ async def test_a_streamed_call_reassembles_to_the_unstreamed_one(client: openai.
 
 
 async def test_a_call_and_its_result_go_back_in_the_next_turn(
-    frontends: tuple[Frontend, Frontend], client: openai.AsyncOpenAI
+    frontends: list[Frontend], client: openai.AsyncOpenAI
 ) -> None:
     first = await client.chat.completions.create(
         model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80, temperature=0,  # type: ignore[arg-type]
@@ -147,7 +154,7 @@ def test_the_hermes_parser_on_its_formats_examples_and_malformed_output() -> Non
     ],
 )  # fmt: skip
 async def test_what_cannot_be_served_is_a_400_naming_the_field(
-    frontends: tuple[Frontend, Frontend], body: dict[str, Any], param: str, on_plain: bool
+    frontends: list[Frontend], body: dict[str, Any], param: str, on_plain: bool
 ) -> None:
     front = frontends[1] if on_plain else frontends[0]
     async with httpx.AsyncClient(base_url=front.url, timeout=60) as http:
@@ -156,3 +163,30 @@ async def test_what_cannot_be_served_is_a_400_naming_the_field(
         )
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param, answer.json()
+
+
+@pytest.mark.parametrize("parser", OTHER_PARSERS)
+async def test_each_format_forces_and_reads_back_a_valid_call(frontends: list[Frontend], parser: str) -> None:
+    front = frontends[2 + OTHER_PARSERS.index(parser)]
+    async with openai.AsyncOpenAI(base_url=front.url + "/v1", api_key="none", max_retries=0) as sdk:
+        for seed in range(3):
+            completion = await sdk.chat.completions.create(
+                model=MODEL, messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=80,  # type: ignore[arg-type]
+                temperature=1.0, seed=seed,
+            )  # fmt: skip
+            choice = completion.choices[0]
+            (call,) = choice.message.tool_calls or []
+            assert choice.finish_reason == "tool_calls" and choice.message.content is None
+            jsonschema.validate(
+                json.loads(call.function.arguments), {"add": ADD, "shout": SHOUT}[call.function.name]
+            )
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call() -> None:
+    two = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call><tool_call>{"name": "shout", "arguments": {"text": "hi"}}</tool_call>'
+    for parallel, names in ((True, ["add", "shout"]), (False, ["add"])):
+        parsed = parse_request(
+            {"model": MODEL, "messages": ASK, "tools": TOOLS, "parallel_tool_calls": parallel}, "chat"
+        )
+        parsed.tool_parser = "hermes"
+        assert [call.name for call in read_tool_calls(two, parsed)[1]] == names

@@ -53,7 +53,16 @@ async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     )
     port = free_port()
     frontend = await launch(
-        FRONTEND, *common, "--http-port", str(port), cwd=ROOT, log_dir=logs, show_logs=False, timeout=60
+        FRONTEND,
+        *common,
+        "--http-port",
+        str(port),
+        "--tool-call-parser",
+        "hermes",
+        cwd=ROOT,
+        log_dir=logs,
+        show_logs=False,
+        timeout=60,
     )
     runtime = await DistributedRuntime.create(services.etcd_url, "tcp", services.nats_url)
     client = await runtime.endpoint("dynamo.backend.generate").client()
@@ -61,7 +70,9 @@ async def graph(services: Any, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     url = f"http://127.0.0.1:{port}"
     async with httpx.AsyncClient(base_url=url, timeout=5) as http:
         for _ in range(200):
-            if (await http.get("/v1/models")).json()["data"]:
+            if (await http.get("/v1/models")).json()["data"] and (await http.get("/health")).json().get(
+                "prefill_instances"
+            ):
                 break
             await asyncio.sleep(0.1)
     yield {"prefill": prefill, "decode": decode, "url": url, "runtime": runtime, "client": client}
@@ -105,8 +116,8 @@ async def test_disaggregated_greedy_output_equals_aggregated(graph: dict[str, An
 
 async def test_vllm_enforces_a_requests_structured_output(graph: dict[str, Any]) -> None:
     """A request's guided_decoding becomes vLLM's own structured outputs: its answers match the
-    regex, the choice and the JSON schema (vLLM's backend, compact JSON); a Lark grammar is
-    refused naming the field (its syntax is the hf engine's)."""
+    regex, the choice and the JSON schema (vLLM's backend, compact JSON) and a Lark grammar
+    (llguidance's syntax, as the hf engine takes it: the worker starts vLLM with its guidance backend)."""
     from dynamo_nb.llm import ModelTokenizer
     from dynamo_nb.models import tiny_model_path
 
@@ -122,10 +133,60 @@ async def test_vllm_enforces_a_requests_structured_output(graph: dict[str, Any])
                    "guided_decoding": {"kind": kind, "spec": spec, "field": f"nvext.structured_outputs.{kind}"}}  # fmt: skip
         text = tokenizer.decode(tokens(await collect(client.round_robin(request))))
         assert holds(text), (kind, text)
-    refused = {**GREEDY, "extra_args": {"aggregated": True},
-               "guided_decoding": {"kind": "grammar", "spec": 'start: "x"', "field": "nvext.structured_outputs.grammar"}}  # fmt: skip
-    with pytest.raises(Exception, match="Lark grammar is enforced by the hf engine"):
-        await collect(client.round_robin(refused))
+    lark = {**GREEDY, "stop_conditions": {"max_tokens": 40}, "extra_args": {"aggregated": True},
+            "guided_decoding": {"kind": "grammar", "spec": 'start: "ab" ("c" | "d")', "field": "nvext.structured_outputs.grammar"}}  # fmt: skip
+    assert tokenizer.decode(tokens(await collect(client.round_robin(lark)))) in ("abc", "abd")
+
+
+async def test_agent_clients_on_the_vllm_pair(graph: dict[str, Any]) -> None:
+    """The official SDKs against the frontend over the vLLM prefill/decode pair: a forced tool
+    call (its grammar enforced by vLLM) validates on chat, the Responses and the Messages APIs,
+    and ``beta.chat.completions.parse`` fills a Pydantic model — each answer served by both workers."""
+    import anthropic
+    import jsonschema
+    import openai
+    import pydantic
+
+    class Port(pydantic.BaseModel):
+        harbour: str = pydantic.Field(max_length=8)
+        ships: int = pydantic.Field(ge=0, le=99)
+
+    add = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+           "b": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+    ask: Any = [{"role": "user", "content": "What is 2 + 3?"}]
+    tools: Any = [{"type": "function", "function": {"name": "add", "parameters": add}}]
+    async with openai.AsyncOpenAI(
+        base_url=graph["url"] + "/v1", api_key="none", max_retries=0, timeout=120
+    ) as sdk:
+        completion = await sdk.chat.completions.create(
+            model="tiny-llama", messages=ask, tools=tools, tool_choice="required", max_tokens=80, temperature=0,
+            extra_body={"nvext": {"extra_fields": ["worker_id"]}},
+        )  # fmt: skip
+        workers = (completion.model_extra or {})["nvext"]["worker_id"]
+        assert workers["prefill_worker_id"] is not None and workers["decode_worker_id"] is not None
+        assert completion.choices[0].finish_reason == "tool_calls", completion.choices[0].message
+        (call,) = completion.choices[0].message.tool_calls or []
+        jsonschema.validate(json.loads(call.function.arguments), add)  # type: ignore[union-attr]
+        parsed = await sdk.beta.chat.completions.parse(model="tiny-llama", messages=ask, response_format=Port,
+                                                       max_tokens=80, temperature=0)  # fmt: skip
+        assert isinstance(parsed.choices[0].message.parsed, Port)
+        response = await sdk.responses.create(
+            model="tiny-llama", input="What is 2 + 3?", max_output_tokens=80, temperature=0,
+            tools=[{"type": "function", "name": "add", "parameters": add, "strict": True}],
+            tool_choice={"type": "function", "name": "add"},
+        )  # fmt: skip
+        (item,) = [item for item in response.output if item.type == "function_call"]
+        jsonschema.validate(json.loads(item.arguments), add)
+    async with anthropic.AsyncAnthropic(
+        base_url=graph["url"], api_key="none", max_retries=0, timeout=120
+    ) as claude:
+        message = await claude.messages.create(
+            model="tiny-llama", max_tokens=80, messages=ask, tools=[{"name": "add", "input_schema": add}],  # type: ignore[list-item]
+            tool_choice={"type": "tool", "name": "add"}, extra_body={"temperature": 0},
+        )  # fmt: skip
+    (use,) = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use"
+    jsonschema.validate(use.input, add)
 
 
 async def test_stop_strings_end_vllm_output_at_the_frontend(graph: dict[str, Any]) -> None:

@@ -111,8 +111,9 @@ async def serve_engine(
         method, runtime_config = await role.method(runtime, engine)
         if engine.max_num_seqs:  # the frontend's admission control and least-loaded router read it
             runtime_config = {**(runtime_config or {}), "max_num_seqs": engine.max_num_seqs}
-        if getattr(engine, "enforces_guided_decoding", False) and role.mode == "aggregated":
-            # the frontend sends structured-output requests only to workers that enforce them
+        if getattr(engine, "enforces_guided_decoding", False):
+            # the frontend sends structured-output requests only to workers that enforce them (a
+            # prefill worker: its first token drawn under the grammar, which its decode goes on with)
             runtime_config = {**(runtime_config or {}), "extra": {STRUCTURED_OUTPUT: True}}
         card_options: dict[str, Any] = {"context_length": engine.context_length}
         if engine.block_size is not None:  # else the card's default (the engine keeps no KV blocks)

@@ -294,9 +294,8 @@ class HFEngine(BootstrapRole):
         self, request: PreprocessedRequest, context: Context | None
     ) -> tuple[dict[str, Any], bytes]:
         """The prefill role's work (see `BootstrapRole.prefill`): the prompt's KV and first token, packed."""
-        _refuse_guided_on_a_pair(request)
         async with self._admission:
-            seq = self._new_sequence(request, 1)
+            seq = self._new_sequence(request, 1)  # structured output: its grammar masks the first token
             try:
                 token, _finish = await self.scheduler.next_token(seq)
                 layers = [(layer.keys, layer.values) for layer in seq.cache.layers]
@@ -317,7 +316,6 @@ class HFEngine(BootstrapRole):
         (fallback path); streams like `generate`, starting with the prefill's first token.
         """
         self.check_request(request)
-        _refuse_guided_on_a_pair(request)
         header, payload = await fetch_prompt_kv(request, self.kv_timeout)
         loop = asyncio.get_running_loop()
         cache = await loop.run_in_executor(self._executor, self._import_cache, header, payload)
@@ -327,6 +325,7 @@ class HFEngine(BootstrapRole):
             seq.prefilled = len(seq.prompt)
             seq.cached_tokens = int(header.get("cached_tokens") or 0)
             check_finish(seq, seq.last_token)
+            self.scheduler.advance_grammar(seq, seq.last_token)  # the grammar goes on past the first token
             if seq.finish is not None:
                 yield LLMEngineOutput.final(
                     [seq.last_token], seq.finish, prompt_tokens=len(seq.prompt), completion_tokens=1,
@@ -458,12 +457,3 @@ def _load_model(folder: Path, device: str, dtype: str) -> tuple[Any, str, list[i
         eos = model.config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
     return model, device, eos_ids
-
-
-def _refuse_guided_on_a_pair(request: PreprocessedRequest) -> None:
-    """Structured output is enforced aggregated only (a prefill's first token is not constrained yet)."""
-    if request.guided_decoding is not None:
-        raise InvalidRequestError(
-            "structured output on a prefill/decode pair is not served yet: serve the model aggregated for it",
-            request.guided_decoding.field or "guided_decoding",
-        )

@@ -219,12 +219,13 @@ class StepScheduler:
             seq.last_token = token
             seq.generated += 1
             check_finish(seq, token)
-            self._advance_grammar(seq, token)
+            self.advance_grammar(seq, token)
         return list(zip(sampled, tokens, strict=True))
 
     @staticmethod
-    def _advance_grammar(seq: StepSequence, token: int) -> None:
-        """Move ``seq``'s grammar past ``token``; a complete grammar ends the sequence (``stop``)."""
+    def advance_grammar(seq: StepSequence, token: int) -> None:
+        """Move ``seq``'s grammar past ``token`` (a step's, or a decode's first token, which its
+        prefill drew under the same grammar); a complete grammar ends the sequence (``stop``)."""
         if seq.grammar is None:
             return
         seq.grammar.accept(token)

@@ -255,7 +255,7 @@ class VllmEngine(RelayedKvEvents):
     max_num_seqs: int | None = None
     handoff_endpoint: dict[str, Any] | None = None
     kv_timeout: float = 30.0  # vLLM's connector waits for the KV with its own timeouts
-    enforces_guided_decoding = True  # structured output: vLLM's own (its default backend)
+    enforces_guided_decoding = True  # structured output: vLLM's own (llguidance, from the worker's flags)
 
     def __init__(self, llm: Any, stats: _EngineStats, relay: ZmqKvRelay | None = None) -> None:
         """Use `VllmEngine.start`."""
@@ -306,6 +306,12 @@ class VllmEngine(RelayedKvEvents):
         engine_args = AsyncEngineArgs.from_cli_args(
             argparse.Namespace(**{**vars(args), "model": str(model_path)})
         )
+        structured = engine_args.structured_outputs_config
+        if structured.backend == "auto":
+            # llguidance and compact JSON, as the hf engine: one grammar means the same on both
+            # (xgrammar, auto's first choice, reads a Lark grammar's %json with free whitespace, and
+            # vLLM sets whitespace per engine, not per request: a small model pads)
+            structured.backend, structured.disable_any_whitespace = "guidance", True
         if args.mode in ("prefill", "decode") and engine_args.kv_transfer_config is None:
             # the side channel listens where the TCP plane does (it binds and advertises one host)
             rule = await AddressRule.toward([args.discovery, args.nats_url]).resolve()
@@ -561,23 +567,20 @@ def nixl_transfer_config(mode: str, host: str = "127.0.0.1") -> Any:
 
 def structured_outputs_of(guided: GuidedDecoding) -> Any:
     """vLLM's ``StructuredOutputsParams`` for a request's structured output: a JSON schema, a
-    regex or a choice, JSON without free whitespace (as the hf engine writes it). A Lark grammar
-    (llguidance's syntax) and a stream continued from another worker (vLLM cannot start its
-    grammar past tokens already made) are refused, naming the field."""
+    regex, a choice or a Lark grammar (llguidance's syntax, as the hf engine takes it: the
+    worker starts vLLM with its ``guidance`` backend unless ``--structured-outputs-config`` names
+    another), JSON without free whitespace (as the hf engine writes it). A stream continued from another worker (vLLM cannot
+    start its grammar past tokens already made) is refused, naming the field."""
     from vllm.sampling_params import StructuredOutputsParams
 
     where = guided.field or "guided_decoding"
-    if guided.kind == "grammar":
-        raise InvalidRequestError(
-            f"{where}: a Lark grammar is enforced by the hf engine; vLLM's grammar syntax is its backend's "
-            "(EBNF with xgrammar): ask for json, regex or choice here",
-            where,
-        )
     if guided.generated:
         raise InvalidRequestError(
             f"{where}: vLLM cannot continue a structured output another worker began; send the request again",
             where,
         )
+    if guided.kind == "grammar":
+        return StructuredOutputsParams(grammar=guided.spec)
     return StructuredOutputsParams(**{guided.kind: guided.spec}, disable_any_whitespace=True)
 
 

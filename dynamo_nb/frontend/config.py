@@ -132,7 +132,8 @@ class FrontendConfig(Settings):
         choices=TOOL_CALL_PARSERS,
         default_text="off",
         help="serve tools on chat completions, reading the calls the model writes in this format (hermes: "
-        "<tool_call>{...}</tool_call>, as the built-in tiny model's template asks); off: tools are a 400",
+        "<tool_call>{...}</tool_call>, as the built-in tiny model's template asks; llama3_json, mistral, "
+        "qwen3_coder); off: tools are a 400",
     )
     server_load_interval: float = setting(
         1.0,

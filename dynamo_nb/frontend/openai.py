@@ -28,7 +28,14 @@ from ..llm.protocol import DEFAULT_MAX_TOKENS, SamplingOptions, StopConditions
 from ..llm.tool_calls import check_tools, forced_tool_grammar
 from ..runtime.instance import parse_instance_id
 
-__all__ = ["PRIORITY_HEADERS", "OpenAIRequest", "check_text", "parse_request", "with_priority_headers"]
+__all__ = [
+    "PRIORITY_HEADERS",
+    "OpenAIRequest",
+    "check_text",
+    "parse_request",
+    "use_tool_parser",
+    "with_priority_headers",
+]
 
 # A body that can hold a lone surrogate holds an escaped one ("\\ud800") or its UTF-8-like bytes
 # (ED A0..BF ..), which json.loads lets through: only such a body is walked.
@@ -60,6 +67,7 @@ class OpenAIRequest:
     echoed: dict[str, Any] | None = None  # what the answer repeats of the request (the Responses API's)
     tools: list[dict[str, Any]] | None = None  # rendered by the chat template (tool_choice not none)
     tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True  # false: the first call only
     tool_parser: str | None = None  # the frontend's --tool-call-parser, set where tools are served
 
 
@@ -184,10 +192,10 @@ def _guided(body: dict[str, Any]) -> GuidedDecoding | None:
     return guided
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    value = body.get(name, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise _bad(f"{name} must be true or false, got {value!r}", name)
     return value
@@ -394,15 +402,24 @@ def parse_request(body: Any, kind: str) -> OpenAIRequest:
 
 
 def _tools(request: OpenAIRequest, body: dict[str, Any]) -> None:
-    """``tools`` and ``tool_choice``: ``none`` renders no tools; ``required`` or a named function
-    forces one call by a grammar (`dynamo_nb.llm.tool_calls`)."""
+    """``tools``, ``tool_choice`` and ``parallel_tool_calls``: ``none`` renders no tools;
+    ``required`` or a named function forces one call, by a grammar in the format the frontend
+    reads calls in (`forced_tool_grammar`, made when the request is preprocessed)."""
     tools, choice = check_tools(body["tools"], body.get("tool_choice"))
     request.tool_choice = choice
+    request.parallel_tool_calls = _flag(body, "parallel_tool_calls", default=True)
     if choice == "none":
         return
     request.tools = tools
-    if choice != "auto":
-        if request.guided is not None:
-            raise _bad("tool_choice forces a tool call: leave response_format out, or send tool_choice auto",
-                       "tool_choice")  # fmt: skip
-        request.guided = GuidedDecoding("grammar", forced_tool_grammar(tools, choice), "tool_choice")
+    if choice != "auto" and request.guided is not None:
+        raise _bad("tool_choice forces a tool call: leave response_format out, or send tool_choice auto",
+                   "tool_choice")  # fmt: skip
+
+
+def use_tool_parser(request: OpenAIRequest, parser: str) -> None:
+    """Read ``request``'s tool calls with ``parser``; a forced ``tool_choice`` becomes the grammar
+    of one call in that format."""
+    request.tool_parser = parser
+    if request.tools and request.tool_choice not in ("auto", "none"):
+        grammar = forced_tool_grammar(request.tools, request.tool_choice, parser=parser)
+        request.guided = GuidedDecoding("grammar", grammar, "tool_choice")

@@ -54,7 +54,7 @@ from ..telemetry.tracing import inject_trace, span
 from .anthropic import write_message, write_message_stream
 from .metrics import FrontendMetrics
 from .migration import Migration
-from .openai import OpenAIRequest
+from .openai import OpenAIRequest, use_tool_parser
 from .relay import Outcome, RequestTiming, relay
 from .request_trace import RequestTraceWriter, TracedRequest
 from .responses import write_response, write_response_stream
@@ -197,15 +197,17 @@ class RequestPipeline:
                     "format the model writes calls in), or leave tools out",
                     "tools",
                 )
-            parsed.tool_parser = self.tool_call_parser
+            use_tool_parser(parsed, self.tool_call_parser)
         token_ids = await model.tokenize(parsed.kind, parsed.messages, parsed.prompt, parsed.tools)
         check_context(model, parsed, len(token_ids))
         if parsed.guided is not None:
             model.check_guided(parsed.guided)
-            if model.name in self.models.prefill:
+            prefill = self.models.prefill.get(model.name)
+            if prefill is not None and not prefill.enforces_structured_output:
                 raise InvalidRequestError(
-                    f"{parsed.guided.field}: structured output on a prefill/decode pair is not served yet "
-                    "(the prefill's first token is not constrained): serve the model aggregated for it",
+                    f"{parsed.guided.field}: a prefill worker of model {model.name!r} does not enforce "
+                    "structured output (its first token would be unconstrained); serve its prefill with the "
+                    "hf engine or vLLM's, or leave the field out",
                     parsed.guided.field,
                 )
         request = PreprocessedRequest(

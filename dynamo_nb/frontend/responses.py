@@ -4,18 +4,22 @@ an `OpenAIRequest`, the answer written as a ``response`` object or its events.
 
 - `parse_responses_request`: ``model``, ``input`` (a string, or items: messages whose content
   is a string or ``input_text`` / ``output_text`` parts, roles ``user``, ``assistant``,
-  ``system``, ``developer``), ``instructions`` (a system message first), ``max_output_tokens``,
+  ``system``, ``developer``; ``function_call`` and ``function_call_output`` items, the model's
+  earlier calls and their results), ``instructions`` (a system message first), ``tools``
+  (function tools), ``tool_choice``, ``parallel_tool_calls``, ``max_output_tokens``,
   ``temperature``, ``top_p``, ``stream``, ``text.format`` (``text``, ``json_object``,
   ``json_schema``: structured output, enforced as ``response_format`` is), ``metadata``,
   ``store`` (false, or left out: nothing is stored here), ``user``. ``previous_response_id``,
-  ``store: true``, tools and non-text inputs are refused with a 400 naming the field.
-- `write_response` and `write_response_stream`: the ``response`` object (one ``message`` output
-  item with an ``output_text`` part; ``status`` ``completed``, or ``incomplete`` with
-  ``incomplete_details.reason`` ``max_output_tokens``; ``usage``), or its events in OpenAI's
-  order, each with its ``sequence_number``: ``response.created``, ``response.in_progress``,
-  ``response.output_item.added``, ``response.content_part.added``, ``response.output_text.delta``
-  per piece, ``response.output_text.done``, ``response.content_part.done``,
-  ``response.output_item.done``, ``response.completed`` (or ``response.incomplete``).
+  ``store: true``, built-in tools and non-text inputs are refused with a 400 naming the field.
+- `write_response` and `write_response_stream`: the ``response`` object (a ``message`` output
+  item with an ``output_text`` part and a ``function_call`` item per call; ``status``
+  ``completed``, or ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``;
+  ``usage``), or its events in OpenAI's order, each with its ``sequence_number``:
+  ``response.created``, ``response.in_progress``, ``response.output_item.added``,
+  ``response.content_part.added``, ``response.output_text.delta`` per piece,
+  ``response.output_text.done``, ``response.content_part.done``, ``response.output_item.done``
+  (a call's: ``output_item.added``, ``function_call_arguments.delta`` and ``.done``,
+  ``output_item.done``), ``response.completed`` (or ``response.incomplete``).
 
 Example:
     >>> parsed = parse_responses_request({"model": "m", "input": "hi", "instructions": "Be brief."})
@@ -31,15 +35,22 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
+from ..llm.tool_calls import ToolCall
 from .openai import OpenAIRequest, parse_request
 from .relay import Outcome
-from .writers import SSE_HEADERS, named_event, send_now, whole_text
+from .writers import SSE_HEADERS, named_event, read_tool_calls, send_now, whole_text
 
 __all__ = ["parse_responses_request", "write_response", "write_response_stream"]
 
 _ROLES = ("user", "assistant", "system", "developer")
 _TEXT_PARTS = ("input_text", "output_text", "text")
-_PARAMS = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
+_PARAMS = {
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "messages": "input",
+    "tools": "tools",
+    "tool_choice": "tool_choice",
+}
 
 
 def _bad(message: str, param: str) -> InvalidRequestError:
@@ -78,17 +89,61 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         raise _bad("input must be a string or a non-empty list of message items", "input")
     for index, item in enumerate(given):
         where = f"input[{index}]"
-        if not isinstance(item, dict) or item.get("type", "message") != "message":
-            kind = item.get("type") if isinstance(item, dict) else type(item).__name__
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "function_call":
+            _add_call(messages, item, where)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            if not isinstance(item.get("call_id"), str) or not isinstance(output, (str, list)):
+                raise _bad(f"{where}: a function_call_output item needs call_id and output (a string)", where)
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": _text_of(output, f"{where}.output")})  # fmt: skip
+        elif kind == "message":
+            role = item.get("role")
+            if role not in _ROLES:
+                raise _bad(f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}", where)
+            messages.append({"role": role, "content": _text_of(item.get("content"), f"{where}.content")})
+        else:
             raise _bad(
-                f"{where}: {kind!r} items are not served yet: send message items (tools are not supported here)",
+                f"{where}: {kind!r} items are not served: send message, function_call and function_call_output items",
                 where,
             )
-        role = item.get("role")
-        if role not in _ROLES:
-            raise _bad(f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}", where)
-        messages.append({"role": role, "content": _text_of(item.get("content"), f"{where}.content")})
     return messages
+
+
+def _add_call(messages: list[dict[str, Any]], item: dict[str, Any], where: str) -> None:
+    """A ``function_call`` input item as an assistant tool call (calls in a row: one message)."""
+    if not all(isinstance(item.get(key), str) for key in ("call_id", "name", "arguments")):
+        raise _bad(f"{where}: a function_call item needs call_id, name and arguments (strings)", where)
+    call = {"id": item["call_id"], "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]}}  # fmt: skip
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
+        last["tool_calls"].append(call)
+    else:
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def _tools(body: dict[str, Any]) -> tuple[list[dict[str, Any]] | None, Any]:
+    """The Responses API's function tools and ``tool_choice`` as chat's."""
+    tools = body.get("tools")
+    if not tools:
+        return None, None
+    if not isinstance(tools, list):
+        raise _bad("tools must be a list of {'type': 'function', 'name': ..., 'parameters': {...}}", "tools")
+    chat_tools = []
+    for index, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise _bad(
+                f"tools[{index}]: {kind!r} tools are not served here: send function tools", f"tools[{index}]"
+            )
+        function = {key: tool[key] for key in ("name", "description", "parameters", "strict") if key in tool}
+        chat_tools.append({"type": "function", "function": function})
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    return chat_tools, choice
 
 
 def _format(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -120,10 +175,8 @@ def parse_responses_request(body: Any) -> OpenAIRequest:
                    "previous_response_id")  # fmt: skip
     if body.get("store") is True:
         raise _bad("store: responses are not stored here: send store: false (or leave it out)", "store")
-    for name in ("tools", "tool_choice"):
-        if body.get(name):
-            raise _bad(f"{name}: tools are not served by this frontend yet: leave {name} out", name)
     stream = body.get("stream", False)
+    tools, tool_choice = _tools(body)
     chat_body = {
         "model": body.get("model"),
         "messages": _messages(body),
@@ -133,6 +186,9 @@ def parse_responses_request(body: Any) -> OpenAIRequest:
         "stream": stream,
         "response_format": _format(body),
         "user": body.get("user"),
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": body.get("parallel_tool_calls"),
     }
     if stream is True:
         chat_body["stream_options"] = {"include_usage": True}
@@ -153,6 +209,9 @@ def parse_responses_request(body: Any) -> OpenAIRequest:
         "metadata": body.get("metadata") or {},
         "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
         "user": body.get("user"),
+        "tools": body.get("tools") or [],
+        "tool_choice": body.get("tool_choice") or "auto",
+        "parallel_tool_calls": parsed.parallel_tool_calls,
     }
     return parsed
 
@@ -184,6 +243,21 @@ def _item(outcome: Outcome, text: str | None, status: str) -> dict[str, Any]:
             "role": "assistant", "content": content}  # fmt: skip
 
 
+def _call_item(call: ToolCall, arguments: str | None = None) -> dict[str, Any]:
+    """A ``function_call`` output item (``arguments`` as given: empty when the item opens)."""
+    return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
+            "name": call.name, "arguments": call.arguments if arguments is None else arguments,
+            "status": "completed" if arguments is None else "in_progress"}  # fmt: skip
+
+
+def _output(outcome: Outcome, text: str, parsed: OpenAIRequest) -> list[dict[str, Any]]:
+    """The output items: the message (the text, or what precedes the calls) and one
+    ``function_call`` item per call."""
+    content, calls = read_tool_calls(text, parsed)
+    items = [_item(outcome, content, "completed")] if content or not calls else []
+    return items + [_call_item(call) for call in calls]
+
+
 def _usage(prompt: Sequence[int], outcome: Outcome) -> dict[str, Any]:
     return {
         "input_tokens": len(prompt),
@@ -204,7 +278,7 @@ async def write_response(
     """The whole answer as one ``response`` object; an error mid-stream is an `EngineError` (a 500)."""
     text = await whole_text(pieces, outcome)
     status = _status(outcome)
-    body = _response(parsed, outcome, status, [_item(outcome, text, "completed")], _usage(prompt, outcome))
+    body = _response(parsed, outcome, status, _output(outcome, text, parsed), _usage(prompt, outcome))
     return json_response(body, headers=outcome.headers)
 
 
@@ -223,6 +297,37 @@ class _Events:
         out, self.pending = "".join(self.pending).encode(), []
         return out
 
+    def open_message(self, outcome: Outcome, index: int) -> dict[str, Any]:
+        """A message item's opening events; where its text's events go."""
+        where = {"item_id": "msg_" + (outcome.request_id or ""), "output_index": index, "content_index": 0}
+        self.add("response.output_item.added", output_index=index, item=_item(outcome, None, "in_progress"))
+        self.add(
+            "response.content_part.added",
+            **where,
+            part={"type": "output_text", "text": "", "annotations": []},
+        )
+        return where
+
+    def close_message(self, where: dict[str, Any], item: dict[str, Any]) -> None:
+        text = item["content"][0]["text"]
+        self.add("response.output_text.done", **where, text=text, logprobs=[])
+        self.add("response.content_part.done", **where, part=item["content"][0])
+        self.add("response.output_item.done", output_index=where["output_index"], item=item)
+
+    def call(self, item: dict[str, Any], index: int) -> None:
+        """A ``function_call`` item's events: added, its arguments (one delta), done."""
+        where = {"item_id": item["id"], "output_index": index}
+        self.add(
+            "response.output_item.added",
+            output_index=index,
+            item={**item, "arguments": "", "status": "in_progress"},
+        )
+        self.add("response.function_call_arguments.delta", **where, delta=item["arguments"])
+        self.add(
+            "response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"]
+        )
+        self.add("response.output_item.done", output_index=index, item=item)
+
 
 async def write_response_stream(
     request: HttpRequest,
@@ -232,22 +337,19 @@ async def write_response_stream(
     prompt: Sequence[int],
 ) -> StreamedResponse:
     """The answer as the Responses API's events (see the module docstring); an error mid-stream
-    is an ``error`` event and a ``response.failed``."""
+    is an ``error`` event and a ``response.failed``. With tools the text is read whole first (a
+    call is known only at its end), then sent as the message's and each call's events."""
     response = request.stream({**SSE_HEADERS, **outcome.headers})
     events = _Events()
-    item_id = "msg_" + (outcome.request_id or "")
-    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
     events.add("response.created", response=_response(parsed, outcome, "in_progress", [], None))
     events.add("response.in_progress", response=_response(parsed, outcome, "in_progress", [], None))
-    events.add("response.output_item.added", output_index=0, item=_item(outcome, None, "in_progress"))
-    events.add(
-        "response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []}
-    )
     texts = []
+    where = events.open_message(outcome, 0) if parsed.tool_parser is None else None
     async for text in pieces:
         if text:
             texts.append(text)
-            events.add("response.output_text.delta", **where, delta=text, logprobs=[])
+            if where is not None:
+                events.add("response.output_text.delta", **where, delta=text, logprobs=[])
         if events.pending and send_now(outcome):
             await response.write(events.take())
     if outcome.error is not None:
@@ -256,14 +358,19 @@ async def write_response_stream(
         failed["error"] = {"code": "server_error", "message": outcome.error}
         events.add("response.failed", response=failed)
     else:
-        text = "".join(texts)
-        part = {"type": "output_text", "text": text, "annotations": []}
-        events.add("response.output_text.done", **where, text=text, logprobs=[])
-        events.add("response.content_part.done", **where, part=part)
-        item = _item(outcome, text, "completed")
-        events.add("response.output_item.done", output_index=0, item=item)
+        output = _output(outcome, "".join(texts), parsed)
+        for index, item in enumerate(output):
+            if item["type"] == "function_call":
+                events.call(item, index)
+                continue
+            if where is None:  # the text before the calls, sent whole
+                where = events.open_message(outcome, index)
+                events.add(
+                    "response.output_text.delta", **where, delta=item["content"][0]["text"], logprobs=[]
+                )
+            events.close_message(where, item)
         status = _status(outcome)
-        final = _response(parsed, outcome, status, [item], _usage(prompt, outcome))
+        final = _response(parsed, outcome, status, output, _usage(prompt, outcome))
         events.add("response.completed" if status == "completed" else "response.incomplete", response=final)
     await response.write_eof(events.take())
     return response

@@ -421,7 +421,12 @@ class ModelManager:
         instance_id = _instance_of(key)
         if instance_id is None:
             raise ConfigError(f"the prefill card at {key!r} does not end with its instance id")
-        router.add_worker(key, instance_id, card.runtime_config.disaggregated_endpoint)
+        router.add_worker(
+            key,
+            instance_id,
+            card.runtime_config.disaggregated_endpoint,
+            structured_output=bool(card.runtime_config.extra.get(STRUCTURED_OUTPUT)),
+        )
         return router
 
     def prefill_planner(self, name: str) -> PrefillPlanner | None:

@@ -18,13 +18,21 @@ from typing import Any
 from ..errors import EngineError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
 from ..llm.protocol import completion_usage
-from ..llm.tool_calls import parse_tool_calls
+from ..llm.tool_calls import ToolCall, parse_tool_calls
 from ..runtime.ids import new_request_id
 from .error_envelope import error_body
 from .openai import OpenAIRequest
 from .relay import Outcome
 
-__all__ = ["SSE_HEADERS", "named_event", "send_now", "whole_text", "write_stream", "write_unary"]
+__all__ = [
+    "SSE_HEADERS",
+    "named_event",
+    "read_tool_calls",
+    "send_now",
+    "whole_text",
+    "write_stream",
+    "write_unary",
+]
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DONE = "data: [DONE]\n\n"
@@ -119,6 +127,21 @@ async def write_stream(
     return response
 
 
+def read_tool_calls(text: str, parsed: OpenAIRequest) -> tuple[str | None, list[ToolCall]]:
+    """The answer's content and the tool calls in it, read in the frontend's format (none where
+    the request has no tools; the first only with ``parallel_tool_calls: false``).
+
+    Example:
+        >>> from dynamo_nb.frontend.openai import parse_request
+        >>> read_tool_calls("hi", parse_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "chat"))
+        ('hi', [])
+    """
+    if parsed.tool_parser is None:
+        return text, []
+    content, calls = parse_tool_calls(text, parsed.tool_parser, tools=parsed.tools)
+    return content, calls if parsed.parallel_tool_calls else calls[:1]
+
+
 async def whole_text(pieces: AsyncIterator[str], outcome: Outcome) -> str:
     """The answer's text, read to its end; an error mid-stream is an `EngineError` (a 500)."""
     text = "".join([piece async for piece in pieces])
@@ -139,12 +162,11 @@ async def write_unary(
     finish_reason = outcome.finish_reason
     if chat:
         choice["message"] = {"role": "assistant", "content": text}
-        if parsed.tool_parser is not None:
-            content, calls = parse_tool_calls(text, parsed.tool_parser)
-            if calls:
-                choice["message"] = {"role": "assistant", "content": content,
-                                     "tool_calls": [call.to_openai() for call in calls]}  # fmt: skip
-                finish_reason = "tool_calls"
+        content, calls = read_tool_calls(text, parsed)
+        if calls:
+            choice["message"] = {"role": "assistant", "content": content,
+                                 "tool_calls": [call.to_openai() for call in calls]}  # fmt: skip
+            finish_reason = "tool_calls"
     else:
         choice["text"] = text
     choice.update(logprobs=None, finish_reason=finish_reason)
@@ -189,7 +211,7 @@ async def _write_tool_stream(
     if outcome.error is not None:
         events.append(f"data: {json.dumps(error_body(500, outcome.error))}\n\n")
     else:
-        content, calls = parse_tool_calls(text, parsed.tool_parser or "hermes")
+        content, calls = read_tool_calls(text, parsed)
         if content:
             events.append(chunk({"content": content}))
         for index, call in enumerate(calls):

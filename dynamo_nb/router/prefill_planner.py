@@ -118,15 +118,29 @@ class PrefillPlanner:
         self._on_error = on_error
         self._endpoints: dict[int, dict[str, Any] | None] = {}  # instance id → disaggregated_endpoint
         self._keys: dict[str, int] = {}  # card key → instance id
+        self._unguided: set[str] = set()  # card keys of workers that do not enforce structured output
 
-    def add_worker(self, key: str, instance_id: int, disaggregated_endpoint: dict[str, Any] | None) -> None:
-        """A prefill worker's card arrived (``disaggregated_endpoint`` None: fallback path for it)."""
+    def add_worker(
+        self,
+        key: str,
+        instance_id: int,
+        disaggregated_endpoint: dict[str, Any] | None,
+        *,
+        structured_output: bool = False,
+    ) -> None:
+        """A prefill worker's card arrived (``disaggregated_endpoint`` None: fallback path for
+        it; ``structured_output``: its engine masks the first token by a request's grammar)."""
         self._keys[key] = instance_id
         self._endpoints[instance_id] = disaggregated_endpoint
+        if structured_output:
+            self._unguided.discard(key)
+        else:
+            self._unguided.add(key)
 
     def remove_worker(self, key: str) -> bool:
         """Its card left; True when the key was one of this router's."""
         instance_id = self._keys.pop(key, None)
+        self._unguided.discard(key)
         if instance_id is None:
             return False
         self._endpoints.pop(instance_id, None)
@@ -136,6 +150,11 @@ class PrefillPlanner:
     def instance_ids(self) -> list[int]:
         """The prefill workers whose cards it holds."""
         return sorted(set(self._keys.values()))
+
+    @property
+    def enforces_structured_output(self) -> bool:
+        """Whether every prefill worker draws its first token under a request's grammar."""
+        return not self._unguided
 
     @property
     def active(self) -> bool:

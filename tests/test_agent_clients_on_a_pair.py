@@ -1,0 +1,114 @@
+"""Agent clients on an hf prefill/decode pair (two engines, the prompt's KV handed over by the
+bootstrap server), checked with the official SDKs: structured output holds from the first token
+(the prefill draws it under the request's grammar, the decode goes on from there: an
+unconstrained first token would break the decode's grammar), a forced tool call validates on the
+chat route streamed and whole, ``beta.chat.completions.parse`` fills a Pydantic model, and the
+Responses and Messages APIs return their tool calls — each answer served by both workers of the pair."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pydantic
+import pytest
+from helpers import hf_frontends, random_schema
+
+from dynamo_nb.frontend import Frontend
+
+pytestmark = pytest.mark.timeout(300)
+
+MODEL = "tiny-llama"
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+       "b": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+TOOLS: Any = [
+    {"type": "function", "function": {"name": "add", "description": "Add two numbers", "parameters": ADD}}
+]
+FORCED: Any = {"type": "function", "function": {"name": "add"}}
+ASK: Any = [{"role": "user", "content": "What is 2 + 3?"}]
+BOTH_WORKERS = {"nvext": {"extra_fields": ["worker_id"]}}
+
+
+class Port(pydantic.BaseModel):
+    harbour: str = pydantic.Field(max_length=8)
+    ships: int = pydantic.Field(ge=0, le=99)
+
+
+@pytest.fixture(scope="module")
+async def frontend() -> AsyncIterator[Frontend]:
+    async with hf_frontends({"tool_call_parser": "hermes"}, pair=True) as (front,):
+        yield front
+
+
+@pytest.fixture
+async def client(frontend: Frontend) -> AsyncIterator[openai.AsyncOpenAI]:
+    sdk = openai.AsyncOpenAI(base_url=frontend.url + "/v1", api_key="none", max_retries=0)
+    yield sdk
+    await sdk.close()
+
+
+def served_by_the_pair(nvext: Any) -> bool:
+    workers = (nvext or {}).get("worker_id") or {}
+    return workers.get("prefill_worker_id") is not None and workers.get("decode_worker_id") is not None
+
+
+async def test_generated_schemas_hold_from_the_prefills_first_token(frontend: Frontend) -> None:
+    draw = random.Random(7)
+    async with httpx.AsyncClient(base_url=frontend.url, timeout=120) as http:
+        for seed in range(20):
+            schema = random_schema(draw)
+            answer = await http.post("/v1/chat/completions", json={
+                "model": MODEL, "messages": ASK, "max_tokens": 120, "temperature": 1.0, "seed": seed,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}},
+                **BOTH_WORKERS})  # fmt: skip
+            body = answer.json()
+            assert answer.status_code == 200, body
+            assert served_by_the_pair(body.get("nvext")), body
+            jsonschema.validate(json.loads(body["choices"][0]["message"]["content"]), schema)
+        choice = await http.post("/v1/completions", json={
+            "model": MODEL, "prompt": "Is it? ", "max_tokens": 8, "temperature": 1.0,
+            "nvext": {"structured_outputs": {"choice": ["yes", "no"]}}})  # fmt: skip
+        assert choice.json()["choices"][0]["text"] in ("yes", "no"), choice.json()
+
+
+async def test_a_forced_tool_call_and_a_pydantic_parse_on_the_chat_route(client: openai.AsyncOpenAI) -> None:
+    options: dict[str, Any] = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": FORCED,
+                               "max_tokens": 80, "temperature": 0, "extra_body": BOTH_WORKERS}  # fmt: skip
+    whole = await client.chat.completions.create(**options)
+    assert served_by_the_pair(whole.model_extra and whole.model_extra.get("nvext"))
+    (call,) = whole.choices[0].message.tool_calls or []
+    jsonschema.validate(json.loads(call.function.arguments), ADD)  # type: ignore[union-attr]
+    arguments = ""
+    async for chunk in await client.chat.completions.create(**options, stream=True):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                arguments += delta.function.arguments or ""  # type: ignore[union-attr]
+    assert arguments == call.function.arguments  # type: ignore[union-attr]
+    parsed = await client.beta.chat.completions.parse(model=MODEL, messages=ASK, response_format=Port,
+                                                      max_tokens=80, temperature=1.0, seed=3)  # fmt: skip
+    assert isinstance(parsed.choices[0].message.parsed, Port)
+
+
+async def test_the_responses_and_messages_apis_return_their_tool_calls(
+    frontend: Frontend, client: openai.AsyncOpenAI
+) -> None:
+    tool = {"type": "function", "name": "add", "parameters": ADD}
+    response = await client.responses.create(model=MODEL, input="What is 2 + 3?", tools=[tool],  # type: ignore[list-item]
+                                             tool_choice={"type": "function", "name": "add"}, max_output_tokens=80)  # fmt: skip
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    jsonschema.validate(json.loads(call.arguments), ADD)
+    async with anthropic.AsyncAnthropic(base_url=frontend.url, api_key="none", max_retries=0) as claude:
+        async with claude.messages.stream(
+            model=MODEL, max_tokens=80, messages=ASK, tools=[{"name": "add", "input_schema": ADD}],  # type: ignore[list-item]
+            tool_choice={"type": "tool", "name": "add"},
+        ) as stream:  # fmt: skip
+            message = await stream.get_final_message()
+    (use,) = [block for block in message.content if block.type == "tool_use"]
+    assert message.stop_reason == "tool_use"
+    jsonschema.validate(use.input, ADD)
