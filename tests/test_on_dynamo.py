@@ -660,3 +660,68 @@ async def test_a_running_server_behind_dynamos_frontend_through_the_upstream_wor
         assert await frontend.stop() == 0, frontend.process.tail()
         assert await worker.stop(timeout=30) == 0, worker.tail()
         await server.stop(timeout=10)
+
+
+ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+       "b": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a", "b"], "additionalProperties": False}  # fmt: skip
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_agent_clients_behind_dynamos_frontend(tmp_path: Path) -> None:
+    """hf_worker.py on Dynamo's runtime with ``--dyn-tool-call-parser hermes``, behind python -m
+    dynamo.frontend: Dynamo's frontend renders the tools and parses the calls; the worker enforces
+    the grammar Dynamo's frontend asks for (its ``sampling_options.guided_decoding``), so JSON-schema
+    answers validate and a forced call (required, named) carries valid arguments; a mocker, which
+    enforces none, refuses such a request (a 400) instead of answering unconstrained."""
+    import jsonschema
+    from helpers import random_schema
+    from openai import AsyncOpenAI
+
+    where = f"file://{tmp_path / 'kv'}"
+    worker = await on_dynamo("components/hf_worker.py", where, tmp_path, "--dyn-tool-call-parser", "hermes")
+    mocker = await on_dynamo("components/mocker_worker.py", where, tmp_path, "--model-name", "mock",
+                             "--endpoint", "dynamo.mocker.generate")  # fmt: skip
+    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        await bench.wait_for_model(frontend.url, MODEL, timeout=60)
+        await bench.wait_for_model(frontend.url, "mock", timeout=60)
+        async with AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="none", max_retries=0) as client:
+            draw = __import__("random").Random(11)
+            for seed in range(5):
+                schema = random_schema(draw)
+                answer = await client.chat.completions.create(
+                    model=MODEL, messages=CHAT["messages"], max_tokens=120, temperature=1.0, seed=seed,  # type: ignore[arg-type]
+                    response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}},
+                )  # fmt: skip
+                jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
+            tools: Any = [{"type": "function", "function": {"name": "add", "parameters": ADD}}]
+            for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+                called = await client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "What is 2 + 3?"}], tools=tools,
+                    tool_choice=choice, max_tokens=80, temperature=0,  # type: ignore[arg-type]
+                )  # fmt: skip
+                # required: Dynamo asks for a JSON array of calls, one or more (the tiny model may go on
+                # adding calls until max_tokens); named: the function's arguments, one call
+                calls = called.choices[0].message.tool_calls or []
+                assert calls and (choice == "required" or len(calls) == 1), called
+                for call in calls:
+                    assert call.function.name == "add", called  # type: ignore[union-attr]
+                    jsonschema.validate(json.loads(call.function.arguments), ADD)  # type: ignore[union-attr]
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+            refused = await http.post("/v1/chat/completions", json={
+                "model": "mock", "messages": CHAT["messages"], "max_tokens": 8,
+                "response_format": {"type": "json_object"}})  # fmt: skip
+        assert refused.status_code == 400, refused.text  # in Dynamo's words ("Bad Request"); the log says why
+        assert any("does not enforce structured output" in line for line in mocker.logs()), mocker.tail()
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+        assert await mocker.stop(timeout=30) == 0, mocker.tail()
+
+
+async def test_dynamos_tool_call_parser_flag_is_refused_on_the_kits_runtime() -> None:
+    from dynamo_nb.runtime.program import RuntimeConfig
+
+    with pytest.raises(ConfigError, match="start the frontend with --tool-call-parser"):
+        await RuntimeConfig(dyn_tool_call_parser="hermes").start_kit()

@@ -71,18 +71,21 @@ class DynamoRuntime:
     Attributes:
         inner: Dynamo's ``dynamo.runtime.DistributedRuntime``.
         planes: how the flags became Dynamo's settings.
+        tool_call_parser: ``--dyn-tool-call-parser``, published with each model served.
     """
 
-    def __init__(self, inner: Any, planes: DynamoPlanes) -> None:
+    def __init__(self, inner: Any, planes: DynamoPlanes, *, tool_call_parser: str | None = None) -> None:
         self.inner = inner
         self.planes = planes
+        self.tool_call_parser = tool_call_parser
         self._closed = asyncio.Event()
         self._serving: set[asyncio.Task[None]] = set()
 
     @classmethod
-    async def create(cls, planes: DynamoPlanes) -> DynamoRuntime:
+    async def create(cls, planes: DynamoPlanes, *, tool_call_parser: str | None = None) -> DynamoRuntime:
         """Set Dynamo's environment from ``planes``, create its runtime on the running loop and
-        log once how the flags were mapped. Without Dynamo's packages: `MissingExtraError`."""
+        log once how the flags were mapped (``tool_call_parser``: the format Dynamo's frontend
+        reads the served models' tool calls in). Without Dynamo's packages: `MissingExtraError`."""
         require_extra("dynamo", "--runtime dynamo")
         planes.apply()
         from dynamo.runtime import DistributedRuntime
@@ -99,7 +102,7 @@ class DynamoRuntime:
             planes.frontend_command(kit=True),
             planes.frontend_command(),
         )
-        return cls(inner, planes)
+        return cls(inner, planes, tool_call_parser=tool_call_parser)
 
     @property
     def is_shutdown(self) -> bool:
@@ -274,7 +277,7 @@ async def runtime_from_config(config: RuntimeConfig) -> DynamoRuntime:
         allow_unauthenticated=config.allow_unauthenticated,
     )
     planes.check_listeners()
-    return await DynamoRuntime.create(planes)
+    return await DynamoRuntime.create(planes, tool_call_parser=config.dyn_tool_call_parser)
 
 
 if TYPE_CHECKING:

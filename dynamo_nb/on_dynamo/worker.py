@@ -24,7 +24,8 @@ from ..disagg.decode import DecodeHandler
 from ..disagg.roles import DisaggregatedEngine
 from ..engines.base import stats_handler
 from ..engines.engine_worker import EngineWorker
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidRequestError
+from ..llm.guided import GUIDED_KINDS
 from ..llm.register import engine_handler
 from ..runtime.streams import closing
 from .kv_publisher import DynamoKvEvents
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from ..engines.engine_worker import EngineFactory
     from .runtime import DynamoRuntime
 
-__all__ = ["serve_engine_on_dynamo", "with_handoff_token"]
+__all__ = ["serve_engine_on_dynamo", "with_guided_decoding", "with_handoff_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ async def serve_engine_on_dynamo(
             config.context_length = int(engine.context_length)
         if engine.max_num_seqs:
             config.max_num_seqs = int(engine.max_num_seqs)
+        if runtime.tool_call_parser is not None:
+            config.tool_call_parser = runtime.tool_call_parser  # Dynamo's frontend reads the calls
         options: dict[str, Any] = {}
         if engine.block_size is not None:
             options["kv_cache_block_size"] = int(engine.block_size)
@@ -117,8 +120,11 @@ async def serve_engine_on_dynamo(
         )
         handler = engine_handler(method)
 
+        enforces = bool(getattr(engine, "enforces_guided_decoding", False))
+
         async def generate(request: Any, context: Any = None) -> AsyncIterator[Any]:
-            async with closing(handler(with_handoff_token(request), context)) as items:
+            request = with_guided_decoding(with_handoff_token(request), enforces=enforces)
+            async with closing(handler(request, context)) as items:
                 async for item in items:
                     yield item
 
@@ -157,3 +163,33 @@ def with_handoff_token(request: Any) -> Any:
     else:
         return request
     return {**request, "bootstrap_info": {**info, "bootstrap_token": token}}
+
+
+def with_guided_decoding(request: Any, *, enforces: bool) -> Any:
+    """``request`` with the structured output Dynamo's frontend asks for (its
+    ``sampling_options.guided_decoding``: ``json`` for ``response_format`` and for a forced tool
+    call, ``regex``, ``choice``, ``grammar``) as the kit's ``guided_decoding``, which the hf
+    engine and the vLLM worker enforce. An engine that does not (``enforces`` false) refuses it,
+    rather than answer unconstrained.
+
+    Example:
+        >>> with_guided_decoding({"sampling_options": {"guided_decoding": {"json": {"type": "object"}}}},
+        ...                      enforces=True)["guided_decoding"]
+        {'kind': 'json', 'spec': {'type': 'object'}, 'field': 'response_format'}
+        >>> with_guided_decoding({"token_ids": [1]}, enforces=False)
+        {'token_ids': [1]}
+    """
+    sampling = request.get("sampling_options") if isinstance(request, dict) else None
+    asked = sampling.get("guided_decoding") if isinstance(sampling, dict) else None
+    if not isinstance(asked, dict) or request.get("guided_decoding") is not None:
+        return request
+    kind = next((kind for kind in GUIDED_KINDS if asked.get(kind) is not None), None)
+    if kind is None:
+        return request
+    if not enforces:
+        raise InvalidRequestError(
+            "response_format: this worker's engine does not enforce structured output; serve the model with "
+            "the hf engine or vLLM's, or leave the field out",
+            "response_format",
+        )
+    return {**request, "guided_decoding": {"kind": kind, "spec": asked[kind], "field": "response_format"}}

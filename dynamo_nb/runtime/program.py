@@ -279,6 +279,15 @@ class RuntimeConfig(Settings):
         help="whose runtime serves this program: the kit's (dynamo_nb) or NVIDIA Dynamo's (dynamo: behind "
         "python -m dynamo.frontend; --discovery file://DIR or etcd://HOST:PORT; python3 -m dynamo_nb install dynamo)",
     )
+    dyn_tool_call_parser: str | None = setting(
+        None,
+        flag="--dyn-tool-call-parser",
+        env="DYN_TOOL_CALL_PARSER",
+        default_text="none",
+        help="with --runtime dynamo: the format Dynamo's frontend reads this model's tool calls in (hermes, "
+        "llama3_json, mistral, qwen3_coder, …), published with the model as Dynamo's own workers publish it; "
+        "the kit's frontend takes --tool-call-parser instead",
+    )
     discovery: str = setting(
         "memory",
         flag="--discovery",
@@ -405,6 +414,11 @@ class RuntimeConfig(Settings):
             raise ConfigError(  # (a runtime not in RUNTIMES is refused when the config is made)
                 f"--runtime {self.runtime!r}: this program runs on the kit's runtime (dynamo_nb); on NVIDIA "
                 "Dynamo's runtime its frontend is python -m dynamo.frontend"
+            )
+        if self.dyn_tool_call_parser is not None:
+            raise ConfigError(
+                "--dyn-tool-call-parser is for --runtime dynamo (Dynamo's frontend reads the calls); on the kit's "
+                "runtime start the frontend with --tool-call-parser instead"
             )
         security = PlaneSecurity.from_settings(
             self.cluster_secret_file, self.tls_cert, self.tls_key, self.tls_ca, self.allow_unauthenticated
