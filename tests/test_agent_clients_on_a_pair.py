@@ -3,7 +3,8 @@ bootstrap server), checked with the official SDKs: structured output holds from 
 (the prefill draws it under the request's grammar, the decode goes on from there: an
 unconstrained first token would break the decode's grammar), a forced tool call validates on the
 chat route streamed and whole, ``beta.chat.completions.parse`` fills a Pydantic model, and the
-Responses and Messages APIs return their tool calls — each answer served by both workers of the pair."""
+Responses and Messages APIs return their tool calls — each answer served by both workers of the
+pair, chosen by the KV router (``nvext`` names them and the router's decisions on every API)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ TOOLS: Any = [
 ]
 FORCED: Any = {"type": "function", "function": {"name": "add"}}
 ASK: Any = [{"role": "user", "content": "What is 2 + 3?"}]
-BOTH_WORKERS = {"nvext": {"extra_fields": ["worker_id"]}}
+BOTH_WORKERS = {"nvext": {"extra_fields": ["worker_id", "routing"]}}
 
 
 class Port(pydantic.BaseModel):
@@ -42,7 +43,7 @@ class Port(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 async def frontend() -> AsyncIterator[Frontend]:
-    async with hf_frontends({"tool_call_parser": "hermes"}, pair=True) as (front,):
+    async with hf_frontends({"tool_call_parser": "hermes", "router_mode": "kv"}, pair=True) as (front,):
         yield front
 
 
@@ -54,8 +55,14 @@ async def client(frontend: Frontend) -> AsyncIterator[openai.AsyncOpenAI]:
 
 
 def served_by_the_pair(nvext: Any) -> bool:
+    """Whether the answer's ``nvext`` names both workers, and the KV router's decision for each hop."""
     workers = (nvext or {}).get("worker_id") or {}
-    return workers.get("prefill_worker_id") is not None and workers.get("decode_worker_id") is not None
+    routing = (nvext or {}).get("routing") or {}
+    return (
+        workers.get("prefill_worker_id") is not None
+        and workers.get("decode_worker_id") is not None
+        and {"prefill", "decode"} <= routing.keys()
+    )
 
 
 async def test_generated_schemas_hold_from_the_prefills_first_token(frontend: Frontend) -> None:
@@ -100,15 +107,19 @@ async def test_the_responses_and_messages_apis_return_their_tool_calls(
 ) -> None:
     tool = {"type": "function", "name": "add", "parameters": ADD}
     response = await client.responses.create(model=MODEL, input="What is 2 + 3?", tools=[tool],  # type: ignore[list-item]
-                                             tool_choice={"type": "function", "name": "add"}, max_output_tokens=80)  # fmt: skip
+                                             tool_choice={"type": "function", "name": "add"}, max_output_tokens=80,
+                                             extra_body=BOTH_WORKERS)  # fmt: skip
     (call,) = [item for item in response.output if item.type == "function_call"]
     jsonschema.validate(json.loads(call.arguments), ADD)
+    assert served_by_the_pair((response.model_extra or {}).get("nvext")), response
     async with anthropic.AsyncAnthropic(base_url=frontend.url, api_key="none", max_retries=0) as claude:
         async with claude.messages.stream(
             model=MODEL, max_tokens=80, messages=ASK, tools=[{"name": "add", "input_schema": ADD}],  # type: ignore[list-item]
-            tool_choice={"type": "tool", "name": "add"},
+            tool_choice={"type": "tool", "name": "add"}, extra_body=BOTH_WORKERS,
         ) as stream:  # fmt: skip
+            ends = [event async for event in stream if event.type == "message_delta"]
             message = await stream.get_final_message()
+    assert served_by_the_pair((ends[0].model_extra or {}).get("nvext")), ends
     (use,) = [block for block in message.content if block.type == "tool_use"]
     assert message.stop_reason == "tool_use"
     jsonschema.validate(use.input, ADD)

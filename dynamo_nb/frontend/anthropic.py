@@ -183,6 +183,7 @@ def parse_messages_request(body: Any) -> OpenAIRequest:
         "top_p": body.get("top_p"),
         "top_k": body.get("top_k"),
         "stream": stream,
+        "nvext": body.get("nvext"),  # the kit's and Dynamo's extensions: routing, priorities, extra fields
     }
     tools, choice, parallel = _tools(body)
     if tools:
@@ -254,6 +255,7 @@ async def write_message(
         "stop_reason": _stop_reason(outcome, calls),
         "stop_sequence": outcome.stop_sequence,
         "usage": _usage(prompt, outcome),
+        **({"nvext": outcome.nvext} if outcome.nvext else {}),
     }
     return json_response(body, headers=outcome.headers)
 
@@ -326,7 +328,12 @@ async def write_message_stream(
         ending = {"stop_reason": _stop_reason(outcome, calls), "stop_sequence": outcome.stop_sequence}
         events.append(
             named_event(
-                "message_delta", {"delta": ending, "usage": {"output_tokens": outcome.completion_tokens}}
+                "message_delta",
+                {
+                    "delta": ending,
+                    "usage": {"output_tokens": outcome.completion_tokens},
+                    **({"nvext": outcome.nvext} if outcome.nvext else {}),
+                },  # fmt: skip
             )
         )
         events.append(named_event("message_stop", {}))

@@ -189,6 +189,7 @@ def parse_responses_request(body: Any) -> OpenAIRequest:
         "tools": tools,
         "tool_choice": tool_choice,
         "parallel_tool_calls": body.get("parallel_tool_calls"),
+        "nvext": body.get("nvext"),  # the kit's and Dynamo's extensions: routing, priorities, extra fields
     }
     if stream is True:
         chat_body["stream_options"] = {"include_usage": True}
@@ -234,6 +235,7 @@ def _response(parsed: OpenAIRequest, outcome: Outcome, status: str, output: list
         "store": False,
         "usage": usage,
         **(parsed.echoed or {}),
+        **({"nvext": outcome.nvext} if usage is not None and outcome.nvext else {}),
     }
 
 
