@@ -68,7 +68,8 @@ OPT_IN: dict[str, tuple[str, str]] = {
     "long": (
         "DYN_NB_VLLM_LONG",
         "the long runs (vLLM's engine starts, ~5 min on 2 cores; an LLM notebook re-run at another model; "
-        "migration over NATS; the slowest process tests, so that the default run keeps under 12 min)",
+        "migration over NATS; notebook 09's rate sweeps; the slowest process tests, so that the default run keeps "
+        "under 12 min)",
     ),
     "exports": ("DYN_NB_EXPORT_ALL", "every notebook's exported program (the quick ones run by default)"),
     "browser": ("DYN_NB_BROWSER", "the notebooks in JupyterLab with Playwright and Chromium"),

@@ -1,8 +1,9 @@
 """Every notebook here is a test, run by nbval in a kernel of this environment with the outputs
 sanitized by ``sanitize.cfg``: collected here only, so nbval runs where notebooks are (``pytest``,
-``pytest notebooks/`` or one notebook's path), with no flag to pass. The vLLM notebook is
-marked ``vllm`` and ``long`` (four engine starts: an opt-in group, see the root conftest.py); the
-one on NVIDIA Dynamo is marked ``dynamo`` (it needs Dynamo's packages)."""
+``pytest notebooks/`` or one notebook's path), with no flag to pass. The vLLM notebooks are
+marked ``vllm`` and ``long`` (engine starts: an opt-in group, see the root conftest.py), the
+capacity-planning one ``long`` (a minute of rate sweeps), the one on NVIDIA Dynamo ``dynamo``
+(it needs Dynamo's packages)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from nbval.plugin import IPyNbFile
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from helpers import NEEDS_DYNAMO, NEEDS_VLLM  # noqa: E402  (tests/ is on the path from here on)
+from helpers import LONG_NOTEBOOKS, NEEDS_DYNAMO, NEEDS_VLLM  # noqa: E402  (tests/ is on the path from here on)
 
 CELL_TIMEOUT = 300.0
 # nbval waits 5 s for each output message of a finished cell; on a busy 2-core machine a live
@@ -46,3 +47,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.long)
         if item.path.stem in NEEDS_DYNAMO:
             item.add_marker(pytest.mark.dynamo)
+        if item.path.stem in LONG_NOTEBOOKS:
+            item.add_marker(pytest.mark.long)

@@ -33,6 +33,10 @@ NEEDS_VLLM = {
 NEEDS_DYNAMO = {
     "13_on_nvidia_dynamo"
 }  # notebooks that run NVIDIA Dynamo's runtime and frontend (marked dynamo)
+LONG_NOTEBOOKS = {
+    "09_capacity_planning",
+}  # notebooks of a minute or more of measured sweeps, run under nbval in the `long` group (.ci/run's
+# second step) to keep the default run within its 12 minutes on 2 cores
 
 # The default run runs the exported programs of the quick notebooks from the repository root; the
 # `exports` group (.ci/run's second step) runs every notebook's, from notebooks/ and from the root.
