@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import ECHO_WORKER, ROOT, RuntimeFactory
+from helpers import ECHO_WORKER, ROOT, RuntimeFactory, hf_frontends
 
 from dynamo_nb import DistributedRuntime, LocalServices, ManagedProcess, launch
 
@@ -80,3 +80,16 @@ async def hf_engine(tiny_path: Path) -> AsyncIterator[Any]:
     engine = await HFEngine.load(tiny_path)
     yield engine
     await engine.close()
+
+
+@pytest.fixture(scope="module")
+async def frontends() -> AsyncIterator[Any]:
+    """The hf engine (the tiny model) in this process behind two frontends: one reading no tool
+    calls (``frontends[0]``, also the ``frontend`` fixture), one reading Hermes calls."""
+    async with hf_frontends({}, {"tool_call_parser": "hermes"}) as (plain, with_tools):
+        yield plain, with_tools
+
+
+@pytest.fixture
+def frontend(frontends: Any) -> Any:
+    return frontends[0]

@@ -16,7 +16,6 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
-from helpers import hf_frontends
 
 from dynamo_nb.frontend import Frontend
 
@@ -33,18 +32,6 @@ ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "
 TOOLS: Any = [{"name": "add", "description": "Add two numbers", "input_schema": ADD}]
 FORCED: Any = {"type": "tool", "name": "add"}
 SUM = [{"role": "user", "content": "What is 2 + 3?"}]
-
-
-@pytest.fixture(scope="module")
-async def frontends() -> AsyncIterator[tuple[Frontend, Frontend]]:
-    """One frontend reading no tool calls, one reading Hermes calls, over the same hf worker."""
-    async with hf_frontends({}, {"tool_call_parser": "hermes"}) as (plain, with_tools):
-        yield plain, with_tools
-
-
-@pytest.fixture
-def frontend(frontends: tuple[Frontend, Frontend]) -> Frontend:
-    return frontends[0]
 
 
 @pytest.fixture

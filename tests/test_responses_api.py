@@ -16,7 +16,6 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from helpers import hf_frontends
 
 from dynamo_nb.frontend import Frontend
 
@@ -33,18 +32,6 @@ TOOLS: Any = [
     {"type": "function", "name": "add", "description": "Add two numbers", "parameters": ADD, "strict": True}
 ]
 FORCED: Any = {"type": "function", "name": "add"}
-
-
-@pytest.fixture(scope="module")
-async def frontends() -> AsyncIterator[tuple[Frontend, Frontend]]:
-    """One frontend reading no tool calls, one reading Hermes calls, over the same hf worker."""
-    async with hf_frontends({}, {"tool_call_parser": "hermes"}) as (plain, with_tools):
-        yield plain, with_tools
-
-
-@pytest.fixture
-def frontend(frontends: tuple[Frontend, Frontend]) -> Frontend:
-    return frontends[0]
 
 
 @pytest.fixture
