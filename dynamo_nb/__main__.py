@@ -7,6 +7,8 @@ Commands:
     demo-worker   the demo's worker (started by ``demo``; runtime flags as every component)
     install       install an extra (vllm or dynamo) and leave an environment where it imports
                   (see install --help)
+    profile       measure the engine behind a kit frontend into a timing model (Dynamo's
+                  profile-data layout) for the mocker and replay (see profile --help)
     dynamo-frontend
                   NVIDIA Dynamo's frontend for --runtime dynamo workers, its settings matching
                   theirs (see dynamo-frontend --help)
@@ -38,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         from .on_dynamo.frontend import main as dynamo_frontend_main
 
         return dynamo_frontend_main(argv[1:])
+    if argv[:1] == ["profile"]:
+        from .bench.profile import main as profile_main
+
+        return profile_main(argv[1:])
     if argv[:1] == ["demo-worker"]:  # its own flags: the runtime flags every component takes
         from .demo import serve_worker
 
@@ -46,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m dynamo_nb", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument(
-        "command", choices=("serve", "run", "demo", "demo-worker", "install", "dynamo-frontend")
+        "command", choices=("serve", "run", "demo", "demo-worker", "install", "profile", "dynamo-frontend")
     )
     parser.add_argument(
         "--in-process-only", action="store_true", help="demo: skip the part that starts etcd/NATS"

@@ -725,3 +725,38 @@ async def test_dynamos_tool_call_parser_flag_is_refused_on_the_kits_runtime() ->
 
     with pytest.raises(ConfigError, match="start the frontend with --tool-call-parser"):
         await RuntimeConfig(dyn_tool_call_parser="hermes").start_kit()
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_dynamos_own_mocker_runs_on_a_profile_the_kit_wrote(tmp_path: Path) -> None:
+    """A profile written by the kit (`TimingProfile.write`) drives NVIDIA Dynamo 1.6.1's own mocker
+    (``python -m dynamo.mocker --planner-profile-data``, its one-file tables) behind Dynamo's frontend."""
+    from dynamo_nb.engines.mocker_timing import TimingProfile
+    from dynamo_nb.models import tiny_model_path
+
+    profile = TimingProfile(prefill=[(t, 0.02 * t + 3) for t in (16, 64, 256)],
+                            decode=[(b, c, 1 + 0.1 * b + 0.001 * b * c) for b in (1, 8) for c in (64.0, 256.0)])  # fmt: skip
+    folder = profile.write(tmp_path / "profile")
+    where = f"file://{tmp_path / 'kv'}"
+    env = {**os.environ, **DynamoPlanes.from_flags(where, None, None, tcp_host=None).environment}
+    log = (tmp_path / "dynamo-mocker.log").open("wb")
+    mocker = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "dynamo.mocker", "--model-path", str(tiny_model_path()), "--model-name", MODEL,
+        "--planner-profile-data", str(folder / "perf_data.npz"), env=env, stdout=log, stderr=log,
+    )  # fmt: skip
+    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    try:
+        await bench.wait_for_model(frontend.url, MODEL, timeout=60)
+        async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
+            answer = await http.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hello", "max_tokens": 5}
+            )
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 5, answer.text
+        said = (tmp_path / "dynamo-mocker.log").read_text(errors="replace")
+        assert "Loaded performance model: prefill_points=100, decode_grid=100x100" in said, said[-2000:]
+    finally:
+        assert await frontend.stop() == 0, frontend.process.tail()
+        mocker.terminate()
+        await asyncio.wait_for(mocker.wait(), 30)
+        log.close()

@@ -13,6 +13,8 @@ Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
 - ``slo.py``: `SLO`, goodput and attainment, `max_rate_within_slo`;
 - ``charts.py``: charts of a run, as matplotlib figures;
 - ``scrape.py``: a server's Prometheus metrics as a DataFrame, runs joined with routing decisions;
+- ``profile.py``: `profile`, a live engine's prefill and decode step times measured into a
+  timing model (Dynamo's profile-data layout) the mocker and replay load;
 - ``traces.py``: request traces (the frontend's, Mooncake's, synthetic); ``trace_runner.py``:
   `run_trace`, a trace sent live at its times;
 - ``fuzz.py``: property-based fuzzing of an OpenAI-compatible API (needs ``hypothesis``);
@@ -54,6 +56,7 @@ from .charts import (
 )
 from .http_client import RECORD_COLUMNS
 from .live import LiveChart, live
+from .profile import profile
 from .prompts import (
     PROMPT_SETS,
     Prompt,
@@ -86,6 +89,7 @@ __all__ = [
     "multi_turn_prompts",
     "pareto_chart",
     "parse_metrics",
+    "profile",
     "path_chart",
     "per_worker_chart",
     "prompt_set",

@@ -9,8 +9,9 @@
   ``hf_sampling.py`` (every row's next token sampled on the device) and ``hf_grammar.py`` (a
   structured-output request's logits row masked by its llguidance grammar);
 - ``mocker.py``: `MockerEngine`, a simulated vLLM-style scheduler with a KV block manager and
-  Dynamo's timing model, for routing experiments at scale; ``mocker_scheduler.py``: its scheduler
-  and timing model, with no clock of its own (`dynamo_nb.replay` runs it on a simulated one);
+  Dynamo's timing model, for routing experiments at scale; ``mocker_scheduler.py``: its scheduler,
+  with no clock of its own (`dynamo_nb.replay` runs it on a simulated one); ``mocker_timing.py``:
+  its step times (Dynamo's curves, or fitted to a profile of a measured engine, Dynamo's layout);
 - ``vllm.py``: `VllmEngine`, vLLM's ``AsyncLLM`` (the ``vllm`` extra), prefill/decode through
   vLLM's KV connector;
 - ``sglang.py``: `SglangEngine`, ``sglang.Engine`` (the ``sglang`` extra, on a GPU) with SGLang's

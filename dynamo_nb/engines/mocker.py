@@ -193,6 +193,7 @@ class MockerEngine(BootstrapRole):
         max_num_seqs: int = 256,
         speedup_ratio: float = 1.0,
         decode_speedup_ratio: float = 1.0,
+        planner_profile_data: str | None = None,
         kv_events: KvEventSink | None = None,
         skip_token_ids: frozenset[int] = frozenset(),
         context_length: int | None = None,
@@ -205,6 +206,7 @@ class MockerEngine(BootstrapRole):
             max_num_batched_tokens=max_num_batched_tokens,
             speedup_ratio=speedup_ratio,
             decode_speedup_ratio=decode_speedup_ratio,
+            planner_profile_data=planner_profile_data,
         )
         self.scheduler = MockerScheduler(settings, on_token=self._deliver, on_reject=self._reject)
         self.block_size = block_size

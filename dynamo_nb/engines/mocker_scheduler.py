@@ -9,8 +9,9 @@ A step (vLLM-style, chunked prefill): every prefilled running job gets one decod
 rest of the token budget (``max_num_batched_tokens``) goes to prompt chunks of running
 prefills, then waiting jobs are admitted (while ``max_num_seqs`` and the KV pool allow) with
 chunks of their uncached prompt tokens. A job's first token comes at the end of the step that
-finishes its prompt. A step lasts what Dynamo's mocker says (its polynomial timing model, in
-milliseconds):
+finishes its prompt. A step lasts what its timing model says (`dynamo_nb.engines.mocker_timing`:
+by default Dynamo's mocker's polynomial curves, in milliseconds; with ``planner_profile_data``,
+a model fitted to an engine measured by `dynamo_nb.bench.profile`):
 
 - prefill: ``4.209989e-7·T² + 1.518344e-2·T + 16.50142`` for T uncached prompt tokens in the
   step (0 when everything was cached), divided by ``speedup_ratio``;
@@ -44,6 +45,7 @@ from ..errors import InvalidRequestError
 from ..settings import at_least, greater_than, redefault, setting
 from .base import EngineLimits
 from .kv_cache.blocks import Allocation, KvBlockManager
+from .mocker_timing import PolynomialTiming, TimingModel, timing_model
 
 __all__ = ["MockJob", "MockerScheduler", "MockerSettings", "decode_ms", "prefill_ms"]
 
@@ -56,15 +58,15 @@ FLAG_GROUP = "mocker engine"
 
 def prefill_ms(uncached_tokens: int) -> float:
     """Dynamo's polynomial prefill time for ``uncached_tokens`` new prompt tokens in a step."""
-    if uncached_tokens <= 0:
-        return 0.0
-    t = float(uncached_tokens)
-    return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
+    return _DYNAMOS_CURVES.prefill_ms(uncached_tokens)
 
 
 def decode_ms(kv_load: float) -> float:
     """Dynamo's polynomial decode step time at ``kv_load`` = active KV tokens / total (floor 1 ms)."""
-    return max(-25.74 * kv_load * kv_load + 54.01 * kv_load + 5.74, 1.0)
+    return _DYNAMOS_CURVES.decode_ms(batch=0, kv_tokens=0, kv_load=kv_load)
+
+
+_DYNAMOS_CURVES = PolynomialTiming()
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,14 @@ class MockerSettings(EngineLimits):
         group=FLAG_GROUP,
         check=greater_than(0),
         help="divide the decode part of a step time by this too, as Dynamo's mocker",
+    )
+    planner_profile_data: str | None = setting(
+        None,
+        flag="--planner-profile-data",
+        group=FLAG_GROUP,
+        default_text="none: Dynamo's built-in curves",
+        help="a profile-data folder (Dynamo's layout, as bench.profile or Dynamo's profiler writes it): step "
+        "times fitted to the engine measured there",
     )
 
     def scaled(self, speedup: float) -> MockerSettings:
@@ -183,6 +193,7 @@ class MockerScheduler:
         self.max_num_seqs = settings.max_num_seqs
         self.speedup_ratio = settings.speedup_ratio
         self.decode_speedup_ratio = settings.decode_speedup_ratio
+        self.timing: TimingModel = timing_model(settings.planner_profile_data)
         self.on_token = on_token or (lambda job: None)
         self.on_reject = on_reject or (lambda job, error: None)
         self.prefix_hits = 0
@@ -262,25 +273,27 @@ class MockerScheduler:
         self.running = still
 
     def step_parts(self, chunks: list[tuple[MockJob, int]]) -> tuple[float, float]:
-        """A step's prefill and decode seconds (Dynamo's mocker model, scaled)."""
+        """A step's prefill and decode seconds (the timing model's, scaled)."""
         prefill = 0.0
         if chunks:  # Dynamo's token count: B·(Σ(prefix + chunk)//B − Σprefix//B)
             batch = len(chunks)
             total = sum(job.computed + tokens for job, tokens in chunks)
             prefix = sum(job.computed for job, _ in chunks)
-            prefill = prefill_ms(batch * (total // batch - prefix // batch))
+            prefill = self.timing.prefill_ms(batch * (total // batch - prefix // batch))
         chunk_of = {id(job): tokens for job, tokens in chunks}
-        ready = False
-        for job in self.running:
-            if (
-                not job.cancelled
-                and not job.handoff
-                and job.emitted < job.max_tokens
-                and job.computed + chunk_of.get(id(job), 0) >= job.prompt_len  # computed once this step ends
-            ):
-                ready = True
-                break
-        decode = decode_ms(self.kv_load()) / self.decode_speedup_ratio if ready else 0.0
+        ready = [
+            job
+            for job in self.running
+            if not job.cancelled
+            and not job.handoff
+            and job.emitted < job.max_tokens
+            and job.computed + chunk_of.get(id(job), 0) >= job.prompt_len  # computed once this step ends
+        ]
+        decode = 0.0
+        if ready:
+            kv_tokens = sum(job.prompt_len + job.emitted for job in ready)
+            decode = self.timing.decode_ms(batch=len(ready), kv_tokens=kv_tokens, kv_load=self.kv_load())
+            decode /= self.decode_speedup_ratio
         scale = 1000.0 * self.speedup_ratio
         return prefill / scale, decode / scale
 

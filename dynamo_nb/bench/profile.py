@@ -1,0 +1,142 @@
+"""Profile a live engine into a timing model: `profile` measures, through the kit's frontend, how
+long a prefill takes over input length and how long a decode step takes over batch size and
+context length, on whatever engine serves the model (hf, vLLM, the mocker, an upstream server);
+the result is a `dynamo_nb.engines.mocker_timing.TimingProfile`, which writes Dynamo's
+profile-data folder and which the mocker and replay load (``--planner-profile-data``).
+
+How it measures (the frontend's ``nvext.timing``, so the client's own costs are left out):
+
+- prefill: one request at a time of ``n`` random token ids (nothing cached) and one output
+  token: ``prefill_time_ms`` (from being let in to the first token), the median of ``repeats``;
+- decode: ``batch`` requests at once with prompts of ``context`` random ids and ``decode_tokens``
+  outputs each (``ignore_eos``): ``(total_time_ms − ttft_ms) / (tokens − 1)`` per request, the
+  median over the batch; its context is ``context + decode_tokens / 2`` on average.
+
+From a shell, ``python -m dynamo_nb profile --url http://127.0.0.1:8000 --model tiny-llama --out DIR``
+writes the folder and prints the fit with each point's error.
+
+Example::
+
+    from dynamo_nb import bench
+    measured = await bench.profile("http://127.0.0.1:8000", "tiny-llama")
+    measured.write("profiles/tiny-llama")          # Dynamo's layout
+    # python components/mocker_worker.py --planner-profile-data profiles/tiny-llama
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from ..engines.mocker_timing import TimingProfile
+from ..errors import RequestError
+from .progress import progress_bar
+
+__all__ = ["main", "profile"]
+
+PREFILL_TOKENS = (16, 64, 128, 256, 512)
+BATCHES = (1, 2, 4, 8)
+CONTEXTS = (32, 128, 384)
+
+
+async def profile(
+    url: str,
+    model: str,
+    *,
+    prefill_tokens: Sequence[int] = PREFILL_TOKENS,
+    batches: Sequence[int] = BATCHES,
+    contexts: Sequence[int] = CONTEXTS,
+    decode_tokens: int = 24,
+    repeats: int = 3,
+    vocab: int = 1000,
+    max_kv_tokens: int = 262144,
+    seed: int = 0,
+    timeout: float = 120.0,
+    progress: bool = True,
+) -> TimingProfile:
+    """Measure the engine serving ``model`` behind the kit's frontend at ``url`` (see the module
+    docstring); ``vocab``: token ids are drawn below it (the model's vocabulary must be as large).
+
+    Raises:
+        RequestError: a request failed (its status and message).
+    """
+    draw = random.Random(seed)
+    total = len(prefill_tokens) * repeats + sum(len(contexts) * batch for batch in batches)
+    bar = progress_bar(total, "profile", progress)
+    import httpx
+
+    async with httpx.AsyncClient(base_url=url, timeout=timeout) as http:
+        measured = TimingProfile(max_kv_tokens=max_kv_tokens, source=f"{url} {model}")
+        await _timed(http, model, _prompt(draw, 8, vocab), 1)  # warm up: the first request pays for loading
+        for tokens in prefill_tokens:
+            bar.set_description(f"prefill {tokens} tokens")
+            times = []
+            for _ in range(repeats):
+                timing = await _timed(http, model, _prompt(draw, tokens, vocab), 1)
+                times.append(float(timing["prefill_time_ms"]))
+                bar.update(1)
+            measured.prefill.append((tokens, statistics.median(times)))
+        for batch in batches:
+            for context in contexts:
+                bar.set_description(f"decode batch {batch}, context {context}")
+                answers = await asyncio.gather(
+                    *(_timed(http, model, _prompt(draw, context, vocab), decode_tokens) for _ in range(batch))
+                )
+                bar.update(batch)
+                step_ms = [
+                    (float(t["total_time_ms"]) - float(t["ttft_ms"])) / max(decode_tokens - 1, 1)
+                    for t in answers
+                ]
+                measured.decode.append((batch, context + decode_tokens / 2, statistics.median(step_ms)))
+    bar.close()
+    return measured
+
+
+def _prompt(draw: random.Random, tokens: int, vocab: int) -> list[int]:
+    return [draw.randrange(10, vocab) for _ in range(tokens)]
+
+
+async def _timed(http: Any, model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """The frontend's ``nvext.timing`` of one completion of exactly ``max_tokens`` tokens."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+            "nvext": {"extra_fields": ["timing"]}}  # fmt: skip
+    answer = await http.post("/v1/completions", json=body)
+    data = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else None
+    timing = (data.get("nvext") or {}).get("timing") if isinstance(data, dict) else None
+    if answer.status_code != 200 or not isinstance(timing, dict):
+        raise RequestError(
+            f"profile: {model} answered {answer.status_code}: {answer.text[:300]} (profile a model served by the "
+            "kit's frontend: its nvext.timing is what is measured)"
+        )
+    return dict(timing)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dynamo_nb profile``: measure, write the profile folder, print the fit."""
+    from ..engines.mocker_timing import ProfiledTiming
+
+    parser = argparse.ArgumentParser(
+        prog="python -m dynamo_nb profile",
+        description="Measure the engine behind a kit frontend into a timing model, written in Dynamo's "
+        "profile-data layout (the mocker and replay load it with --planner-profile-data DIR).",
+    )
+    parser.add_argument("--url", required=True, help="the kit's frontend, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--model", required=True, help="the served model's name")
+    parser.add_argument("--out", required=True, help="the folder to write")
+    parser.add_argument("--vocab", type=int, default=1000, help="token ids are drawn below this")
+    parser.add_argument("--repeats", type=int, default=3, help="prefill measurements per length")
+    args = parser.parse_args(argv)
+    measured = asyncio.run(profile(args.url, args.model, vocab=args.vocab, repeats=args.repeats))
+    folder = measured.write(args.out)
+    model = ProfiledTiming.fit(measured)
+    errors = model.residuals()
+    print(model)
+    for kind in ("prefill", "decode"):
+        worst = max(abs(e) for e in errors[kind])
+        print(f"{kind}: {len(errors[kind])} points, the fit within {worst:.1f} % of each")
+    print("wrote", folder)
+    return 0

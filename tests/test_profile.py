@@ -1,0 +1,119 @@
+"""Profiles: a live engine measured into a timing model (`bench.profile`, ``python -m dynamo_nb
+profile``), written and read in Dynamo's profile-data layout, fitted, and used by the mocker's
+scheduler (``--planner-profile-data``), whose simulated step times are then the fitted model's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import hf_frontends
+
+from dynamo_nb import bench
+from dynamo_nb.engines.mocker_scheduler import MockerScheduler, MockerSettings, MockJob
+from dynamo_nb.engines.mocker_timing import (
+    PolynomialTiming,
+    ProfiledTiming,
+    TimingProfile,
+    timing_model,
+)
+from dynamo_nb.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(180)
+
+# a known engine: prefill 2e-5·T² + 0.03·T + 4 ms, decode 1.5 + 0.2·batch + 0.001·kv_tokens ms
+KNOWN = TimingProfile(
+    prefill=[(t, 2e-5 * t * t + 0.03 * t + 4) for t in (16, 64, 256, 1024)],
+    decode=[(b, c, 1.5 + 0.2 * b + 0.001 * b * c) for b in (1, 4, 16) for c in (50.0, 400.0)],
+    max_kv_tokens=65536,
+)
+
+
+def test_a_fit_recovers_a_known_engines_coefficients() -> None:
+    model = ProfiledTiming.fit(KNOWN)
+    assert np.allclose(model.prefill_coefficients, (2e-5, 0.03, 4), rtol=1e-6)
+    assert np.allclose(model.decode_coefficients, (1.5, 0.2, 0.001), rtol=1e-6)
+    assert all(abs(e) < 1e-6 for errors in model.residuals().values() for e in errors)
+
+
+def test_a_profile_round_trips_through_dynamos_layout(tmp_path: Path) -> None:
+    folder = KNOWN.write(tmp_path / "profile")
+    with np.load(folder / "selected_prefill_interpolation" / "raw_data.npz") as prefill:
+        assert set(prefill) == {"prefill_isl", "prefill_ttft", "prefill_thpt_per_gpu"}
+    with np.load(folder / "selected_decode_interpolation" / "raw_data.npz") as decode:
+        assert set(decode) == {"x_kv_usage", "y_context_length", "z_itl", "z_thpt_per_gpu", "max_kv_tokens"}
+    with np.load(folder / "perf_data.npz") as tables:  # the one-file form Dynamo's mocker takes
+        assert tables["decode_itl"].shape == (100, 100) and len(tables["prefill_ttft_ms"]) == 100
+    again = TimingProfile.read(folder)
+    assert again.prefill == KNOWN.prefill and again.max_kv_tokens == KNOWN.max_kv_tokens
+    assert [(b, c) for b, c, _ in again.decode] == [(b, c) for b, c, _ in KNOWN.decode]
+    assert np.allclose([ms for *_, ms in again.decode], [ms for *_, ms in KNOWN.decode])
+
+
+def test_dynamos_json_variant_is_read_and_a_folder_without_data_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "prefill_raw_data.json").write_text(json.dumps(
+        {"prefill_isl": [t for t, _ in KNOWN.prefill], "prefill_ttft": [ms for _, ms in KNOWN.prefill]}))  # fmt: skip
+    (tmp_path / "decode_raw_data.json").write_text(json.dumps({
+        "x_kv_usage": [b * c / 65536 for b, c, _ in KNOWN.decode], "y_context_length": [c for _, c, _ in KNOWN.decode],
+        "z_itl": [ms for *_, ms in KNOWN.decode], "max_kv_tokens": 65536}))  # fmt: skip
+    assert np.allclose(
+        ProfiledTiming.fit(TimingProfile.read(tmp_path)).decode_coefficients, (1.5, 0.2, 0.001)
+    )
+    with pytest.raises(
+        ConfigError, match="selected_prefill_interpolation/raw_data.npz or prefill_raw_data.json"
+    ):
+        TimingProfile.read(tmp_path / "empty")
+    with pytest.raises(ConfigError, match="at least 3 prefill and 3 decode"):
+        TimingProfile(prefill=KNOWN.prefill[:2], decode=KNOWN.decode).write(tmp_path / "few")
+
+
+def test_the_mockers_steps_take_the_profiles_times(tmp_path: Path) -> None:
+    """On a simulated clock: a 256-token prompt's prefill step, then decode steps of one job."""
+    folder = KNOWN.write(tmp_path / "profile")
+    settings = MockerSettings(block_size=16, planner_profile_data=str(folder))
+    assert "--planner-profile-data" in settings.argv()
+    scheduler = MockerScheduler(settings)
+    assert isinstance(scheduler.timing, ProfiledTiming)
+    assert isinstance(MockerScheduler(MockerSettings()).timing, PolynomialTiming)
+    scheduler.add(MockJob(prompt=list(range(256)), max_tokens=3))
+    seconds = []
+    while scheduler.busy:
+        chunks, step = scheduler.plan_step()
+        seconds.append(step * 1000)
+        scheduler.finish_step(chunks)
+    model = timing_model(folder)
+    first = model.prefill_ms(256) + model.decode_ms(batch=1, kv_tokens=256, kv_load=0)
+    assert seconds[0] == pytest.approx(first)  # the prompt, and the first token's decode
+    assert seconds[1] == pytest.approx(model.decode_ms(batch=1, kv_tokens=257, kv_load=0))
+
+
+@pytest.mark.processes
+async def test_a_live_engine_is_profiled_written_and_fitted(tmp_path: Path) -> None:
+    """The hf engine behind the frontend, measured by bench.profile and by the command line."""
+    async with hf_frontends() as (front,):
+        measured = await bench.profile(front.url, "tiny-llama", prefill_tokens=(16, 64, 256), batches=(1, 4),
+                                       contexts=(32, 128), decode_tokens=8, repeats=1, progress=False)  # fmt: skip
+        assert [t for t, _ in measured.prefill] == [16, 64, 256] and all(ms > 0 for _, ms in measured.prefill)
+        assert [(b, c) for b, c, _ in measured.decode] == [(1, 36.0), (1, 132.0), (4, 36.0), (4, 132.0)]
+        assert all(ms > 0 for *_, ms in measured.decode)
+        model = ProfiledTiming.fit(TimingProfile.read(measured.write(tmp_path / "hf")))
+        assert model.prefill_ms(128) > 0 and model.decode_ms(batch=4, kv_tokens=400, kv_load=0) > 0
+        command = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dynamo_nb", "profile", "--url", front.url, "--model", "tiny-llama",
+            "--out", str(tmp_path / "cli"), "--repeats", "1",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(command.communicate(), 150)
+    assert command.returncode == 0, err.decode()[-2000:]
+    assert "ProfiledTiming(prefill" in out.decode() and "the fit within" in out.decode()
+    assert TimingProfile.read(tmp_path / "cli").prefill
+
+
+async def test_profiling_a_server_without_the_kits_timing_says_so() -> None:
+    async with hf_frontends() as (front,):
+        with pytest.raises(Exception, match="answered 404"):
+            await bench.profile(front.url, "no-such-model", progress=False)
