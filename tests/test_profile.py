@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def test_dynamos_json_variant_is_read_and_a_folder_without_data_is_a_clear_error
         ProfiledTiming.fit(TimingProfile.read(tmp_path)).decode_coefficients, (1.5, 0.2, 0.001)
     )
     with pytest.raises(
-        ConfigError, match="selected_prefill_interpolation/raw_data.npz or prefill_raw_data.json"
+        ConfigError, match=re.escape("selected_prefill_interpolation/raw_data.npz or prefill_raw_data.json")
     ):
         TimingProfile.read(tmp_path / "empty")
     with pytest.raises(ConfigError, match="at least 3 prefill and 3 decode"):
