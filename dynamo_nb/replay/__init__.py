@@ -4,7 +4,9 @@
   `MockerSettings` (the mocker engines' scheduler and timing flags);
 - ``trace_blocks.py``: `TraceBlocks`, a trace's prompts as KV blocks at the engines' block size;
 - ``simulator.py``: `replay`, the real routers and the mocker's scheduler on a simulated clock,
-  giving the columns of `dynamo_nb.bench.run`.
+  giving the columns of `dynamo_nb.bench.run`;
+- ``fidelity.py``: `fidelity`, a replay per timing model set beside the live run it predicts,
+  each figure with its error.
 
 Example:
     >>> from dynamo_nb.bench import synthetic_trace
@@ -16,8 +18,9 @@ Example:
 
 from __future__ import annotations
 
+from .fidelity import FIGURES, fidelity
 from .fleet import Fleet, MockerSettings
 from .simulator import ReplayResult, replay
 from .trace_blocks import TraceBlocks
 
-__all__ = ["Fleet", "MockerSettings", "ReplayResult", "TraceBlocks", "replay"]
+__all__ = ["FIGURES", "Fleet", "MockerSettings", "ReplayResult", "TraceBlocks", "fidelity", "replay"]
