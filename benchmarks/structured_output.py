@@ -32,7 +32,7 @@ from dynamo_nb.llm.guided import GuidedDecoding
 from dynamo_nb.models import tiny_model_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_structured_output import random_schema
+from helpers import random_schema
 
 MODEL, TOKENS, LEVELS = "tiny-llama", 128, (1, 8)
 SCHEMA = {
