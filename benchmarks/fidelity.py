@@ -1,7 +1,8 @@
 """How far replay is from the live run it predicts: the hf engine (the built-in tiny model, behind
 the frontend, in this process) profiled (`bench.profile`), then one synthetic trace per load sent
 live (`bench.run_trace`) and replayed on one mocker worker with Dynamo's default curves and with
-the profiled model (`replay.fidelity`), side by side, in one run.
+the profiled model (`replay.fidelity`), side by side, in one run. Both replays add the request
+overhead the profile measured between the client and the engine (`Fleet.overhead_ms`).
 
 Three loads: below, near and past what one worker answers on these 2 cores (the achieved
 request rate says which). Per load and model: TTFT and ITL p50/p90 and output tokens/s, replay
@@ -48,7 +49,8 @@ async def main(requests: int) -> dict[str, Any]:
                 for rate in RATES:
                     trace = bench.synthetic_trace(requests, rate=rate, prefix_blocks=2, output_length=32, seed=1)
                     live = await bench.run_trace(frontend.url, MODEL, trace, progress=False)
-                    table = fidelity(trace, live, models, fleet=Fleet(workers=1, router="round-robin"))
+                    fleet = Fleet(workers=1, router="round-robin", overhead_ms=measured.request_overhead_ms)
+                    table = fidelity(trace, live, models, fleet=fleet)
                     achieved = bench.summary(live)["req_per_s"].iloc[0]
                     loads.append({"rate": rate, "achieved_req_per_s": float(achieved),
                                   "rows": table.to_dict(orient="records")})  # fmt: skip
@@ -63,6 +65,7 @@ async def main(requests: int) -> dict[str, Any]:
         "engine": "hf (the built-in tiny model, CPU), behind the frontend in this process; replayed on 1 mocker worker",
         "trace": {"requests": requests, "prefix_blocks": 2, "user_blocks": 1, "block_size": 64, "output_length": 32},
         "profile": {"model": repr(fit), "prefill_points": len(measured.prefill), "decode_points": len(measured.decode),
+                    "request_overhead_ms": measured.request_overhead_ms,
                     "worst_prefill_fit_pct": max(abs(e) for e in errors["prefill"]),
                     "worst_decode_fit_pct": max(abs(e) for e in errors["decode"])},  # fmt: skip
         "bars_pct": BARS,
@@ -79,7 +82,8 @@ async def main(requests: int) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"profile: {result['profile']['model']}")
+    print(f"profile: {result['profile']['model']}; {result['profile']['request_overhead_ms']:.2f} ms a request "
+          "between the client and the engine (the replayed fleet's overhead_ms)")  # fmt: skip
     print(f"  fit within {result['profile']['worst_prefill_fit_pct']:.1f} % (prefill), "
           f"{result['profile']['worst_decode_fit_pct']:.1f} % (decode) of each measured point")  # fmt: skip
     for load in result["loads"]:

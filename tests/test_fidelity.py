@@ -41,3 +41,13 @@ def test_a_live_run_of_another_trace_or_no_model_is_refused() -> None:
         fidelity(bench.synthetic_trace(12, rate=5.0, seed=1), live, {"default": MockerSettings()})
     with pytest.raises(ConfigError, match="at least one timing model"):
         fidelity(trace, live, {})
+
+
+def test_a_fleets_overhead_is_added_to_every_requests_ttft_and_end() -> None:
+    trace = bench.synthetic_trace(20, rate=10.0, output_length=8, seed=4)
+    plain = replay(trace, Fleet(workers=1)).requests
+    with_overhead = replay(trace, Fleet(workers=1, overhead_ms=5.0)).requests
+    assert ((with_overhead["ttft_s"] - plain["ttft_s"]).round(9) == 0.005).all()
+    assert ((with_overhead["e2e_s"] - plain["e2e_s"]).round(9) == 0.005).all()
+    with pytest.raises(ConfigError, match="overhead_ms must be 0 or more"):
+        Fleet(overhead_ms=-1)

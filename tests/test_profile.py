@@ -31,6 +31,7 @@ KNOWN = TimingProfile(
     prefill=[(t, 2e-5 * t * t + 0.03 * t + 4) for t in (16, 64, 256, 1024)],
     decode=[(b, c, 1.5 + 0.2 * b + 0.001 * b * c) for b in (1, 4, 16) for c in (50.0, 400.0)],
     max_kv_tokens=65536,
+    request_overhead_ms=0.7,
 )
 
 
@@ -51,6 +52,7 @@ def test_a_profile_round_trips_through_dynamos_layout(tmp_path: Path) -> None:
         assert tables["decode_itl"].shape == (100, 100) and len(tables["prefill_ttft_ms"]) == 100
     again = TimingProfile.read(folder)
     assert again.prefill == KNOWN.prefill and again.max_kv_tokens == KNOWN.max_kv_tokens
+    assert again.request_overhead_ms == 0.7  # kit_profile.json, beside Dynamo's files
     assert [(b, c) for b, c, _ in again.decode] == [(b, c) for b, c, _ in KNOWN.decode]
     assert np.allclose([ms for *_, ms in again.decode], [ms for *_, ms in KNOWN.decode])
 
@@ -100,7 +102,7 @@ async def test_a_live_engine_is_profiled_written_and_fitted(tmp_path: Path) -> N
                                        contexts=(32, 128), decode_tokens=8, repeats=1, progress=False)  # fmt: skip
         assert [t for t, _ in measured.prefill] == [16, 64, 256] and all(ms > 0 for _, ms in measured.prefill)
         assert [(b, c) for b, c, _ in measured.decode] == [(1, 36.0), (1, 132.0), (4, 36.0), (4, 132.0)]
-        assert all(ms > 0 for *_, ms in measured.decode)
+        assert all(ms > 0 for *_, ms in measured.decode) and measured.request_overhead_ms > 0
         model = ProfiledTiming.fit(TimingProfile.read(measured.write(tmp_path / "hf")))
         assert model.prefill_ms(128) > 0 and model.decode_ms(batch=4, kv_tokens=400, kv_load=0) > 0
         command = await asyncio.create_subprocess_exec(

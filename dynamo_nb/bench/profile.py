@@ -10,7 +10,9 @@ How it measures (the frontend's ``nvext.timing``, so the client's own costs are 
   token: ``prefill_time_ms`` (from being let in to the first token), the median of ``repeats``;
 - decode: ``batch`` requests at once with prompts of ``context`` random ids and ``decode_tokens``
   outputs each (``ignore_eos``): ``(total_time_ms − ttft_ms) / (tokens − 1)`` per request, the
-  median over the batch; its context is ``context + decode_tokens / 2`` on average.
+  median over the batch; its context is ``context + decode_tokens / 2`` on average;
+- between the client and the engine: each prefill request's time at the client less the
+  frontend's own ``total_time_ms`` (HTTP both ways), the median: ``request_overhead_ms``.
 
 From a shell, ``python -m dynamo_nb profile --url http://127.0.0.1:8000 --model tiny-llama --out DIR``
 writes the folder and prints the fit with each point's error.
@@ -29,6 +31,7 @@ import argparse
 import asyncio
 import random
 import statistics
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -72,11 +75,14 @@ async def profile(
     async with httpx.AsyncClient(base_url=url, timeout=timeout) as http:
         measured = TimingProfile(max_kv_tokens=max_kv_tokens, source=f"{url} {model}")
         await _timed(http, model, _prompt(draw, 8, vocab), 1)  # warm up: the first request pays for loading
+        overheads: list[float] = []  # each prefill request's time outside the frontend's own account
         for tokens in prefill_tokens:
             bar.set_description(f"prefill {tokens} tokens")
             times = []
             for _ in range(repeats):
+                started = time.perf_counter()
                 timing = await _timed(http, model, _prompt(draw, tokens, vocab), 1)
+                overheads.append((time.perf_counter() - started) * 1000 - float(timing["total_time_ms"]))
                 times.append(float(timing["prefill_time_ms"]))
                 bar.update(1)
             measured.prefill.append((tokens, statistics.median(times)))
@@ -92,6 +98,7 @@ async def profile(
                     for t in answers
                 ]
                 measured.decode.append((batch, context + decode_tokens / 2, statistics.median(step_ms)))
+    measured.request_overhead_ms = max(statistics.median(overheads), 0.0)
     bar.close()
     return measured
 

@@ -41,6 +41,7 @@ PREFILL_FOLDER = "selected_prefill_interpolation"
 DECODE_FOLDER = "selected_decode_interpolation"
 RAW_DATA = "raw_data.npz"
 MOCKER_NPZ = "perf_data.npz"
+KIT_EXTRAS = "kit_profile.json"  # what Dynamo's layout has no place for
 FLOOR_MS = 0.1
 
 
@@ -76,12 +77,16 @@ class TimingProfile:
         prefill: ``(input tokens, prefill ms)`` per measurement, nothing cached.
         decode: ``(batch size, context length, ms per decode step)`` per measurement.
         max_kv_tokens: the KV capacity Dynamo's format expresses the decode load against.
+        request_overhead_ms: a request's time between the client and the engine (HTTP, the
+            frontend, the request plane), for `dynamo_nb.replay.Fleet`'s ``overhead_ms``; kept
+            in ``kit_profile.json`` beside Dynamo's files.
         source: where it was measured or read (shown, not used).
     """
 
     prefill: list[tuple[int, float]] = field(default_factory=list)
     decode: list[tuple[int, float, float]] = field(default_factory=list)
     max_kv_tokens: int = 262144
+    request_overhead_ms: float = 0.0
     source: str = ""
 
     def write(self, folder: str | Path) -> Path:
@@ -104,6 +109,7 @@ class TimingProfile:
                  y_context_length=context, z_itl=itl, z_thpt_per_gpu=batch / itl * 1000.0,
                  max_kv_tokens=np.array([self.max_kv_tokens]))  # fmt: skip
         ProfiledTiming.fit(self).write_mocker_npz(root / MOCKER_NPZ)
+        (root / KIT_EXTRAS).write_text(json.dumps({"request_overhead_ms": self.request_overhead_ms}) + "\n")
         return root
 
     @classmethod
@@ -124,6 +130,7 @@ class TimingProfile:
         ):
             batch = max(1, round(float(usage) * max_kv / float(context))) if float(context) > 0 else 1
             points.append((batch, float(context), float(itl)))
+        extras = json.loads((root / KIT_EXTRAS).read_text()) if (root / KIT_EXTRAS).is_file() else {}
         return cls(
             prefill=[
                 (int(t), float(ms))
@@ -131,6 +138,7 @@ class TimingProfile:
             ],
             decode=points,
             max_kv_tokens=max_kv,
+            request_overhead_ms=float(extras.get("request_overhead_ms", 0.0)),
             source=str(root),
         )
 

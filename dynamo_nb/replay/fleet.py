@@ -42,6 +42,9 @@ class Fleet:
             ``overlap_score_credit``, ``prefill_load_scale``, ``temperature``).
         transfer_ms: simulated time from a prefill's end to its decode's start (the KV transfer;
             the live mocker's handoff carries no tensors).
+        overhead_ms: each request's time between the client and the engines (HTTP, the
+            frontend, the request plane), added to its TTFT and end-to-end time; `bench.profile`
+            measures it (``TimingProfile.request_overhead_ms``).
     """
 
     workers: int = 1
@@ -50,6 +53,7 @@ class Fleet:
     router: str = "kv"
     router_policy: RouterPolicy = field(default_factory=RouterPolicy)
     transfer_ms: float = 0.0
+    overhead_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.router not in ROUTER_MODES:
@@ -62,8 +66,10 @@ class Fleet:
                 )
         elif self.workers < 1:
             raise ConfigError(f"a fleet needs at least 1 worker, got workers={self.workers}")
-        if self.transfer_ms < 0:
-            raise ConfigError(f"transfer_ms must be 0 or more, got {self.transfer_ms}")
+        if self.transfer_ms < 0 or self.overhead_ms < 0:
+            raise ConfigError(
+                f"transfer_ms and overhead_ms must be 0 or more, got {self.transfer_ms} and {self.overhead_ms}"
+            )
 
     @property
     def disaggregated(self) -> bool:
