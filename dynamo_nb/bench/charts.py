@@ -21,6 +21,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..engines.mocker_timing import ProfiledTiming
 from ..errors import ConfigError
 from .slo import SLO, slo_attainment
 from .stats import level_column, level_summary
@@ -33,6 +34,7 @@ __all__ = [
     "pareto_chart",
     "path_chart",
     "per_worker_chart",
+    "profile_chart",
     "slo_chart",
     "throughput_chart",
     "ttft_itl_chart",
@@ -396,6 +398,48 @@ def path_chart(df: pd.DataFrame) -> Chart:
         ax.set_title(f"{title} by path (ms; p50, whisker to p99)")
         ax.set_ylabel("ms")
         ax.grid(True, axis="y", alpha=0.3)
+    return figure
+
+
+def profile_chart(model: ProfiledTiming) -> Chart:
+    """A profile's fit and its residuals: the measured prefill times over input length with the
+    fitted curve; each decode measurement against the fit's prediction (the diagonal is a
+    perfect fit), one color per batch size; each point's error in percent.
+
+    Example::
+
+        bench.profile_chart(ProfiledTiming.fit(await bench.profile(url, "tiny-llama")))
+    """
+    figure, (prefill_ax, decode_ax, error_ax) = _chart(3, width=4.4)
+    tokens = np.array([t for t, _ in model.profile.prefill], dtype=float)
+    measured = np.array([ms for _, ms in model.profile.prefill], dtype=float)
+    grid = np.linspace(float(tokens.min()), float(tokens.max()), 100)
+    prefill_ax.plot(grid, [model.prefill_ms(round(t)) for t in grid], color="tab:blue", label="fit")
+    prefill_ax.scatter(tokens, measured, color="black", s=14, zorder=3, label="measured")
+    prefill_ax.set_title("prefill (ms)")
+    prefill_ax.set_xlabel("input tokens")
+    prefill_ax.legend(loc="upper left", fontsize="small")
+    colors = _colors()
+    for batch in sorted({b for b, _, _ in model.profile.decode}):
+        points = [(c, ms) for b, c, ms in model.profile.decode if b == batch]
+        predicted = [model.decode_ms(batch=batch, kv_tokens=round(batch * c), kv_load=0.0) for c, _ in points]
+        decode_ax.scatter(
+            predicted, [ms for _, ms in points], s=14, color=next(colors), label=f"batch {batch}"
+        )
+    low, high = decode_ax.get_xlim()
+    decode_ax.plot([low, high], [low, high], color="grey", linestyle=":", linewidth=1)
+    decode_ax.set_title("decode step: measured against fit (ms)")
+    decode_ax.set_xlabel("fit (ms)")
+    decode_ax.legend(loc="upper left", fontsize="small")
+    errors = model.residuals()
+    for position, kind in enumerate(("prefill", "decode")):
+        values = errors[kind]
+        error_ax.scatter([position] * len(values), values, s=14, color="black")
+    error_ax.axhline(0, color="grey", linewidth=1)
+    error_ax.set_xticks([0, 1], ["prefill", "decode"])
+    error_ax.set_xlim(-0.6, 1.6)
+    error_ax.set_title("each point's error (%)")
+    _readable_ticks(figure)
     return figure
 
 
