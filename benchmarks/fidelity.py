@@ -44,10 +44,15 @@ async def main(requests: int) -> dict[str, Any]:
             with tempfile.TemporaryDirectory() as folder:
                 profiled_settings = MockerSettings(block_size=engine.block_size or 16, max_num_seqs=engine.max_num_seqs or 64,
                                                    planner_profile_data=str(measured.write(Path(folder) / "hf")))  # fmt: skip
-                models = {"Dynamo's curves": MockerSettings(block_size=engine.block_size or 16), "profiled": profiled_settings}
+                models = {
+                    "Dynamo's curves": MockerSettings(block_size=engine.block_size or 16),
+                    "profiled": profiled_settings,
+                }
                 loads = []
                 for rate in RATES:
-                    trace = bench.synthetic_trace(requests, rate=rate, prefix_blocks=2, output_length=32, seed=1)
+                    trace = bench.synthetic_trace(
+                        requests, rate=rate, prefix_blocks=2, output_length=32, seed=1
+                    )
                     live = await bench.run_trace(frontend.url, MODEL, trace, progress=False)
                     fleet = Fleet(workers=1, router="round-robin", overhead_ms=measured.request_overhead_ms)
                     table = fidelity(trace, live, models, fleet=fleet)
@@ -63,11 +68,21 @@ async def main(requests: int) -> dict[str, Any]:
         "benchmark": "fidelity",
         "machine": machine(),
         "engine": "hf (the built-in tiny model, CPU), behind the frontend in this process; replayed on 1 mocker worker",
-        "trace": {"requests": requests, "prefix_blocks": 2, "user_blocks": 1, "block_size": 64, "output_length": 32},
-        "profile": {"model": repr(fit), "prefill_points": len(measured.prefill), "decode_points": len(measured.decode),
-                    "request_overhead_ms": measured.request_overhead_ms,
-                    "worst_prefill_fit_pct": max(abs(e) for e in errors["prefill"]),
-                    "worst_decode_fit_pct": max(abs(e) for e in errors["decode"])},  # fmt: skip
+        "trace": {
+            "requests": requests,
+            "prefix_blocks": 2,
+            "user_blocks": 1,
+            "block_size": 64,
+            "output_length": 32,
+        },
+        "profile": {
+            "model": repr(fit),
+            "prefill_points": len(measured.prefill),
+            "decode_points": len(measured.decode),
+            "request_overhead_ms": measured.request_overhead_ms,
+            "worst_prefill_fit_pct": max(abs(e) for e in errors["prefill"]),
+            "worst_decode_fit_pct": max(abs(e) for e in errors["decode"]),
+        },
         "bars_pct": BARS,
         "loads": loads,
         "profiled_within_bars": {
@@ -87,14 +102,25 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"  fit within {result['profile']['worst_prefill_fit_pct']:.1f} % (prefill), "
           f"{result['profile']['worst_decode_fit_pct']:.1f} % (decode) of each measured point")  # fmt: skip
     for load in result["loads"]:
-        print(f"\n{load['rate']:g} req/s offered, {load['achieved_req_per_s']:.1f} answered; replay vs live, error %")
+        print(
+            f"\n{load['rate']:g} req/s offered, {load['achieved_req_per_s']:.1f} answered; replay vs live, error %"
+        )
         print(f"  {'figure':18} {'live':>9} {'curves':>9} {'err %':>8} {'profiled':>9} {'err %':>8}")
         by = {(row["model"], row["figure"]): row for row in load["rows"]}
-        for figure in ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "output_tok_per_s", "ttft_mape_pct"):
+        for figure in (
+            "ttft_p50_ms",
+            "ttft_p90_ms",
+            "itl_p50_ms",
+            "itl_p90_ms",
+            "output_tok_per_s",
+            "ttft_mape_pct",
+        ):
             curves, profiled = by[("Dynamo's curves", figure)], by[("profiled", figure)]
             print(f"  {figure:18} {curves['live']:9.1f} {curves['replay']:9.1f} {curves['error_pct']:8.1f} "
                   f"{profiled['replay']:9.1f} {profiled['error_pct']:8.1f}")  # fmt: skip
-    print(f"\nthe profiled model within the bars (TTFT/ITL p50 ±15 %, p90 ±25 %): {result['profiled_within_bars']}")
+    print(
+        f"\nthe profiled model within the bars (TTFT/ITL p50 ±15 %, p90 ±25 %): {result['profiled_within_bars']}"
+    )
 
 
 if __name__ == "__main__":

@@ -333,7 +333,7 @@ async def write_message_stream(
                     "delta": ending,
                     "usage": {"output_tokens": outcome.completion_tokens},
                     **({"nvext": outcome.nvext} if outcome.nvext else {}),
-                },  # fmt: skip
+                },
             )
         )
         events.append(named_event("message_stop", {}))
