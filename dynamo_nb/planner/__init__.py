@@ -15,7 +15,7 @@
 Example:
     >>> from dynamo_nb.bench import SLO, synthetic_trace
     >>> plan(synthetic_trace(100, rate=10.0, seed=1), SLO(ttft_ms=100)).fleet
-    Fleet(workers=1, prefill=0, decode=0, router='kv', router_policy=RouterPolicy(overlap_score_credit=1.0, prefill_load_scale=1.0, temperature=0.0), transfer_ms=0.0)
+    Fleet(workers=1, prefill=0, decode=0, router='kv', router_policy=RouterPolicy(overlap_score_credit=1.0, prefill_load_scale=1.0, temperature=0.0), transfer_ms=0.0, overhead_ms=0.0)
 """
 
 from __future__ import annotations
