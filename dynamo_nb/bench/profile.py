@@ -4,13 +4,16 @@ context length, on whatever engine serves the model (hf, vLLM, the mocker, an up
 the result is a `dynamo_nb.engines.mocker_timing.TimingProfile`, which writes Dynamo's
 profile-data folder and which the mocker and replay load (``--planner-profile-data``).
 
-How it measures (the frontend's ``nvext.timing``, so the client's own costs are left out):
+How it measures:
 
 - prefill: one request at a time of ``n`` random token ids (nothing cached) and one output
-  token: ``prefill_time_ms`` (from being let in to the first token), the median of ``repeats``;
-- decode: ``batch`` requests at once with prompts of ``context`` random ids and ``decode_tokens``
-  outputs each (``ignore_eos``): ``(total_time_ms − ttft_ms) / (tokens − 1)`` per request, the
-  median over the batch; its context is ``context + decode_tokens / 2`` on average;
+  token: the frontend's ``nvext.timing`` ``prefill_time_ms`` (from being let in to the first
+  token, so the client's costs are left out), the median of ``repeats``;
+- decode: ``batch`` streamed requests at once with prompts of ``context`` random ids and
+  ``decode_tokens`` outputs each (``ignore_eos``): the mean gap between tokens as the client
+  reads them (the engine's step with the frontend's and the stream's cost per token, which share
+  the machine with it, as in a live run), the median over the batch; its context is
+  ``context + decode_tokens / 2`` on average;
 - between the client and the engine: each prefill request's time at the client less the
   frontend's own ``total_time_ms`` (HTTP both ways), the median: ``request_overhead_ms``.
 
@@ -89,14 +92,13 @@ async def profile(
         for batch in batches:
             for context in contexts:
                 bar.set_description(f"decode batch {batch}, context {context}")
-                answers = await asyncio.gather(
-                    *(_timed(http, model, _prompt(draw, context, vocab), decode_tokens) for _ in range(batch))
+                step_ms = await asyncio.gather(
+                    *(
+                        _streamed_gap_ms(http, model, _prompt(draw, context, vocab), decode_tokens)
+                        for _ in range(batch)
+                    )
                 )
                 bar.update(batch)
-                step_ms = [
-                    (float(t["total_time_ms"]) - float(t["ttft_ms"])) / max(decode_tokens - 1, 1)
-                    for t in answers
-                ]
                 measured.decode.append((batch, context + decode_tokens / 2, statistics.median(step_ms)))
     measured.request_overhead_ms = max(statistics.median(overheads), 0.0)
     bar.close()
@@ -147,3 +149,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind}: {len(errors[kind])} points, the fit within {worst:.1f} % of each")
     print("wrote", folder)
     return 0
+
+
+async def _streamed_gap_ms(http: Any, model: str, prompt: list[int], max_tokens: int) -> float:
+    """The mean gap between a streamed answer's tokens as the client reads them (what a live
+    run's inter-token latency is made of: the engine's step, the frontend's and the stream's
+    cost per token)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+            "stream": True}  # fmt: skip
+    arrivals: list[float] = []
+    async with http.stream("POST", "/v1/completions", json=body) as answer:
+        if answer.status_code != 200:
+            raise RequestError(
+                f"profile: {model} answered {answer.status_code}: {(await answer.aread())[:300]!r}"
+            )
+        async for line in answer.aiter_lines():
+            if line.startswith("data: {") and '"text"' in line:
+                arrivals.append(time.perf_counter())
+    if len(arrivals) < 2:
+        raise RequestError(f"profile: {model} streamed {len(arrivals)} tokens, asked for {max_tokens}")
+    return (arrivals[-1] - arrivals[0]) * 1000 / (len(arrivals) - 1)
