@@ -237,18 +237,25 @@ async def test_hf_engine_batches_decodes_and_greedy_output_does_not_depend_on_th
         chat_ids(tok, text)
         for text in ("Hi", "What is the capital of France?", "Tell me a story about a cat")
     ]
+    lengths = (48, 12, 12)  # the first decodes long enough for the others to join it
     alone = [
-        tokens_of(await collect(hf_engine.generate(req(greedy(ids, 12, ignore_eos=True))))) for ids in prompts
+        tokens_of(await collect(hf_engine.generate(req(greedy(ids, n, ignore_eos=True)))))
+        for ids, n in zip(prompts, lengths, strict=True)
     ]
     batched_before = hf_engine.scheduler.batched_steps
 
-    async def late(ids: list[int], lengths: int, delay: float) -> list[int]:
-        await asyncio.sleep(delay)  # joins a batch that is already decoding
-        return tokens_of(await collect(hf_engine.generate(req(greedy(ids, lengths, ignore_eos=True)))))
-
-    together = await asyncio.gather(
-        late(prompts[0], 12, 0), late(prompts[1], 12, 0.01), late(prompts[2], 12, 0.03)
+    first = hf_engine.generate(req(greedy(prompts[0], lengths[0], ignore_eos=True)))
+    head = [(await first.__anext__()).to_dict()]  # the first is decoding now: the others join its batch
+    others = asyncio.ensure_future(
+        asyncio.gather(
+            *(
+                collect(hf_engine.generate(req(greedy(ids, n, ignore_eos=True))))
+                for ids, n in zip(prompts[1:], lengths[1:], strict=True)
+            )
+        )
     )
+    head += await collect(first)
+    together = [tokens_of(head), *(tokens_of(items) for items in await others)]
     assert together == alone
     assert hf_engine.scheduler.batched_steps > batched_before  # decodes did share forward passes
     assert hf_engine.stats()["batched_steps"] == hf_engine.scheduler.batched_steps
