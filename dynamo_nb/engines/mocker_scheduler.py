@@ -281,18 +281,19 @@ class MockerScheduler:
             prefix = sum(job.computed for job, _ in chunks)
             prefill = self.timing.prefill_ms(batch * (total // batch - prefix // batch))
         chunk_of = {id(job): tokens for job, tokens in chunks}
-        ready = [
-            job
-            for job in self.running
-            if not job.cancelled
-            and not job.handoff
-            and job.emitted < job.max_tokens
-            and job.computed + chunk_of.get(id(job), 0) >= job.prompt_len  # computed once this step ends
-        ]
+        ready = kv_tokens = 0  # the jobs with a token at the end of this step, and their context
+        for job in self.running:
+            if (
+                not job.cancelled
+                and not job.handoff
+                and job.emitted < job.max_tokens
+                and job.computed + chunk_of.get(id(job), 0) >= job.prompt_len  # computed once this step ends
+            ):
+                ready += 1
+                kv_tokens += job.prompt_len + job.emitted
         decode = 0.0
         if ready:
-            kv_tokens = sum(job.prompt_len + job.emitted for job in ready)
-            decode = self.timing.decode_ms(batch=len(ready), kv_tokens=kv_tokens, kv_load=self.kv_load())
+            decode = self.timing.decode_ms(batch=ready, kv_tokens=kv_tokens, kv_load=self.kv_load())
             decode /= self.decode_speedup_ratio
         scale = 1000.0 * self.speedup_ratio
         return prefill / scale, decode / scale

@@ -93,8 +93,7 @@ class TimingProfile:
         """Write Dynamo's profile-data folder (both ``raw_data.npz``); returns ``folder``."""
         import numpy as np
 
-        if len(self.prefill) < 3 or len(self.decode) < 3:
-            raise ConfigError("a profile needs at least 3 prefill and 3 decode measurements to be fitted")
+        model = ProfiledTiming.fit(self)  # refuses a profile too small to fit before anything is written
         root = Path(folder)
         (root / PREFILL_FOLDER).mkdir(parents=True, exist_ok=True)
         (root / DECODE_FOLDER).mkdir(parents=True, exist_ok=True)
@@ -108,7 +107,7 @@ class TimingProfile:
         np.savez(root / DECODE_FOLDER / RAW_DATA, x_kv_usage=batch * context / self.max_kv_tokens,
                  y_context_length=context, z_itl=itl, z_thpt_per_gpu=batch / itl * 1000.0,
                  max_kv_tokens=np.array([self.max_kv_tokens]))  # fmt: skip
-        ProfiledTiming.fit(self).write_mocker_npz(root / MOCKER_NPZ)
+        model.write_mocker_npz(root / MOCKER_NPZ)
         (root / KIT_EXTRAS).write_text(json.dumps({"request_overhead_ms": self.request_overhead_ms}) + "\n")
         return root
 
@@ -223,17 +222,19 @@ class ProfiledTiming:
         )
 
 
-_LOADED: dict[str, TimingModel] = {}
+_LOADED: dict[tuple[str, int], TimingModel] = {}
 
 
 def timing_model(planner_profile_data: str | Path | None) -> TimingModel:
     """The timing model a mocker uses: Dynamo's curves (None), or fitted to the profile folder
-    (read once per process)."""
+    (read once per process while its files are unchanged: a profile written again is read again)."""
     if planner_profile_data is None:
         return PolynomialTiming()
-    key = str(Path(planner_profile_data).resolve())
+    root = Path(planner_profile_data).resolve()
+    written = max((path.stat().st_mtime_ns for path in root.rglob("*") if path.is_file()), default=0)
+    key = (str(root), written)
     if key not in _LOADED:
-        _LOADED[key] = ProfiledTiming.fit(TimingProfile.read(planner_profile_data))
+        _LOADED[key] = ProfiledTiming.fit(TimingProfile.read(root))
     return _LOADED[key]
 
 
