@@ -47,21 +47,32 @@ def machine() -> str:
 def run_benchmark(
     doc: str,
     name: str,
-    main: Callable[[int], Coroutine[Any, Any, dict[str, Any]]],
+    main: Callable[..., Coroutine[Any, Any, dict[str, Any]]],
     print_table: Callable[[dict[str, Any]], None],
     *,
     requests: int,
     requests_help: str,
+    engines: tuple[str, ...] = (),
 ) -> None:
-    """Parse ``--requests`` and ``--out``, run ``main(requests)``, write its JSON, print its table."""
+    """Parse ``--requests`` and ``--out``, run ``main(requests)``, write its JSON, print its table.
+    ``engines``: the benchmark also takes ``--engine`` (the first is the default), passed on as
+    ``main(requests, engine)``; another engine's JSON is ``{name}_{engine}.json``."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--requests", type=int, default=requests, help=f"{requests_help} (default: %(default)s)"
     )
-    parser.add_argument("--out", type=Path, default=RESULTS / f"{name}.json", help="where the JSON goes")
+    if engines:
+        parser.add_argument("--engine", choices=engines, default=engines[0], help="the engine measured (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help=f"where the JSON goes (default: results/{name}.json)")
     args = parser.parse_args()
-    result = asyncio.run(main(args.requests))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    if engines:
+        result = asyncio.run(main(args.requests, args.engine))
+        default = RESULTS / (f"{name}.json" if args.engine == engines[0] else f"{name}_{args.engine}.json")
+    else:
+        result = asyncio.run(main(args.requests))
+        default = RESULTS / f"{name}.json"
+    out = args.out or default
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
-    print(f"\nwrote {args.out}")
+    print(f"\nwrote {out}")

@@ -1,15 +1,20 @@
-"""How far replay is from the live run it predicts: the hf engine (the built-in tiny model, behind
-the frontend, in this process) profiled (`bench.profile`), then one synthetic trace per load sent
+"""How far replay is from the live run it predicts: an engine (hf or vLLM on the CPU, the built-in
+tiny model, behind the frontend in this process) profiled (`bench.profile`), then one synthetic trace per load sent
 live (`bench.run_trace`) and replayed on one mocker worker with Dynamo's default curves and with
 the profiled model (`replay.fidelity`), side by side, in one run. Both replays add the request
 overhead the profile measured between the client and the engine (`Fleet.overhead_ms`).
 
-Three loads: below, near and past what one worker answers on these 2 cores (the achieved
-request rate says which). Per load and model: TTFT and ITL p50/p90 and output tokens/s, replay
+Three loads: below, near and past what one worker answers on these 2 cores: 0.15, 0.5 and 0.95
+times the rate at which it answers a burst of the trace's requests sent at once, measured first
+(a full batch from the start: a steady load saturates below it, and the achieved request rate
+of each load says where the knee is). Each load is sent live twice, every run's blocks new to the engine
+(`bench.unseen_blocks`: nothing cached from an earlier run, as each replay starts cold); the
+second run ("again") is the noise floor, how far two live runs of the same requests are apart.
+Per load and model: TTFT and ITL p50/p90 and output tokens/s, replay
 against live, the error in percent, and the per-request TTFT error (MAPE). The issue's bar for the
 profiled model: TTFT p50 and ITL p50 within 15 %, p90 within 25 % (reported, whatever it is).
 
-    python benchmarks/fidelity.py [--requests 80]
+    python benchmarks/fidelity.py [--requests 160] [--engine hf|vllm]   # vllm: results/fidelity_vllm.json
 """
 
 from __future__ import annotations
@@ -29,35 +34,58 @@ from dynamo_nb.frontend import Frontend
 from dynamo_nb.models import tiny_model_path
 from dynamo_nb.replay import Fleet, MockerSettings, fidelity
 
-MODEL, RATES = "tiny-llama", (5.0, 20.0, 60.0)
+MODEL, LOADS = "tiny-llama", (0.15, 0.5, 0.95)  # of the burst's request rate
 BARS = {"ttft_p50_ms": 15.0, "itl_p50_ms": 15.0, "ttft_p90_ms": 25.0, "itl_p90_ms": 25.0}
 
 
-async def main(requests: int) -> dict[str, Any]:
+async def start_engine(name: str) -> Any:
+    if name == "hf":
+        return await HFEngine.load(tiny_model_path())
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from dynamo_nb.engines.vllm import VllmEngine, cpu_engine_defaults
+
+    args = AsyncEngineArgs(model=str(tiny_model_path()), enforce_eager=True, **cpu_engine_defaults())
+    return await VllmEngine.start(args)
+
+
+async def main(requests: int, engine_name: str) -> dict[str, Any]:
     async with await DistributedRuntime.create() as runtime:
-        engine = await HFEngine.load(tiny_model_path())
+        engine = await start_engine(engine_name)
         await serve_engine(runtime, WorkerRole(), tiny_model_path(), MODEL, lambda kv_events: engine)
         frontend = await Frontend.start(runtime, port=0)
         try:
             await frontend.wait_for_model(MODEL)
             measured = await bench.profile(frontend.url, MODEL, progress=False)
             with tempfile.TemporaryDirectory() as folder:
-                profiled_settings = MockerSettings(block_size=engine.block_size or 16, max_num_seqs=engine.max_num_seqs or 64,
-                                                   planner_profile_data=str(measured.write(Path(folder) / "hf")))  # fmt: skip
+                limits = {"block_size": engine.block_size or 16, "max_num_seqs": engine.max_num_seqs or 256,
+                          "max_num_batched_tokens": getattr(getattr(engine, "scheduler", None), "max_num_batched_tokens",
+                                                            None) or 8192}  # fmt: skip
+                profiled_settings = MockerSettings(**limits, planner_profile_data=str(measured.write(Path(folder) / "p")))
                 models = {
-                    "Dynamo's curves": MockerSettings(block_size=engine.block_size or 16),
+                    "Dynamo's curves": MockerSettings(**limits),
                     "profiled": profiled_settings,
                 }
+                burst = bench.synthetic_trace(requests, rate=10_000.0, prefix_blocks=2, output_length=32, seed=1)
+                sustained = bench.summary(await bench.run_trace(frontend.url, MODEL, burst, progress=False))
+                capacity = float(sustained["req_per_s"].iloc[0])
                 loads = []
-                for rate in RATES:
+                for number, share in enumerate(LOADS, start=1):
+                    rate = round(share * capacity, 1)
                     trace = bench.synthetic_trace(
                         requests, rate=rate, prefix_blocks=2, output_length=32, seed=1
                     )
-                    live = await bench.run_trace(frontend.url, MODEL, trace, progress=False)
+                    # each run's blocks new to the engine: a cold cache, as each replay starts
+                    live, again = [
+                        await bench.run_trace(
+                            frontend.url, MODEL, bench.unseen_blocks(trace, 2 * number + run), progress=False
+                        )
+                        for run in (1, 2)
+                    ]
                     fleet = Fleet(workers=1, router="round-robin", overhead_ms=measured.request_overhead_ms)
-                    table = fidelity(trace, live, models, fleet=fleet)
+                    table = fidelity(trace, live, models, fleet=fleet, again=again)
                     achieved = bench.summary(live)["req_per_s"].iloc[0]
-                    loads.append({"rate": rate, "achieved_req_per_s": float(achieved),
+                    loads.append({"share_of_burst": share, "rate": rate, "achieved_req_per_s": float(achieved),
                                   "rows": table.to_dict(orient="records")})  # fmt: skip
         finally:
             await frontend.stop()
@@ -67,7 +95,9 @@ async def main(requests: int) -> dict[str, Any]:
     return {
         "benchmark": "fidelity",
         "machine": machine(),
-        "engine": "hf (the built-in tiny model, CPU), behind the frontend in this process; replayed on 1 mocker worker",
+        "engine": f"{engine_name} (the built-in tiny model, CPU), behind the frontend in this process; replayed on "
+        "1 mocker worker",
+        "burst_req_per_s": capacity,
         "trace": {
             "requests": requests,
             "prefix_blocks": 2,
@@ -86,7 +116,7 @@ async def main(requests: int) -> dict[str, Any]:
         "bars_pct": BARS,
         "loads": loads,
         "profiled_within_bars": {
-            str(load["rate"]): all(
+            f"{load['share_of_burst']:g}x": all(
                 abs(row["error_pct"]) <= BARS[row["figure"]]
                 for row in load["rows"]
                 if row["model"] == "profiled" and row["figure"] in BARS
@@ -101,11 +131,12 @@ def print_table(result: dict[str, Any]) -> None:
           "between the client and the engine (the replayed fleet's overhead_ms)")  # fmt: skip
     print(f"  fit within {result['profile']['worst_prefill_fit_pct']:.1f} % (prefill), "
           f"{result['profile']['worst_decode_fit_pct']:.1f} % (decode) of each measured point")  # fmt: skip
+    print(f"{result['engine']}: a burst answered at {result['burst_req_per_s']:.1f} req/s")
     for load in result["loads"]:
-        print(
-            f"\n{load['rate']:g} req/s offered, {load['achieved_req_per_s']:.1f} answered; replay vs live, error %"
-        )
-        print(f"  {'figure':18} {'live':>9} {'curves':>9} {'err %':>8} {'profiled':>9} {'err %':>8}")
+        print(f"\n{load['share_of_burst']:g}× that: {load['rate']:g} req/s offered, "
+              f"{load['achieved_req_per_s']:.1f} answered; replay vs live, error %")  # fmt: skip
+        print(f"  {'figure':18} {'live':>9} {'curves':>9} {'err %':>8} {'profiled':>9} {'err %':>8} "
+              f"{'again':>9} {'err %':>8}")  # fmt: skip
         by = {(row["model"], row["figure"]): row for row in load["rows"]}
         for figure in (
             "ttft_p50_ms",
@@ -115,13 +146,15 @@ def print_table(result: dict[str, Any]) -> None:
             "output_tok_per_s",
             "ttft_mape_pct",
         ):
-            curves, profiled = by[("Dynamo's curves", figure)], by[("profiled", figure)]
+            curves, profiled, again = (by[(model, figure)] for model in ("Dynamo's curves", "profiled", "live again"))
             print(f"  {figure:18} {curves['live']:9.1f} {curves['replay']:9.1f} {curves['error_pct']:8.1f} "
-                  f"{profiled['replay']:9.1f} {profiled['error_pct']:8.1f}")  # fmt: skip
+                  f"{profiled['replay']:9.1f} {profiled['error_pct']:8.1f} "
+                  f"{again['replay']:9.1f} {again['error_pct']:8.1f}")  # fmt: skip
     print(
         f"\nthe profiled model within the bars (TTFT/ITL p50 ±15 %, p90 ±25 %): {result['profiled_within_bars']}"
     )
 
 
 if __name__ == "__main__":
-    run_benchmark(__doc__, "fidelity", main, print_table, requests=80, requests_help="requests per load")
+    run_benchmark(__doc__, "fidelity", main, print_table, requests=160, requests_help="requests per load",
+                  engines=("hf", "vllm"))  # fmt: skip

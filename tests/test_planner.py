@@ -65,6 +65,36 @@ def test_a_disaggregated_plan_finds_the_split_and_prices_each_pool_on_its_tokens
     assert answer.chart().to_png()[:4] == b"\x89PNG"
 
 
+def test_a_plan_given_its_models_error_shows_the_band_and_the_fleet_that_meets_within_it() -> None:
+    """TTFT p90 400/workers ms against 150: 3 workers meet it as predicted (133 ms), but at the
+    measured error of 20 % the band's top (160 ms) does not; 4 (100, top 120) does."""
+    simulate = stub_capacity(lambda f: 0.4 / f.workers, lambda f: 0.05 / f.workers)
+    error = {"ttft_p50_ms": -5.0, "ttft_p90_ms": -20.0, "itl_p50_ms": 10.0, "itl_p90_ms": -3.0}
+    answer = plan(TRACE, bench.SLO(ttft_ms=150, itl_ms=20), simulate=simulate, max_workers=8, error=error)
+    assert answer.fleet == Fleet(workers=3) and answer.fleet_within_error == Fleet(workers=4)
+    table = answer.table.set_index("workers")
+    assert table.loc[3, "ttft_p90_ms_high"] == pytest.approx(400 / 3 * 1.2)
+    assert table.loc[3, "ttft_p90_ms_low"] == pytest.approx(400 / 3 * 0.8)
+    assert table.loc[3, "itl_p90_ms_high"] == pytest.approx(50 / 3 * 1.03)  # its own figure's error
+    assert table["meets_within_error"].tolist() == [False, False, False, True]
+    assert "TTFT ±20 %" in repr(answer) and "within it, 4 workers" in repr(answer)
+    assert answer.chart().to_png()[:4] == b"\x89PNG"
+    at_p99 = plan(TRACE, bench.SLO(ttft_ms=150), simulate=simulate, percentile=99, error=error)
+    assert "TTFT ±20 %" in repr(at_p99)  # no p99 measured: the larger of p50's and p90's
+    assert "model error not measured" in repr(plan(TRACE, bench.SLO(ttft_ms=150), simulate=simulate))
+
+
+def test_a_disaggregated_plan_within_error_is_a_split() -> None:
+    simulate = stub_capacity(lambda f: 0.3 / f.prefill, lambda f: 0.06 / f.decode)
+    answer = plan(TRACE, bench.SLO(ttft_ms=160, itl_ms=25), disaggregated=True, simulate=simulate,
+                  max_workers=8, error={"ttft_p90_ms": 10.0, "itl_p90_ms": 25.0})  # fmt: skip
+    assert answer.fleet == Fleet(prefill=2, decode=3)
+    # 150 ms TTFT at 2 prefill workers is 165 at the band's top (3 take it to 110), 20 ms ITL at
+    # 3 decode workers is 25 at its top, still within the SLO
+    assert answer.fleet_within_error == Fleet(prefill=3, decode=3)
+    assert answer.table["workers"].max() == 6  # searched on until a size meets it within the error
+
+
 def test_an_aggregated_plan_splits_cost_by_what_the_engines_spent_time_on() -> None:
     simulate = stub_capacity(lambda f: 0.1, lambda f: 0.01)
     answer = plan(TRACE, bench.SLO(ttft_ms=500), simulate=simulate, price_per_worker_hour=4.0)

@@ -42,6 +42,40 @@ def test_a_fit_recovers_a_known_engines_coefficients() -> None:
     assert all(abs(e) < 1e-6 for errors in model.residuals().values() for e in errors)
 
 
+def test_decode_steps_are_interpolated_on_the_measured_grid_and_extrapolated_beyond_it() -> None:
+    """A step time that bends with the batch (no plane fits it): the grid passes through every
+    point, is linear between and beyond them, and each point left out is predicted from the rest."""
+    def step(b: int, c: float) -> float:
+        return 1.0 + 0.4 * min(b, 4) + 0.1 * b + 0.002 * b * c
+
+    bent = TimingProfile(prefill=KNOWN.prefill, decode=[(b, c, step(b, c)) for b in (1, 2, 4, 8, 16)
+                                                        for c in (40.0, 400.0)])  # fmt: skip
+    model = ProfiledTiming.fit(bent)
+    assert model.decode_grid is not None and model.decode_grid[0] == (1.0, 2.0, 4.0, 8.0, 16.0)
+    for b, c, ms in bent.decode:
+        assert model.decode_ms(batch=b, kv_tokens=round(b * c), kv_load=0) == pytest.approx(ms)
+    assert model.decode_ms(batch=12, kv_tokens=12 * 40, kv_load=0) == pytest.approx(step(12, 40))  # between
+    assert model.decode_ms(batch=32, kv_tokens=32 * 220, kv_load=0) == pytest.approx(step(32, 220))  # beyond
+    plane = ProfiledTiming.fit(TimingProfile(prefill=KNOWN.prefill, decode=bent.decode[:-1]))  # not a grid
+    assert plane.decode_grid is None and "grid" not in repr(plane) and "5×2 grid" in repr(model)
+    errors = model.residuals()["decode"]  # left out: the bend at 4 is what a neighbour cannot see
+    assert len(errors) == 10 and max(abs(e) for e in errors) > 5 and min(abs(e) for e in errors) < 1e-6
+
+
+def test_a_cached_prefix_costs_what_the_profile_measured() -> None:
+    """Prefills after a cached prefix fit the prefix's cost, q·P + r·P·T, over the uncached curve."""
+    def after(p: int, t: int) -> float:
+        return 2e-5 * t * t + 0.03 * t + 4 + 0.002 * p + 1e-5 * p * t
+
+    with_prefix = TimingProfile(prefill=KNOWN.prefill, decode=KNOWN.decode,
+                                prefill_after_prefix=[(p, t, after(p, t)) for p in (128, 512) for t in (16, 256)])  # fmt: skip
+    model = ProfiledTiming.fit(with_prefix)
+    assert np.allclose(model.prefix_coefficients, (0.002, 1e-5), rtol=1e-6)
+    assert model.prefill_ms(64, 300) == pytest.approx(after(300, 64))
+    assert model.prefill_ms(64) == pytest.approx(after(0, 64)) and "·P·T" in repr(model)
+    assert ProfiledTiming.fit(KNOWN).prefix_coefficients == (0.0, 0.0)  # none measured: the uncached curve
+
+
 def test_a_profile_round_trips_through_dynamos_layout(tmp_path: Path) -> None:
     folder = KNOWN.write(tmp_path / "profile")
     with np.load(folder / "selected_prefill_interpolation" / "raw_data.npz") as prefill:
@@ -99,12 +133,17 @@ async def test_a_live_engine_is_profiled_written_and_fitted(tmp_path: Path) -> N
     """The hf engine behind the frontend, measured by bench.profile and by the command line."""
     async with hf_frontends() as (front,):
         measured = await bench.profile(front.url, "tiny-llama", prefill_tokens=(16, 64, 256), batches=(1, 4),
-                                       contexts=(32, 128), decode_tokens=8, repeats=1, progress=False)  # fmt: skip
+                                       contexts=(32, 128), cached_prefixes=(64, 256), new_after_prefix=(16, 128),
+                                       decode_tokens=8, repeats=1, progress=False)  # fmt: skip
         assert [t for t, _ in measured.prefill] == [16, 64, 256] and all(ms > 0 for _, ms in measured.prefill)
+        # the engine's own cached count (whole 16-token blocks of the prefix), the rest new
+        assert [(p, t) for p, t, _ in measured.prefill_after_prefix] == [(64, 16), (64, 128), (256, 16), (256, 128)]
         assert [(b, c) for b, c, _ in measured.decode] == [(1, 36.0), (1, 132.0), (4, 36.0), (4, 132.0)]
         assert all(ms > 0 for *_, ms in measured.decode) and measured.request_overhead_ms > 0
         model = ProfiledTiming.fit(TimingProfile.read(measured.write(tmp_path / "hf")))
         assert model.prefill_ms(128) > 0 and model.decode_ms(batch=4, kv_tokens=400, kv_load=0) > 0
+        assert model.profile.prefill_after_prefix == measured.prefill_after_prefix  # kept beside Dynamo's files
+        assert model.prefix_coefficients != (0.0, 0.0)
         command = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dynamo_nb", "profile", "--url", front.url, "--model", "tiny-llama",
             "--out", str(tmp_path / "cli"), "--repeats", "1",

@@ -71,7 +71,7 @@ from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .slo import SLO, max_rate_within_slo, slo_attainment
 from .stats import load_json, save_csv, save_json, summary
 from .trace_runner import run_trace
-from .traces import read_trace, save_trace, synthetic_trace, trace_token_ids
+from .traces import read_trace, save_trace, synthetic_trace, trace_token_ids, unseen_blocks
 
 __all__ = [
     "CHARTS",
@@ -111,6 +111,7 @@ __all__ = [
     "throughput_chart",
     "trace_token_ids",
     "ttft_itl_chart",
+    "unseen_blocks",
     "wait_for_model",
     "with_routing",
 ]

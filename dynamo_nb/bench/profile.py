@@ -9,10 +9,15 @@ How it measures:
 - prefill: one request at a time of ``n`` random token ids (nothing cached) and one output
   token: the frontend's ``nvext.timing`` ``prefill_time_ms`` (from being let in to the first
   token, so the client's costs are left out), the median of ``repeats``;
+- prefill after a cached prefix: a prompt of ``prefix`` random ids sent once (so the engine
+  caches it), then the same ids and ``n`` new ones, timed as above; the cached count is the
+  engine's own (``usage.prompt_tokens_details.cached_tokens``), and an engine that cached
+  nothing gives an uncached point;
 - decode: ``batch`` streamed requests at once with prompts of ``context`` random ids and
   ``decode_tokens`` outputs each (``ignore_eos``): the mean gap between tokens as the client
-  reads them (the engine's step with the frontend's and the stream's cost per token, which share
-  the machine with it, as in a live run), the median over the batch; its context is
+  reads them while every stream of the batch decodes (the engine's step with the frontend's and
+  the stream's cost per token, which share the machine with it, as in a live run; the prompts'
+  prefills left out), the median over the batch, then over ``repeats`` rounds; its context is
   ``context + decode_tokens / 2`` on average;
 - between the client and the engine: each prefill request's time at the client less the
   frontend's own ``total_time_ms`` (HTTP both ways), the median: ``request_overhead_ms``.
@@ -45,7 +50,9 @@ from .progress import progress_bar
 __all__ = ["main", "profile"]
 
 PREFILL_TOKENS = (16, 64, 128, 256, 512)
-BATCHES = (1, 2, 4, 8)
+CACHED_PREFIXES = (128, 384)
+NEW_AFTER_PREFIX = (16, 64, 256)
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (32, 128, 384)
 
 
@@ -54,6 +61,8 @@ async def profile(
     model: str,
     *,
     prefill_tokens: Sequence[int] = PREFILL_TOKENS,
+    cached_prefixes: Sequence[int] = CACHED_PREFIXES,
+    new_after_prefix: Sequence[int] = NEW_AFTER_PREFIX,
     batches: Sequence[int] = BATCHES,
     contexts: Sequence[int] = CONTEXTS,
     decode_tokens: int = 24,
@@ -71,7 +80,8 @@ async def profile(
         RequestError: a request failed (its status and message).
     """
     draw = random.Random(seed)
-    total = len(prefill_tokens) * repeats + sum(len(contexts) * batch for batch in batches)
+    total = len(prefill_tokens) * repeats + sum(len(contexts) * batch * repeats for batch in batches)
+    total += len(cached_prefixes) * len(new_after_prefix) * repeats
     bar = progress_bar(total, "profile", progress)
     import httpx
 
@@ -89,17 +99,36 @@ async def profile(
                 times.append(float(timing["prefill_time_ms"]))
                 bar.update(1)
             measured.prefill.append((tokens, statistics.median(times)))
+        for prefix_tokens in cached_prefixes:
+            for tokens in new_after_prefix:
+                bar.set_description(f"prefill {tokens} tokens after {prefix_tokens} cached")
+                points = []
+                for _ in range(repeats):
+                    prefix = _prompt(draw, prefix_tokens, vocab)
+                    await _timed(http, model, prefix, 1)  # the engine caches it
+                    timing, cached = await _timed_with_cached(http, model, prefix + _prompt(draw, tokens, vocab))
+                    points.append((cached, float(timing["prefill_time_ms"])))
+                    bar.update(1)
+                cached = statistics.median_low(count for count, _ in points)
+                ms = statistics.median(ms for _, ms in points)
+                if cached:
+                    measured.prefill_after_prefix.append((cached, prefix_tokens + tokens - cached, ms))
+                else:
+                    measured.prefill.append((prefix_tokens + tokens, ms))
         for batch in batches:
             for context in contexts:
                 bar.set_description(f"decode batch {batch}, context {context}")
-                step_ms = await asyncio.gather(
-                    *(
-                        _streamed_gap_ms(http, model, _prompt(draw, context, vocab), decode_tokens)
-                        for _ in range(batch)
+                rounds = []
+                for _ in range(repeats):
+                    arrivals = await asyncio.gather(
+                        *(
+                            _streamed_arrivals(http, model, _prompt(draw, context, vocab), decode_tokens)
+                            for _ in range(batch)
+                        )
                     )
-                )
-                bar.update(batch)
-                measured.decode.append((batch, context + decode_tokens / 2, statistics.median(step_ms)))
+                    rounds.append(_steady_gap_ms(arrivals))
+                    bar.update(batch)
+                measured.decode.append((batch, context + decode_tokens / 2, statistics.median(rounds)))
     measured.request_overhead_ms = max(statistics.median(overheads), 0.0)
     bar.close()
     return measured
@@ -111,17 +140,31 @@ def _prompt(draw: random.Random, tokens: int, vocab: int) -> list[int]:
 
 async def _timed(http: Any, model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     """The frontend's ``nvext.timing`` of one completion of exactly ``max_tokens`` tokens."""
+    timing: dict[str, Any] = (await _answer(http, model, prompt, max_tokens))["nvext"]["timing"]
+    return timing
+
+
+async def _timed_with_cached(http: Any, model: str, prompt: list[int]) -> tuple[dict[str, Any], int]:
+    """One output token's ``nvext.timing`` and the prompt tokens the engine found cached."""
+    data = await _answer(http, model, prompt, 1)
+    details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+    timing: dict[str, Any] = data["nvext"]["timing"]
+    return timing, int(details.get("cached_tokens") or 0)
+
+
+async def _answer(http: Any, model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """A completion of exactly ``max_tokens`` tokens with the frontend's ``nvext.timing``."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
             "nvext": {"extra_fields": ["timing"]}}  # fmt: skip
     answer = await http.post("/v1/completions", json=body)
     data = answer.json() if answer.headers.get("content-type", "").startswith("application/json") else None
     timing = (data.get("nvext") or {}).get("timing") if isinstance(data, dict) else None
-    if answer.status_code != 200 or not isinstance(timing, dict):
+    if answer.status_code != 200 or not isinstance(data, dict) or not isinstance(timing, dict):
         raise RequestError(
             f"profile: {model} answered {answer.status_code}: {answer.text[:300]} (profile a model served by the "
             "kit's frontend: its nvext.timing is what is measured)"
         )
-    return dict(timing)
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,10 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-async def _streamed_gap_ms(http: Any, model: str, prompt: list[int], max_tokens: int) -> float:
-    """The mean gap between a streamed answer's tokens as the client reads them (what a live
-    run's inter-token latency is made of: the engine's step, the frontend's and the stream's
-    cost per token)."""
+async def _streamed_arrivals(http: Any, model: str, prompt: list[int], max_tokens: int) -> list[float]:
+    """When each token of a streamed answer reached the client (``time.perf_counter`` seconds)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
             "stream": True}  # fmt: skip
     arrivals: list[float] = []
@@ -168,4 +209,20 @@ async def _streamed_gap_ms(http: Any, model: str, prompt: list[int], max_tokens:
                 arrivals.append(time.perf_counter())
     if len(arrivals) < 2:
         raise RequestError(f"profile: {model} streamed {len(arrivals)} tokens, asked for {max_tokens}")
-    return (arrivals[-1] - arrivals[0]) * 1000 / (len(arrivals) - 1)
+    return arrivals
+
+
+def _steady_gap_ms(arrivals: Sequence[list[float]]) -> float:
+    """The gap between tokens while the whole batch decodes: from the last stream's first token
+    to the first stream's last, the median over the streams (the prompts' prefills, which an
+    engine may spread over several steps, and the batch's ragged end are left out: a replay
+    adds its prefills to the steps they share). A batch whose streams barely overlap falls back
+    to each stream's own mean gap."""
+    start, end = max(times[0] for times in arrivals), min(times[-1] for times in arrivals)
+    gaps = []
+    for times in arrivals:
+        inside = [t for t in times if start <= t <= end]
+        if len(inside) < 4:
+            inside = times
+        gaps.append((inside[-1] - inside[0]) * 1000 / (len(inside) - 1))
+    return statistics.median(gaps)

@@ -30,7 +30,14 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["MOONCAKE_BLOCK_SIZE", "read_trace", "save_trace", "synthetic_trace", "trace_token_ids"]
+__all__ = [
+    "MOONCAKE_BLOCK_SIZE",
+    "read_trace",
+    "save_trace",
+    "synthetic_trace",
+    "trace_token_ids",
+    "unseen_blocks",
+]
 
 MOONCAKE_BLOCK_SIZE = 512
 TRACE_COLUMNS = ["timestamp_ms", "input_length", "output_length", "hash_ids"]
@@ -169,6 +176,28 @@ def synthetic_trace(
     frame = pd.DataFrame(rows, columns=[*TRACE_COLUMNS, "group"])
     frame.attrs["block_size"] = block_size
     return frame
+
+
+def unseen_blocks(trace: pd.DataFrame, run: int) -> pd.DataFrame:
+    """A copy of ``trace`` whose blocks are new for run number ``run`` (≥ 1): every hash id moved
+    past any an earlier run sent, so an engine that served those runs has none of them cached and
+    the trace's own sharing (its prefixes) is kept. Send one trace twice, or two traces with the
+    same ids (two loads of `synthetic_trace` with one seed), and the second finds its prompts
+    cached: a live run a cold replay cannot match.
+
+    Example:
+        >>> trace = synthetic_trace(2, rate=1.0, prefix_groups=1, prefix_blocks=1, seed=1)
+        >>> [list(ids) for ids in unseen_blocks(trace, 1)["hash_ids"]]
+        [[1000000000, 1000000001], [1000000000, 1000000002]]
+    """
+    if run < 1:
+        raise ConfigError(f"unseen_blocks: run {run}: number the runs from 1 (0 is the trace as it is)")
+    moved = trace.copy()
+    moved["hash_ids"] = [[int(block) + run * _RUN_STRIDE for block in ids] for ids in trace["hash_ids"]]
+    return moved
+
+
+_RUN_STRIDE = 1_000_000_000  # more blocks than any trace has (Mooncake's day: ~10⁷)
 
 
 def in_arrival_order(trace: pd.DataFrame) -> tuple[pd.DataFrame, float, float]:

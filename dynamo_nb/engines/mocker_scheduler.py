@@ -279,7 +279,7 @@ class MockerScheduler:
             batch = len(chunks)
             total = sum(job.computed + tokens for job, tokens in chunks)
             prefix = sum(job.computed for job, _ in chunks)
-            prefill = self.timing.prefill_ms(batch * (total // batch - prefix // batch))
+            prefill = self.timing.prefill_ms(batch * (total // batch - prefix // batch), prefix)
         chunk_of = {id(job): tokens for job, tokens in chunks}
         ready = kv_tokens = 0  # the jobs with a token at the end of this step, and their context
         for job in self.running:

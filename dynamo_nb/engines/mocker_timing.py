@@ -3,10 +3,17 @@
 - `PolynomialTiming`: Dynamo's mocker's default (its polynomial model, fitted on a GPU you may
   not have): prefill ``4.209989e-7·T² + 1.518344e-2·T + 16.50142`` ms for T uncached prompt
   tokens in the step, decode ``max(-25.74·p² + 54.01·p + 5.74, 1)`` ms at KV load p.
-- `ProfiledTiming`: fitted by least squares to a `TimingProfile` measured on a live engine
-  (`dynamo_nb.bench.profile`): prefill ``a·T² + b·T + c`` ms (the shape Dynamo's profiler fits
-  its prefill curve with), decode ``d₀ + d₁·batch + d₂·kv_tokens`` ms (a cost per step, per running
-  sequence and per KV token its attention reads), each floored at 0.1 ms.
+- `ProfiledTiming`: fitted to a `TimingProfile` measured on a live engine
+  (`dynamo_nb.bench.profile`): prefill ``a·T² + b·T + c + q·P + r·P·T`` ms for T uncached
+  tokens after P cached ones (the first three terms are the shape Dynamo's profiler fits its
+  prefill curve with; the last two, reading the cached prefix, are fitted where the profile
+  measured prefills after a cached prefix, else 0); decode, where the profile's points form a
+  grid of batch sizes × context lengths (as `dynamo_nb.bench.profile` measures them), the step
+  time interpolated on that grid, bilinear in (batch, context = kv_tokens / batch) and linear
+  beyond its edges (as Dynamo's mocker interpolates its profile: a step's time is not a plane in
+  batch and context, it bends where the batch starts to fill the cores); otherwise a plane
+  ``d₀ + d₁·batch + d₂·kv_tokens`` ms fitted by least squares (a cost per step, per running
+  sequence and per KV token its attention reads); each floored at 0.1 ms.
 - `TimingProfile`: the measured points, written and read in Dynamo's profile-data layout, the
   folder Dynamo's profiler writes and ``python -m dynamo.mocker --planner-profile-data DIR``
   reads: ``selected_prefill_interpolation/raw_data.npz`` (``prefill_isl``, ``prefill_ttft`` in ms,
@@ -48,7 +55,7 @@ FLOOR_MS = 0.1
 class TimingModel(Protocol):
     """What a mocker step costs: its prefill part and its decode part, in milliseconds."""
 
-    def prefill_ms(self, uncached_tokens: int) -> float: ...
+    def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float: ...
 
     def decode_ms(self, *, batch: int, kv_tokens: int, kv_load: float) -> float: ...
 
@@ -56,7 +63,7 @@ class TimingModel(Protocol):
 class PolynomialTiming:
     """Dynamo's mocker's built-in curves (see the module docstring): decode reads only the KV load."""
 
-    def prefill_ms(self, uncached_tokens: int) -> float:
+    def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         if uncached_tokens <= 0:
             return 0.0
         t = float(uncached_tokens)
@@ -75,16 +82,13 @@ class TimingProfile:
 
     Attributes:
         prefill: ``(input tokens, prefill ms)`` per measurement, nothing cached.
-        decode: ``(batch size, context length, ms per decode step)`` per measurement.
-        max_kv_tokens: the KV capacity Dynamo's format expresses the decode load against.
-        request_overhead_ms: a request's time between the client and the engine (HTTP, the
-            frontend, the request plane), for `dynamo_nb.replay.Fleet`'s ``overhead_ms``; kept
-            in ``kit_profile.json`` beside Dynamo's files.
-        source: where it was measured or read (shown, not used).
+        prefill_after_prefix: ``(cached tokens, new tokens, prefill ms)`` per measurement of a
+            prompt whose prefix was cached (kept in ``kit_profile.json``: Dynamo's layout has none).
     """
 
     prefill: list[tuple[int, float]] = field(default_factory=list)
     decode: list[tuple[int, float, float]] = field(default_factory=list)
+    prefill_after_prefix: list[tuple[int, int, float]] = field(default_factory=list)
     max_kv_tokens: int = 262144
     request_overhead_ms: float = 0.0
     source: str = ""
@@ -108,7 +112,8 @@ class TimingProfile:
                  y_context_length=context, z_itl=itl, z_thpt_per_gpu=batch / itl * 1000.0,
                  max_kv_tokens=np.array([self.max_kv_tokens]))  # fmt: skip
         model.write_mocker_npz(root / MOCKER_NPZ)
-        (root / KIT_EXTRAS).write_text(json.dumps({"request_overhead_ms": self.request_overhead_ms}) + "\n")
+        extras = {"request_overhead_ms": self.request_overhead_ms, "prefill_after_prefix": self.prefill_after_prefix}
+        (root / KIT_EXTRAS).write_text(json.dumps(extras) + "\n")
         return root
 
     @classmethod
@@ -138,6 +143,7 @@ class TimingProfile:
             decode=points,
             max_kv_tokens=max_kv,
             request_overhead_ms=float(extras.get("request_overhead_ms", 0.0)),
+            prefill_after_prefix=[(int(p), int(t), float(ms)) for p, t, ms in extras.get("prefill_after_prefix", [])],
             source=str(root),
         )
 
@@ -148,17 +154,24 @@ class ProfiledTiming:
 
     Attributes:
         prefill_coefficients: ``(a, b, c)`` of ``a·T² + b·T + c`` ms.
-        decode_coefficients: ``(d₀, d₁, d₂)`` of ``d₀ + d₁·batch + d₂·kv_tokens`` ms.
+        decode_coefficients: ``(d₀, d₁, d₂)`` of the plane ``d₀ + d₁·batch + d₂·kv_tokens`` ms
+            (what a profile whose points are not a grid is given; shown for every profile).
         profile: the points it was fitted to (for residuals and charts).
+        prefix_coefficients: ``(q, r)`` of the cached prefix's ``q·P + r·P·T`` ms ((0, 0): not measured).
+        decode_grid: ``(batches, contexts, ms[batch][context])`` the decode steps are
+            interpolated on (None: the points are not a grid, the plane is used).
     """
 
     prefill_coefficients: tuple[float, float, float]
     decode_coefficients: tuple[float, float, float]
     profile: TimingProfile
+    decode_grid: tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[float, ...], ...]] | None = None
+    prefix_coefficients: tuple[float, float] = (0.0, 0.0)
 
     @classmethod
     def fit(cls, profile: TimingProfile) -> ProfiledTiming:
-        """Least squares over the profile's points (prefill quadratic, decode linear)."""
+        """Prefill by least squares (quadratic, then the cached prefix's terms), decode on the
+        points' grid (or a plane by least squares)."""
         import numpy as np
 
         if len(profile.prefill) < 3 or len(profile.decode) < 3:
@@ -171,16 +184,33 @@ class ProfiledTiming:
         kv_tokens = batch * np.array([c for _, c, _ in profile.decode], dtype=float)
         step_ms = np.array([ms for _, _, ms in profile.decode], dtype=float)
         d = np.linalg.lstsq(np.stack([np.ones_like(batch), batch, kv_tokens], axis=1), step_ms, rcond=None)[0]
-        return cls((float(a), float(b), float(c)), (float(d[0]), float(d[1]), float(d[2])), profile)
+        prefix = (0.0, 0.0)
+        if len(profile.prefill_after_prefix) >= 2:  # what the prefix adds over the same tokens uncached
+            cached = np.array([p for p, _, _ in profile.prefill_after_prefix], dtype=float)
+            new = np.array([t for _, t, _ in profile.prefill_after_prefix], dtype=float)
+            added = np.array([ms for _, _, ms in profile.prefill_after_prefix]) - (a * new**2 + b * new + c)
+            q, r = np.linalg.lstsq(np.stack([cached, cached * new], axis=1), added, rcond=None)[0]
+            prefix = (float(q), float(r))
+        return cls((float(a), float(b), float(c)), (float(d[0]), float(d[1]), float(d[2])), profile,
+                   _grid(profile.decode), prefix)  # fmt: skip
 
-    def prefill_ms(self, uncached_tokens: int) -> float:
+    def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         if uncached_tokens <= 0:
             return 0.0
         a, b, c = self.prefill_coefficients
-        t = float(uncached_tokens)
-        return max(a * t * t + b * t + c, FLOOR_MS)
+        q, r = self.prefix_coefficients
+        t, p = float(uncached_tokens), float(cached_tokens)
+        return max(a * t * t + b * t + c + q * p + r * p * t, FLOOR_MS)
 
     def decode_ms(self, *, batch: int, kv_tokens: int, kv_load: float) -> float:
+        if self.decode_grid is not None:
+            batches, contexts, ms = self.decode_grid
+            context = kv_tokens / batch if batch else 0.0
+            i, u = _segment(batches, float(batch))
+            j, v = _segment(contexts, context)
+            low = ms[i][j] + v * (ms[i][j + 1] - ms[i][j])
+            high = ms[i + 1][j] + v * (ms[i + 1][j + 1] - ms[i + 1][j])
+            return max(low + u * (high - low), FLOOR_MS)
         d0, d1, d2 = self.decode_coefficients
         return max(d0 + d1 * batch + d2 * kv_tokens, FLOOR_MS)
 
@@ -205,8 +235,23 @@ class ProfiledTiming:
         return Path(path)
 
     def residuals(self) -> dict[str, list[float]]:
-        """Each measured point's error in percent of the measurement: ``prefill`` and ``decode``."""
+        """Each measured point's error in percent of the measurement: ``prefill`` and ``decode``.
+        On a decode grid, which passes through its points, each point is predicted from the
+        others (left out, interpolated or extrapolated along the batch axis from its neighbours):
+        how far a batch size between those measured may be off."""
         prefill = [100.0 * (self.prefill_ms(t) - ms) / ms for t, ms in self.profile.prefill]
+        prefill += [100.0 * (self.prefill_ms(t, p) - ms) / ms for p, t, ms in self.profile.prefill_after_prefix]
+        if self.decode_grid is not None and len(self.decode_grid[0]) >= 3:
+            batches, contexts, ms = self.decode_grid
+            decode = []
+            for i, batch in enumerate(batches):
+                others = batches[:i] + batches[i + 1 :]
+                k, u = _segment(others, batch)
+                for j in range(len(contexts)):
+                    column = [ms[row][j] for row in range(len(batches)) if row != i]
+                    predicted = column[k] + u * (column[k + 1] - column[k])
+                    decode.append(100.0 * (predicted - ms[i][j]) / ms[i][j])
+            return {"prefill": prefill, "decode": decode}
         decode = [
             100.0 * (self.decode_ms(batch=b, kv_tokens=round(b * c), kv_load=0.0) - ms) / ms
             for b, c, ms in self.profile.decode
@@ -216,10 +261,40 @@ class ProfiledTiming:
     def __repr__(self) -> str:
         a, b, c = self.prefill_coefficients
         d0, d1, d2 = self.decode_coefficients
+        q, r = self.prefix_coefficients
+        prefix = f" + {q:.3g}·P + {r:.3g}·P·T" if (q, r) != (0.0, 0.0) else ""
+        engine = f"{d0:.3g} + {d1:.3g}·batch + {d2:.3g}·kv_tokens"
+        if self.decode_grid is not None:
+            batches, contexts, _ = self.decode_grid
+            decode = (f"on a {len(batches)}×{len(contexts)} grid, batch {batches[0]:g}–{batches[-1]:g} × context "
+                      f"{contexts[0]:g}–{contexts[-1]:g} (a plane: {engine})")  # fmt: skip
+        else:
+            decode = engine
         return (
-            f"ProfiledTiming(prefill {a:.3g}·T² + {b:.3g}·T + {c:.3g} ms, "
-            f"decode {d0:.3g} + {d1:.3g}·batch + {d2:.3g}·kv_tokens ms; {self.profile.source or 'measured'})"
+            f"ProfiledTiming(prefill {a:.3g}·T² + {b:.3g}·T + {c:.3g}{prefix} ms, "
+            f"decode {decode} ms; {self.profile.source or 'measured'})"
         )
+
+
+def _grid(
+    points: list[tuple[int, float, float]],
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[tuple[float, ...], ...]] | None:
+    """The decode points as a full grid of ≥ 2 batch sizes × ≥ 2 contexts (None: they are not one)."""
+    batches = tuple(sorted({float(b) for b, _, _ in points}))
+    contexts = tuple(sorted({float(c) for _, c, _ in points}))
+    by_point = {(float(b), float(c)): ms for b, c, ms in points}
+    if len(batches) < 2 or len(contexts) < 2 or len(by_point) != len(batches) * len(contexts):
+        return None
+    return batches, contexts, tuple(tuple(by_point[(b, c)] for c in contexts) for b in batches)
+
+
+def _segment(edges: tuple[float, ...], x: float) -> tuple[int, float]:
+    """The segment of ``edges`` that ``x`` falls in (the first or last one beyond them) and where
+    in it (0 at its start, 1 at its end; below 0 or above 1 beyond the edges: linear extrapolation)."""
+    index = 0
+    while index < len(edges) - 2 and x > edges[index + 1]:
+        index += 1
+    return index, (x - edges[index]) / (edges[index + 1] - edges[index])
 
 
 _LOADED: dict[tuple[str, int], TimingModel] = {}

@@ -7,6 +7,14 @@ the ``percentile`` (90 by default) of the requests' TTFT is within ``slo.ttft_ms
 their mean inter-token gap within ``slo.itl_ms`` and that of their end-to-end time within
 ``slo.e2e_ms`` (the limits it sets).
 
+Every replayed figure is a prediction with an error: ``error`` is the timing model's, measured
+against a live run (`dynamo_nb.replay.model_error` of a `fidelity` table: figure → percent the
+replay was off). Each fleet's TTFT and ITL at the percentile then get a band, the prediction ±
+that error (the figure's own, or the larger of p50's and p90's for another percentile), the
+column ``meets_within_error`` says whether the band's top meets the SLO too, and
+``Plan.fleet_within_error`` is the fewest workers that do (the search goes on until one does).
+Without ``error`` the answer says its error is not measured.
+
 With ``price_per_worker_hour`` each fleet gets a cost per million input and output tokens:
 the fleet's worker-hours over the trace, split between input and output by what the engines
 spent their time on (disaggregated: the prefill pool's share goes to input tokens, the decode
@@ -23,7 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,12 +64,17 @@ class Plan:
             output tokens/s, cost per million tokens, ``meets`` and ``pareto`` (no other
             fleet is as small and as fast on both TTFT and ITL at the percentile).
         slo, percentile: what was asked.
+        error_pct: the timing model's measured error the bands come from (None: not measured).
+        fleet_within_error: the fewest workers that meet the SLO at the top of the bands (None:
+            no error given, or none tried did).
     """
 
     fleet: Fleet | None
     table: pd.DataFrame
     slo: SLO
     percentile: float
+    error_pct: dict[str, float] | None = None
+    fleet_within_error: Fleet | None = None
 
     def chart(self) -> Chart:
         """p-th percentile TTFT and ITL against workers, the SLO's limits dashed, the answer circled;
@@ -79,7 +92,10 @@ class Plan:
             (itl_ax, f"itl_{p}_ms", self.slo.itl_ms, f"ITL {p} (ms)"),
         ):
             for split, rows in table.groupby("split", sort=False):
-                ax.plot(rows["workers"], rows[column], marker="o", label=str(split))
+                line = ax.plot(rows["workers"], rows[column], marker="o", label=str(split))[0]
+                if f"{column}_high" in rows:  # the measured error's band
+                    ax.fill_between(rows["workers"], rows[f"{column}_low"], rows[f"{column}_high"],
+                                    color=line.get_color(), alpha=0.15, label=f"{split} ± model error")  # fmt: skip
             if limit is not None:
                 ax.axhline(limit, color="red", linestyle="--", alpha=0.7, label="SLO")
             chosen = table[table["chosen"]]
@@ -98,7 +114,35 @@ class Plan:
 
     def __repr__(self) -> str:
         answer = self.fleet.describe() if self.fleet is not None else "no fleet tried meets it"
-        return f"<Plan for {self.slo} at p{self.percentile:g}: {answer}>"
+        if self.error_pct is None:
+            error = "model error not measured"
+        else:
+            bands = ", ".join(f"{name.upper()} ±{_band_pct(self.error_pct, name, self.percentile):.0f} %"
+                              for name in ("ttft", "itl"))  # fmt: skip
+            margin = self.fleet_within_error.describe() if self.fleet_within_error else "none tried"
+            error = f"{bands} (measured error): within it, {margin}"
+        return f"<Plan for {self.slo} at p{self.percentile:g}: {answer}; {error}>"
+
+
+def _band_pct(error: dict[str, float], name: str, percentile: float) -> float:
+    """The error magnitude that applies to ``name``'s figure at ``percentile``: its own, or the
+    larger of the measured p50's and p90's (0 where neither was measured)."""
+    own = error.get(f"{name}_p{percentile:g}_ms")
+    if own is not None and math.isfinite(own):
+        return abs(own)
+    measured = [abs(v) for key, v in error.items() if key.startswith(f"{name}_p") and math.isfinite(v)]
+    return max(measured, default=0.0)
+
+
+def _with_bands(row: dict[str, Any], slo: SLO, percentile: float, error: dict[str, float]) -> None:
+    """Add the ttft and itl bands at ``percentile`` and ``meets_within_error`` to ``row``."""
+    top_meets = row["errors"] == 0
+    for name, limit in (("ttft", slo.ttft_ms), ("itl", slo.itl_ms)):
+        column, band = f"{name}_p{percentile:g}_ms", _band_pct(error, name, percentile) / 100.0
+        row[f"{column}_low"], row[f"{column}_high"] = row[column] * (1 - band), row[column] * (1 + band)
+        top_meets = top_meets and (limit is None or row[f"{column}_high"] <= limit)
+    e2e = f"e2e_p{percentile:g}_ms"
+    row["meets_within_error"] = bool(top_meets and (slo.e2e_ms is None or row[e2e] <= slo.e2e_ms))
 
 
 def _row(result: ReplayResult, slo: SLO, percentile: float, price: float | None) -> dict[str, Any]:
@@ -174,6 +218,7 @@ def plan(
     price_per_worker_hour: float | None = None,
     seed: int = 0,
     simulate: Simulate = replay,
+    error: Mapping[str, float] | None = None,
 ) -> Plan:
     """The fewest mocker workers (``settings``) that serve ``trace`` within ``slo`` at
     ``percentile``, by replay (see the module docstring).
@@ -189,6 +234,8 @@ def plan(
         price_per_worker_hour: adds the cost per million input and output tokens.
         seed: the routers' draws.
         simulate: how a fleet is tried (`dynamo_nb.replay.replay`).
+        error: the timing model's measured error, figure → percent (`replay.model_error`):
+            each fleet's band and the fleet that meets the SLO within it.
 
     Example::
 
@@ -203,10 +250,12 @@ def plan(
     if max_workers < smallest:
         raise ConfigError(f"max_workers must be at least {smallest}, got {max_workers}")
     settings = settings or MockerSettings()
+    measured_error = dict(error) if error is not None else None
     rows: list[dict[str, Any]] = []
     met_at: int | None = None
+    met_within_error_at: int | None = None
     for size in range(smallest, max_workers + 1):
-        if met_at is not None and size > met_at + 1:
+        if met_at is not None and size > met_at + 1 and (measured_error is None or met_within_error_at is not None):
             break
         if disaggregated:
             fleets = [Fleet(prefill=p, decode=size - p, router=router) for p in range(1, size)]
@@ -216,20 +265,31 @@ def plan(
             rows.append(
                 _row(simulate(trace, fleet, settings, seed=seed), slo, percentile, price_per_worker_hour)
             )
+            if measured_error is not None:
+                _with_bands(rows[-1], slo, percentile, measured_error)
         if met_at is None and any(r["meets"] for r in rows[-len(fleets) :]):
             met_at = size
+        if measured_error is not None and met_within_error_at is None:
+            if any(r["meets_within_error"] for r in rows[-len(fleets) :]):
+                met_within_error_at = size
     table = pd.DataFrame(rows)
     table["pareto"] = _pareto(table, percentile)
-    chosen: Fleet | None = None
     table["chosen"] = False
-    if met_at is not None:
-        candidates = table[(table["workers"] == met_at) & table["meets"]]
-        best = candidates[f"ttft_p{percentile:g}_ms"].idxmin()
-        table.loc[best, "chosen"] = True
-        if disaggregated:
-            chosen = Fleet(
-                prefill=int(table.loc[best, "prefill"]), decode=int(table.loc[best, "decode"]), router=router
-            )
-        else:
-            chosen = Fleet(workers=met_at, router=router)
-    return Plan(chosen, table, slo, percentile)
+    chosen = _fastest_at(table, met_at, "meets", percentile, router, disaggregated)
+    if chosen is not None:
+        table.loc[table["fleet"] == chosen.describe(), "chosen"] = True
+    within = _fastest_at(table, met_within_error_at, "meets_within_error", percentile, router, disaggregated)
+    return Plan(chosen, table, slo, percentile, measured_error, within)
+
+
+def _fastest_at(
+    table: pd.DataFrame, size: int | None, column: str, percentile: float, router: str, disaggregated: bool
+) -> Fleet | None:
+    """The fleet of ``size`` workers that has ``column`` true and the lowest TTFT at the percentile."""
+    if size is None:
+        return None
+    candidates = table[(table["workers"] == size) & table[column]]
+    best = candidates[f"ttft_p{percentile:g}_ms"].idxmin()
+    if disaggregated:
+        return Fleet(prefill=int(table.loc[best, "prefill"]), decode=int(table.loc[best, "decode"]), router=router)
+    return Fleet(workers=size, router=router)

@@ -18,9 +18,18 @@ Example:
 
 from __future__ import annotations
 
-from .fidelity import FIGURES, fidelity
+from .fidelity import FIGURES, fidelity, model_error
 from .fleet import Fleet, MockerSettings
 from .simulator import ReplayResult, replay
 from .trace_blocks import TraceBlocks
 
-__all__ = ["FIGURES", "Fleet", "MockerSettings", "ReplayResult", "TraceBlocks", "fidelity", "replay"]
+__all__ = [
+    "FIGURES",
+    "Fleet",
+    "MockerSettings",
+    "ReplayResult",
+    "TraceBlocks",
+    "fidelity",
+    "model_error",
+    "replay",
+]

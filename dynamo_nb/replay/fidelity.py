@@ -1,10 +1,15 @@
 """How far a replay is from the live run it predicts: `fidelity` replays a trace with each timing
 model and sets every figure beside the live run's, with its error.
 
-One row per timing model and figure: TTFT p50 and p90, inter-token latency p50 and p90 (ms),
-output tokens per second, and the mean of each request's TTFT error (MAPE: each request replayed
+One row per timing model and figure: TTFT p50 and p90, inter-token latency p50 and p90 (ms; as
+aiperf and genai-perf count it, per request: ``(end − first token) / (output tokens − 1)``, the
+percentiles over the requests — the gaps pooled over all tokens have a median that jumps between
+the batch sizes a load mixes), output tokens per second, and the mean of each request's TTFT error (MAPE: each request replayed
 is matched with the same request live, by its place in the trace). ``error_pct`` is
 ``100 · (replay − live) / live``: positive when the replay predicts slower than it was.
+``again``, a second live run of the same requests (`bench.unseen_blocks` of the trace, so nothing
+is cached from the first), adds the rows of model ``"live again"``: how far two live runs are
+apart, the noise no timing model can beat.
 
 Example::
 
@@ -28,7 +33,7 @@ from .simulator import replay
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["FIGURES", "fidelity"]
+__all__ = ["FIGURES", "fidelity", "model_error"]
 
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "output_tok_per_s")
 """The figures of `bench.summary` a fidelity table compares (and ``ttft_mape_pct``, per request)."""
@@ -41,6 +46,7 @@ def fidelity(
     *,
     fleet: Fleet | None = None,
     seed: int = 0,
+    again: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Replay ``trace`` on ``fleet`` once per timing model in ``models`` (name → the mocker's
     settings) and compare each with ``live``, the same trace's records from a live run
@@ -51,24 +57,25 @@ def fidelity(
     """
     import pandas as pd
 
-    from ..bench.stats import level_summary
-
     if not models:
         raise ConfigError("fidelity needs at least one timing model: {'name': MockerSettings(...)}")
-    if len(live) != len(trace):
-        raise ConfigError(
-            f"the live run has {len(live)} requests and the trace {len(trace)}: compare a trace with its own run "
-            "(bench.run_trace)"
-        )
-    measured = level_summary(live)
+    for run in (live, again):
+        if run is not None and len(run) != len(trace):
+            raise ConfigError(
+                f"the live run has {len(run)} requests and the trace {len(trace)}: compare a trace with its own "
+                "run (bench.run_trace)"
+            )
+    measured = _figures(live)
     live_ttft = live.set_index("index")["ttft_s"]
+    predictions = {name: replay(trace, fleet, settings, seed=seed).requests for name, settings in models.items()}
+    if again is not None:
+        predictions["live again"] = again
     rows: list[dict[str, Any]] = []
-    for name, settings in models.items():
-        replayed = replay(trace, fleet, settings, seed=seed).requests
-        predicted = level_summary(replayed)
+    for name, predicted_run in predictions.items():
+        predicted = _figures(predicted_run)
         for figure in FIGURES:
             rows.append(_row(name, figure, float(predicted[figure]), float(measured[figure])))
-        ttft = replayed.set_index("index")["ttft_s"]
+        ttft = predicted_run.set_index("index")["ttft_s"]
         both = pd.concat([ttft.rename("replay"), live_ttft.rename("live")], axis=1).dropna()
         both = both[both["live"] > 0]
         mape = (
@@ -82,6 +89,38 @@ def fidelity(
     return pd.DataFrame(rows)
 
 
+def _figures(run: pd.DataFrame) -> dict[str, float]:
+    """A run's `FIGURES`: TTFT and throughput as `bench.summary` has them, ITL per request."""
+    from ..bench.stats import level_summary
+
+    figures = {name: float(value) for name, value in level_summary(run).items() if name in FIGURES}
+    ok = run[run["error"].isna() & (run["output_tokens"].fillna(0) > 1)]
+    itl_ms = 1000.0 * (ok["e2e_s"] - ok["ttft_s"]) / (ok["output_tokens"] - 1)
+    for q in (50, 90):
+        figures[f"itl_p{q}_ms"] = float(itl_ms.quantile(q / 100)) if len(itl_ms) else math.nan
+    return figures
+
+
 def _row(model: str, figure: str, predicted: float, measured: float) -> dict[str, Any]:
     error = 100.0 * (predicted - measured) / measured if measured else math.nan
     return {"model": model, "figure": figure, "replay": predicted, "live": measured, "error_pct": error}
+
+
+def model_error(table: pd.DataFrame, model: str) -> dict[str, float]:
+    """One model's measured error from a `fidelity` table, figure → percent (what `planner.plan`
+    and `planner.retune` take as ``error``).
+
+    Example:
+        >>> import pandas as pd
+        >>> table = pd.DataFrame([{"model": "profiled", "figure": "ttft_p90_ms", "replay": 9.0, "live": 10.0,
+        ...                        "error_pct": -10.0}])
+        >>> model_error(table, "profiled")
+        {'ttft_p90_ms': -10.0}
+
+    Raises:
+        ConfigError: the table has no rows of ``model`` (naming those it has).
+    """
+    rows = table[table["model"] == model]
+    if rows.empty:
+        raise ConfigError(f"the fidelity table has no model {model!r}: it has {sorted(set(table['model']))}")
+    return {str(figure): float(error) for figure, error in zip(rows["figure"], rows["error_pct"], strict=True)}
