@@ -200,3 +200,63 @@ def test_each_notebook_links_the_upstream_page_it_mirrors(notebook: Path) -> Non
     assert all(
         "/dynamo/v1.6.0/" in link or "/dynamo/v1.7.0/" in link for link in links if "docs.nvidia.com" in link
     ), links
+
+
+SIMULATES = re.compile(r"(?<![\w.])(replay|plan|retune)\(|\bRetuner\(")
+"""A cell that computes figures by replay: `replay`, `planner.plan`, `planner.retune`, the `Retuner`."""
+
+WITH_ERROR = re.compile(r"\berror=|\bfidelity\(|\bmodel_error\(")
+"""What shows a replayed figure's error: the measured error passed on (``error=``), or the replay
+set beside a live run (`replay.fidelity`)."""
+
+SIMULATED_ALLOWED = {
+    ("14_tune_the_router", "# retuned():"): "the loop's margins are drawn against its threshold; the "
+    "replay's error is measured and shown in the retune above it, and a loop told the error would keep "
+    "a policy this shared machine's load can put within it",
+}
+"""Cells that replay without showing the error: (notebook, the cell's first line) → why."""
+
+
+def simulated_without_error(notebook: Path) -> list[str]:
+    """The first lines of ``notebook``'s code cells that compute figures by replay and show
+    nothing of its error (see `SIMULATES`, `WITH_ERROR`).
+
+    Example:
+        >>> cells = [{"cell_type": "code", "source": ["answer = plan(trace, SLO)\\n"]}]
+        >>> import tempfile; path = Path(tempfile.mkdtemp()) / "99_x.ipynb"
+        >>> _ = path.write_text(json.dumps({"cells": cells}))
+        >>> simulated_without_error(path)
+        ['answer = plan(trace, SLO)']
+    """
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    found = []
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and SIMULATES.search(source) and not WITH_ERROR.search(source):
+            first = source.splitlines()[0]
+            if not any(nb == notebook.stem and first.startswith(start) for nb, start in SIMULATED_ALLOWED):
+                found.append(first)
+    return found
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_every_replayed_figure_shows_its_error(notebook: Path) -> None:
+    """A chart or table a notebook computes by replay is a prediction: the cell that computes it
+    passes the timing model's measured error on (``error=``, drawn as a band) or sets the replay
+    beside the live run (``fidelity``), so no simulated figure is shown without its error."""
+    found = simulated_without_error(notebook)
+    assert not found, (
+        f"{notebook.name}: these cells compute figures by replay and show none of its error: {found}; measure "
+        "it (replay.fidelity against a live run, replay.model_error) and pass error= to plan/retune, or allow "
+        "the cell in SIMULATED_ALLOWED with the reason"
+    )
+
+
+def test_a_replayed_figure_without_its_error_is_found(tmp_path: Path) -> None:
+    """The rule fails a notebook that drops the error (the check of the check)."""
+    notebook = json.loads((ROOT / "notebooks" / "12_plan_from_a_trace.ipynb").read_text(encoding="utf-8"))
+    for cell in notebook["cells"]:
+        cell["source"] = [line.replace(", error=error", "").replace("error=error,", "") for line in cell["source"]]
+    dropped = tmp_path / "12_plan_from_a_trace.ipynb"
+    dropped.write_text(json.dumps(notebook))
+    assert len(simulated_without_error(dropped)) == 1  # the Try-it plan; the others set fidelity beside

@@ -36,8 +36,11 @@ KNOWN = TimingProfile(
 
 
 def test_a_fit_recovers_a_known_engines_coefficients() -> None:
+    """The measured first tokens are the prefill and its step's decode of one sequence (1.5 + 0.2
+    + 0.001·T here): the prefill is fitted on what is left, and a first token replays as measured."""
     model = ProfiledTiming.fit(KNOWN)
-    assert np.allclose(model.prefill_coefficients, (2e-5, 0.03, 4), rtol=1e-6)
+    assert np.allclose(model.prefill_coefficients, (2e-5, 0.03 - 0.001, 4 - 1.7), rtol=1e-6)
+    assert [model.first_token_ms(t) for t, _ in KNOWN.prefill] == pytest.approx([ms for _, ms in KNOWN.prefill])
     assert np.allclose(model.decode_coefficients, (1.5, 0.2, 0.001), rtol=1e-6)
     assert all(abs(e) < 1e-6 for errors in model.residuals().values() for e in errors)
 
@@ -70,9 +73,9 @@ def test_a_cached_prefix_costs_what_the_profile_measured() -> None:
     with_prefix = TimingProfile(prefill=KNOWN.prefill, decode=KNOWN.decode,
                                 prefill_after_prefix=[(p, t, after(p, t)) for p in (128, 512) for t in (16, 256)])  # fmt: skip
     model = ProfiledTiming.fit(with_prefix)
-    assert np.allclose(model.prefix_coefficients, (0.002, 1e-5), rtol=1e-6)
-    assert model.prefill_ms(64, 300) == pytest.approx(after(300, 64))
-    assert model.prefill_ms(64) == pytest.approx(after(0, 64)) and "·P·T" in repr(model)
+    assert np.allclose(model.prefix_coefficients, (0.002 - 0.001, 1e-5), rtol=1e-6)  # less its decode's KV read
+    assert model.first_token_ms(64, 300) == pytest.approx(after(300, 64))
+    assert model.first_token_ms(64) == pytest.approx(after(0, 64)) and "·P·T" in repr(model)
     assert ProfiledTiming.fit(KNOWN).prefix_coefficients == (0.0, 0.0)  # none measured: the uncached curve
 
 

@@ -58,6 +58,21 @@ def test_the_winner_and_its_margin_over_the_incumbent() -> None:
     assert reused.objective == "reuse"  # higher is better: compared the other way round
 
 
+def test_a_winner_within_the_measured_error_is_said_to_be_no_clear_win() -> None:
+    """TTFT 100 ms for the incumbent, 90 for the winner: at ±3 % (the error of TTFT p90, the
+    largest measured of its kind) the bands do not touch; at ±6 % they do."""
+    simulate = scripted({1.0: 100.0, 8.0: 90.0})
+    clear = retune(TRACE, {"prefill_load_scale": [8]}, simulate=simulate,
+                   error={"ttft_p50_ms": -1.0, "ttft_p90_ms": 3.0, "itl_p50_ms": 40.0})  # fmt: skip
+    assert clear.beyond_error is True and "±3 % measured error: beyond it" in repr(clear)
+    assert clear.table["ttft_mean_ms_high"].tolist() == pytest.approx([103.0, 92.7])
+    close = retune(TRACE, {"prefill_load_scale": [8]}, simulate=simulate, error={"ttft_p90_ms": -6.0})
+    assert close.beyond_error is False and "within it" in repr(close) and close.margin_pct == pytest.approx(10.0)
+    assert close.chart().to_png()[:4] == b"\x89PNG"
+    plain = retune(TRACE, {"prefill_load_scale": [8]}, simulate=simulate)
+    assert plain.beyond_error is None and "model error not measured" in repr(plain)
+
+
 def test_a_window_and_bad_settings() -> None:
     window = last_window(TRACE, 2.0)
     stamps = TRACE["timestamp_ms"]

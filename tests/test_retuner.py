@@ -79,6 +79,24 @@ async def test_a_winner_is_applied_only_after_confirm_windows_in_a_row(
     assert retuner.decisions["incumbent"].iloc[-1].startswith("credit 1, scale 32")
 
 
+async def test_a_margin_within_the_replays_measured_error_is_kept_not_applied(
+    frontend: Frontend, tmp_path: Path
+) -> None:
+    """The tune is told the error; a win it calls within that error resets the streak."""
+    trace = write_trace(tmp_path / "trace.jsonl")
+    told: list[Any] = []
+
+    def tune(window: pd.DataFrame, grid: Any, *, incumbent: RouterPolicy, error: Any, **_: Any) -> Retune:
+        told.append(error)
+        return Retune(pd.DataFrame(), A, incumbent, "ttft_mean_ms", 20.0, error, len(told) > 1)
+
+    retuner = Retuner(frontend.url, trace, {}, token=TOKEN, window_s=3600, confirm=1, tune=tune,
+                      error={"ttft_p50_ms": -25.0})  # fmt: skip
+    first, second = await retuner.step(), await retuner.step()
+    assert first["action"] == "keep" and "within the replay's measured error (±25 %)" in first["reason"]
+    assert second["action"] == "applied" and told == [{"ttft_p50_ms": -25.0}] * 2
+
+
 async def test_a_dry_run_changes_nothing_and_a_thin_window_waits(frontend: Frontend, tmp_path: Path) -> None:
     trace = write_trace(tmp_path / "trace.jsonl", requests=10)
     dry = Retuner(frontend.url, trace, {}, dry_run=True, token=TOKEN, min_requests=5, confirm=1, window_s=3600,

@@ -414,7 +414,7 @@ def profile_chart(model: ProfiledTiming) -> Chart:
     tokens = np.array([t for t, _ in model.profile.prefill], dtype=float)
     measured = np.array([ms for _, ms in model.profile.prefill], dtype=float)
     grid = np.linspace(float(tokens.min()), float(tokens.max()), 100)
-    prefill_ax.plot(grid, [model.prefill_ms(round(t)) for t in grid], color="tab:blue", label="fit")
+    prefill_ax.plot(grid, [model.first_token_ms(round(t)) for t in grid], color="tab:blue", label="fit")
     prefill_ax.scatter(tokens, measured, color="black", s=14, zorder=3, label="measured")
     prefill_ax.set_title("prefill (ms)")
     prefill_ax.set_xlabel("input tokens")

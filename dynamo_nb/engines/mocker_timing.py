@@ -29,14 +29,14 @@ Example:
     >>> profile = TimingProfile(prefill=[(64, 3.0), (256, 6.0), (1024, 18.0)],
     ...                         decode=[(1, 100, 1.0), (8, 100, 1.6), (8, 400, 2.2), (1, 400, 1.1)])
     >>> model = ProfiledTiming.fit(profile)
-    >>> round(model.prefill_ms(256), 1), round(model.decode_ms(batch=8, kv_tokens=800, kv_load=0.0), 1)
+    >>> round(model.first_token_ms(256), 1), round(model.decode_ms(batch=8, kv_tokens=800, kv_load=0.0), 1)
     (6.0, 1.6)
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -170,29 +170,41 @@ class ProfiledTiming:
 
     @classmethod
     def fit(cls, profile: TimingProfile) -> ProfiledTiming:
-        """Prefill by least squares (quadratic, then the cached prefix's terms), decode on the
-        points' grid (or a plane by least squares)."""
+        """Decode on the points' grid (or a plane by least squares), then prefill by least
+        squares (quadratic, then the cached prefix's terms) on what each measured first token took
+        beyond a decode step of one sequence: a mocker step that finishes a prompt also runs its
+        first token's decode, so a replayed first token on an idle engine takes what was measured."""
         import numpy as np
 
         if len(profile.prefill) < 3 or len(profile.decode) < 3:
             raise ConfigError("a profile needs at least 3 prefill and 3 decode measurements to be fitted")
-        tokens = np.array([t for t, _ in profile.prefill], dtype=float)
-        prefill_ms = np.array([ms for _, ms in profile.prefill], dtype=float)
-        a, b, c = np.linalg.lstsq(np.stack([tokens**2, tokens, np.ones_like(tokens)], axis=1), prefill_ms,
-                                  rcond=None)[0]  # fmt: skip
         batch = np.array([b for b, _, _ in profile.decode], dtype=float)
         kv_tokens = batch * np.array([c for _, c, _ in profile.decode], dtype=float)
         step_ms = np.array([ms for _, _, ms in profile.decode], dtype=float)
         d = np.linalg.lstsq(np.stack([np.ones_like(batch), batch, kv_tokens], axis=1), step_ms, rcond=None)[0]
+        decode = cls((0.0, 0.0, 0.0), (float(d[0]), float(d[1]), float(d[2])), profile, _grid(profile.decode))
+        tokens = np.array([t for t, _ in profile.prefill], dtype=float)
+        prefill_ms = np.array([ms - decode.first_decode_ms(t) for t, ms in profile.prefill], dtype=float)
+        a, b, c = np.linalg.lstsq(np.stack([tokens**2, tokens, np.ones_like(tokens)], axis=1), prefill_ms,
+                                  rcond=None)[0]  # fmt: skip
         prefix = (0.0, 0.0)
         if len(profile.prefill_after_prefix) >= 2:  # what the prefix adds over the same tokens uncached
             cached = np.array([p for p, _, _ in profile.prefill_after_prefix], dtype=float)
             new = np.array([t for _, t, _ in profile.prefill_after_prefix], dtype=float)
-            added = np.array([ms for _, _, ms in profile.prefill_after_prefix]) - (a * new**2 + b * new + c)
+            beyond = [ms - decode.first_decode_ms(p + t) for p, t, ms in profile.prefill_after_prefix]
+            added = np.array(beyond) - (a * new**2 + b * new + c)
             q, r = np.linalg.lstsq(np.stack([cached, cached * new], axis=1), added, rcond=None)[0]
             prefix = (float(q), float(r))
-        return cls((float(a), float(b), float(c)), (float(d[0]), float(d[1]), float(d[2])), profile,
-                   _grid(profile.decode), prefix)  # fmt: skip
+        return replace(decode, prefill_coefficients=(float(a), float(b), float(c)), prefix_coefficients=prefix)
+
+    def first_decode_ms(self, prompt_tokens: int) -> float:
+        """The decode part of the step that ends a ``prompt_tokens`` prompt alone."""
+        return self.decode_ms(batch=1, kv_tokens=prompt_tokens, kv_load=0.0)
+
+    def first_token_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
+        """A prompt's first token on an idle engine, prefill and its step's decode (what
+        `dynamo_nb.bench.profile` measures)."""
+        return self.prefill_ms(uncached_tokens, cached_tokens) + self.first_decode_ms(uncached_tokens + cached_tokens)
 
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         if uncached_tokens <= 0:
@@ -239,8 +251,8 @@ class ProfiledTiming:
         On a decode grid, which passes through its points, each point is predicted from the
         others (left out, interpolated or extrapolated along the batch axis from its neighbours):
         how far a batch size between those measured may be off."""
-        prefill = [100.0 * (self.prefill_ms(t) - ms) / ms for t, ms in self.profile.prefill]
-        prefill += [100.0 * (self.prefill_ms(t, p) - ms) / ms for p, t, ms in self.profile.prefill_after_prefix]
+        prefill = [100.0 * (self.first_token_ms(t) - ms) / ms for t, ms in self.profile.prefill]
+        prefill += [100.0 * (self.first_token_ms(t, p) - ms) / ms for p, t, ms in self.profile.prefill_after_prefix]
         if self.decode_grid is not None and len(self.decode_grid[0]) >= 3:
             batches, contexts, ms = self.decode_grid
             decode = []

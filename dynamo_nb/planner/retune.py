@@ -7,6 +7,9 @@ has each point's TTFT (mean, p50, p90), ITL (p50, p90), prefix reuse (cached ove
 tokens), output tokens/s and, with an SLO, goodput; the winner is the best on ``objective``,
 and its margin is how much better than the incumbent's (the policy running now) it is, in %.
 The incumbent is always replayed too. The same trace, fleet, grid and seed give the same answer.
+With ``error``, the replay's measured error (`dynamo_nb.replay.model_error`), each policy's
+objective gets a band (± `dynamo_nb.replay.error_band_pct`), and ``beyond_error`` says whether
+the winner is better than the incumbent even at the bands' worst.
 
 Example:
     >>> from dynamo_nb.bench import synthetic_trace
@@ -29,7 +32,7 @@ import numpy as np
 from ..bench.slo import SLO
 from ..bench.stats import mean_gaps_s
 from ..errors import ConfigError
-from ..replay import Fleet, MockerSettings, ReplayResult, replay
+from ..replay import Fleet, MockerSettings, ReplayResult, error_band_pct, replay
 from ..router.policy import RouterPolicy
 from .sizing import Simulate
 
@@ -57,6 +60,8 @@ class Retune:
         objective: the table column compared.
         margin_pct: how much better the winner is than the incumbent on ``objective``, in %
             (0 when the incumbent wins).
+        error_pct: the measured error the bands come from (None: not measured).
+        beyond_error: whether the winner's band clears the incumbent's (None: no error given).
     """
 
     table: pd.DataFrame
@@ -64,6 +69,8 @@ class Retune:
     incumbent: RouterPolicy
     objective: str
     margin_pct: float
+    error_pct: dict[str, float] | None = None
+    beyond_error: bool | None = None
 
     def beats_incumbent_by(self, percent: float) -> bool:
         """Whether the winner beats the incumbent by more than ``percent`` (the change to apply)."""
@@ -80,7 +87,11 @@ class Retune:
             "green" if w else "grey" if i else "steelblue"
             for w, i in zip(table["winner"], table["incumbent"], strict=True)
         ]
-        ax.barh(range(len(table)), table[self.objective], color=colors)
+        band = None
+        if f"{self.objective}_high" in table:  # the measured error, as error bars
+            band = [table[self.objective] - table[f"{self.objective}_low"],
+                    table[f"{self.objective}_high"] - table[self.objective]]  # fmt: skip
+        ax.barh(range(len(table)), table[self.objective], color=colors, xerr=band, capsize=3)
         ax.set_yticks(range(len(table)), labels, fontsize="small")  # labels on their own rows
         ax.invert_yaxis()  # the table's order, top down
         ax.set_xlabel(self.objective)
@@ -91,9 +102,14 @@ class Retune:
         return figure
 
     def __repr__(self) -> str:
+        if self.error_pct is None:
+            error = "model error not measured"
+        else:
+            band = error_band_pct(self.error_pct, self.objective)
+            error = f"±{band:.0f} % measured error: {'beyond' if self.beyond_error else 'within'} it"
         return (
             f"<Retune on {self.objective}: {describe(self.winner)}, {self.margin_pct:.1f} % better than "
-            f"{describe(self.incumbent)}>"
+            f"{describe(self.incumbent)}; {error}>"
         )
 
 
@@ -179,6 +195,7 @@ def retune(
     concurrency: int | None = None,
     seed: int = 0,
     simulate: Simulate = replay,
+    error: Mapping[str, float] | None = None,
 ) -> Retune:
     """Replay ``trace`` (its last ``window_s`` seconds, if given) once per policy of ``grid``
     and the ``incumbent`` (default: `RouterPolicy()`) on ``fleet`` (default: 4 workers, KV
@@ -229,4 +246,12 @@ def retune(
         winner, margin = incumbent, 0.0
     table["incumbent"] = [p == incumbent for p in policies]
     table["winner"] = [p == winner for p in policies]
-    return Retune(table, winner, incumbent, objective, margin)
+    if error is None:
+        return Retune(table, winner, incumbent, objective, margin)
+    band = error_band_pct(error, objective) / 100.0
+    table[f"{objective}_low"], table[f"{objective}_high"] = values * (1 - band), values * (1 + band)
+    mine_worst, theirs_worst = (
+        (mine * (1 + band), theirs * (1 - band)) if higher else (mine * (1 - band), theirs * (1 + band))
+    )
+    clears = winner != incumbent and (theirs_worst > mine_worst if higher else theirs_worst < mine_worst)
+    return Retune(table, winner, incumbent, objective, margin, dict(error), clears)

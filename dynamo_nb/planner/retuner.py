@@ -24,14 +24,14 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..bench.traces import read_trace
 from ..errors import ConfigError
 from ..http import fetch
-from ..replay import Fleet, MockerSettings
+from ..replay import Fleet, MockerSettings, error_band_pct
 from ..router.policy import RouterPolicy
 from ..runtime.security import ClusterSecret
 from .interval_loop import IntervalLoop
@@ -79,6 +79,7 @@ class Retuner(IntervalLoop):
         live: bool = False,
         tune: Callable[..., Retune] = retune,
         clock: Callable[[], float] = time.monotonic,
+        error: Mapping[str, float] | None = None,
     ) -> None:
         if window_s <= 0 or interval <= 0 or confirm < 1 or min_improvement_pct < 0 or min_requests < 1:
             raise ConfigError(
@@ -106,6 +107,7 @@ class Retuner(IntervalLoop):
         self.dry_run = dry_run
         self.concurrency = concurrency
         self.seed = seed
+        self.error = dict(error) if error is not None else None
         self.applied: list[RouterPolicy] = []
         self._tune = tune
         self._clock = clock
@@ -159,12 +161,17 @@ class Retuner(IntervalLoop):
             return await self._recorded(row)
         answer = await asyncio.to_thread(
             self._tune, window, self.grid, objective=self.objective, fleet=self.fleet, settings=self.settings,
-            incumbent=incumbent, concurrency=self.concurrency, seed=self.seed,
+            incumbent=incumbent, concurrency=self.concurrency, seed=self.seed, error=self.error,
         )  # fmt: skip
         row.update(winner=describe(answer.winner), margin_pct=round(answer.margin_pct, 2))
         if not answer.beats_incumbent_by(self.min_improvement_pct):
             self._candidate, self._streak = None, 0
             row.update(action="keep", reason=f"nothing beat it by more than {self.min_improvement_pct:g} %")
+            return await self._recorded(row)
+        if answer.beyond_error is False:  # a margin the replay's own error could make up
+            self._candidate, self._streak = None, 0
+            band = error_band_pct(answer.error_pct or {}, self.objective)
+            row.update(action="keep", reason=f"its margin is within the replay's measured error (±{band:.0f} %)")
             return await self._recorded(row)
         if answer.winner == self._candidate:
             self._streak += 1

@@ -40,7 +40,7 @@ import numpy as np
 from ..bench.slo import SLO
 from ..bench.stats import mean_gaps_s
 from ..errors import ConfigError
-from ..replay import Fleet, MockerSettings, ReplayResult, replay
+from ..replay import Fleet, MockerSettings, ReplayResult, error_band_pct, replay
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -125,13 +125,8 @@ class Plan:
 
 
 def _band_pct(error: dict[str, float], name: str, percentile: float) -> float:
-    """The error magnitude that applies to ``name``'s figure at ``percentile``: its own, or the
-    larger of the measured p50's and p90's (0 where neither was measured)."""
-    own = error.get(f"{name}_p{percentile:g}_ms")
-    if own is not None and math.isfinite(own):
-        return abs(own)
-    measured = [abs(v) for key, v in error.items() if key.startswith(f"{name}_p") and math.isfinite(v)]
-    return max(measured, default=0.0)
+    """The error that applies to ``name``'s figure at ``percentile`` (see `error_band_pct`)."""
+    return error_band_pct(error, f"{name}_p{percentile:g}_ms")
 
 
 def _with_bands(row: dict[str, Any], slo: SLO, percentile: float, error: dict[str, float]) -> None:

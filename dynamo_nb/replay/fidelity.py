@@ -33,7 +33,7 @@ from .simulator import replay
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["FIGURES", "fidelity", "model_error"]
+__all__ = ["FIGURES", "error_band_pct", "fidelity", "model_error"]
 
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "output_tok_per_s")
 """The figures of `bench.summary` a fidelity table compares (and ``ttft_mape_pct``, per request)."""
@@ -124,3 +124,20 @@ def model_error(table: pd.DataFrame, model: str) -> dict[str, float]:
     if rows.empty:
         raise ConfigError(f"the fidelity table has no model {model!r}: it has {sorted(set(table['model']))}")
     return {str(figure): float(error) for figure, error in zip(rows["figure"], rows["error_pct"], strict=True)}
+
+
+def error_band_pct(error: Mapping[str, float], figure: str) -> float:
+    """How far ``figure`` may be off, by a model's measured ``error`` (figure → percent): its own
+    error's size, or for another figure of the same kind (``ttft_mean_ms``, ``itl_p99_ms``) the
+    largest of that kind's (``ttft_p50_ms``, ``ttft_p90_ms``); 0 where none was measured.
+
+    Example:
+        >>> error_band_pct({"ttft_p50_ms": -5.0, "ttft_p90_ms": 12.0}, "ttft_mean_ms")
+        12.0
+    """
+    own = error.get(figure)
+    if own is not None and math.isfinite(own):
+        return abs(own)
+    kind = figure.split("_p")[0].split("_mean")[0]
+    measured = [abs(v) for key, v in error.items() if key.startswith(f"{kind}_p") and math.isfinite(v)]
+    return max(measured, default=0.0)
