@@ -155,6 +155,27 @@ async def test_through_the_kit_the_text_is_the_servers_and_its_400_passes(server
         await kit.stop()
 
 
+async def test_a_server_behind_the_kit_is_profiled_like_any_engine(server: ManagedProcess, tmp_path: Path) -> None:
+    """`bench.profile` through the kit's frontend measures the server it fronts: its first tokens,
+    decode steps over batch and context (within the server's 256-token context) and what a cached
+    prefix saves as the server reports it; the folder loads as a timing model."""
+    from dynamo_nb import bench
+    from dynamo_nb.engines.mocker_timing import ProfiledTiming, TimingProfile
+
+    kit = await kit_in_front(server)
+    try:
+        measured = await bench.profile(kit.frontend.url, "tiny-llama", prefill_tokens=(16, 64, 128), batches=(1, 4),
+                                       contexts=(32, 96), cached_prefixes=(64,), new_after_prefix=(16, 48),
+                                       decode_tokens=8, repeats=1, progress=False)  # fmt: skip
+    finally:
+        await kit.stop()
+    assert len(measured.prefill) + len(measured.prefill_after_prefix) == 5
+    assert [(b, c) for b, c, _ in measured.decode] == [(1, 36.0), (1, 100.0), (4, 36.0), (4, 100.0)]
+    assert all(ms > 0 for *_, ms in measured.decode) and measured.request_overhead_ms > 0
+    model = ProfiledTiming.fit(TimingProfile.read(measured.write(tmp_path / "upstream")))
+    assert model.decode_grid is not None and model.first_token_ms(64) > 0
+
+
 async def inflight_at(url: str) -> float:
     async with httpx.AsyncClient(timeout=10) as http:
         text = (await http.get(f"{url}/metrics")).text
