@@ -167,5 +167,5 @@ async def test_profiling_a_server_without_the_kits_timing_says_so() -> None:
 def test_the_fit_is_drawn_with_its_residuals() -> None:
     chart = bench.profile_chart(ProfiledTiming.fit(KNOWN))
     titles = [ax.get_title() for ax in chart.axes]
-    assert titles == ["prefill (ms)", "decode step: measured against fit (ms)", "each point's error (%)"]
+    assert titles == ["prefill (ms)", "decode step: measured against predicted (ms)", "each point's error (%)"]
     assert bench.layout_problems(chart) == [] and chart.to_png().startswith(b"\x89PNG")

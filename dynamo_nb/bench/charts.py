@@ -402,9 +402,10 @@ def path_chart(df: pd.DataFrame) -> Chart:
 
 
 def profile_chart(model: ProfiledTiming) -> Chart:
-    """A profile's fit and its residuals: the measured prefill times over input length with the
-    fitted curve; each decode measurement against the fit's prediction (the diagonal is a
-    perfect fit), one color per batch size; each point's error in percent.
+    """A profile's fit and its residuals: the measured first tokens over input length with the
+    fitted curve; each decode measurement against what the model predicts for it (on a grid,
+    from the other points: `ProfiledTiming.decode_checks`; the diagonal is a perfect
+    prediction), one color per batch size; each point's error in percent.
 
     Example::
 
@@ -420,16 +421,17 @@ def profile_chart(model: ProfiledTiming) -> Chart:
     prefill_ax.set_xlabel("input tokens")
     prefill_ax.legend(loc="upper left", fontsize="small")
     colors = _colors()
+    checks = list(zip(model.profile.decode, model.decode_checks(), strict=True))
     for batch in sorted({b for b, _, _ in model.profile.decode}):
-        points = [(c, ms) for b, c, ms in model.profile.decode if b == batch]
-        predicted = [model.decode_ms(batch=batch, kv_tokens=round(batch * c), kv_load=0.0) for c, _ in points]
+        points = [(predicted, ms) for (b, _, ms), predicted in checks if b == batch]
         decode_ax.scatter(
-            predicted, [ms for _, ms in points], s=14, color=next(colors), label=f"batch {batch}"
-        )
+            [predicted for predicted, _ in points], [ms for _, ms in points], s=14, color=next(colors),
+            label=f"batch {batch}",
+        )  # fmt: skip
     low, high = decode_ax.get_xlim()
     decode_ax.plot([low, high], [low, high], color="grey", linestyle=":", linewidth=1)
-    decode_ax.set_title("decode step: measured against fit (ms)")
-    decode_ax.set_xlabel("fit (ms)")
+    decode_ax.set_title("decode step: measured against predicted (ms)")
+    decode_ax.set_xlabel("predicted from the other points (ms)")
     decode_ax.legend(loc="upper left", fontsize="small")
     errors = model.residuals()
     for position, kind in enumerate(("prefill", "decode")):

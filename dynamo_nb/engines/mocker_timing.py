@@ -253,22 +253,24 @@ class ProfiledTiming:
         how far a batch size between those measured may be off."""
         prefill = [100.0 * (self.first_token_ms(t) - ms) / ms for t, ms in self.profile.prefill]
         prefill += [100.0 * (self.first_token_ms(t, p) - ms) / ms for p, t, ms in self.profile.prefill_after_prefix]
-        if self.decode_grid is not None and len(self.decode_grid[0]) >= 3:
-            batches, contexts, ms = self.decode_grid
-            decode = []
-            for i, batch in enumerate(batches):
-                others = batches[:i] + batches[i + 1 :]
-                k, u = _segment(others, batch)
-                for j in range(len(contexts)):
-                    column = [ms[row][j] for row in range(len(batches)) if row != i]
-                    predicted = column[k] + u * (column[k + 1] - column[k])
-                    decode.append(100.0 * (predicted - ms[i][j]) / ms[i][j])
-            return {"prefill": prefill, "decode": decode}
-        decode = [
-            100.0 * (self.decode_ms(batch=b, kv_tokens=round(b * c), kv_load=0.0) - ms) / ms
-            for b, c, ms in self.profile.decode
-        ]
+        checks = zip(self.decode_checks(), self.profile.decode, strict=True)
+        decode = [100.0 * (predicted - ms) / ms for predicted, (_, _, ms) in checks]
         return {"prefill": prefill, "decode": decode}
+
+    def decode_checks(self) -> list[float]:
+        """What the model predicts for each measured decode point, in the profile's order: on a
+        grid of 3 or more batch sizes, from the other points (left out, interpolated or
+        extrapolated along the batch axis), since the grid passes through each; else the fit."""
+        if self.decode_grid is None or len(self.decode_grid[0]) < 3:
+            return [self.decode_ms(batch=b, kv_tokens=round(b * c), kv_load=0.0) for b, c, _ in self.profile.decode]
+        batches, contexts, ms = self.decode_grid
+        predictions = []
+        for batch, context, _ in self.profile.decode:
+            i, j = batches.index(float(batch)), contexts.index(float(context))
+            column = [ms[row][j] for row in range(len(batches)) if row != i]
+            k, u = _segment(batches[:i] + batches[i + 1 :], float(batch))
+            predictions.append(column[k] + u * (column[k + 1] - column[k]))
+        return predictions
 
     def __repr__(self) -> str:
         a, b, c = self.prefill_coefficients
