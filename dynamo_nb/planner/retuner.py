@@ -6,8 +6,10 @@ replays the window once per point of ``grid`` and for that policy (`retune`). Wh
 beats the running one by more than ``min_improvement_pct`` in ``confirm`` windows in a row
 (the same policy each time: hysteresis, so noise does not flap the router), it applies it
 (``PATCH /router_policy``, with the admin token or signed with the cluster secret). With
-``dry_run`` it only says what it would apply. Each window is a row of `decisions` (the audit),
-drawn live in a notebook.
+``dry_run`` it only says what it would apply. Given ``error`` (the replay's measured error,
+`dynamo_nb.replay.model_error`), it keeps the running policy when the winner's margin is within
+that error (`Retune.beyond_error`). Each window is a row of `decisions` (the audit), drawn live
+in a notebook.
 
 Example::
 
