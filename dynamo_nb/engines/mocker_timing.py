@@ -82,8 +82,14 @@ class TimingProfile:
 
     Attributes:
         prefill: ``(input tokens, prefill ms)`` per measurement, nothing cached.
+        decode: ``(batch size, context length, ms per decode step)`` per measurement.
         prefill_after_prefix: ``(cached tokens, new tokens, prefill ms)`` per measurement of a
             prompt whose prefix was cached (kept in ``kit_profile.json``: Dynamo's layout has none).
+        max_kv_tokens: the KV capacity Dynamo's format expresses the decode load against.
+        request_overhead_ms: a request's time between the client and the engine (HTTP, the
+            frontend, the request plane), for `dynamo_nb.replay.Fleet`'s ``overhead_ms``; kept
+            in ``kit_profile.json`` beside Dynamo's files.
+        source: where it was measured or read (shown, not used).
     """
 
     prefill: list[tuple[int, float]] = field(default_factory=list)

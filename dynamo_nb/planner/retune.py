@@ -32,7 +32,7 @@ import numpy as np
 from ..bench.slo import SLO
 from ..bench.stats import mean_gaps_s
 from ..errors import ConfigError
-from ..replay import Fleet, MockerSettings, ReplayResult, error_band_pct, replay
+from ..replay import Fleet, MockerSettings, ReplayResult, error_band, error_band_pct, replay
 from ..router.policy import RouterPolicy
 from .sizing import Simulate
 
@@ -248,10 +248,7 @@ def retune(
     table["winner"] = [p == winner for p in policies]
     if error is None:
         return Retune(table, winner, incumbent, objective, margin)
-    band = error_band_pct(error, objective) / 100.0
-    table[f"{objective}_low"], table[f"{objective}_high"] = values * (1 - band), values * (1 + band)
-    mine_worst, theirs_worst = (
-        (mine * (1 + band), theirs * (1 - band)) if higher else (mine * (1 - band), theirs * (1 + band))
-    )
-    clears = winner != incumbent and (theirs_worst > mine_worst if higher else theirs_worst < mine_worst)
+    low, high = error_band(values, error, objective)
+    table[f"{objective}_low"], table[f"{objective}_high"] = low, high
+    clears = winner != incumbent and bool(low[best] > high[here] if higher else high[best] < low[here])
     return Retune(table, winner, incumbent, objective, margin, dict(error), clears)

@@ -40,7 +40,7 @@ import numpy as np
 from ..bench.slo import SLO
 from ..bench.stats import mean_gaps_s
 from ..errors import ConfigError
-from ..replay import Fleet, MockerSettings, ReplayResult, error_band_pct, replay
+from ..replay import Fleet, MockerSettings, ReplayResult, error_band, error_band_pct, replay
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -117,24 +117,20 @@ class Plan:
         if self.error_pct is None:
             error = "model error not measured"
         else:
-            bands = ", ".join(f"{name.upper()} ±{_band_pct(self.error_pct, name, self.percentile):.0f} %"
+            p = f"p{self.percentile:g}"
+            bands = ", ".join(f"{name.upper()} ±{error_band_pct(self.error_pct, f'{name}_{p}_ms'):.0f} %"
                               for name in ("ttft", "itl"))  # fmt: skip
             margin = self.fleet_within_error.describe() if self.fleet_within_error else "none tried"
             error = f"{bands} (measured error): within it, {margin}"
         return f"<Plan for {self.slo} at p{self.percentile:g}: {answer}; {error}>"
 
 
-def _band_pct(error: dict[str, float], name: str, percentile: float) -> float:
-    """The error that applies to ``name``'s figure at ``percentile`` (see `error_band_pct`)."""
-    return error_band_pct(error, f"{name}_p{percentile:g}_ms")
-
-
 def _with_bands(row: dict[str, Any], slo: SLO, percentile: float, error: dict[str, float]) -> None:
     """Add the ttft and itl bands at ``percentile`` and ``meets_within_error`` to ``row``."""
     top_meets = row["errors"] == 0
     for name, limit in (("ttft", slo.ttft_ms), ("itl", slo.itl_ms)):
-        column, band = f"{name}_p{percentile:g}_ms", _band_pct(error, name, percentile) / 100.0
-        row[f"{column}_low"], row[f"{column}_high"] = row[column] * (1 - band), row[column] * (1 + band)
+        column = f"{name}_p{percentile:g}_ms"
+        row[f"{column}_low"], row[f"{column}_high"] = error_band(row[column], error, column)
         top_meets = top_meets and (limit is None or row[f"{column}_high"] <= limit)
     e2e = f"e2e_p{percentile:g}_ms"
     row["meets_within_error"] = bool(top_meets and (slo.e2e_ms is None or row[e2e] <= slo.e2e_ms))

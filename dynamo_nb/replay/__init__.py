@@ -18,7 +18,7 @@ Example:
 
 from __future__ import annotations
 
-from .fidelity import FIGURES, error_band_pct, fidelity, model_error
+from .fidelity import FIGURES, error_band, error_band_pct, fidelity, model_error
 from .fleet import Fleet, MockerSettings
 from .simulator import ReplayResult, replay
 from .trace_blocks import TraceBlocks
@@ -29,6 +29,7 @@ __all__ = [
     "MockerSettings",
     "ReplayResult",
     "TraceBlocks",
+    "error_band",
     "error_band_pct",
     "fidelity",
     "model_error",

@@ -33,7 +33,7 @@ from .simulator import replay
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["FIGURES", "error_band_pct", "fidelity", "model_error"]
+__all__ = ["FIGURES", "error_band", "error_band_pct", "fidelity", "model_error"]
 
 FIGURES = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "output_tok_per_s")
 """The figures of `bench.summary` a fidelity table compares (and ``ttft_mape_pct``, per request)."""
@@ -141,3 +141,15 @@ def error_band_pct(error: Mapping[str, float], figure: str) -> float:
     kind = figure.split("_p")[0].split("_mean")[0]
     measured = [abs(v) for key, v in error.items() if key.startswith(f"{kind}_p") and math.isfinite(v)]
     return max(measured, default=0.0)
+
+
+def error_band(value: Any, error: Mapping[str, float], figure: str) -> tuple[Any, Any]:
+    """``value`` (a number, or a column of them) of ``figure`` ± its measured error
+    (`error_band_pct`): ``(low, high)``.
+
+    Example:
+        >>> error_band(50.0, {"ttft_p90_ms": -20.0}, "ttft_p90_ms")
+        (40.0, 60.0)
+    """
+    band = error_band_pct(error, figure) / 100.0
+    return value * (1 - band), value * (1 + band)
