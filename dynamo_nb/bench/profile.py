@@ -106,7 +106,9 @@ async def profile(
                 for _ in range(repeats):
                     prefix = _prompt(draw, prefix_tokens, vocab)
                     await _timed(http, model, prefix, 1)  # the engine caches it
-                    timing, cached = await _timed_with_cached(http, model, prefix + _prompt(draw, tokens, vocab))
+                    timing, cached = await _timed_with_cached(
+                        http, model, prefix + _prompt(draw, tokens, vocab)
+                    )
                     points.append((cached, float(timing["prefill_time_ms"])))
                     bar.update(1)
                 cached = statistics.median_low(count for count, _ in points)

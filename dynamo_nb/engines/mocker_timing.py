@@ -118,7 +118,10 @@ class TimingProfile:
                  y_context_length=context, z_itl=itl, z_thpt_per_gpu=batch / itl * 1000.0,
                  max_kv_tokens=np.array([self.max_kv_tokens]))  # fmt: skip
         model.write_mocker_npz(root / MOCKER_NPZ)
-        extras = {"request_overhead_ms": self.request_overhead_ms, "prefill_after_prefix": self.prefill_after_prefix}
+        extras = {
+            "request_overhead_ms": self.request_overhead_ms,
+            "prefill_after_prefix": self.prefill_after_prefix,
+        }
         (root / KIT_EXTRAS).write_text(json.dumps(extras) + "\n")
         return root
 
@@ -149,7 +152,9 @@ class TimingProfile:
             decode=points,
             max_kv_tokens=max_kv,
             request_overhead_ms=float(extras.get("request_overhead_ms", 0.0)),
-            prefill_after_prefix=[(int(p), int(t), float(ms)) for p, t, ms in extras.get("prefill_after_prefix", [])],
+            prefill_after_prefix=[
+                (int(p), int(t), float(ms)) for p, t, ms in extras.get("prefill_after_prefix", [])
+            ],
             source=str(root),
         )
 
@@ -201,7 +206,9 @@ class ProfiledTiming:
             added = np.array(beyond) - (a * new**2 + b * new + c)
             q, r = np.linalg.lstsq(np.stack([cached, cached * new], axis=1), added, rcond=None)[0]
             prefix = (float(q), float(r))
-        return replace(decode, prefill_coefficients=(float(a), float(b), float(c)), prefix_coefficients=prefix)
+        return replace(
+            decode, prefill_coefficients=(float(a), float(b), float(c)), prefix_coefficients=prefix
+        )
 
     def first_decode_ms(self, prompt_tokens: int) -> float:
         """The decode part of the step that ends a ``prompt_tokens`` prompt alone."""
@@ -210,7 +217,9 @@ class ProfiledTiming:
     def first_token_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         """A prompt's first token on an idle engine, prefill and its step's decode (what
         `dynamo_nb.bench.profile` measures)."""
-        return self.prefill_ms(uncached_tokens, cached_tokens) + self.first_decode_ms(uncached_tokens + cached_tokens)
+        return self.prefill_ms(uncached_tokens, cached_tokens) + self.first_decode_ms(
+            uncached_tokens + cached_tokens
+        )
 
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
         if uncached_tokens <= 0:
@@ -258,7 +267,9 @@ class ProfiledTiming:
         others (left out, interpolated or extrapolated along the batch axis from its neighbours):
         how far a batch size between those measured may be off."""
         prefill = [100.0 * (self.first_token_ms(t) - ms) / ms for t, ms in self.profile.prefill]
-        prefill += [100.0 * (self.first_token_ms(t, p) - ms) / ms for p, t, ms in self.profile.prefill_after_prefix]
+        prefill += [
+            100.0 * (self.first_token_ms(t, p) - ms) / ms for p, t, ms in self.profile.prefill_after_prefix
+        ]
         checks = zip(self.decode_checks(), self.profile.decode, strict=True)
         decode = [100.0 * (predicted - ms) / ms for predicted, (_, _, ms) in checks]
         return {"prefill": prefill, "decode": decode}
@@ -268,7 +279,10 @@ class ProfiledTiming:
         grid of 3 or more batch sizes, from the other points (left out, interpolated or
         extrapolated along the batch axis), since the grid passes through each; else the fit."""
         if self.decode_grid is None or len(self.decode_grid[0]) < 3:
-            return [self.decode_ms(batch=b, kv_tokens=round(b * c), kv_load=0.0) for b, c, _ in self.profile.decode]
+            return [
+                self.decode_ms(batch=b, kv_tokens=round(b * c), kv_load=0.0)
+                for b, c, _ in self.profile.decode
+            ]
         batches, contexts, ms = self.decode_grid
         predictions = []
         for batch, context, _ in self.profile.decode:

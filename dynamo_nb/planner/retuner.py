@@ -173,7 +173,9 @@ class Retuner(IntervalLoop):
         if answer.beyond_error is False:  # a margin the replay's own error could make up
             self._candidate, self._streak = None, 0
             band = error_band_pct(answer.error_pct or {}, self.objective)
-            row.update(action="keep", reason=f"its margin is within the replay's measured error (±{band:.0f} %)")
+            row.update(
+                action="keep", reason=f"its margin is within the replay's measured error (±{band:.0f} %)"
+            )
             return await self._recorded(row)
         if answer.winner == self._candidate:
             self._streak += 1

@@ -246,7 +246,11 @@ def plan(
     met_at: int | None = None
     met_within_error_at: int | None = None
     for size in range(smallest, max_workers + 1):
-        if met_at is not None and size > met_at + 1 and (measured_error is None or met_within_error_at is not None):
+        if (
+            met_at is not None
+            and size > met_at + 1
+            and (measured_error is None or met_within_error_at is not None)
+        ):
             break
         if disaggregated:
             fleets = [Fleet(prefill=p, decode=size - p, router=router) for p in range(1, size)]
@@ -282,5 +286,7 @@ def _fastest_at(
     candidates = table[(table["workers"] == size) & table[column]]
     best = candidates[f"ttft_p{percentile:g}_ms"].idxmin()
     if disaggregated:
-        return Fleet(prefill=int(table.loc[best, "prefill"]), decode=int(table.loc[best, "decode"]), router=router)
+        return Fleet(
+            prefill=int(table.loc[best, "prefill"]), decode=int(table.loc[best, "decode"]), router=router
+        )
     return Fleet(workers=size, router=router)

@@ -67,7 +67,9 @@ def fidelity(
             )
     measured = _figures(live)
     live_ttft = live.set_index("index")["ttft_s"]
-    predictions = {name: replay(trace, fleet, settings, seed=seed).requests for name, settings in models.items()}
+    predictions = {
+        name: replay(trace, fleet, settings, seed=seed).requests for name, settings in models.items()
+    }
     if again is not None:
         predictions["live again"] = again
     rows: list[dict[str, Any]] = []
@@ -123,7 +125,9 @@ def model_error(table: pd.DataFrame, model: str) -> dict[str, float]:
     rows = table[table["model"] == model]
     if rows.empty:
         raise ConfigError(f"the fidelity table has no model {model!r}: it has {sorted(set(table['model']))}")
-    return {str(figure): float(error) for figure, error in zip(rows["figure"], rows["error_pct"], strict=True)}
+    return {
+        str(figure): float(error) for figure, error in zip(rows["figure"], rows["error_pct"], strict=True)
+    }
 
 
 def error_band_pct(error: Mapping[str, float], figure: str) -> float:
