@@ -4,8 +4,9 @@
   the error envelope (handed to the HTTP/1.1 server under it, `dynamo_nb.http`);
 - ``pipeline.py``: a generate request's steps (preprocess, admit, plan, open with retries,
   relay, write); ``relay.py``: tokens to text, what a stream ended with; ``migration.py``:
-  a request carried on by another worker; ``writers.py``: SSE chunks or one JSON body;
-  ``admission.py``: the queue in front of full workers;
+  a request carried on by another worker; ``watchdog.py``: workers that hang (silent longer than
+  expected) found, their streams moved, canaries until they answer; ``writers.py``: SSE chunks or
+  one JSON body; ``admission.py``: the queue in front of full workers;
 - ``openai.py``: request bodies checked field by field (`parse_request`);
 - ``anthropic.py``, ``responses.py``: Anthropic's Messages API (``/v1/messages``) and OpenAI's
   Responses API (``/v1/responses``, stateless), read into the same pipeline and written in their shapes;

@@ -47,6 +47,7 @@ from .pipeline import RequestPipeline, model_not_found
 from .request_trace import RequestTraceWriter
 from .responses import parse_responses_request
 from .served_models import ModelManager, ServedModel
+from .watchdog import StreamWatchdog
 
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
@@ -105,12 +106,14 @@ class Frontend:
         )
         metrics.follow_kv_indexes(self.models.kv_index_blocks)
         trace = RequestTraceWriter(config.request_trace) if config.request_trace is not None else None
+        self.watchdog = StreamWatchdog(config.watchdog, self.models.suspects, metrics)
         self.pipeline = RequestPipeline(
             self.models,
             self.metrics,
             config.migration_limit,
             trace=trace,
             tool_call_parser=config.tool_call_parser,
+            watchdog=self.watchdog,
         )
         self.connections = ConnectionGuard(config.header_timeout, config.max_connections)
         if admin is None and config.admin_enabled:
@@ -165,6 +168,7 @@ class Frontend:
         changes as ``config`` says, and listen."""
         config, models = self.config, self.models
         self.metrics.show_router_policy(models.kv_router_policy())
+        self.watchdog.start()
         if not self.runtime.is_static:
             await models.watch()
         await self._listen()
@@ -300,6 +304,7 @@ class Frontend:
         if self._server is not None:
             await self._server.stop()
             self._server = None
+        await self.watchdog.stop()
         await self.models.close()
         if self.pipeline.trace is not None:
             self.pipeline.trace.close()
@@ -426,6 +431,7 @@ class Frontend:
             "models": sorted(m.name for m in self.models.live_models()),
             "instances": instances,
             "prefill_instances": prefill,
+            "suspect_instances": self.watchdog.status(),
         }
         return json_response(body, status=200 if healthy else 503)
 

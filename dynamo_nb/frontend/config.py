@@ -31,6 +31,7 @@ from ..runtime.names import DEFAULT_WORKER_ENDPOINT, EndpointPath
 from ..settings import Settings, at_least, greater_than, nested, setting
 from .admission import DEFAULT_QUEUE_TIMEOUT
 from .migration import DEFAULT_MIGRATION_LIMIT
+from .watchdog import WatchdogConfig
 
 __all__ = ["DEFAULT_HTTP_PORT", "FrontendConfig", "check_frontend_args"]
 
@@ -230,6 +231,7 @@ class FrontendConfig(Settings):
         help="times a request whose worker goes down mid-stream is carried on by another worker (the "
         "client sees one stream); 0: never, the stream ends with an error",
     )
+    watchdog: WatchdogConfig = nested(WatchdogConfig)
     static_address: str | None = setting(
         None,
         flag="--static-address",

@@ -132,6 +132,25 @@ class FrontendMetrics:
             ("model",),
             registry=registry,
         )
+        self.hung_instances = Counter(
+            "dynamo_frontend_hung_instances",
+            "times a worker instance with streams in flight sent nothing for longer than expected and was "
+            "suspected of hanging",
+            ("model",),
+            registry=registry,
+        )
+        self.suspect_instances = Gauge(
+            "dynamo_frontend_suspect_instances",
+            "worker instances suspected of hanging now (routed around until a canary answers)",
+            ("model",),
+            registry=registry,
+        )
+        self.canaries = Counter(
+            "dynamo_frontend_canaries",
+            "one-token requests sent to worker instances suspected of hanging, by whether they answered in time",
+            ("model", "result"),
+            registry=registry,
+        )
         self.queued = Gauge(
             "dynamo_frontend_queued_requests",
             "requests waiting at the frontend for a slot while the model's workers are full",

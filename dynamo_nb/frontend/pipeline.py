@@ -59,6 +59,7 @@ from .relay import Outcome, RequestTiming, relay
 from .request_trace import RequestTraceWriter, TracedRequest
 from .responses import write_response, write_response_stream
 from .served_models import ModelManager, ServedModel
+from .watchdog import NO_WATCH, StreamWatch, StreamWatchdog
 from .writers import write_stream, write_unary
 
 __all__ = ["OPEN_TRIES", "RequestPipeline", "check_context", "model_not_found", "served_model"]
@@ -154,6 +155,7 @@ class Opened:
     first: Any
     plan: PrefillPlan | None = None
     decision: RoutingDecision | None = None
+    watch: StreamWatch = NO_WATCH  # the hung-worker watchdog's eye on the stream
 
 
 WRITERS: dict[str, tuple[Any, Any]] = {
@@ -180,8 +182,10 @@ class RequestPipeline:
         migration_limit: int,
         trace: RequestTraceWriter | None = None,
         tool_call_parser: str | None = None,
+        watchdog: StreamWatchdog | None = None,
     ) -> None:
         self.models = models
+        self.watchdog = watchdog  # the streams it watches move off a worker that hangs
         self.tool_call_parser = tool_call_parser  # --tool-call-parser: tools served, calls read so
         self.metrics = metrics
         self.migration = Migration(migration_limit, self.open_planned, metrics.migrations)
@@ -276,7 +280,7 @@ class RequestPipeline:
             metrics.ttft.observe(first_s)
             metrics.input_tokens.observe(len(request.token_ids))
             outcome = Outcome(
-                opened.stream, opened.plan, ticket=ticket, decision=opened.decision,
+                opened.stream, opened.plan, ticket=ticket, decision=opened.decision, watch=opened.watch,
                 asked=parsed.extra_fields,
                 timing=RequestTiming(received_ms, started, waited_s, first_s, len(request.token_ids)),
                 returned=[] if parsed.return_token_ids else None,
@@ -298,6 +302,7 @@ class RequestPipeline:
                 status = "cancelled"
                 raise
             finally:
+                outcome.watch.close()
                 await outcome.stream.aclose()
             metrics.output_tokens.observe(outcome.completion_tokens)
             self.metrics.observe_reuse(
@@ -373,11 +378,24 @@ class RequestPipeline:
             except NoInstancesError:
                 break
             self.keep(decision)
+            watch = (
+                NO_WATCH
+                if self.watchdog is None
+                else self.watchdog.watch(model, stream, len(request.token_ids))
+            )
             try:
-                return Opened(stream, await stream.__anext__(), decision=decision)
+                first = await stream.__anext__()
             except StopAsyncIteration:
+                watch.close()
                 raise EngineError(f"a worker of {model.name!r} ended the stream without output") from None
-            except InstanceDownError as exc:  # marked down by the client: the next try goes elsewhere
+            except InstanceDownError as exc:  # down (or hung): the next try goes elsewhere
+                watch.close()
                 last_error = exc
+                continue
+            except BaseException:
+                watch.close()
+                raise
+            watch.item(time.perf_counter())
+            return Opened(stream, first, decision=decision, watch=watch)
         detail = f" (last error: {last_error})" if last_error else ""
         raise NoInstancesError(f"no worker of model {model.name!r} is reachable now{detail}; retry later")

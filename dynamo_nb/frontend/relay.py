@@ -25,6 +25,7 @@ from ..router.decision import NO_TICKET, RoutingDecision, RoutingTicket
 from ..router.prefill_planner import PrefillPlan
 from ..runtime.client import ResponseStream
 from .migration import Migration, Stopped
+from .watchdog import NO_WATCH, StreamWatch
 
 if TYPE_CHECKING:
     from ..router.base import RoutedStream
@@ -99,6 +100,7 @@ class Outcome:
     ending: bool = False
     returned: list[int] | None = None
     stop_sequence: str | None = None  # the stop string that ended it (Anthropic's stop_sequence)
+    watch: StreamWatch = NO_WATCH  # the hung-worker watchdog's eye on ``stream``
 
     def __post_init__(self) -> None:
         if self.plan is not None:
@@ -114,9 +116,11 @@ class Outcome:
         stream: ResponseStream | RoutedStream,
         plan: PrefillPlan | None,
         decision: RoutingDecision | None = None,
+        watch: StreamWatch = NO_WATCH,
     ) -> None:
         """Another worker carries the request on (a migration) with ``stream``."""
-        self.stream, self.plan, self.decision = stream, plan, decision
+        self.watch.close()
+        self.stream, self.plan, self.decision, self.watch = stream, plan, decision, watch
         if plan is not None:
             self.plans.append(plan)
 
@@ -186,6 +190,7 @@ async def relay(
     count = 0
     earlier = 0  # tokens streamed by workers that went down (their usage is not in the last one's)
     returned = outcome.returned
+    watch = outcome.watch
     while True:
         ids: Sequence[int] = item.get("token_ids") or ()
         count += len(ids)
@@ -225,14 +230,15 @@ async def relay(
                     outcome.error = moved.error
                 break
             # a unary answer's headers and the last chunk's nvext say who carried it on
-            outcome.served_by(moved.stream, moved.plan, moved.decision)
-            item, stream, earlier = moved.first, moved.stream, count
+            outcome.served_by(moved.stream, moved.plan, moved.decision, moved.watch)
+            item, stream, earlier, watch = moved.first, moved.stream, count, moved.watch
             continue
         except RequestError as exc:
             outcome.error = str(exc)
             break
         now = time.perf_counter()
         itl.observe(now - last)
+        watch.item(now, now - last)
         last = now
     tail = detok.finish()
     if tail:

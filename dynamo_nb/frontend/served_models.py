@@ -48,6 +48,7 @@ from ..runtime.client import Client, ResponseStream
 from ..runtime.context import Context
 from ..runtime.discovery import KeyValueDiscovery
 from ..runtime.names import EndpointPath
+from ..runtime.suspects import SuspectInstances
 from ..telemetry.tracing import inject_trace, span
 from .admission import Admission
 from .config import FrontendConfig
@@ -272,6 +273,8 @@ class ModelManager:
         self._on_prefill_error = on_prefill_error
         self._on_policy_change = on_policy_change
         self._card_names: dict[str, str] = {}  # discovery key → model name
+        self.suspects = SuspectInstances()
+        """Worker instances suspected of hanging (the watchdog's): every model's client routes around them."""
         self._changed = asyncio.Event()
 
     def kv_index_blocks(self) -> list[tuple[str, int, int]]:
@@ -366,6 +369,7 @@ class ModelManager:
             tokenizer = await asyncio.to_thread(ModelTokenizer.load, card.model_path)
             endpoint = self.runtime.endpoint(card.endpoint)
             client = await endpoint.client(address=address)
+            client.suspects = self.suspects
             limits: dict[int, int] = {}
             if self.router_policy is not None:  # --router-policy: the user's function picks
                 router: Router = FunctionRouter(client, self.router_policy)
@@ -405,6 +409,7 @@ class ModelManager:
         router = self.prefill.get(card.name)
         if router is None:
             client = await self.runtime.endpoint(card.endpoint).client()
+            client.suspects = self.suspects
             # round robin; with --router-mode kv the prefill worker is chosen by KV overlap and load too
             picker = (
                 await self._router(client, card) if self.router_mode == "kv" else RoundRobinRouter(client)

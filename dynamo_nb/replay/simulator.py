@@ -102,6 +102,8 @@ class _PoolClient:
     def down_ids(self) -> list[int]:
         return []
 
+    suspect_ids = down_ids
+
     def next_instance(self) -> int:
         chosen = self._ids[self._next % len(self._ids)]
         self._next += 1

@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import InvalidRequestError
+from ..errors import InstanceDownError, InvalidRequestError
 from ..llm.protocol import PreprocessedRequest
 from .decision import NO_TICKET, Candidate, RoutingDecision, RoutingTicket
 
@@ -72,7 +72,7 @@ class RoutingEndpoint(Protocol):
 
 class RoutingClient(Protocol):
     """What a router calls on its endpoint's client: the instances (all, those with room, those
-    reported down), the client's turn and draw, and `direct` to send a routed request. The
+    reported down, those suspected of hanging), the client's turn and draw, and `direct` to send a routed request. The
     runtime's `dynamo_nb.runtime.Client` is one; a replay's simulated pool is another (it never
     sends: its routers only pick).
 
@@ -89,6 +89,8 @@ class RoutingClient(Protocol):
     def available_ids(self) -> list[int]: ...
 
     def down_ids(self) -> list[int]: ...
+
+    def suspect_ids(self) -> list[int]: ...
 
     def next_instance(self) -> int: ...
 
@@ -151,11 +153,12 @@ class Router(ABC):
     ) -> RoutingDecision:
         """The finished `RoutingDecision` for ``chosen``, filed under ``ticket``: ``candidates``
         (by default every available instance, unscored), then the instances skipped because they
-        were reported down; ``facts``: what else this router records (the KV router's
+        were reported down or are suspected of hanging; ``facts``: what else this router records (the KV router's
         ``overhead_ms``, ``seen_before_tokens``, ``policy``)."""
         if candidates is None:
             candidates = [Candidate(i) for i in self.client.instance_ids()]
         candidates.extend(Candidate(i, excluded="reported down") for i in self.client.down_ids())
+        candidates.extend(Candidate(i, excluded="suspected of hanging") for i in self.client.suspect_ids())
         return RoutingDecision(
             self.name,
             chosen,
@@ -267,6 +270,15 @@ class RoutedStream:
     @property
     def context(self) -> Any:
         return self._stream.context
+
+    @property
+    def ready(self) -> int:
+        """Items received and not read yet (`ResponseStream.ready`)."""
+        return self._stream.ready
+
+    def give_up(self, error: InstanceDownError) -> None:
+        """Stop waiting for it: the next read raises ``error`` (`ResponseStream.give_up`)."""
+        self._stream.give_up(error)
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self

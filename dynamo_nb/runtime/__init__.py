@@ -5,8 +5,9 @@ Everything a worker or a frontend needs to find and call the others lives here:
 - `DistributedRuntime` (``distributed.py``) and the ``namespace → component → endpoint`` names
   (``names.py``, ids in ``ids.py``), and ``instance.py``: `Instance`, one server as published;
 - the server side (``server.py``: `EndpointServer`, one task per request) and the client side
-  (``client.py``: `Client`, `ResponseStream`), with the per-request `Context` (``context.py``) and
-  ``streams.py`` (closing any stream a handler returns);
+  (``client.py``: `Client`, `ResponseStream`), with the per-request `Context` (``context.py``),
+  ``streams.py`` (closing any stream a handler returns) and ``suspects.py`` (`SuspectInstances`:
+  instances suspected of hanging, routed around by the clients that share it);
 - ``discovery/`` (memory, file, etcd, static: who serves what) and ``planes/`` (inproc, tcp, nats
   request planes; the msgpack wire format; the event plane);
 - ``bounded_decode.py``: msgpack and JSON from the network decoded with memory bounded by their size;

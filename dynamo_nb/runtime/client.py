@@ -13,6 +13,7 @@ from .context import Context
 from .discovery.base import InstanceSet, no_instances_message
 from .instance import Instance, parse_instance_id
 from .planes.channel import StreamChannel
+from .suspects import SuspectInstances
 
 if TYPE_CHECKING:
     from .distributed import Endpoint
@@ -147,6 +148,14 @@ class ResponseStream:
             self.context.stop_generating()
         self._finish()
 
+    def give_up(self, error: InstanceDownError) -> None:
+        """Stop waiting for this stream: the remote handler is told to stop (it may never hear,
+        if it hangs) and the reader's next wait raises ``error`` (items already received are read
+        first). A watchdog's way out of a stream whose worker hangs."""
+        if self._state == _OPEN and not self._channel.closed:
+            self.context.stop_generating()
+        self._channel.push_error(error)
+
     async def aclose(self) -> None:
         """Stop the request (if still running) and release it."""
         self._abandon()
@@ -193,6 +202,9 @@ class Client:
         #: the instances whose model card names the model it routes, since workers of other
         #: models may serve the same endpoint path
         self.serves: Callable[[int], bool] | None = None
+        #: instances suspected of hanging (shared by a frontend's clients): skipped while another
+        #: instance is usable, until cleared
+        self.suspects: SuspectInstances | None = None
         instances.on_added(self._forget_down)
 
     def _forget_down(self, instance_id: int) -> None:
@@ -210,14 +222,35 @@ class Client:
                     del self._down[iid]
             if self._down:
                 ids = [i for i in ids if i not in self._down]
+        suspects = self.suspects
+        if suspects:  # routed around while there is another; all suspect: better than none
+            ids = [i for i in ids if i not in suspects] or ids
         return ids
+
+    def healthy_ids(self) -> list[int]:
+        """`instance_ids` without the suspect ones (empty when every instance is suspect)."""
+        suspects = self.suspects
+        ids = self.instance_ids()
+        return [i for i in ids if i not in suspects] if suspects else ids
+
+    def suspect_ids(self) -> list[int]:
+        """Ids discovery lists that are suspected of hanging and routed around now."""
+        suspects = self.suspects
+        if not suspects:
+            return []
+        available = set(self.instance_ids())
+        return [i for i in self._instances.ids() if i in suspects and i not in available]
 
     def down_ids(self) -> list[int]:
         """Ids discovery lists that were reported down and are skipped for a while (`DOWN_SECONDS`)."""
         if not self._down:
             return []
         available = set(self.instance_ids())
-        return [i for i in self._instances.ids() if i not in available]
+        return [i for i in self._instances.ids() if i in self._down and i not in available]
+
+    def listed(self, instance_id: int) -> bool:
+        """Whether discovery lists ``instance_id`` now (reported down, suspect or not)."""
+        return self._instances.get(instance_id) is not None
 
     def instances(self) -> list[Instance]:
         """The instances with their transport details."""
@@ -321,6 +354,10 @@ class Client:
         """Skip ``instance_id`` for a while (done for you when it fails in-band)."""
         if not self._instances.static:
             self._down[instance_id] = time.monotonic() + DOWN_SECONDS
+
+    def report_instance_up(self, instance_id: int) -> None:
+        """``instance_id`` answered again (a canary): it is no longer skipped as down."""
+        self._down.pop(instance_id, None)
 
     def __repr__(self) -> str:
         return f"<Client {self.endpoint.path.url} instances={[f'{i:x}' for i in self.instance_ids()]}>"
