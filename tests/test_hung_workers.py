@@ -122,7 +122,7 @@ async def test_a_worker_slowed_three_times_is_not_taken_for_hung(services: Any, 
         start_worker, bus, "slow.backend.generate", ("1", "0.333")
     )
     prompts = ["word " * words for words in (10, 200, 800, 40)]
-    df = await bench.run(frontend.url, "m", prompts=prompts, concurrency=16, requests=200, max_tokens=TOKENS,
+    df = await bench.run(frontend.url, "m", prompts=prompts, concurrency=16, requests=120, max_tokens=TOKENS,
                          ignore_eos=True, progress=False, timeout=120)  # fmt: skip
     async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
         metrics = (await http.get("/metrics")).text
@@ -163,3 +163,67 @@ async def test_a_frontend_whose_own_loop_stalls_blames_no_worker(tiny_path: Any)
         finally:
             await frontend.stop()
             await engine.close()
+
+
+@pytest.mark.parametrize("frozen", ["prefill", pytest.param("decode", marks=pytest.mark.long)])
+async def test_a_frozen_prefill_or_decode_worker_costs_its_requests_no_wait(
+    frozen: str, services: Any, start_worker: Any
+) -> None:
+    """Two workers of the frozen role and one of the other, prefill/decode on the fast path (the
+    decode fetches its KV from the prefill's bootstrap server): every request completes while the
+    frozen worker is still frozen, so none waited for it (a frozen prefill's decode does not wait
+    out its --kv-timeout: the prefill's stream is given up and the request served otherwise)."""
+    bus = ["--discovery", services.etcd_url, "--request-plane", "tcp"]
+    roles = {"prefill": "--prefill-endpoint", "decode": "--endpoint"}
+    endpoints = ["--endpoint", f"pd{frozen}.backend.generate", "--prefill-endpoint", f"pd{frozen}.prefill.generate"]
+    counts = {"prefill": 2 if frozen == "prefill" else 1, "decode": 2 if frozen == "decode" else 1}
+    workers = {
+        role: [
+            await start_worker(*bus, *endpoints, "--lease-ttl", "30", "--speedup-ratio", "1", "--mode", role,
+                               script=MOCKER_WORKER)  # fmt: skip
+            for _ in range(counts[role])
+        ]
+        for role in roles
+    }
+    port = free_port()
+    frontend = await start_worker(*bus, "--http-port", str(port), script=FRONTEND)
+    url = f"http://127.0.0.1:{port}"
+    await bench.wait_for_model(url, "tiny-llama", instances=counts["decode"])
+    victim = workers[frozen][0]
+    async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+        await until(lambda: _prefill_instances(http, counts["prefill"]), timeout=30, what="both prefill workers")
+        load = asyncio.create_task(
+            bench.run(url, "tiny-llama", concurrency=8, requests=120, max_tokens=16, ignore_eos=True,
+                      progress=False, timeout=60)  # fmt: skip
+        )
+        await until(lambda: _served(http), timeout=60, step=0.05, what="requests before the freeze")
+        victim.send_signal(signal.SIGSTOP)
+        try:
+            await until(lambda: suspects(http), timeout=60, step=0.05, what="the frozen worker suspected")
+            df = await load  # all of it while the victim is frozen
+            listed = await suspects(http)
+            assert len(listed) == 1, frontend.log_path.read_text()[-6000:]
+            (suspect,) = listed
+            metrics = (await http.get("/metrics")).text
+        finally:
+            victim.send_signal(signal.SIGCONT)
+        await until(lambda: _none(suspects(http)), timeout=60, step=0.05, what="the thawed worker cleared")
+    assert suspect["instance_id"] == f"{victim.instance_id:x}"
+    assert df["error"].isna().all(), df["error"].dropna().iloc[0]
+    assert (df["output_tokens"] == 16).all()
+    assert metric_value(metrics, "dynamo_frontend_hung_instances_total", model="tiny-llama") == 1
+    log = frontend.log_path.read_text()
+    assert "no frames or heartbeats" not in log and "did not answer for room" not in log, log[-3000:]
+    if frozen == "prefill":  # the requests it held went aggregated, saying why; later ones to the other prefill
+        assert "prefill → decode handoff failed: the prefill on" in log and "treated as hung" in log
+        served_by_victim = df[df["prefill_worker"] == f"{victim.instance_id:x}"]
+        assert len(served_by_victim) < len(df)
+
+
+async def _prefill_instances(http: httpx.AsyncClient, count: int) -> bool:
+    return len((await http.get("/health")).json()["prefill_instances"]) >= count
+
+
+async def _served(http: httpx.AsyncClient) -> bool:
+    text = (await http.get("/metrics")).text
+    return (metric_value(text, "dynamo_frontend_requests_total", model="tiny-llama", status="success") or 0) > 0

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import DisaggregationError, RequestError
 from ..llm.bootstrap_info import BootstrapInfo, PrefillResult
@@ -39,7 +40,7 @@ from ..llm.protocol import PreprocessedRequest
 if TYPE_CHECKING:
     from ..runtime.client import ResponseStream
 
-__all__ = ["await_params", "drain", "prefill_request"]
+__all__ = ["ItemWatch", "await_params", "drain", "prefill_request"]
 
 logger = logging.getLogger("dynamo_nb.disagg")
 
@@ -77,17 +78,28 @@ async def await_params(stream: Any, timeout: float) -> PrefillResult:
     return PrefillResult.from_params(params)
 
 
+class ItemWatch(Protocol):
+    """Told of each item of a stream and of its end (the frontend's hung-worker watchdog's
+    `dynamo_nb.frontend.watchdog.StreamWatch`)."""
+
+    def item(self, now: float, gap: float | None = None) -> None: ...
+
+    def close(self) -> None: ...
+
+
 def drain(
     stream: ResponseStream,
     *,
     what: str,
     on_failure: Callable[[RequestError], None] | None = None,
     on_done: Callable[[], None] | None = None,
+    watch: ItemWatch | None = None,
 ) -> asyncio.Task[None]:
     """Read (the rest of) the prefill ``stream`` in the background, then close it.
 
     ``what`` names it in the warning logged when it fails; ``on_failure(error)`` and
-    ``on_done()`` report how it ended.
+    ``on_done()`` report how it ended; ``watch`` is told of the item with the first token (the
+    prefill done: the items before it only say where its KV goes) and of the end.
     """
 
     started = False
@@ -96,8 +108,9 @@ def drain(
         nonlocal started
         started = True
         try:
-            async for _ in stream:
-                pass
+            async for item in stream:
+                if watch is not None and item.get("token_ids"):  # its token: the prefill's work is done
+                    watch.item(time.perf_counter())
             if on_done is not None:
                 on_done()
         except RequestError as exc:
@@ -105,11 +118,15 @@ def drain(
             if on_failure is not None:
                 on_failure(exc)
         finally:
+            if watch is not None:
+                watch.close()
             await stream.aclose()
 
     def closed_unstarted(task: asyncio.Task[None]) -> None:
         _DRAINS.discard(task)
         if not started:  # cancelled before its first step: ``run``'s finally never ran
+            if watch is not None:
+                watch.close()
             closing = asyncio.get_running_loop().create_task(stream.aclose())
             _DRAINS.add(closing)
             closing.add_done_callback(_DRAINS.discard)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,7 @@ from ..llm.protocol import PreprocessedRequest
 from ..router.base import RoutedStream
 from ..router.decision import NO_TICKET, RoutingDecision, RoutingTicket
 from ..router.prefill_planner import PrefillPlan
-from ..runtime.client import ResponseStream
+from ..runtime.client import Client, ResponseStream
 from ..runtime.context import Context
 from ..runtime.ids import new_request_id
 from ..telemetry.request_ids import set_request_id
@@ -338,24 +339,56 @@ class RequestPipeline:
         if router is None:
             return await self.open(model, request, ticket)
         request_id = ticket.request_id
-        with span("prefill plan"):  # the prefill worker's span joins the trace from here
-            context = Context(request_id, metadata=inject_trace({})) if request_id else None
-            plan = await router.plan(request, context=context, ticket=ticket)  # enforced: a 503 here
-        self.keep(plan.decision)  # why its prefill worker was chosen
-        try:
-            opened = await self.open(model, plan.decode_request, ticket)
-        except RemoteHandlerError as exc:
-            if exc.code != DisaggregationError.code:
+        watchdog, prefill_client = self.watchdog, router.router.client
+        watch = None
+        if watchdog is not None and isinstance(prefill_client, Client):  # (a frontend's routers' always are)
+
+            def watch(stream: Any, tokens: int) -> StreamWatch:
+                return watchdog.watch(model, stream, tokens, client=prefill_client)
+
+        last_error: InstanceDownError | None = None
+        for _ in range(OPEN_TRIES):
+            with span("prefill plan"):  # the prefill worker's span joins the trace from here
+                context = Context(request_id, metadata=inject_trace({})) if request_id else None
+                plan = await router.plan(
+                    request, context=context, ticket=ticket, watch=watch
+                )  # enforced: a 503 here
+            self.keep(plan.decision)  # why its prefill worker was chosen
+            try:
+                opened = await self.open(
+                    model,
+                    plan.decode_request,
+                    ticket,
+                    on_sent=plan.follow,
+                    retry_down=plan.path == "aggregated",
+                )
+            except InstanceDownError as exc:
+                # the decode worker went down (or hangs) before its first item: it may have taken the
+                # prefill's KV already, so the request is planned afresh (the worker is skipped now)
+                plan.handed_off()
+                plan.cancel()
+                last_error = exc
+                continue
+            except (RemoteHandlerError, DisaggregationError) as exc:
+                # the decode refused the handoff, or its prefill failed (or hung) before the decode had its KV
+                plan.handed_off()
+                if exc.code != DisaggregationError.code:
+                    plan.cancel()
+                    raise
+                message = exc.remote_message if isinstance(exc, RemoteHandlerError) else str(exc)
+                plan = router.handoff_failed(plan, request, message)  # or DisaggregationError
+                opened = await self.open(model, plan.decode_request, ticket)
+            except BaseException:  # e.g. the client left before the first token: the prefill goes too
+                plan.handed_off()
                 plan.cancel()
                 raise
-            plan = router.handoff_failed(plan, request, exc.remote_message)  # or DisaggregationError
-            opened = await self.open(model, plan.decode_request, ticket)
-        except BaseException:  # e.g. the client left before the first token: the prefill goes too
-            plan.cancel()
-            raise
-        self.metrics.disagg_requests.labels(model.name, plan.path).inc()
-        opened.plan = plan
-        return opened
+            plan.handed_off()
+            self.metrics.disagg_requests.labels(model.name, plan.path).inc()
+            opened.plan = plan
+            return opened
+        raise NoInstancesError(
+            f"no decode worker of model {model.name!r} is reachable now (last error: {last_error}); retry later"
+        )
 
     def keep(self, decision: RoutingDecision | None) -> None:
         """A router's finished decision: kept in the frontend's routing records, its time per
@@ -365,10 +398,17 @@ class RequestPipeline:
             self.metrics.observe_routing(decision)
 
     async def open(
-        self, model: ServedModel, request: PreprocessedRequest, ticket: RoutingTicket = NO_TICKET
+        self,
+        model: ServedModel,
+        request: PreprocessedRequest,
+        ticket: RoutingTicket = NO_TICKET,
+        on_sent: Callable[[Any], None] | None = None,
+        retry_down: bool = True,
     ) -> Opened:
         """Step 4: send the request and wait for its first item; a worker that is down is skipped
-        (`OPEN_TRIES` tries). A worker's error (`RemoteHandlerError`) goes up with its status."""
+        (`OPEN_TRIES` tries; with ``retry_down`` False its `InstanceDownError` goes up instead). A
+        worker's error (`RemoteHandlerError`) goes up with its status. ``on_sent(stream)``: called
+        once it is sent, before its first item (each try)."""
         last_error: Exception | None = None
         for _ in range(OPEN_TRIES):
             try:
@@ -383,6 +423,8 @@ class RequestPipeline:
                 if self.watchdog is None
                 else self.watchdog.watch(model, stream, len(request.token_ids))
             )
+            if on_sent is not None:
+                on_sent(stream)
             try:
                 first = await stream.__anext__()
             except StopAsyncIteration:
@@ -390,6 +432,8 @@ class RequestPipeline:
                 raise EngineError(f"a worker of {model.name!r} ended the stream without output") from None
             except InstanceDownError as exc:  # down (or hung): the next try goes elsewhere
                 watch.close()
+                if not retry_down:
+                    raise
                 last_error = exc
                 continue
             except BaseException:

@@ -40,7 +40,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InstanceDownError, RequestError
+from ..errors import InstanceDownError, RemoteHandlerError, RequestError
 from ..llm.protocol import PreprocessedRequest, StopConditions
 from ..runtime.context import Context
 from ..runtime.suspects import SuspectInstances
@@ -214,16 +214,22 @@ class StreamWatchdog:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def watch(
-        self, model: ServedModel, stream: ResponseStream | RoutedStream, prompt_tokens: int
+        self,
+        model: ServedModel,
+        stream: ResponseStream | RoutedStream,
+        prompt_tokens: int,
+        *,
+        client: Client | None = None,
     ) -> StreamWatch:
-        """Watch ``stream`` (just sent to its worker with a prompt of ``prompt_tokens`` tokens)."""
+        """Watch ``stream`` (just sent to its worker with a prompt of ``prompt_tokens`` tokens) of
+        ``model``, through ``client`` (default: the model's; its prefill workers' for a prefill)."""
         if self._sweep is None:
             return NO_WATCH
         now = time.perf_counter()
         instance_id = stream.instance_id
         worker = self._workers.get(instance_id)
         if worker is None:
-            worker = self._workers[instance_id] = _Worker(instance_id, model.client, model, now)
+            worker = self._workers[instance_id] = _Worker(instance_id, client or model.client, model, now)
         elif not worker.open:
             worker.last = now  # it was idle: its silence starts now
         watch = StreamWatch(self, worker, stream, prompt_tokens, now)
@@ -356,7 +362,8 @@ class StreamWatchdog:
         except RequestError:
             return False
         try:
-            await asyncio.wait_for(stream.__anext__(), self.config.canary_timeout)
+            return await asyncio.wait_for(_a_token(stream), self.config.canary_timeout)
+        except RemoteHandlerError:  # its handler ran and refused the canary: it answers
             return True
         except (TimeoutError, StopAsyncIteration, RequestError):
             return False
@@ -376,3 +383,11 @@ class StreamWatchdog:
             for worker in self._workers.values()
             if worker.suspect and (suspicion := self.suspects.get(worker.instance_id)) is not None
         ]
+
+
+async def _a_token(stream: Any) -> bool:
+    """Whether ``stream`` brings a token (or ends): a prefill worker's first items only say where its KV goes."""
+    async for item in stream:
+        if item.get("token_ids") or item.get("finish_reason"):
+            return True
+    return True

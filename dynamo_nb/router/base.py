@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..errors import InstanceDownError, InvalidRequestError
+from ..errors import InvalidRequestError, RequestError
 from ..llm.protocol import PreprocessedRequest
 from .decision import NO_TICKET, Candidate, RoutingDecision, RoutingTicket
 
@@ -276,7 +276,7 @@ class RoutedStream:
         """Items received and not read yet (`ResponseStream.ready`)."""
         return self._stream.ready
 
-    def give_up(self, error: InstanceDownError) -> None:
+    def give_up(self, error: RequestError) -> None:
         """Stop waiting for it: the next read raises ``error`` (`ResponseStream.give_up`)."""
         self._stream.give_up(error)
 

@@ -48,12 +48,15 @@ from ..runtime.context import Context
 from .base import Route, Router
 from .decision import NO_TICKET, RoutingDecision, RoutingTicket
 
-__all__ = ["DISAGG_PATHS", "INSTANCE_WAIT", "PrefillPlan", "PrefillPlanner"]
+__all__ = ["DISAGG_PATHS", "INSTANCE_WAIT", "PrefillPlan", "PrefillPlanner", "WatchPrefill"]
 
 logger = logging.getLogger("dynamo_nb.router")
 
 DISAGG_PATHS = ("fast", "fallback", "aggregated")
 INSTANCE_WAIT = 5.0  # seconds a request waits for a prefill worker whose card came before its instance
+
+WatchPrefill = Callable[[Any, int], handoff.ItemWatch]
+"""Starts watching a prefill stream (the stream, its prompt's tokens): the frontend's watchdog."""
 
 
 @dataclass
@@ -85,11 +88,29 @@ class PrefillPlan:
     events: list[str] = field(default_factory=list)
     task: asyncio.Task[None] | None = None
     decision: RoutingDecision | None = None  # why its prefill worker was chosen
+    decode_stream: Any = None  # the decode stream, until its first item (`follow`)
 
     def cancel(self) -> None:
         """Stop the background prefill stream (when the decode ends or is cancelled)."""
         if self.task is not None and not self.task.done():
             self.task.cancel()
+
+    def follow(self, decode_stream: Any) -> None:
+        """The decode request was sent as ``decode_stream``: if the prefill fails before the decode's
+        first item, the decode stops waiting for its KV (`lost`)."""
+        self.decode_stream = decode_stream
+
+    def handed_off(self) -> None:
+        """The decode's first item came: it has its KV, the prefill's fate no longer matters to it."""
+        self.decode_stream = None
+
+    def lost(self, reason: str) -> None:
+        """The prefill failed (or its worker hangs) while the decode waits for its KV: the decode's
+        wait ends now with a `DisaggregationError` saying ``reason`` (the frontend then falls back),
+        instead of at the decode worker's ``--kv-timeout``."""
+        stream, self.decode_stream = self.decode_stream, None
+        if stream is not None:
+            stream.give_up(DisaggregationError(reason))
 
 
 class PrefillPlanner:
@@ -167,10 +188,13 @@ class PrefillPlanner:
         *,
         context: Context | None = None,
         ticket: RoutingTicket = NO_TICKET,
+        watch: WatchPrefill | None = None,
     ) -> PrefillPlan:
         """Start the prefill of ``request`` and say how its decode goes (see the module docstring).
         ``context``: the prefill request's id and metadata (a trace's ``traceparent``); ``ticket``:
-        what its prefill worker's routing decision is filed under (its hop made ``prefill``)."""
+        what its prefill worker's routing decision is filed under (its hop made ``prefill``);
+        ``watch``: watches the prefill stream (the frontend's hung-worker watchdog: a prefill
+        worker that hangs gives its stream up, and the plan falls back)."""
         events: list[str] = []
         instance: int | None = None
         started = time.perf_counter()
@@ -188,22 +212,26 @@ class PrefillPlanner:
                 plan = PrefillPlan(
                     "fast", decode, instance, info.room, events=events, decision=route.decision
                 )
-                plan.task = self._drain(stream, plan)  # sends the prefill once the task runs
+                watching = watch(stream, len(request.token_ids)) if watch is not None else None
+                plan.task = self._drain(stream, plan, watching)  # sends the prefill once the task runs
                 events.append("decode handed back")
                 plan.handoff_s = time.perf_counter() - started
                 return plan
             stream = self.router.open(route, handoff.prefill_request(request), context=context)
             events.append("prefill sent")
+            watching = watch(stream, len(request.token_ids)) if watch is not None else None
             try:
                 result = await handoff.await_params(stream, self.prefill_timeout)
             except BaseException:
+                if watching is not None:
+                    watching.close()
                 await stream.aclose()
                 raise
             events.append("prefill first item")
             decode = dataclasses.replace(request, prefill_result=result)
             room = result.bootstrap.room if result.bootstrap is not None else None  # None: vLLM's connector
             plan = PrefillPlan("fallback", decode, instance, room, events=events, decision=route.decision)
-            plan.task = self._drain(stream, plan)
+            plan.task = self._drain(stream, plan, watching)
             events.append("decode handed back")
             plan.handoff_s = time.perf_counter() - started
             return plan
@@ -222,11 +250,14 @@ class PrefillPlanner:
         await self.router.client.wait_for_instances(timeout=min(INSTANCE_WAIT, self.prefill_timeout))
         return self.router.pick(request, ticket)
 
-    def fall_back(self, request: PreprocessedRequest, reason: str, events: list[str]) -> PrefillPlan:
-        """The one place where a failed prefill or handoff is decided: counted, then a
-        `DisaggregationError` (a 503) when disaggregation is enforced, else the plan that serves
-        ``request`` aggregated."""
-        self._count_error()
+    def fall_back(
+        self, request: PreprocessedRequest, reason: str, events: list[str], *, count: bool = True
+    ) -> PrefillPlan:
+        """The one place where a failed prefill or handoff is decided: counted (unless ``count`` is
+        False: the failure was counted already), then a `DisaggregationError` (a 503) when
+        disaggregation is enforced, else the plan that serves ``request`` aggregated."""
+        if count:
+            self._count_error()
         if self.enforce:
             raise DisaggregationError(f"{reason}; disaggregation is enforced, so the request fails")
         return self.aggregated(request, reason, events)
@@ -252,23 +283,32 @@ class PrefillPlanner:
         logger.warning(
             "prefill → decode handoff failed (%s path, room %s): %s", plan.path, plan.room, message
         )
-        return self.fall_back(request, f"the prefill → decode handoff failed: {message}", plan.events)
+        counted = "prefill failed" in plan.events  # its prefill's failure was counted as it happened
+        return self.fall_back(
+            request, f"the prefill → decode handoff failed: {message}", plan.events, count=not counted
+        )
 
     def _count_error(self) -> None:
         self.errors_total += 1
         if self._on_error is not None:
             self._on_error()
 
-    def _drain(self, stream: Any, plan: PrefillPlan) -> asyncio.Task[None]:
-        """Read (the rest of) the prefill stream in the background; log and count its failure."""
+    def _drain(
+        self, stream: Any, plan: PrefillPlan, watch: handoff.ItemWatch | None = None
+    ) -> asyncio.Task[None]:
+        """Read (the rest of) the prefill stream in the background; log and count its failure, and
+        end the wait of a decode that has not had its first item (`PrefillPlan.lost`)."""
+        what = f"prefill on {plan.prefill_worker or 0:x} ({plan.path} path, room {plan.room})"
 
-        def failed(_error: RequestError) -> None:
+        def failed(error: RequestError) -> None:
             plan.events.append("prefill failed")
             self._count_error()
+            plan.lost(f"the {what} failed: {error}")
 
         return handoff.drain(
             stream,
-            what=f"prefill on {plan.prefill_worker or 0:x} ({plan.path} path, room {plan.room})",
+            what=what,
             on_failure=failed,
             on_done=lambda: plan.events.append("prefill done"),
+            watch=watch,
         )

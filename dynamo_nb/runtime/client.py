@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InstanceDownError, InstanceNotFoundError, NoInstancesError
+from ..errors import InstanceDownError, InstanceNotFoundError, NoInstancesError, RequestError
 from .context import Context
 from .discovery.base import InstanceSet, no_instances_message
 from .instance import Instance, parse_instance_id
@@ -148,7 +148,7 @@ class ResponseStream:
             self.context.stop_generating()
         self._finish()
 
-    def give_up(self, error: InstanceDownError) -> None:
+    def give_up(self, error: RequestError) -> None:
         """Stop waiting for this stream: the remote handler is told to stop (it may never hear,
         if it hangs) and the reader's next wait raises ``error`` (items already received are read
         first). A watchdog's way out of a stream whose worker hangs."""
