@@ -61,8 +61,16 @@ async def test_a_frozen_workers_streams_move_and_it_rejoins_once_a_canary_answer
     victim_hex, victim = next(iter(workers.items()))
     (other_hex,) = [w for w in workers if w != victim_hex]
     async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
-        run = bench.run(frontend.url, "m", concurrency=10, requests=160, max_tokens=TOKENS, ignore_eos=True,
-                        progress=False, timeout=60)  # fmt: skip
+        run = bench.run(
+            frontend.url,
+            "m",
+            concurrency=10,
+            requests=160,
+            max_tokens=TOKENS,
+            ignore_eos=True,
+            progress=False,
+            timeout=60,
+        )
         load = asyncio.create_task(run)
 
         async def done() -> float:
@@ -175,12 +183,26 @@ async def test_a_frozen_prefill_or_decode_worker_costs_its_requests_no_wait(
     out its --kv-timeout: the prefill's stream is given up and the request served otherwise)."""
     bus = ["--discovery", services.etcd_url, "--request-plane", "tcp"]
     roles = {"prefill": "--prefill-endpoint", "decode": "--endpoint"}
-    endpoints = ["--endpoint", f"pd{frozen}.backend.generate", "--prefill-endpoint", f"pd{frozen}.prefill.generate"]
+    endpoints = [
+        "--endpoint",
+        f"pd{frozen}.backend.generate",
+        "--prefill-endpoint",
+        f"pd{frozen}.prefill.generate",
+    ]
     counts = {"prefill": 2 if frozen == "prefill" else 1, "decode": 2 if frozen == "decode" else 1}
     workers = {
         role: [
-            await start_worker(*bus, *endpoints, "--lease-ttl", "30", "--speedup-ratio", "1", "--mode", role,
-                               script=MOCKER_WORKER)  # fmt: skip
+            await start_worker(
+                *bus,
+                *endpoints,
+                "--lease-ttl",
+                "30",
+                "--speedup-ratio",
+                "1",
+                "--mode",
+                role,
+                script=MOCKER_WORKER,
+            )
             for _ in range(counts[role])
         ]
         for role in roles
@@ -191,10 +213,20 @@ async def test_a_frozen_prefill_or_decode_worker_costs_its_requests_no_wait(
     await bench.wait_for_model(url, "tiny-llama", instances=counts["decode"])
     victim = workers[frozen][0]
     async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-        await until(lambda: _prefill_instances(http, counts["prefill"]), timeout=30, what="both prefill workers")
+        await until(
+            lambda: _prefill_instances(http, counts["prefill"]), timeout=30, what="both prefill workers"
+        )
         load = asyncio.create_task(
-            bench.run(url, "tiny-llama", concurrency=8, requests=120, max_tokens=16, ignore_eos=True,
-                      progress=False, timeout=60)  # fmt: skip
+            bench.run(
+                url,
+                "tiny-llama",
+                concurrency=8,
+                requests=120,
+                max_tokens=16,
+                ignore_eos=True,
+                progress=False,
+                timeout=60,
+            )
         )
         await until(lambda: _served(http), timeout=60, step=0.05, what="requests before the freeze")
         victim.send_signal(signal.SIGSTOP)
@@ -214,7 +246,9 @@ async def test_a_frozen_prefill_or_decode_worker_costs_its_requests_no_wait(
     assert metric_value(metrics, "dynamo_frontend_hung_instances_total", model="tiny-llama") == 1
     log = frontend.log_path.read_text()
     assert "no frames or heartbeats" not in log and "did not answer for room" not in log, log[-3000:]
-    if frozen == "prefill":  # the requests it held went aggregated, saying why; later ones to the other prefill
+    if (
+        frozen == "prefill"
+    ):  # the requests it held went aggregated, saying why; later ones to the other prefill
         assert "prefill → decode handoff failed: the prefill on" in log and "treated as hung" in log
         served_by_victim = df[df["prefill_worker"] == f"{victim.instance_id:x}"]
         assert len(served_by_victim) < len(df)
@@ -226,4 +260,6 @@ async def _prefill_instances(http: httpx.AsyncClient, count: int) -> bool:
 
 async def _served(http: httpx.AsyncClient) -> bool:
     text = (await http.get("/metrics")).text
-    return (metric_value(text, "dynamo_frontend_requests_total", model="tiny-llama", status="success") or 0) > 0
+    return (
+        metric_value(text, "dynamo_frontend_requests_total", model="tiny-llama", status="success") or 0
+    ) > 0
