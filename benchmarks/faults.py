@@ -278,12 +278,15 @@ async def not_hung(services: LocalServices, requests: int) -> dict[str, Any]:
     df = await bench.run(frontend.url, "slow", prompts=prompts, concurrency=16, requests=requests, max_tokens=32,
                          ignore_eos=True, progress=False, endpoint="completions", timeout=300)  # fmt: skip
     counters = await watchdog_counters(frontend.url, "slow")
+    async with httpx.AsyncClient(base_url=frontend.url, timeout=10) as http:
+        peak = metric_total((await http.get("/metrics")).text, "dynamo_frontend_worker_silence_peak")
     for process in (frontend, *workers):
         await process.stop()
     return {
         "requests": len(df),
         "complete_with_all_tokens": int(((df["error"].isna()) & (df["output_tokens"] == 32)).sum()),
         "suspicions": counters["hung_instances"],
+        "silence_peak_share_of_deadline": peak,
         "prompt_tokens": [int(df["input_tokens"].min()), int(df["input_tokens"].max())],
         "by_worker": {str(k): int(v) for k, v in df["worker"].value_counts().items()},
     }
@@ -363,7 +366,8 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{row['hung_instances']:>13.0f}")  # fmt: skip
     quiet = report["not hung"]
     print(f"\nnot hung: {quiet['complete_with_all_tokens']}/{quiet['requests']} complete, prompts of "
-          f"{quiet['prompt_tokens'][0]}-{quiet['prompt_tokens'][1]} tokens, {quiet['suspicions']:.0f} suspicions")  # fmt: skip
+          f"{quiet['prompt_tokens'][0]}-{quiet['prompt_tokens'][1]} tokens, {quiet['suspicions']:.0f} suspicions; "
+          f"the longest silence reached {quiet['silence_peak_share_of_deadline']:.0%} of its hang deadline")  # fmt: skip
     print("hang targets:", report["hang_targets"])
 
 

@@ -145,6 +145,13 @@ class FrontendMetrics:
             ("model",),
             registry=registry,
         )
+        self.silence_peak = Gauge(
+            "dynamo_frontend_worker_silence_peak",
+            "the longest silence of a worker with streams in flight that was not found hung, as a share of the "
+            "silence that would have counted as a hang (how close a healthy worker came to being suspected)",
+            ("model",),
+            registry=registry,
+        )
         self.canaries = Counter(
             "dynamo_frontend_canaries",
             "one-token requests sent to worker instances suspected of hanging, by whether they answered in time",

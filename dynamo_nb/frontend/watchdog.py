@@ -197,6 +197,9 @@ class StreamWatchdog:
         self.metrics = metrics
         self._workers: dict[int, _Worker] = {}
         self._sweep: asyncio.Task[None] | None = None
+        self.peak: dict[str, float] = {}
+        """Per model: the longest silence of a worker not found hung, as a share of its hang deadline
+        (how close a healthy worker came to being suspected; 1: as close as it gets)."""
         self.tick_s = min(config.hang_after / 4, 0.25)
 
     def start(self) -> None:
@@ -269,6 +272,9 @@ class StreamWatchdog:
             deadline = self._deadline(worker)
             if silent > deadline and not any(watch.stream.ready for watch in worker.open):
                 self._hung(worker, silent, deadline)
+            elif silent > deadline * self.peak.get(worker.model.name, 0.0):
+                self.peak[worker.model.name] = share = min(silent / deadline, 1.0)
+                self.metrics.silence_peak.labels(worker.model.name).set(share)
 
     def _hung(self, worker: _Worker, silent: float, deadline: float) -> None:
         instance_id, model = worker.instance_id, worker.model.name
