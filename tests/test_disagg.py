@@ -120,6 +120,35 @@ async def test_bootstrap_server_parks_waits_fails_and_expires() -> None:
         await fetch_kv(BootstrapInfo("127.0.0.1", free_port(), 1), timeout=1)
 
 
+async def test_a_decode_waits_for_a_slow_prefill_and_not_for_a_frozen_one() -> None:
+    """A prefill that takes longer than the decode's silence bound keeps it waiting (its server says
+    so every KEEPALIVE_S); a server that says nothing at all — a frozen prefill worker, whose
+    kernel still accepts the connection — ends the decode's wait at the bound, not at its timeout."""
+    import socket
+
+    from dynamo_nb.disagg.bootstrap import KEEPALIVE_S
+
+    silence = 2 * KEEPALIVE_S
+    server = await BootstrapServer.start(ttl=60)
+    try:
+        header = {"payload_bytes": 1, "first_token": 7}
+        info = BootstrapInfo(server.host, server.port, 9)
+        waiting = asyncio.ensure_future(fetch_kv(info, timeout=30, silence=silence))
+        await asyncio.sleep(2.5 * silence)
+        assert not waiting.done()
+        server.park(9, header, b"k")
+        assert await waiting == (header, b"k")
+    finally:
+        await server.stop()
+    frozen = socket.create_server(("127.0.0.1", 0), backlog=8)  # listens, never accepts nor answers
+    try:
+        info = BootstrapInfo("127.0.0.1", frozen.getsockname()[1], 9)
+        with pytest.raises(DisaggregationError, match=rf"sent nothing for {silence:g} s .* seems to hang"):
+            await fetch_kv(info, timeout=30, silence=silence)
+    finally:
+        frozen.close()
+
+
 async def test_parked_kv_expires_and_a_waiting_decode_learns_why() -> None:
     server = await BootstrapServer.start(ttl=0.2)  # its sweeper looks every ttl/4
     try:

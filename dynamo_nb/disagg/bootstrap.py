@@ -6,7 +6,10 @@ the room, so the decode learns why). A decode calls `fetch_kv`: it connects to
 finished yet — up to its timeout. A room is handed out once, and only to a caller with its
 token (compared in constant time; a wrong one is refused and the room stays for its decode);
 rooms nobody fetches (or parks) expire after ``ttl`` seconds, so a decode that never comes
-leaks nothing. A malformed or oversized request closes that connection only. It listens on
+leaks nothing. While the prefill runs, the server tells a waiting decode so every
+``KEEPALIVE_S`` seconds; a decode that hears nothing for ``KV_SILENCE_S`` seconds stops waiting (a
+prefill worker that hangs, frozen or stuck, costs its decode seconds, not ``--kv-timeout``), while a
+slow prefill keeps its decode waiting as long as it is alive. A malformed or oversized request closes that connection only. It listens on
 127.0.0.1 unless told otherwise.
 
 Frames on the wire: a 4-byte big-endian length, a JSON header, then (for a KV answer) the
@@ -54,6 +57,8 @@ _LENGTH = struct.Struct(">I")
 MAX_HEADER_BYTES = 1 << 20  # the KV cache's description, from the prefill's server
 MAX_ASK_BYTES = 4096  # {"room", "timeout", "token"}, from whoever connects to the server
 MAX_PAYLOAD_BYTES = 8 << 30
+KEEPALIVE_S = 0.5  # how often a bootstrap server tells a waiting decode that its prefill runs
+KV_SILENCE_S = 2.0  # a decode that hears nothing from the server this long stops waiting
 
 
 async def _write_frame(writer: asyncio.StreamWriter, header: dict[str, Any], payload: bytes = b"") -> None:
@@ -220,9 +225,8 @@ class BootstrapServer:
                 )
                 return
             entry = self._room(room)
-            try:
-                result = await asyncio.wait_for(asyncio.shield(entry.ready), wait)
-            except asyncio.TimeoutError:
+            result = await self._wait_for(entry, wait, request.get("keepalive") is True, writer)
+            if result is None:
                 await _write_frame(
                     writer,
                     {
@@ -262,6 +266,28 @@ class BootstrapServer:
                 self._connections.discard(task)
             writer.close()
 
+    @staticmethod
+    async def _wait_for(
+        entry: _Room, wait: float, keepalive: bool, writer: asyncio.StreamWriter
+    ) -> tuple[dict[str, Any], bytes] | str | None:
+        """The room's KV (or why its prefill failed) within ``wait`` seconds, else None; with
+        ``keepalive`` the decode hears ``{"waiting": true}`` at once and every `KEEPALIVE_S`."""
+        if not keepalive:
+            try:
+                return await asyncio.wait_for(asyncio.shield(entry.ready), wait)
+            except asyncio.TimeoutError:
+                return None
+        deadline = time.monotonic() + wait
+        while True:
+            await _write_frame(writer, {"waiting": True})
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                return await asyncio.wait_for(asyncio.shield(entry.ready), min(KEEPALIVE_S, remaining))
+            except asyncio.TimeoutError:
+                continue
+
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(min(self.ttl / 4, 5.0))
@@ -297,12 +323,18 @@ class BootstrapServer:
 
 
 async def fetch_kv(
-    info: BootstrapInfo, timeout: float = 30.0, security: PlaneSecurity | None = None
+    info: BootstrapInfo,
+    timeout: float = 30.0,
+    security: PlaneSecurity | None = None,
+    silence: float = KV_SILENCE_S,
 ) -> tuple[dict[str, Any], bytes]:
-    """The KV header and payload parked under ``info.room`` (waits up to ``timeout`` for the prefill).
+    """The KV header and payload parked under ``info.room`` (waits up to ``timeout`` for the
+    prefill, as long as the server says every `KEEPALIVE_S` that it runs: ``silence`` seconds
+    without a word end the wait).
 
     Raises:
-        DisaggregationError: unreachable server, timeout, a failed prefill, or a bad answer.
+        DisaggregationError: unreachable server, timeout, a silent server (its worker hangs), a
+            failed prefill, or a bad answer.
     """
     where = f"bootstrap server {info.host}:{info.port}"
     security = security if security is not None else current_security()
@@ -328,11 +360,25 @@ async def fetch_kv(
                 raise DisaggregationError(
                     f"{where} did not start the cluster-secret handshake: it runs without the secret"
                 ) from None
-        ask: dict[str, Any] = {"room": info.room, "timeout": timeout}
+        ask: dict[str, Any] = {"room": info.room, "timeout": timeout, "keepalive": True}
         if info.token is not None:
             ask["token"] = info.token
         await _write_frame(writer, ask)
-        header = await asyncio.wait_for(_read_header(reader), timeout + 5.0)
+        deadline = time.monotonic() + timeout + 5.0
+        while True:
+            try:
+                header = await asyncio.wait_for(
+                    _read_header(reader), min(silence, max(deadline - time.monotonic(), 0.0))
+                )
+            except asyncio.TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+                raise DisaggregationError(
+                    f"{where} sent nothing for {silence:g} s while this decode waited for room {info.room}: "
+                    "its prefill worker seems to hang"
+                ) from None
+            if header.get("waiting") is not True:
+                break
         if not header.pop("ok", False):
             raise DisaggregationError(f"{where}: {header.get('error', 'refused')}")
         size = header.get("payload_bytes")
