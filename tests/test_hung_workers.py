@@ -130,7 +130,7 @@ async def test_a_worker_slowed_three_times_is_not_taken_for_hung(services: Any, 
         start_worker, bus, "slow.backend.generate", ("1", "0.333")
     )
     prompts = ["word " * words for words in (10, 200, 800, 40)]
-    df = await bench.run(frontend.url, "m", prompts=prompts, concurrency=16, requests=120, max_tokens=TOKENS,
+    df = await bench.run(frontend.url, "m", prompts=prompts, concurrency=16, requests=64, max_tokens=TOKENS,
                          ignore_eos=True, progress=False, timeout=120)  # fmt: skip
     async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
         metrics = (await http.get("/metrics")).text
