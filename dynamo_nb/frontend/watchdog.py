@@ -36,14 +36,14 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InstanceDownError, RemoteHandlerError, RequestError
 from ..llm.protocol import PreprocessedRequest, StopConditions
 from ..runtime.context import Context
-from ..runtime.suspects import SuspectInstances
+from ..runtime.ids import new_request_id
+from ..runtime.suspects import SuspectInstances, Suspicion
 from ..settings import Settings, at_least, greater_than, setting
 
 if TYPE_CHECKING:
@@ -239,11 +239,6 @@ class StreamWatchdog:
         worker.open[watch] = None
         return watch
 
-    def deadline_s(self, instance_id: int) -> float | None:
-        """Seconds of silence after which ``instance_id`` counts as hung now (None: not watched)."""
-        worker = self._workers.get(instance_id)
-        return None if worker is None else self._deadline(worker)
-
     def _deadline(self, worker: _Worker) -> float:
         return max(self.config.hang_after, self.config.hang_factor * worker.expected_s())
 
@@ -287,14 +282,13 @@ class StreamWatchdog:
         self.metrics.hung_instances.labels(model).inc()
         self.metrics.suspect_instances.labels(model).inc()
         others = [i for i in worker.client.healthy_ids() if i != instance_id]
+        what = (
+            "its streams move to another worker and it gets no new requests until it answers a canary"
+            if others
+            else "but no other worker serves the model, so its streams wait for it"
+        )
+        logger.warning("worker %x of %r %s: suspected of hanging; %s", instance_id, model, reason, what)
         if others:
-            logger.warning(
-                "worker %x of %r %s: suspected of hanging; its streams move to another worker and it gets no "
-                "new requests until it answers a canary",
-                instance_id,
-                model,
-                reason,
-            )
             for watch in list(worker.open):
                 watch.stream.give_up(
                     InstanceDownError(
@@ -303,14 +297,6 @@ class StreamWatchdog:
                         instance_id=instance_id,
                     )
                 )
-        else:
-            logger.warning(
-                "worker %x of %r %s: suspected of hanging, but no other worker serves the model, so its "
-                "streams wait for it",
-                instance_id,
-                model,
-                reason,
-            )
         worker.canary = asyncio.get_running_loop().create_task(
             self._canaries(worker), name=f"dynamo_nb-canary-{instance_id:x}"
         )
@@ -319,11 +305,9 @@ class StreamWatchdog:
         """``worker`` is back (``why``): routed to again."""
         if not worker.suspect:
             return
-        worker.suspect = False
-        suspicion = self.suspects.clear(worker.instance_id)
+        suspicion = self._unsuspect(worker)
         worker.client.report_instance_up(worker.instance_id)
         worker.last = time.perf_counter()
-        self.metrics.suspect_instances.labels(worker.model.name).dec()
         held = f" after {suspicion.for_s:.1f} s" if suspicion is not None else ""
         logger.info("worker %x of %r is back (%s)%s: routed to again", worker.instance_id, worker.model.name,
                        why, held)  # fmt: skip
@@ -331,11 +315,15 @@ class StreamWatchdog:
         if canary is not None and canary is not asyncio.current_task():
             canary.cancel()
 
+    def _unsuspect(self, worker: _Worker) -> Suspicion | None:
+        """``worker`` is no longer suspect (counted); what it was suspected of."""
+        worker.suspect = False
+        self.metrics.suspect_instances.labels(worker.model.name).dec()
+        return self.suspects.clear(worker.instance_id)
+
     def _forget(self, worker: _Worker) -> None:
         if worker.suspect:
-            worker.suspect = False
-            self.suspects.clear(worker.instance_id)
-            self.metrics.suspect_instances.labels(worker.model.name).dec()
+            self._unsuspect(worker)
         if not worker.open:
             self._workers.pop(worker.instance_id, None)
 
@@ -362,17 +350,19 @@ class StreamWatchdog:
 
     async def _ask(self, worker: _Worker, canary: dict[str, Any]) -> bool:
         """Whether ``worker`` answers ``canary`` within the canary timeout."""
-        context = Context(f"canary-{uuid.uuid4().hex[:12]}")
+        context = Context(f"canary-{new_request_id()}")
         try:
             stream = worker.client.direct(canary, worker.instance_id, context=context)
         except RequestError:
             return False
         try:
-            return await asyncio.wait_for(_a_token(stream), self.config.canary_timeout)
+            await asyncio.wait_for(_a_token(stream), self.config.canary_timeout)
         except RemoteHandlerError:  # its handler ran and refused the canary: it answers
             return True
-        except (TimeoutError, StopAsyncIteration, RequestError):
+        except (TimeoutError, RequestError):
             return False
+        else:
+            return True
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()
@@ -391,9 +381,8 @@ class StreamWatchdog:
         ]
 
 
-async def _a_token(stream: Any) -> bool:
-    """Whether ``stream`` brings a token (or ends): a prefill worker's first items only say where its KV goes."""
+async def _a_token(stream: Any) -> None:
+    """Read ``stream`` until a token comes (or it ends): a prefill worker's first items only say where its KV goes."""
     async for item in stream:
         if item.get("token_ids") or item.get("finish_reason"):
-            return True
-    return True
+            return
