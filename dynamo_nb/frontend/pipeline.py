@@ -365,13 +365,11 @@ class RequestPipeline:
             except InstanceDownError as exc:
                 # the decode worker went down (or hangs) before its first item: it may have taken the
                 # prefill's KV already, so the request is planned afresh (the worker is skipped now)
-                plan.handed_off()
                 plan.cancel()
                 last_error = exc
                 continue
             except (RemoteHandlerError, DisaggregationError) as exc:
                 # the decode refused the handoff, or its prefill failed (or hung) before the decode had its KV
-                plan.handed_off()
                 if exc.code != DisaggregationError.code:
                     plan.cancel()
                     raise
@@ -379,10 +377,9 @@ class RequestPipeline:
                 plan = router.handoff_failed(plan, request, message)  # or DisaggregationError
                 opened = await self.open(model, plan.decode_request, ticket)
             except BaseException:  # e.g. the client left before the first token: the prefill goes too
-                plan.handed_off()
                 plan.cancel()
                 raise
-            plan.handed_off()
+            plan.handed_off()  # a decode under way is not given up if its prefill's stream fails later
             self.metrics.disagg_requests.labels(model.name, plan.path).inc()
             opened.plan = plan
             return opened
