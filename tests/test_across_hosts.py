@@ -377,8 +377,9 @@ async def test_a_worker_cut_mid_stream_migrates_expires_and_rejoins(cluster: Clu
                 cut_at = time.monotonic()
     print(f"longest gap in the stream: {longest_gap:.2f} s")
     assert usage is not None and usage["completion_tokens"] == tokens  # one continuous stream
-    # detected by the request plane's heartbeat timeout (5 s), then re-sent to the other worker
-    assert 4.0 <= longest_gap <= 5.0 + 5.0, longest_gap
+    # the frontend's hang watchdog notices the silent worker (at least --hang-after, 1 s) and re-sends the
+    # stream to the other worker before the request plane's heartbeat timeout (5 s) would
+    assert 1.0 <= longest_gap < 4.0, longest_gap
     assert time.monotonic() - cut_at < 30
 
     # its lease (3 s) expires in etcd: the frontend drops it
