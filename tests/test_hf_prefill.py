@@ -234,3 +234,45 @@ async def test_the_decode_batch_copies_in_only_the_sequences_that_join(tiny_path
                     assert batch.cache_of(key).get_seq_length() == alone[key].get_seq_length()
     finally:
         await engine.close()
+
+
+async def test_sequences_coming_and_going_keep_their_logits_and_rarely_move_the_batch(tiny_path: Path) -> None:
+    """Seventy steps, each letting one member go (any row: the last takes its place) and one join
+    (shorter or longer than the others, so the window widens and the buffers run out of columns
+    and rows): every member's logits stay those it gets alone, and the buffers are replaced only
+    a few times (each time with twice the room), not at every change."""
+    import torch
+
+    from dynamo_nb.engines.hf_batch import DecodeBatch
+    from dynamo_nb.engines.hf_prefill import PrefillRow, prefill_rows
+    from dynamo_nb.engines.model_calls import forward_with_cache, new_kv_cache
+
+    engine = await HFEngine.load(tiny_path, prefix_cache_blocks=0)
+    model, draw = engine.model, random.Random(3)
+    try:
+        with torch.inference_mode():
+
+            def prefilled(length: int) -> tuple[Any, Any]:
+                ids = [draw.randrange(10, 1000) for _ in range(length)]
+                return tuple(prefill_rows(model, [PrefillRow(new_kv_cache(model), ids)])[1][0] for _ in range(2))
+
+            batch, alone, next_id = DecodeBatch(model), {}, 0
+            for step in range(70):
+                leaving = {draw.choice(batch.ids)} if len(batch.ids) > 6 else set()
+                joining = []
+                for _ in range(4 if step == 0 else 2 if step % 4 == 0 else 1):
+                    own, alone[next_id] = prefilled(draw.choice((3, 9, 30, 60)))
+                    joining.append((next_id, own))
+                    next_id += 1
+                batch.update(set(batch.ids) - leaving, joining)
+                tokens = [draw.randrange(10, 1000) for _ in batch.ids]
+                logits = batch.step(tokens)
+                for row, (seq_id, token) in enumerate(zip(batch.ids, tokens, strict=True)):
+                    own_logits = forward_with_cache(model, alone[seq_id], input_ids=torch.tensor([[token]]))
+                    torch.testing.assert_close(logits[row], own_logits.logits[0, -1], rtol=1e-4, atol=1e-4)
+            assert batch.joined_rows == 4 + 69 + 17
+            assert 2 <= batch.reallocations <= 8, batch.reallocations  # more rows, more columns: a few times
+            member = batch.ids[0]
+            assert batch.cache_of(member).get_seq_length() == alone[member].get_seq_length()
+    finally:
+        await engine.close()

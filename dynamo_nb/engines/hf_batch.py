@@ -1,19 +1,19 @@
 """The hf engine's decoding sequences as one batch that lives across steps (continuous batching:
 sequences join and leave between steps).
 
-A `DecodeBatch` holds the KV caches of its members stacked into one ``DynamicCache``, each row
+A `DecodeBatch` holds the KV caches of its members stacked in preallocated buffers, each row
 left-padded to the longest, with an attention mask that hides the padding and each row's own
-positions. A step runs the model once for every member and the cache grows in place; when the
-members change, only the joining ones are copied in. A member's logits do not depend on what it
-was batched with: padded keys are masked out exactly (their weight is zero) and every row keeps
-its own positions.
+positions. A step runs the model once for every member and writes its new column in place;
+when the members change, only the joining ones are copied in (and a leaving row is filled by
+the last one). A member's logits do not depend on what it was batched with: padded keys are
+masked out exactly (their weight is zero) and every row keeps its own positions.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from .model_calls import forward_with_cache, logits_at
+from .model_calls import forward_with_cache, kv_cache_holding, logits_at, new_kv_cache
 
 __all__ = ["DecodeBatch", "can_batch", "row_cache", "stack_left_padded"]
 
@@ -36,13 +36,68 @@ def can_batch(caches: list[Any]) -> bool:
     return True
 
 
-class DecodeBatch:
-    """Decoding sequences whose caches stay stacked between steps.
+class _Window:
+    """Where a `DecodeBatch`'s members lie in its buffers: rows ``[0, rows)``, columns
+    ``[start, end)`` (each row right-aligned at ``end``)."""
 
-    A join copies only the joining sequences' KV into the batch (and a leave copies nothing
-    per member: the rows that stay are selected in one copy per layer), so the cost of a
-    member changing does not grow with the members that stay. Row lengths are kept on the host
-    too, so nothing here waits for the device.
+    __slots__ = ("end", "rows", "start")
+
+    def __init__(self) -> None:
+        self.rows = self.start = self.end = 0
+
+
+def _slot_layer_class() -> type:
+    """The cache layer a `DecodeBatch` runs its steps with (built on first use: transformers is
+    imported only when a model is)."""
+    global _SLOT_LAYER
+    if _SLOT_LAYER is None:
+        from transformers.cache_utils import DynamicLayer
+
+        class SlotLayer(DynamicLayer):
+            """One layer's KV in preallocated buffers (rows × heads × columns × dim): a step writes
+            its new column in place instead of concatenating (which copies the whole cache)."""
+
+            def __init__(self, window: _Window, keys: Any, values: Any) -> None:
+                super().__init__()
+                self.window, self.key_buffer, self.value_buffer = window, keys, values
+                self.is_initialized, self.device = True, keys.device
+                self.dtype = keys.dtype
+                self.expose()
+
+            def expose(self, extra: int = 0) -> None:
+                w = self.window
+                self.keys = self.key_buffer[: w.rows, :, w.start : w.end + extra]
+                self.values = self.value_buffer[: w.rows, :, w.start : w.end + extra]
+
+            def update(
+                self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any
+            ) -> tuple[Any, Any]:
+                w, new = self.window, key_states.shape[-2]
+                self.key_buffer[: w.rows, :, w.end : w.end + new] = key_states
+                self.value_buffer[: w.rows, :, w.end : w.end + new] = value_states
+                self.expose(new)
+                return self.keys, self.values
+
+            def get_seq_length(self) -> int:
+                return self.window.end - self.window.start
+
+        _SLOT_LAYER = SlotLayer
+    return _SLOT_LAYER
+
+
+_SLOT_LAYER: type | None = None
+
+
+class DecodeBatch:
+    """Decoding sequences whose caches stay stacked between steps, in preallocated buffers.
+
+    Each layer's keys and values live in buffers with room for more rows and more columns: the
+    members are rows ``0…n-1``, right-aligned at the same column. A step writes its new column in
+    place (no copy of the cache), a member that leaves is replaced by the last row (one row
+    copied), and one that joins is copied into the next free row (its own KV only). The buffers
+    are reallocated (one copy of the members) only when they run out of rows or columns, each
+    time with twice the room, so the copies are few however many sequences come and go. Row
+    lengths are kept on the host too, so nothing here waits for the device.
 
     Example::
 
@@ -50,119 +105,162 @@ class DecodeBatch:
         batch.update(set(), [(7, cache_7), (9, cache_9)])  # sequence ids joining, with their own caches
         logits = batch.step([last_token_7, last_token_9])  # one row each, in `ids` order
         batch.update({9}, [])                              # 7 left
-        cache_9 = batch.cache_of(9)  # its cache again (views into the batch), e.g. to run alone
+        cache_9 = batch.cache_of(9)  # its cache again (a copy), e.g. to run alone
     """
 
     def __init__(self, model: Any) -> None:
         self.model = model
         self.ids: list[int] = []  # the members, in row order
         self.joined_rows = 0  # rows copied in by joins (a measure of what membership changes cost)
-        self._cache: Any = None
-        self._mask: Any = None  # (rows, positions): 1 where a row has a real position
-        self._lengths: Any = None  # (rows, 1): each row's own length, its next position
+        self.reallocations = 0  # times the buffers were replaced (the only copies of every member)
+        self._window = _Window()
+        self._cache: Any = None  # a DynamicCache of slot layers (None: no buffers yet)
+        self._mask: Any = None  # (rows, columns) buffer: 1 where a row has a real position
+        self._positions: Any = None  # (rows, 1) buffer: each row's own length, its next position
         self._host_lengths: list[int] = []
 
     def update(self, keep: set[int], joining: list[tuple[int, Any]]) -> None:
-        """The members in ``keep`` stay (in their order), the others leave, and ``joining``
-        (sequence ids with their own caches, see `can_batch`) join after them."""
-        rows = [row for row, seq_id in enumerate(self.ids) if seq_id in keep]
-        if len(rows) < len(self.ids):
-            self._select(rows)
-        if joining:
-            self._join(joining)
-
-    def _select(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (one copy per tensor), dropping the columns no row uses any more."""
-        import torch
-
-        if not rows:
-            self.clear()
-            return
-        index = torch.tensor(rows, device=self._mask.device)
-        lengths = [self._host_lengths[row] for row in rows]
-        start = self._mask.shape[1] - max(lengths)
-        layers = [
-            (
-                layer.keys.index_select(0, index)[:, :, start:],
-                layer.values.index_select(0, index)[:, :, start:],
-            )
-            for layer in self._cache.layers
-        ]
-        self._set(
-            [self.ids[row] for row in rows],
-            layers,
-            self._mask.index_select(0, index)[:, start:],
-            self._lengths.index_select(0, index),
-            lengths,
-        )
-
-    def _join(self, joining: list[tuple[int, Any]]) -> None:
-        import torch
-
-        lengths = [cache.get_seq_length() for _, cache in joining]
-        width = max([self._mask.shape[1] if self.ids else 0, *lengths])
-        caches = [cache for _, cache in joining]
-        new_layers = [
-            (
-                stack_left_padded([cache.layers[index].keys for cache in caches], lengths, width),
-                stack_left_padded([cache.layers[index].values for cache in caches], lengths, width),
-            )
-            for index in range(len(caches[0].layers))
-        ]
-        device = new_layers[0][0].device
-        new_mask = torch.tensor([[0] * (width - n) + [1] * n for n in lengths], device=device)
-        new_lengths = torch.tensor([[n] for n in lengths], device=device)
-        self.joined_rows += len(joining)
+        """The members in ``keep`` stay, the others leave (the last row takes a leaving row's
+        place), and ``joining`` (sequence ids with their own caches, see `can_batch`) join after them."""
+        for seq_id in [seq_id for seq_id in self.ids if seq_id not in keep]:
+            self._leave(self.ids.index(seq_id))
         if not self.ids:
-            self._set([seq_id for seq_id, _ in joining], new_layers, new_mask, new_lengths, lengths)
+            self.clear()
+        if joining:
+            lengths = [cache.get_seq_length() for _, cache in joining]
+            self._make_room(len(self.ids) + len(joining), max(lengths))
+            for (seq_id, cache), length in zip(joining, lengths, strict=True):
+                self._join(seq_id, cache, length)
+        self._drop_unused_columns()
+
+    def _leave(self, row: int) -> None:
+        w, last = self._window, len(self.ids) - 1
+        if row != last:  # the last row moves into the hole
+            for layer in self._cache.layers:
+                layer.key_buffer[row, :, w.start : w.end] = layer.key_buffer[last, :, w.start : w.end]
+                layer.value_buffer[row, :, w.start : w.end] = layer.value_buffer[last, :, w.start : w.end]
+            self._mask[row, w.start : w.end] = self._mask[last, w.start : w.end]
+            self._positions[row] = self._positions[last]
+            self.ids[row], self._host_lengths[row] = self.ids[last], self._host_lengths[last]
+        self.ids.pop()
+        self._host_lengths.pop()
+        w.rows = len(self.ids)
+
+    def _join(self, seq_id: int, cache: Any, length: int) -> None:
+        w, row = self._window, len(self.ids)
+        pad = w.end - length
+        for layer, own in zip(self._cache.layers, cache.layers, strict=True):
+            for buffer, tensor in ((layer.key_buffer, own.keys), (layer.value_buffer, own.values)):
+                buffer[row, :, w.start : pad] = 0
+                buffer[row, :, pad : w.end] = tensor[0]
+        self._mask[row, w.start : pad] = 0
+        self._mask[row, pad : w.end] = 1
+        self._positions[row, 0] = length
+        self.ids.append(seq_id)
+        self._host_lengths.append(length)
+        w.rows = len(self.ids)
+        self.joined_rows += 1
+
+    def _make_room(self, rows: int, longest: int) -> None:
+        """Buffers with at least ``rows`` rows and a window at least ``longest`` columns long
+        (reallocated, with twice the room, only when they lack either)."""
+        w = self._window
+        capacity = self._mask.shape[0] if self._cache is not None else 0
+        if rows <= capacity and w.end >= longest:
+            if w.end - longest < w.start:  # the window widens to the left: no member has a position there
+                self._mask[: len(self.ids), w.end - longest : w.start] = 0
+                w.start = w.end - longest
             return
-        grow = width - self._mask.shape[1]  # a joining sequence longer than the batch: pad it on the left
-        layers = [
-            (_append_rows(layer.keys, new_keys, grow), _append_rows(layer.values, new_values, grow))
-            for layer, (new_keys, new_values) in zip(self._cache.layers, new_layers, strict=True)
-        ]
-        self._set(
-            [*self.ids, *(seq_id for seq_id, _ in joining)],
-            layers,
-            _append_rows(self._mask, new_mask, grow),
-            torch.cat([self._lengths, new_lengths]),
-            [*self._host_lengths, *lengths],
-        )
+        width = max(longest, w.end - w.start)
+        self._reallocate(capacity if rows <= capacity else max(rows, 2 * capacity), width, 2 * width)
 
-    def _set(
-        self, ids: list[int], layers: list[Any], mask: Any, lengths: Any, host_lengths: list[int]
-    ) -> None:
-        from transformers import DynamicCache
+    def _reallocate(self, rows: int, width: int, columns: int) -> None:
+        """New buffers of ``rows`` × ``columns``, the members' window (widened to ``width``,
+        right-aligned) copied to their left end."""
+        import torch
 
-        self.ids, self._mask, self._lengths, self._host_lengths = ids, mask, lengths, host_lengths
-        self._cache = DynamicCache(ddp_cache_data=layers, config=self.model.config)
+        w, members = self._window, len(self.ids)
+        model_layers = self._cache.layers if self._cache is not None else None
+        if model_layers is None:
+            config = self.model.config.get_text_config(decoder=True)
+            heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+            shapes = [(heads, dim)] * config.num_hidden_layers
+            device, dtype = self.model.device, self.model.dtype
+        else:
+            shapes = [(layer.key_buffer.shape[1], layer.key_buffer.shape[3]) for layer in model_layers]
+            device, dtype = model_layers[0].key_buffer.device, model_layers[0].key_buffer.dtype
+        old = w.end - w.start
+        mask = torch.zeros((rows, columns), dtype=torch.long, device=device)
+        positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
+        layers = []
+        for index, (heads, dim) in enumerate(shapes):
+            keys = torch.zeros((rows, heads, columns, dim), dtype=dtype, device=device)
+            values = torch.zeros_like(keys)
+            if model_layers is not None and members:
+                keys[:members, :, width - old : width] = model_layers[index].key_buffer[
+                    :members, :, w.start : w.end
+                ]
+                values[:members, :, width - old : width] = model_layers[index].value_buffer[
+                    :members, :, w.start : w.end
+                ]
+            layers.append((keys, values))
+        if members:
+            mask[:members, width - old : width] = self._mask[:members, w.start : w.end]
+            positions[:members] = self._positions[:members]
+            self.reallocations += 1
+        w.start, w.end = 0, width
+        slot_layer = _slot_layer_class()
+        cache = new_kv_cache(self.model)
+        cache.layers = [slot_layer(w, keys, values) for keys, values in layers]
+        self._cache, self._mask, self._positions = cache, mask, positions
+
+    def _drop_unused_columns(self) -> None:
+        """Columns before the longest member are no longer looked at (nothing is copied)."""
+        if self.ids:
+            self._window.start = self._window.end - max(self._host_lengths)
 
     def step(self, last_tokens: list[int]) -> Any:
         """One decode step of every member: the last position's logits, one row per member."""
         import torch
 
-        ones = self._mask.new_ones((len(self.ids), 1))
-        self._mask = torch.cat([self._mask, ones], dim=1)
+        w = self._window
+        if w.end + 1 > self._mask.shape[1]:  # out of columns: the window moves left, into twice the room
+            width = w.end - w.start
+            self._reallocate(self._mask.shape[0], width, max(2 * width, width + 64))
+        for layer in self._cache.layers:
+            layer.expose()
+        rows = len(self.ids)
+        self._mask[:rows, w.end] = 1
         logits = forward_with_cache(
             self.model,
             self._cache,
             input_ids=torch.tensor([[token] for token in last_tokens]).to(self._mask.device),
-            attention_mask=self._mask,
-            position_ids=self._lengths,
+            attention_mask=self._mask[:rows, w.start : w.end + 1],
+            position_ids=self._positions[:rows],
             **logits_at(self.model, 1),
         ).logits[:, -1]
-        self._lengths = self._lengths + 1
+        w.end += 1
+        self._positions[:rows] += 1
         self._host_lengths = [length + 1 for length in self._host_lengths]
         return logits
 
     def cache_of(self, seq_id: int) -> Any:
-        """A member's own cache (views into the batch, without the padding)."""
-        row = self.ids.index(seq_id)
-        return row_cache(self.model, self._cache, row, self._mask.shape[1] - self._host_lengths[row])
+        """A member's own cache (a copy, without the padding)."""
+        row, w = self.ids.index(seq_id), self._window
+        start = w.end - self._host_lengths[row]
+        layers = [
+            (layer.key_buffer[row : row + 1, :, start : w.end].clone(),
+             layer.value_buffer[row : row + 1, :, start : w.end].clone())
+            for layer in self._cache.layers
+        ]  # fmt: skip
+        return kv_cache_holding(self.model, layers)
 
     def clear(self) -> None:
-        """No members (the stacked cache is freed)."""
-        self.ids, self._cache, self._mask, self._lengths, self._host_lengths = [], None, None, None, []
+        """No members (the buffers are freed)."""
+        self.ids, self._host_lengths = [], []
+        self._cache = self._mask = self._positions = None
+        self._window = _Window()
 
 
 def row_cache(model: Any, batch: Any, row: int, start: int, end: int | None = None) -> Any:
@@ -180,22 +278,6 @@ def row_cache(model: Any, batch: Any, row: int, start: int, end: int | None = No
         for layer in batch.layers
     ]
     return DynamicCache(ddp_cache_data=layers, config=model.config)
-
-
-def _append_rows(old: Any, new: Any, grow: int) -> Any:
-    """``new``'s rows after ``old``'s (whose positions are first shifted right by ``grow``), in one
-    copy of each."""
-    import torch
-
-    if not grow:
-        return torch.cat([old, new])
-    out = old.new_zeros((old.shape[0] + new.shape[0], *new.shape[1:]))
-    if old.dim() == 2:  # a mask: (rows, positions)
-        out[: old.shape[0], grow:] = old
-    else:  # keys or values: (rows, heads, positions, dim)
-        out[: old.shape[0], :, grow:] = old
-    out[old.shape[0] :] = new
-    return out
 
 
 def stack_left_padded(tensors: list[Any], lengths: list[int], longest: int) -> Any:

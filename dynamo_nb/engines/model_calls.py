@@ -19,7 +19,14 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["attention_kernels", "cache_argument", "forward_with_cache", "logits_at", "new_kv_cache"]
+__all__ = [
+    "attention_kernels",
+    "cache_argument",
+    "forward_with_cache",
+    "kv_cache_holding",
+    "logits_at",
+    "new_kv_cache",
+]
 
 
 @functools.cache
@@ -79,6 +86,22 @@ def new_kv_cache(model: Any) -> Any:
     from transformers import DynamicCache
 
     return DynamicCache(config=model.config)
+
+
+def kv_cache_holding(model: Any, layers: list[tuple[Any, Any]]) -> Any:
+    """A ``DynamicCache`` for ``model`` holding each layer's ``(keys, values)`` tensors as they are:
+    views stay views, nothing is copied (``DynamicCache(ddp_cache_data=…)`` copies every tensor
+    once). Only plain full-attention layers (see `dynamo_nb.engines.hf_batch.can_batch`).
+
+    Example::
+
+        cache = kv_cache_holding(model, [(layer.keys[:, :, 7:], layer.values[:, :, 7:]) for layer in old.layers])
+    """
+    cache = new_kv_cache(model)
+    for layer, (keys, values) in zip(cache.layers, layers, strict=True):
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return cache
 
 
 def forward_with_cache(model: Any, cache: Any, **inputs: Any) -> Any:
