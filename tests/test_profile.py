@@ -147,6 +147,12 @@ async def test_a_live_engine_is_profiled_written_and_fitted(tmp_path: Path) -> N
         assert model.prefill_ms(128) > 0 and model.decode_ms(batch=4, kv_tokens=400, kv_load=0) > 0
         assert model.profile.prefill_after_prefix == measured.prefill_after_prefix  # kept beside Dynamo's files
         assert model.prefix_coefficients != (0.0, 0.0)
+        # prefills timed alone on an idle engine instead of among decoding requests, greedy
+        alone = await bench.profile(front.url, "tiny-llama", prefill_tokens=(16, 64, 256), batches=(1, 2),
+                                    contexts=(32,), cached_prefixes=(), load_streams=0, temperature=0,
+                                    decode_tokens=8, repeats=1, progress=False)  # fmt: skip
+        assert [t for t, _ in alone.prefill] == [16, 64, 256] and all(ms > 0 for _, ms in alone.prefill)
+        assert [(b, c) for b, c, _ in alone.decode] == [(1, 36.0), (2, 36.0)] and not alone.prefill_after_prefix
         command = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dynamo_nb", "profile", "--url", front.url, "--model", "tiny-llama",
             "--out", str(tmp_path / "cli"), "--repeats", "1",

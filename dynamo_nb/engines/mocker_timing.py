@@ -189,11 +189,7 @@ class ProfiledTiming:
 
         if len(profile.prefill) < 3 or len(profile.decode) < 3:
             raise ConfigError("a profile needs at least 3 prefill and 3 decode measurements to be fitted")
-        batch = np.array([b for b, _, _ in profile.decode], dtype=float)
-        kv_tokens = batch * np.array([c for _, c, _ in profile.decode], dtype=float)
-        step_ms = np.array([ms for _, _, ms in profile.decode], dtype=float)
-        d = np.linalg.lstsq(np.stack([np.ones_like(batch), batch, kv_tokens], axis=1), step_ms, rcond=None)[0]
-        decode = cls((0.0, 0.0, 0.0), (float(d[0]), float(d[1]), float(d[2])), profile, _grid(profile.decode))
+        decode = cls.fit_decode(profile)
         tokens = np.array([t for t, _ in profile.prefill], dtype=float)
         prefill_ms = np.array([ms - decode.first_decode_ms(t) for t, ms in profile.prefill], dtype=float)
         a, b, c = np.linalg.lstsq(np.stack([tokens**2, tokens, np.ones_like(tokens)], axis=1), prefill_ms,
@@ -209,6 +205,19 @@ class ProfiledTiming:
         return replace(
             decode, prefill_coefficients=(float(a), float(b), float(c)), prefix_coefficients=prefix
         )
+
+    @classmethod
+    def fit_decode(cls, profile: TimingProfile) -> ProfiledTiming:
+        """The decode part alone (its prefill 0): on the points' grid, or a plane by least squares."""
+        import numpy as np
+
+        if len(profile.decode) < 3:
+            raise ConfigError("a profile needs at least 3 decode measurements to be fitted")
+        batch = np.array([b for b, _, _ in profile.decode], dtype=float)
+        kv_tokens = batch * np.array([c for _, c, _ in profile.decode], dtype=float)
+        step_ms = np.array([ms for _, _, ms in profile.decode], dtype=float)
+        d = np.linalg.lstsq(np.stack([np.ones_like(batch), batch, kv_tokens], axis=1), step_ms, rcond=None)[0]
+        return cls((0.0, 0.0, 0.0), (float(d[0]), float(d[1]), float(d[2])), profile, _grid(profile.decode))
 
     def first_decode_ms(self, prompt_tokens: int) -> float:
         """The decode part of the step that ends a ``prompt_tokens`` prompt alone."""
