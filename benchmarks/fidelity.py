@@ -1,8 +1,14 @@
 """How far replay is from the live run it predicts: an engine (hf or vLLM on the CPU, the built-in
-tiny model, behind the frontend in this process) profiled (`bench.profile`), then one synthetic trace per load sent
-live (`bench.run_trace`) and replayed on one mocker worker with Dynamo's default curves and with
-the profiled model (`replay.fidelity`), side by side, in one run. Both replays add the request
-overhead the profile measured between the client and the engine (`Fleet.overhead_ms`).
+tiny model) served as it is deployed — its worker, the frontend and this client in three processes,
+over etcd and the TCP request plane — profiled (`bench.profile`), then one synthetic trace per load
+sent live (`bench.run_trace`) and replayed on one mocker worker with Dynamo's default curves and
+with the profiled model (`replay.fidelity`), side by side, in one run. Both replays add the
+request overhead the profile measured between the client and the engine (`Fleet.overhead_ms`).
+
+The hf worker runs one OpenMP thread (``OMP_NUM_THREADS=1``, as the kit's vLLM worker does on a
+small host): the engine has one core, the frontend and the client share the other. With two,
+the engine's steps wait for a core the frontend holds whenever traffic is heavy — which no
+profile sees and which makes two live runs of the same requests disagree.
 
 Three loads: below, near and past what one worker answers on these 2 cores: 0.15, 0.5 and 0.95
 times the rate at which it answers a burst of the trace's requests sent at once, measured first
@@ -25,78 +31,78 @@ from typing import Any
 
 from _harness import machine, run_benchmark
 
-from dynamo_nb import DistributedRuntime, bench
-from dynamo_nb.disagg.modes import WorkerRole
-from dynamo_nb.engines.engine_worker import serve_engine
-from dynamo_nb.engines.hf import HFEngine
+from dynamo_nb import LocalServices, bench, launch, launched
 from dynamo_nb.engines.mocker_timing import ProfiledTiming
-from dynamo_nb.frontend import Frontend
-from dynamo_nb.models import tiny_model_path
 from dynamo_nb.replay import Fleet, MockerSettings, fidelity
 
 MODEL, LOADS = "tiny-llama", (0.15, 0.5, 0.95)  # of the burst's request rate
 BARS = {"ttft_p50_ms": 15.0, "itl_p50_ms": 15.0, "ttft_p90_ms": 25.0, "itl_p90_ms": 25.0}
 
 
-async def start_engine(name: str) -> Any:
-    if name == "hf":
-        return await HFEngine.load(tiny_model_path())
-    from vllm.engine.arg_utils import AsyncEngineArgs
-
-    from dynamo_nb.engines.vllm import VllmEngine, cpu_engine_defaults
-
-    args = AsyncEngineArgs(model=str(tiny_model_path()), enforce_eager=True, **cpu_engine_defaults())
-    return await VllmEngine.start(args)
+# each engine's worker, the environment it runs in and the scheduler limits it is started with
+# (which the replayed mocker is given too)
+WORKERS: dict[str, tuple[str, dict[str, str], dict[str, int], tuple[str, ...]]] = {
+    "hf": ("components/hf_worker.py", {"OMP_NUM_THREADS": "1"},
+           {"block_size": 16, "max_num_seqs": 64, "max_num_batched_tokens": 2048}, ()),
+    "vllm": ("components/vllm_worker.py", {},
+             {"block_size": 32, "max_num_seqs": 256, "max_num_batched_tokens": 4096}, ("--enforce-eager",)),
+}  # fmt: skip
 
 
 async def main(requests: int, engine_name: str) -> dict[str, Any]:
-    async with await DistributedRuntime.create() as runtime:
-        engine = await start_engine(engine_name)
-        await serve_engine(runtime, WorkerRole(), tiny_model_path(), MODEL, lambda kv_events: engine)
-        frontend = await Frontend.start(runtime, port=0)
-        try:
-            await frontend.wait_for_model(MODEL)
-            measured = await bench.profile(frontend.url, MODEL, progress=False)
-            with tempfile.TemporaryDirectory() as folder:
-                limits = {"block_size": engine.block_size or 16, "max_num_seqs": engine.max_num_seqs or 256,
-                          "max_num_batched_tokens": getattr(getattr(engine, "scheduler", None), "max_num_batched_tokens",
-                                                            None) or 8192}  # fmt: skip
-                profiled_settings = MockerSettings(**limits, planner_profile_data=str(measured.write(Path(folder) / "p")))
-                models = {
-                    "Dynamo's curves": MockerSettings(**limits),
-                    "profiled": profiled_settings,
-                }
-                burst = bench.synthetic_trace(requests, rate=10_000.0, prefix_blocks=2, output_length=32, seed=1)
-                sustained = bench.summary(await bench.run_trace(frontend.url, MODEL, burst, progress=False))
-                capacity = float(sustained["req_per_s"].iloc[0])
-                loads = []
-                for number, share in enumerate(LOADS, start=1):
-                    rate = round(share * capacity, 1)
-                    trace = bench.synthetic_trace(
-                        requests, rate=rate, prefix_blocks=2, output_length=32, seed=1
+    program, env, limits, extra = WORKERS[engine_name]
+    services = await LocalServices.start()
+    try:
+        bus = ["--discovery", services.etcd_url, "--request-plane", "tcp", "--log-level", "ERROR"]
+        flags = [
+            "--max-num-seqs",
+            limits["max_num_seqs"],
+            "--max-num-batched-tokens",
+            limits["max_num_batched_tokens"],
+        ]
+        await launch(program, *bus, *flags, *extra, env=env, show_logs=False, timeout=300)
+        frontend = await launch("components/frontend.py", *bus, "--http-port", 0, show_logs=False)
+        await bench.wait_for_model(frontend.url, MODEL)
+        measured = await bench.profile(frontend.url, MODEL, progress=False)
+        with tempfile.TemporaryDirectory() as folder:
+            models = {
+                "Dynamo's curves": MockerSettings(**limits),
+                "profiled": MockerSettings(
+                    **limits, planner_profile_data=str(measured.write(Path(folder) / "p"))
+                ),
+            }
+            burst = bench.synthetic_trace(requests, rate=10_000.0, prefix_blocks=2, output_length=32, seed=1)
+            sustained = bench.summary(await bench.run_trace(frontend.url, MODEL, burst, progress=False))
+            capacity = float(sustained["req_per_s"].iloc[0])
+            loads = []
+            for number, share in enumerate(LOADS, start=1):
+                rate = round(share * capacity, 1)
+                trace = bench.synthetic_trace(requests, rate=rate, prefix_blocks=2, output_length=32, seed=1)
+                # each run's blocks new to the engine: a cold cache, as each replay starts
+                live, again = [
+                    await bench.run_trace(
+                        frontend.url, MODEL, bench.unseen_blocks(trace, 2 * number + run), progress=False
                     )
-                    # each run's blocks new to the engine: a cold cache, as each replay starts
-                    live, again = [
-                        await bench.run_trace(
-                            frontend.url, MODEL, bench.unseen_blocks(trace, 2 * number + run), progress=False
-                        )
-                        for run in (1, 2)
-                    ]
-                    fleet = Fleet(workers=1, router="round-robin", overhead_ms=measured.request_overhead_ms)
-                    table = fidelity(trace, live, models, fleet=fleet, again=again)
-                    achieved = bench.summary(live)["req_per_s"].iloc[0]
-                    loads.append({"share_of_burst": share, "rate": rate, "achieved_req_per_s": float(achieved),
-                                  "rows": table.to_dict(orient="records")})  # fmt: skip
-        finally:
-            await frontend.stop()
-            await engine.close()
+                    for run in (1, 2)
+                ]
+                fleet = Fleet(workers=1, router="round-robin", overhead_ms=measured.request_overhead_ms)
+                table = fidelity(trace, live, models, fleet=fleet, again=again)
+                achieved = bench.summary(live)["req_per_s"].iloc[0]
+                loads.append({"share_of_burst": share, "rate": rate, "achieved_req_per_s": float(achieved),
+                              "rows": table.to_dict(orient="records")})  # fmt: skip
+    finally:
+        for process in launched():
+            await process.stop()
+        await services.stop()
     fit = ProfiledTiming.fit(measured)
     errors = fit.residuals()
     return {
         "benchmark": "fidelity",
         "machine": machine(),
-        "engine": f"{engine_name} (the built-in tiny model, CPU), behind the frontend in this process; replayed on "
-        "1 mocker worker",
+        "engine": f"{engine_name} (the built-in tiny model, CPU): its worker, the frontend and the client in three "
+        "processes (etcd, TCP request plane); replayed on 1 mocker worker",
+        "worker_environment": env,
+        "limits": limits,
         "burst_req_per_s": capacity,
         "trace": {
             "requests": requests,
@@ -146,7 +152,9 @@ def print_table(result: dict[str, Any]) -> None:
             "output_tok_per_s",
             "ttft_mape_pct",
         ):
-            curves, profiled, again = (by[(model, figure)] for model in ("Dynamo's curves", "profiled", "live again"))
+            curves, profiled, again = (
+                by[(model, figure)] for model in ("Dynamo's curves", "profiled", "live again")
+            )
             print(f"  {figure:18} {curves['live']:9.1f} {curves['replay']:9.1f} {curves['error_pct']:8.1f} "
                   f"{profiled['replay']:9.1f} {profiled['error_pct']:8.1f} "
                   f"{again['replay']:9.1f} {again['error_pct']:8.1f}")  # fmt: skip
