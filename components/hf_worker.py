@@ -41,7 +41,12 @@ from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args,
 
 # This component's deployment defaults, read by the graph launcher without running this file:
 # a graph service that names no resources gets these.
-DEPLOYMENT = {"name": "hf-worker", "namespace": "dynamo", "resources": {"cpu": 1, "memory": "2Gi"}}
+DEPLOYMENT = {
+    "name": "hf-worker",
+    "namespace": "dynamo",
+    "resources": {"cpu": 1, "memory": "2Gi"},
+    "needs": ["torch", "transformers"],
+}
 
 
 def build_parser():

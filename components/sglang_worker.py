@@ -42,7 +42,12 @@ from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args,
 
 # This component's deployment defaults, read by the graph launcher without running this file:
 # a graph service that names no resources gets these.
-DEPLOYMENT = {"name": "sglang-worker", "namespace": "dynamo", "resources": {"gpu": 1}}
+DEPLOYMENT = {
+    "name": "sglang-worker",
+    "namespace": "dynamo",
+    "resources": {"gpu": 1},
+    "needs": ["sglang"],
+}
 
 
 def build_parser():

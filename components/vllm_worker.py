@@ -42,7 +42,12 @@ from dynamo_nb.runtime import configure_logging, run_program, runtime_from_args,
 
 # This component's deployment defaults, read by the graph launcher without running this file:
 # a graph service that names no resources gets these.
-DEPLOYMENT = {"name": "vllm-worker", "namespace": "dynamo", "resources": {"cpu": 2, "memory": "8Gi"}}
+DEPLOYMENT = {
+    "name": "vllm-worker",
+    "namespace": "dynamo",
+    "resources": {"cpu": 2, "memory": "8Gi"},
+    "needs": ["vllm"],
+}
 
 
 def build_parser():

@@ -17,7 +17,9 @@ from helpers import ROOT, example_graphs, free_port
 
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.errors import ProcessStartError
-from dynamo_nb.graph import Graph, GraphError, apply_overrides, check_graph, serve
+from dynamo_nb.extras import extra_installed
+from dynamo_nb.graph import Graph, GraphError, apply_overrides, check_graph, dry_run, serve
+from dynamo_nb.graph.commands import resources_of
 from dynamo_nb.graph.defaults import ComponentDefaults, component_defaults, defaults_from_source
 
 pytestmark = pytest.mark.timeout(180)
@@ -113,6 +115,40 @@ def test_every_example_graph_checks_with_its_components_parsers(path: Path) -> N
     )
     assert commands and {c.service for c in commands} == set(graph.services)
     assert Graph.from_yaml(graph.to_yaml()) == graph  # YAML round trip
+
+
+@pytest.mark.parametrize("path", example_graphs())
+def test_every_example_graph_has_a_plan_on_a_host_without_gpus(path: Path) -> None:
+    """`serve --dry-run` plans any graph on any host: what this one lacks comes first, as comments."""
+    graph = Graph.from_yaml(path)
+    plan = dry_run(graph, gpus=[], cwd=ROOT).splitlines()
+    lacks = [line for line in plan if line.startswith("# this host lacks")]
+    commands = [line for line in plan if not line.startswith("#")]
+    replicas = check_graph(graph, gpus=[], cwd=ROOT, stand_ins=True)
+    assert {c.service for c in replicas} == set(graph.services)
+    assert [line.split(": ")[0] for line in commands if " (export)" not in line] == [c.name for c in replicas]
+    wanted = sum(
+        resources_of(graph.services[name], ROOT / graph.services[name].component).gpu * graph.services[name].replicas
+        for name in graph.services
+        if graph.services[name].component.endswith(".py")
+    )  # fmt: skip
+    if wanted:  # each device stands as <gpu N>, and the host's shortfall is said first
+        assert lacks[0].startswith(
+            f"# this host lacks {wanted} GPU(s): the graph asks for {wanted}, it has 0"
+        )
+        assert sum(line.count("<gpu ") for line in commands) == wanted
+        with pytest.raises(GraphError, match="asks for"):  # a real start refuses
+            check_graph(graph, gpus=[], cwd=ROOT)
+    needed = {
+        module
+        for service in graph.services.values()
+        if service.component.endswith(".py")
+        for module in component_defaults(ROOT / service.component).needs
+    }
+    for module in needed:
+        assert any(line.startswith(f"# this host lacks {module} (") for line in lacks) is not extra_installed(
+            module
+        )
 
 
 def gone(pid: int) -> bool:
@@ -347,6 +383,7 @@ def test_a_service_without_resources_gets_its_components_declared_defaults() -> 
         ("DEPLOYMENT = ['w']", "DEPLOYMENT must be a mapping, got list"),
         ("DEPLOYMENT = {'nmae': 'w'}", "DEPLOYMENT has unknown key 'nmae'"),
         ("DEPLOYMENT = {'resources': {'gpu': -1}}", r"DEPLOYMENT\.resources\.gpu must be a whole number"),
+        ("DEPLOYMENT = {'needs': 'vllm'}", r"DEPLOYMENT\.needs must be a list of package names, got 'vllm'"),
     ],
 )
 def test_a_bad_deployment_declaration_is_a_clear_error(source: str, message: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..extras import extra_installed
 from ..launch.declarations import split_reference
 from ..launch.paths import resolve_program
 from ..launch.programs import export_command, import_program, reference_program
@@ -193,6 +194,7 @@ def check_graph(
     urls: dict[str, str] | None = None,
     gpus: list[str] | None = None,
     cwd: Path | None = None,
+    stand_ins: bool = False,
 ) -> list[ReplicaCommand]:
     """Every replica's command line, in start order, each checked with its component's parser.
 
@@ -200,7 +202,8 @@ def check_graph(
     component that takes ``--discovery`` / ``--nats-url`` and does not set it gets them.
     ``gpus`` are the devices to hand out (default: ``CUDA_VISIBLE_DEVICES``, else the host's); a
     replica asking ``resources.gpu: N`` gets N of them as its ``CUDA_VISIBLE_DEVICES``, and a
-    graph asking for more than there are is refused.
+    graph asking for more than there are is refused — or, with ``stand_ins``, handed ``<gpu N>``
+    for each device the host lacks (a plan to look at, not to run).
     """
     cwd = cwd or Path.cwd()
     urls = urls or {}
@@ -210,6 +213,8 @@ def check_graph(
         name: resources_of(graph.services[name], program).gpu for name, (program, _) in lines.items()
     }
     wanted = sum(per_replica[name] * graph.services[name].replicas for name in lines)
+    if wanted > len(free) and stand_ins:
+        free += [f"<gpu {index}>" for index in range(len(free), wanted)]
     if wanted > len(free):
         raise GraphError(
             f"the graph asks for {wanted} GPU(s) (resources.gpu × replicas), this host has {len(free)}; "
@@ -241,26 +246,58 @@ def check_graph(
 def dry_run(graph: Graph, *, gpus: list[str] | None = None, cwd: Path | None = None) -> str:
     """What ``python -m dynamo_nb serve graph.yaml --dry-run`` prints: every replica's checked
     command line (``name: command``), a notebook service's export step before its first replica;
-    the shared services stand as ``<local etcd>``/``<local nats>``. Raises `GraphError` (what to
-    change) where a flag, a component or the GPUs (``gpus``, default: the visible ones) do not fit.
+    the shared services stand as ``<local etcd>``/``<local nats>``. It plans on any host: what this
+    one lacks to run it — GPUs (``gpus``, default: the visible ones; a missing device stands as
+    ``<gpu N>``) or a package a component needs (its ``DEPLOYMENT["needs"]``: vLLM, SGLang …) —
+    comes first as ``# this host lacks …`` lines (a real start refuses). Raises `GraphError`
+    (what to change) where a flag or a component does not fit.
 
     Example::
 
         graph = Graph.from_yaml("graphs/disagg_vllm_gpu.yaml")
         apply_overrides(graph, ["prefill.model-path=/models/Qwen3-0.6B", "decode.model-path=/models/Qwen3-0.6B"])
-        print(dry_run(graph, gpus=["0", "1"]))
+        print(dry_run(graph))   # on a laptop: "# this host lacks 2 GPU(s) …", then the commands
     """
     urls = {
         name: (url if url != "local" else f"{name}://<local {name}>") for name, url in graph.shared.items()
     }
-    lines, exported = [], set()
-    for command in check_graph(graph, urls=urls, gpus=gpus, cwd=cwd):
+    host_gpus = list(gpus if gpus is not None else visible_gpus())
+    commands = check_graph(graph, urls=urls, gpus=host_gpus, cwd=cwd, stand_ins=True)
+    lines = _host_lacks(graph, commands, len(host_gpus))
+    exported = set()
+    for command in commands:
         step = command.export_step()
         if step is not None and step not in exported:  # a notebook service: its export first
             exported.add(step)
             lines.append(f"{command.service} (export): {step}")
         lines.append(f"{command.name}: {command.shell()}")
     return "\n".join(lines)
+
+
+def _host_lacks(graph: Graph, commands: list[ReplicaCommand], host_gpus: int) -> list[str]:
+    """``# this host lacks …`` lines: the GPUs the graph asks for beyond ``host_gpus`` and each
+    package a service's component needs that is not installed here (none: this host can run it)."""
+    asked = sum(
+        len(c.env["CUDA_VISIBLE_DEVICES"].split(",")) for c in commands if "CUDA_VISIBLE_DEVICES" in c.env
+    )
+    lacks = []
+    if asked > host_gpus:
+        lacks.append(f"# this host lacks {asked - host_gpus} GPU(s): the graph asks for {asked}, it has {host_gpus} "
+                     "(<gpu N> stands for each missing device; a real start refuses)")  # fmt: skip
+    missing: dict[str, list[str]] = {}
+    for name in graph.start_order():
+        service = graph.services[name]
+        if service.server is not None:
+            continue
+        program = next(c.program for c in commands if c.service == name)
+        for module in component_defaults(program).needs:
+            if not extra_installed(module):
+                missing.setdefault(module, []).append(name)
+    for module, services in missing.items():
+        lacks.append(
+            f"# this host lacks {module} (for {', '.join(services)}): not installed here; a real start refuses"
+        )
+    return lacks
 
 
 def resources_of(service: Service, program: Path) -> Resources:
