@@ -7,8 +7,10 @@ started in dependency order (``python -m dynamo_nb serve graph.yaml``, or ``awai
 - ``serve.py``: `serve` and `RunningGraph` (status, restarts on failure, stop);
 - ``defaults.py``: what a component declares about its own deployment (``DEPLOYMENT``), read
   from its file without running it;
-- ``cli.py``: ``python -m dynamo_nb serve graph.yaml`` (start it, ``--dry-run``, ``--emit k8s``);
+- ``cli.py``: ``python -m dynamo_nb serve graph.yaml`` (start it, ``--dry-run``, ``--emit k8s|dynamo``);
 - ``kubernetes.py``: `kubernetes_manifests` (Deployments, Services, etcd/NATS; ``--emit k8s``);
+- ``dynamo_deployment.py``: `dynamo_graph_deployment` (a ``DynamoGraphDeployment`` for NVIDIA
+  Dynamo's operator; ``--emit dynamo``);
 - ``image.py``: the build context of your own image, the graph's own files on top of the kit's.
 
 Example:
@@ -20,11 +22,13 @@ Example:
 from __future__ import annotations
 
 from .commands import ReplicaCommand, apply_overrides, check_graph, dry_run, flag_argv
+from .dynamo_deployment import DynamoDeployment, dynamo_graph_deployment
 from .kubernetes import kubernetes_manifests, manifests_yaml
 from .model import Graph, GraphError, Resources, Service
 from .serve import RunningGraph, serve
 
 __all__ = [
+    "DynamoDeployment",
     "Graph",
     "GraphError",
     "ReplicaCommand",
@@ -34,6 +38,7 @@ __all__ = [
     "apply_overrides",
     "check_graph",
     "dry_run",
+    "dynamo_graph_deployment",
     "flag_argv",
     "kubernetes_manifests",
     "manifests_yaml",

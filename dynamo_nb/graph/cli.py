@@ -5,6 +5,7 @@ Example::
     python -m dynamo_nb serve graphs/disagg_hf.yaml --dry-run
     python -m dynamo_nb serve graphs/disagg_hf.yaml --set frontend.http-port=8001 --set prefill.replicas=1
     python -m dynamo_nb serve graphs/disagg_hf.yaml --emit k8s --image registry.example/dynamo-nb:0.1 > k8s.yaml
+    python -m dynamo_nb serve graphs/disagg_hf.yaml --emit dynamo --image registry.example/dynamo-nb:0.1 > dgd.yaml
     python -m dynamo_nb serve short.yaml --emit k8s --image registry.example/short:1 --build-context image > k8s.yaml
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .commands import apply_overrides, dry_run
+from .dynamo_deployment import DYNAMO_IMAGE, dynamo_graph_deployment
 from .image import write_build_context
 from .kubernetes import DEFAULT_IMAGE, kubernetes_manifests, manifests_yaml, secret_command
 from .model import Graph
@@ -45,8 +47,15 @@ def serve_parser() -> argparse.ArgumentParser:
     kubernetes = parser.add_argument_group("kubernetes")
     kubernetes.add_argument(
         "--emit",
-        choices=("k8s",),
-        help="print the graph's Kubernetes manifests (Deployments, Services, etcd/NATS) instead of starting it",
+        choices=("k8s", "dynamo"),
+        help="print the graph instead of starting it: k8s, its Kubernetes manifests (Deployments, Services, "
+        "etcd/NATS); dynamo, a DynamoGraphDeployment for NVIDIA Dynamo's operator (Dynamo's frontend, the "
+        "workers on Dynamo's runtime)",
+    )
+    kubernetes.add_argument(
+        "--dynamo-image",
+        default=DYNAMO_IMAGE,
+        help="with --emit dynamo: the image of Dynamo's frontend (default: %(default)s)",
     )
     kubernetes.add_argument(
         "--image",
@@ -106,9 +115,11 @@ def serve_main(argv: list[str]) -> int:
     try:
         graph = Graph.from_yaml(args.graph)
         apply_overrides(graph, args.overrides)
-        if args.build_context is not None and args.emit != "k8s":
-            raise ConfigError("--build-context goes with --emit k8s (the manifests run the image it builds)")
-        if args.emit == "k8s":
+        if args.build_context is not None and args.emit is None:
+            raise ConfigError(
+                "--build-context goes with --emit k8s or --emit dynamo (the manifests run the image it builds)"
+            )
+        if args.emit is not None:
             if args.build_context is not None:
                 if args.image == args.base_image:
                     raise ConfigError(
@@ -121,13 +132,23 @@ def serve_main(argv: list[str]) -> int:
                     file=sys.stderr,
                 )
             secret = not args.no_cluster_secret
-            manifests = kubernetes_manifests(
-                graph, image=args.image, namespace=args.namespace, cluster_secret=secret
-            )
+            if args.emit == "dynamo":
+                rendered = dynamo_graph_deployment(
+                    graph, image=args.image, dynamo_image=args.dynamo_image, namespace=args.namespace,
+                    cluster_secret=secret,
+                )  # fmt: skip
+                manifests, notes = [rendered.manifest], rendered.notes
+            else:
+                manifests = kubernetes_manifests(
+                    graph, image=args.image, namespace=args.namespace, cluster_secret=secret
+                )
+                notes = []
             if secret:  # a comment at the top of the YAML, and on stderr
                 command = secret_command(graph, args.namespace)
                 print(f"# first: {command}")
                 print(f"the components require a cluster secret; create it once: {command}", file=sys.stderr)
+            for note in notes:
+                print(f"# note: {note}")
             print(manifests_yaml(manifests), end="")
             return 0
         if args.dry_run:
