@@ -129,7 +129,10 @@ async def profile(
                     bar.update(batch)
                 measured.decode.append((batch, context + decode_tokens / 2, statistics.median(rounds)))
         prefill = _PrefillProbe(http, model, measured, load_streams, sampling, repeats)
-        async with prefill.among_streams(functools.partial(_prompt, draw, 128, vocab)):
+        # the streams' prompts and outputs within the contexts measured: they fit the model's context
+        async with prefill.among_streams(
+            functools.partial(_prompt, draw, min(contexts), vocab), max(contexts)
+        ):
             for tokens in prefill_tokens:
                 bar.set_description(f"prefill {tokens} tokens")
                 ms, _ = await prefill.measure(functools.partial(_prompt, draw, tokens, vocab))
@@ -177,9 +180,12 @@ class _PrefillProbe:
         self._arrivals: list[list[float]] = [[] for _ in range(streams)]  # each stream's tokens
 
     @contextlib.asynccontextmanager
-    async def among_streams(self, prompt: Callable[[], list[int]]) -> AsyncIterator[None]:
-        """Keep ``streams`` requests of ``prompt()`` decoding (each sent again when it ends) while inside."""
-        tasks = [asyncio.create_task(self._keep_streaming(index, prompt)) for index in range(self.streams)]
+    async def among_streams(self, prompt: Callable[[], list[int]], tokens: int) -> AsyncIterator[None]:
+        """Keep ``streams`` requests of ``prompt()`` and ``tokens`` output tokens decoding (each sent
+        again when it ends) while inside."""
+        tasks = [
+            asyncio.create_task(self._keep_streaming(index, prompt, tokens)) for index in range(self.streams)
+        ]
         try:
             deadline = time.monotonic() + 60
             while any(len(times) < 4 for times in self._arrivals):  # every stream decodes
@@ -197,9 +203,9 @@ class _PrefillProbe:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _keep_streaming(self, index: int, prompt: Callable[[], list[int]]) -> None:
+    async def _keep_streaming(self, index: int, prompt: Callable[[], list[int]], tokens: int) -> None:
         while True:
-            await _streamed_arrivals(self.http, self.model, prompt(), 200, self.sampling,
+            await _streamed_arrivals(self.http, self.model, prompt(), tokens, self.sampling,
                                      into=self._arrivals[index])  # fmt: skip
             self._arrivals[index].append(-1.0)  # a new request: no gap across it
 
