@@ -128,7 +128,7 @@ class DecodeBatch:
             self.clear()
         if joining:
             lengths = [cache.get_seq_length() for _, cache in joining]
-            self._make_room(len(self.ids) + len(joining), max(lengths))
+            self._make_room(len(self.ids) + len(joining), max(lengths), joining[0][1])
             for (seq_id, cache), length in zip(joining, lengths, strict=True):
                 self._join(seq_id, cache, length)
         self._drop_unused_columns()
@@ -161,9 +161,10 @@ class DecodeBatch:
         w.rows = len(self.ids)
         self.joined_rows += 1
 
-    def _make_room(self, rows: int, longest: int) -> None:
+    def _make_room(self, rows: int, longest: int, like: Any) -> None:
         """Buffers with at least ``rows`` rows and a window at least ``longest`` columns long
-        (reallocated, with twice the room, only when they lack either)."""
+        (reallocated, with twice the room, only when they lack either); ``like``: a cache whose
+        layers' heads, dims, dtype and device the first buffers take."""
         w = self._window
         capacity = self._mask.shape[0] if self._cache is not None else 0
         if rows <= capacity and w.end >= longest:
@@ -172,36 +173,36 @@ class DecodeBatch:
                 w.start = w.end - longest
             return
         width = max(longest, w.end - w.start)
-        self._reallocate(capacity if rows <= capacity else max(rows, 2 * capacity), width, 2 * width)
+        self._reallocate(capacity if rows <= capacity else max(rows, 2 * capacity), width, 2 * width, like)
 
-    def _reallocate(self, rows: int, width: int, columns: int) -> None:
-        """New buffers of ``rows`` × ``columns``, the members' window (widened to ``width``,
-        right-aligned) copied to their left end."""
+    def _reallocate(self, rows: int, width: int, columns: int, like: Any = None) -> None:
+        """New buffers of ``rows`` × ``columns`` (each layer's as the current buffers', else as
+        ``like``'s keys and values), the members' window (widened to ``width``, right-aligned)
+        copied to their left end."""
         import torch
 
         w, members = self._window, len(self.ids)
-        model_layers = self._cache.layers if self._cache is not None else None
-        if model_layers is None:
-            config = self.model.config.get_text_config(decoder=True)
-            heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-            dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            shapes = [(heads, dim)] * config.num_hidden_layers
-            device, dtype = self.model.device, self.model.dtype
-        else:
-            shapes = [(layer.key_buffer.shape[1], layer.key_buffer.shape[3]) for layer in model_layers]
-            device, dtype = model_layers[0].key_buffer.device, model_layers[0].key_buffer.dtype
+        current = self._cache.layers if self._cache is not None else None
+        examples = (
+            [(layer.key_buffer, layer.value_buffer) for layer in current]
+            if current is not None
+            else [(layer.keys, layer.values) for layer in like.layers]
+        )
         old = w.end - w.start
+        device = examples[0][0].device
         mask = torch.zeros((rows, columns), dtype=torch.long, device=device)
         positions = torch.zeros((rows, 1), dtype=torch.long, device=device)
         layers = []
-        for index, (heads, dim) in enumerate(shapes):
-            keys = torch.zeros((rows, heads, columns, dim), dtype=dtype, device=device)
-            values = torch.zeros_like(keys)
-            if model_layers is not None and members:
-                keys[:members, :, width - old : width] = model_layers[index].key_buffer[
+        for index, example in enumerate(examples):
+            keys, values = (
+                torch.zeros((rows, t.shape[1], columns, t.shape[3]), dtype=t.dtype, device=t.device)
+                for t in example
+            )
+            if current is not None and members:
+                keys[:members, :, width - old : width] = current[index].key_buffer[
                     :members, :, w.start : w.end
                 ]
-                values[:members, :, width - old : width] = model_layers[index].value_buffer[
+                values[:members, :, width - old : width] = current[index].value_buffer[
                     :members, :, w.start : w.end
                 ]
             layers.append((keys, values))
