@@ -33,16 +33,14 @@ from pathlib import Path
 from typing import Any
 
 from ..launch.declarations import split_reference
-from .commands import notebook_of, resources_of, service_argv, service_parser
+from .commands import service_argv, service_parser
 from .kubernetes import (
     DEFAULT_IMAGE,
     POD_IP,
     _dns_name,
-    _exported_notebook,
-    _pod_ip_env,
     _program_in_image,
-    _resources,
-    _secret_env,
+    component_env,
+    pod_running,
     secret_name,
 )
 from .model import Graph, GraphError, Service
@@ -170,11 +168,6 @@ def _worker(
         argv += ["--runtime", "dynamo"]
     mode = getattr(values, "mode", None) or getattr(values, "disaggregation_mode", None) or "aggregated"
     kind = mode if mode in ("prefill", "decode") else "worker"
-    env = [
-        _pod_ip_env(),
-        _secret_env(secret) if secret is not None else {"name": "DYN_NB_ALLOW_UNAUTHENTICATED", "value": "1"},
-        *({"name": k, "value": v} for k, v in service.env.items()),
-    ]
     written, _ = split_reference(service.component)
     container: dict[str, Any] = {
         "name": "main",
@@ -182,15 +175,9 @@ def _worker(
         "workingDir": workdir,
         "command": ["python3", _program_in_image(written, program, cwd)],
         "args": argv,
-        "env": env,
+        "env": component_env(service, secret),
     }
-    resources = _resources(resources_of(service, program))
-    if resources:
-        container["resources"] = resources
-    pod: dict[str, Any] = {"containers": [container]}
-    notebook = notebook_of(service, cwd)
-    if notebook is not None:  # an init container exports the notebook; the container runs the export
-        pod |= _exported_notebook(container, _program_in_image(written, notebook, cwd), image, workdir)
+    pod = pod_running(container, service, program, image, workdir, cwd)
     return {
         "name": _dns_name(service.name, f"components.{service.name}"),
         "type": kind,

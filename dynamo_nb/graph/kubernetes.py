@@ -216,12 +216,7 @@ def _component(
         labels["app.kubernetes.io/component"] = _dns_name(
             declared.name, f"{service.component}: DEPLOYMENT.name"
         )
-    env = [
-        _pod_ip_env(),
-        # without the secret a pod listening on its address would refuse to start: say so
-        _secret_env(secret) if secret is not None else {"name": "DYN_NB_ALLOW_UNAUTHENTICATED", "value": "1"},
-        *({"name": k, "value": v} for k, v in service.env.items()),
-    ]
+    env = component_env(service, secret)
     written, _ = split_reference(service.component)  # FILE of FILE:NAME: the file in the image
     container: dict[str, Any] = {
         "name": _dns_name(service.name, f"components.{service.name}"),
@@ -238,13 +233,7 @@ def _component(
             "failureThreshold": 6,
         },
     }
-    resources = _resources(resources_of(service, program))
-    if resources:
-        container["resources"] = resources
-    pod: dict[str, Any] = {"containers": [container]}
-    notebook = notebook_of(service, cwd)
-    if notebook is not None:  # an init container exports the notebook; the container runs the export
-        pod |= _exported_notebook(container, _program_in_image(written, notebook, cwd), image, workdir)
+    pod = pod_running(container, service, program, image, workdir, cwd)
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -263,6 +252,33 @@ def _component(
         },
     }
     return [deployment, _service(name, labels, namespace, port_name, port)]
+
+
+def component_env(service: Service, secret: str | None) -> list[dict[str, Any]]:
+    """A component container's environment: the pod's IP, the cluster secret (or, without one,
+    the explicit opt-out: a pod listening on its address would refuse to start with neither) and
+    the service's own ``env``."""
+    return [
+        _pod_ip_env(),
+        _secret_env(secret) if secret is not None else {"name": "DYN_NB_ALLOW_UNAUTHENTICATED", "value": "1"},
+        *({"name": k, "value": v} for k, v in service.env.items()),
+    ]
+
+
+def pod_running(
+    container: dict[str, Any], service: Service, program: Path, image: str, workdir: str, cwd: Path
+) -> dict[str, Any]:
+    """The pod spec that runs a component's ``container``: its ``resources`` (``gpu`` as
+    ``nvidia.com/gpu``) and, for a notebook service, the init container exporting it."""
+    resources = _resources(resources_of(service, program))
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {"containers": [container]}
+    notebook = notebook_of(service, cwd)
+    if notebook is not None:  # an init container exports the notebook; the container runs the export
+        written, _ = split_reference(service.component)
+        pod |= _exported_notebook(container, _program_in_image(written, notebook, cwd), image, workdir)
+    return pod
 
 
 def _exported_notebook(container: dict[str, Any], notebook: str, image: str, workdir: str) -> dict[str, Any]:
