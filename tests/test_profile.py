@@ -40,7 +40,9 @@ def test_a_fit_recovers_a_known_engines_coefficients() -> None:
     + 0.001·T here): the prefill is fitted on what is left, and a first token replays as measured."""
     model = ProfiledTiming.fit(KNOWN)
     assert np.allclose(model.prefill_coefficients, (2e-5, 0.03 - 0.001, 4 - 1.7), rtol=1e-6)
-    assert [model.first_token_ms(t) for t, _ in KNOWN.prefill] == pytest.approx([ms for _, ms in KNOWN.prefill])
+    assert [model.first_token_ms(t) for t, _ in KNOWN.prefill] == pytest.approx(
+        [ms for _, ms in KNOWN.prefill]
+    )
     assert np.allclose(model.decode_coefficients, (1.5, 0.2, 0.001), rtol=1e-6)
     assert all(abs(e) < 1e-6 for errors in model.residuals().values() for e in errors)
 
@@ -48,6 +50,7 @@ def test_a_fit_recovers_a_known_engines_coefficients() -> None:
 def test_decode_steps_are_interpolated_on_the_measured_grid_and_extrapolated_beyond_it() -> None:
     """A step time that bends with the batch (no plane fits it): the grid passes through every
     point, is linear between and beyond them, and each point left out is predicted from the rest."""
+
     def step(b: int, c: float) -> float:
         return 1.0 + 0.4 * min(b, 4) + 0.1 * b + 0.002 * b * c
 
@@ -67,13 +70,16 @@ def test_decode_steps_are_interpolated_on_the_measured_grid_and_extrapolated_bey
 
 def test_a_cached_prefix_costs_what_the_profile_measured() -> None:
     """Prefills after a cached prefix fit the prefix's cost, q·P + r·P·T, over the uncached curve."""
+
     def after(p: int, t: int) -> float:
         return 2e-5 * t * t + 0.03 * t + 4 + 0.002 * p + 1e-5 * p * t
 
     with_prefix = TimingProfile(prefill=KNOWN.prefill, decode=KNOWN.decode,
                                 prefill_after_prefix=[(p, t, after(p, t)) for p in (128, 512) for t in (16, 256)])  # fmt: skip
     model = ProfiledTiming.fit(with_prefix)
-    assert np.allclose(model.prefix_coefficients, (0.002 - 0.001, 1e-5), rtol=1e-6)  # less its decode's KV read
+    assert np.allclose(
+        model.prefix_coefficients, (0.002 - 0.001, 1e-5), rtol=1e-6
+    )  # less its decode's KV read
     assert model.first_token_ms(64, 300) == pytest.approx(after(300, 64))
     assert model.first_token_ms(64) == pytest.approx(after(0, 64)) and "·P·T" in repr(model)
     assert ProfiledTiming.fit(KNOWN).prefix_coefficients == (0.0, 0.0)  # none measured: the uncached curve
@@ -140,28 +146,53 @@ async def test_a_live_engine_is_profiled_written_and_fitted(tmp_path: Path) -> N
                                        decode_tokens=8, repeats=1, progress=False)  # fmt: skip
         assert [t for t, _ in measured.prefill] == [16, 64, 256] and all(ms > 0 for _, ms in measured.prefill)
         # the engine's own cached count (whole 16-token blocks of the prefix), the rest new
-        assert [(p, t) for p, t, _ in measured.prefill_after_prefix] == [(64, 16), (64, 128), (256, 16), (256, 128)]
+        assert [(p, t) for p, t, _ in measured.prefill_after_prefix] == [
+            (64, 16),
+            (64, 128),
+            (256, 16),
+            (256, 128),
+        ]
         assert [(b, c) for b, c, _ in measured.decode] == [(1, 36.0), (1, 132.0), (4, 36.0), (4, 132.0)]
         assert all(ms > 0 for *_, ms in measured.decode) and measured.request_overhead_ms > 0
         model = ProfiledTiming.fit(TimingProfile.read(measured.write(tmp_path / "hf")))
         assert model.prefill_ms(128) > 0 and model.decode_ms(batch=4, kv_tokens=400, kv_load=0) > 0
-        assert model.profile.prefill_after_prefix == measured.prefill_after_prefix  # kept beside Dynamo's files
+        assert (
+            model.profile.prefill_after_prefix == measured.prefill_after_prefix
+        )  # kept beside Dynamo's files
         assert model.prefix_coefficients != (0.0, 0.0)
         # prefills timed alone on an idle engine instead of among decoding requests, greedy
         alone = await bench.profile(front.url, "tiny-llama", prefill_tokens=(16, 64, 256), batches=(1, 2),
                                     contexts=(32,), cached_prefixes=(), load_streams=0, temperature=0,
                                     decode_tokens=8, repeats=1, progress=False)  # fmt: skip
         assert [t for t, _ in alone.prefill] == [16, 64, 256] and all(ms > 0 for _, ms in alone.prefill)
-        assert [(b, c) for b, c, _ in alone.decode] == [(1, 36.0), (2, 36.0)] and not alone.prefill_after_prefix
+        assert [(b, c) for b, c, _ in alone.decode] == [
+            (1, 36.0),
+            (2, 36.0),
+        ] and not alone.prefill_after_prefix
         command = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dynamo_nb", "profile", "--url", front.url, "--model", "tiny-llama",
-            "--out", str(tmp_path / "cli"), "--repeats", "1",
+            "--out", str(tmp_path / "cli"), "--repeats", "1", "--batches", "1,2,4", "--contexts", "32,96",
+            "--temperature", "0",
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, err = await asyncio.wait_for(command.communicate(), 150)
     assert command.returncode == 0, err.decode()[-2000:]
     assert "ProfiledTiming(prefill" in out.decode() and "the fit within" in out.decode()
-    assert TimingProfile.read(tmp_path / "cli").prefill
+    from_cli = TimingProfile.read(tmp_path / "cli")
+    assert (
+        from_cli.prefill
+        and sorted({b for b, _, _ in from_cli.decode}) == [1, 2, 4]
+        and len(from_cli.decode) == 6
+    )
+
+
+@pytest.mark.parametrize("sizes", ["0", "1,x", ""])
+def test_the_command_refuses_a_grid_it_cannot_measure(sizes: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from dynamo_nb.bench.profile import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--url", "http://127.0.0.1:9", "--model", "m", "--out", "x", "--batches", sizes])
+    assert exit_info.value.code == 2 and "--batches" in capsys.readouterr().err
 
 
 async def test_profiling_a_server_without_the_kits_timing_says_so() -> None:
@@ -173,5 +204,9 @@ async def test_profiling_a_server_without_the_kits_timing_says_so() -> None:
 def test_the_fit_is_drawn_with_its_residuals() -> None:
     chart = bench.profile_chart(ProfiledTiming.fit(KNOWN))
     titles = [ax.get_title() for ax in chart.axes]
-    assert titles == ["prefill (ms)", "decode step: measured against predicted (ms)", "each point's error (%)"]
+    assert titles == [
+        "prefill (ms)",
+        "decode step: measured against predicted (ms)",
+        "each point's error (%)",
+    ]
     assert bench.layout_problems(chart) == [] and chart.to_png().startswith(b"\x89PNG")
