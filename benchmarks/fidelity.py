@@ -20,7 +20,7 @@ Per load and model: TTFT and ITL p50/p90 and output tokens/s, replay
 against live, the error in percent, and the per-request TTFT error (MAPE). The issue's bar for the
 profiled model: TTFT p50 and ITL p50 within 15 %, p90 within 25 % (reported, whatever it is).
 
-    python benchmarks/fidelity.py [--requests 160] [--engine hf|vllm]   # vllm: results/fidelity_vllm.json
+    python benchmarks/fidelity.py [--requests 400] [--engine hf|vllm]   # vllm: results/fidelity_vllm.json
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ async def main(requests: int, engine_name: str) -> dict[str, Any]:
         await launch(program, *bus, *flags, *extra, env=env, show_logs=False, timeout=300)
         frontend = await launch("components/frontend.py", *bus, "--http-port", 0, show_logs=False)
         await bench.wait_for_model(frontend.url, MODEL)
-        measured = await bench.profile(frontend.url, MODEL, progress=False)
+        # the decode grid up to the batch the engine may run (beyond it a replay extrapolates)
+        batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256) if b <= limits["max_num_seqs"])
+        measured = await bench.profile(frontend.url, MODEL, batches=batches, progress=False)
         with tempfile.TemporaryDirectory() as folder:
             models = {
                 "Dynamo's curves": MockerSettings(**limits),
@@ -164,5 +166,5 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    run_benchmark(__doc__, "fidelity", main, print_table, requests=160, requests_help="requests per load",
+    run_benchmark(__doc__, "fidelity", main, print_table, requests=400, requests_help="requests per load",
                   engines=("hf", "vllm"))  # fmt: skip
