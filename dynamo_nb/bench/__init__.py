@@ -9,6 +9,7 @@ Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
   (sent with `dynamo_nb.http.LeanHttpClient`);
 - ``prompts.py``: prompt sets (random, shared system prompt, multi-turn conversations);
 - ``progress.py``: a sweep's progress bar; ``live.py``: `live`, a chart redrawn while `run` goes;
+- ``arguments.py``: what the benchmark commands parse from their flags (comma-separated sizes);
 - ``stats.py``: `summary` (percentiles and throughput per level), JSON and CSV in and out;
 - ``slo.py``: `SLO`, goodput and attainment, `max_rate_within_slo`;
 - ``charts.py``: charts of a run, as matplotlib figures;

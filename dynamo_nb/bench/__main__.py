@@ -13,22 +13,11 @@ import sys
 import pandas as pd
 
 from ..errors import ConfigError
+from .arguments import comma_separated_sizes
 from .charts import CHARTS
 from .prompts import PROMPT_SETS, prompt_set
 from .runner import ENDPOINTS, run
 from .stats import save_json, summary
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected numbers separated by commas, like 1,8,32; got {text!r}"
-        ) from None
-    if not levels or min(levels) < 1:
-        raise argparse.ArgumentTypeError(f"concurrency levels must be positive, got {text!r}")
-    return levels
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     parser.add_argument("--model", required=True, help="the model name to ask for")
-    parser.add_argument("--concurrency", type=_levels, default=[1, 8, 32], help="levels, comma separated")
+    parser.add_argument(
+        "--concurrency", type=comma_separated_sizes, default=[1, 8, 32], help="levels, comma separated"
+    )
     parser.add_argument(
         "--requests", type=int, default=None, help="requests per level (default: 4 × level, ≥ 16)"
     )

@@ -55,6 +55,7 @@ from typing import Any
 
 from ..engines.mocker_timing import ProfiledTiming, TimingProfile
 from ..errors import RequestError
+from .arguments import comma_separated_sizes
 from .progress import progress_bar
 
 __all__ = ["main", "profile"]
@@ -324,9 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the folder to write")
     parser.add_argument("--vocab", type=int, default=1000, help="token ids are drawn below this")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per point")
-    parser.add_argument("--batches", type=_sizes, default=BATCHES, metavar="N,N,…",
+    parser.add_argument("--batches", type=comma_separated_sizes, default=BATCHES, metavar="N,N,…",
                         help=f"decode batch sizes (default: {','.join(map(str, BATCHES))})")  # fmt: skip
-    parser.add_argument("--contexts", type=_sizes, default=CONTEXTS, metavar="N,N,…",
+    parser.add_argument("--contexts", type=comma_separated_sizes, default=CONTEXTS, metavar="N,N,…",
                         help=f"decode context lengths (default: {','.join(map(str, CONTEXTS))}; within the "
                         "model's context, with room for 25 % more and the decoded tokens)")  # fmt: skip
     parser.add_argument("--temperature", type=float, default=None,
@@ -345,19 +346,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind}: {len(errors[kind])} points, the fit within {worst:.1f} % of each")
     print("wrote", folder)
     return 0
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    """``"1,4,16"`` as ``(1, 4, 16)``: positive whole numbers, at least one."""
-    try:
-        sizes = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: write whole numbers separated by commas, e.g. 1,4,16"
-        ) from None
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: each size must be at least 1")
-    return sizes
 
 
 async def _streamed_arrivals(
