@@ -50,6 +50,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 __all__ = [
@@ -157,12 +158,21 @@ class ProcessStartError(ProcessError):
     Attributes:
         log_tail: the last lines the process wrote (they end the message too).
         returncode: its exit status, or None when it was still running (and was stopped).
+        errors: the exception lines it printed, however early (in the message before the tail).
     """
 
-    def __init__(self, message: str, log_tail: str = "", returncode: int | None = None) -> None:
-        super().__init__(message + (f"\n--- last log lines ---\n{log_tail}" if log_tail else ""))
+    def __init__(
+        self, message: str, log_tail: str = "", returncode: int | None = None, errors: Sequence[str] = ()
+    ) -> None:
+        found = "".join(f"\n  {line}" for line in errors)
+        super().__init__(
+            message
+            + (f"\n--- exceptions in its log ---{found}" if found else "")
+            + (f"\n--- last log lines ---\n{log_tail}" if log_tail else "")
+        )
         self.log_tail = log_tail
         self.returncode = returncode
+        self.errors = list(errors)
 
 
 class ProcessTimeoutError(ProcessError, TimeoutError):

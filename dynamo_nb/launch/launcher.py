@@ -59,6 +59,11 @@ from .reaper import GRACE_S
 if TYPE_CHECKING:
     from ..runtime.distributed import DistributedRuntime
 
+# "ValueError: …", "torch.OutOfMemoryError: …", "(EngineCore pid=7) OSError: …": a raised exception
+_EXCEPTION_LINE = re.compile(
+    r"(?:^|[\s)])(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)(?::|$)"
+)
+
 __all__ = ["DEFAULT_READY_PATTERN", "ManagedProcess", "adopt_leftovers", "launch", "launched"]
 
 DEFAULT_READY_PATTERN = r"^READY\b"
@@ -103,6 +108,7 @@ class ManagedProcess:
         self.ready_after: float | None = None
         self._process = process
         self._lines: deque[str] = deque(maxlen=200)
+        self._errors: deque[str] = deque(maxlen=8)  # exception lines, kept though the tail scrolls on
         self._sink: LogSink | None = None
         self._ready_pattern: re.Pattern[str] | None = None
         self._changed = asyncio.Event()  # a ready line came, or the process exited
@@ -130,6 +136,11 @@ class ManagedProcess:
     def tail(self, last: int = 20) -> str:
         """The last ``last`` output lines as one string."""
         return "\n".join(self.logs(last))
+
+    def error_lines(self) -> list[str]:
+        """The exception lines it printed (``OSError: [Errno 28] …``), oldest first, up to 8, each
+        once: a crash's root cause, which a long traceback after it pushes out of `tail`."""
+        return list(self._errors)
 
     def cpu_seconds(self) -> float:
         """CPU time (user + system, seconds) the process itself has used so far (Linux ``/proc``)."""
@@ -251,6 +262,8 @@ class ManagedProcess:
 
     def _on_line(self, text: str) -> None:
         self._lines.append(text)
+        if _EXCEPTION_LINE.search(text) and text not in self._errors:
+            self._errors.append(text)
         if self._sink is not None:
             self._sink.line(text)
         pattern = self._ready_pattern
@@ -319,7 +332,11 @@ class ManagedProcess:
 
     async def _fail(self, message: str, code: int | None) -> None:
         await self.stop(timeout=2.0)
-        raise LaunchError(message, log_tail=self.tail(20), returncode=code)
+        raise self.start_error(message, code)
+
+    def start_error(self, message: str, code: int | None) -> LaunchError:
+        """A `LaunchError` with ``message``, the exception lines it printed and its last 20 lines."""
+        return LaunchError(message, log_tail=self.tail(20), returncode=code, errors=self.error_lines())
 
 
 def _command(program: str, args: list[str], cwd: Path) -> tuple[str, list[str]]:

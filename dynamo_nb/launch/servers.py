@@ -39,9 +39,9 @@ async def wait_until_answering(
         except (ConnectionError, TimeoutError):
             pass
         if process.returncode is not None:
-            raise LaunchError(f"{what} exited with {process.returncode}: {process.tail()}")
+            raise process.start_error(f"{what} exited with {process.returncode}", process.returncode)
         if loop.time() >= deadline:
-            raise LaunchError(f"{what} did not answer at {url} within {timeout:g} s: {process.tail()}")
+            raise process.start_error(f"{what} did not answer at {url} within {timeout:g} s", None)
         await asyncio.sleep(0.1)
 
 
