@@ -4,7 +4,8 @@ own ``generate``, on one device in one run.
 One model in this process (the built-in tiny model, or a random Llama of ``--params`` size with the
 built-in tokenizer: no hub), one engine, run three ways at each concurrency c:
 
-- **batched** (the default): a step's waiting prompts prefill together in one forward pass under
+- **batched** (the default): a step's waiting prompts prefill together in one forward pass (on a
+  CPU the short ones: ``prefill_passes``) under
   ``--max-num-batched-tokens`` (2048), long ones in chunks, decodes batched, one host sync a step;
 - **one prompt per step** (the baseline: ``max_num_batched_tokens=1``, no chunking): a step
   prefills a single prompt, as the engine did before prompts were batched;

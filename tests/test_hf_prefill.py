@@ -142,6 +142,39 @@ async def test_a_burst_of_prompts_prefills_in_one_forward_pass(tiny_path: Path, 
         await engine.close()
 
 
+async def test_on_a_cpu_only_short_fresh_chunks_share_a_pass(tiny_path: Path) -> None:
+    """A CPU computes every padded position: short chunks without a past share a pass, a long one
+    or one with a past (a prefix hit, an earlier chunk) runs alone; a GPU runs them all in one.
+    Either way each row's logits are those it gets alone."""
+    import torch
+
+    from dynamo_nb.engines.hf_prefill import CPU_PASS_TOKENS, PrefillRow, prefill_passes, prefill_rows
+    from dynamo_nb.engines.model_calls import new_kv_cache
+
+    engine = await HFEngine.load(tiny_path, prefix_cache_blocks=0)
+    model = engine.model
+    try:
+        with torch.inference_mode():
+
+            def fresh_rows() -> list[PrefillRow]:  # a lone pass extends its row's cache: new ones each time
+                _, (past,) = prefill_rows(model, [PrefillRow(new_kv_cache(model), list(range(10, 50)))])
+                chunks = [[5] * 8, [6] * 12, list(range(3, 303)), [7] * 9, [8] * 4, [9] * 30]
+                rows = [PrefillRow(new_kv_cache(model), ids) for ids in chunks]
+                return [*rows[:4], PrefillRow(past, [11, 12, 13]), *rows[4:]]
+
+            rows = fresh_rows()
+            assert prefill_passes(rows, "cpu") == [[0, 1], [2], [3], [4], [5, 6]]
+            assert prefill_passes(rows, "cuda") == [list(range(7))]
+            assert all(len(p) * max(len(rows[i].tokens) for i in p) <= CPU_PASS_TOKENS
+                       for p in prefill_passes(rows, "cpu") if len(p) > 1)  # fmt: skip
+            logits, _ = prefill_rows(model, rows)
+            for row, alone in enumerate(fresh_rows()):
+                expected = prefill_rows(model, [alone])[0][0]
+                torch.testing.assert_close(logits[row], expected, rtol=1e-4, atol=1e-4)
+    finally:
+        await engine.close()
+
+
 async def test_running_requests_get_a_token_every_step_while_a_long_prompt_is_chunked(
     tiny_path: Path,
 ) -> None:
@@ -236,7 +269,9 @@ async def test_the_decode_batch_copies_in_only_the_sequences_that_join(tiny_path
         await engine.close()
 
 
-async def test_sequences_coming_and_going_keep_their_logits_and_rarely_move_the_batch(tiny_path: Path) -> None:
+async def test_sequences_coming_and_going_keep_their_logits_and_rarely_move_the_batch(
+    tiny_path: Path,
+) -> None:
     """Seventy steps, each letting one member go (any row: the last takes its place) and one join
     (shorter or longer than the others, so the window widens and the buffers run out of columns
     and rows): every member's logits stay those it gets alone, and the buffers are replaced only
@@ -254,7 +289,9 @@ async def test_sequences_coming_and_going_keep_their_logits_and_rarely_move_the_
 
             def prefilled(length: int) -> tuple[Any, Any]:
                 ids = [draw.randrange(10, 1000) for _ in range(length)]
-                return tuple(prefill_rows(model, [PrefillRow(new_kv_cache(model), ids)])[1][0] for _ in range(2))
+                return tuple(
+                    prefill_rows(model, [PrefillRow(new_kv_cache(model), ids)])[1][0] for _ in range(2)
+                )
 
             batch, alone, next_id = DecodeBatch(model), {}, 0
             for step in range(70):

@@ -85,6 +85,29 @@ def test_a_cached_prefix_costs_what_the_profile_measured() -> None:
     assert ProfiledTiming.fit(KNOWN).prefix_coefficients == (0.0, 0.0)  # none measured: the uncached curve
 
 
+def test_a_step_of_several_prompts_charges_each_its_own_curve() -> None:
+    """Attention is quadratic in each prompt, not in the step's total: a profiled model charges
+    every chunk its own T and P terms and the fixed cost once; Dynamo's curves count the step's
+    tokens as one prompt, as Dynamo's mocker does."""
+    model = ProfiledTiming.fit(KNOWN)
+    a, b, c = model.prefill_coefficients
+    burst = [(0, 192)] * 20
+    assert model.step_prefill_ms(burst) == pytest.approx(20 * (a * 192**2 + b * 192) + c)
+    assert model.step_prefill_ms(burst) < model.prefill_ms(20 * 192) / 2  # one 3840-token curve: far more
+    assert model.step_prefill_ms([(0, 64)]) == pytest.approx(model.prefill_ms(64))
+    assert model.step_prefill_ms([(128, 0)]) == 0.0 and model.step_prefill_ms([]) == 0.0
+    dynamos = PolynomialTiming()
+    assert dynamos.step_prefill_ms(burst) == pytest.approx(dynamos.prefill_ms(20 * 192))
+    # the scheduler asks the model for each step's chunks: 3 prompts admitted at once, one step
+    scheduler = MockerScheduler(MockerSettings(block_size=16))
+    scheduler.timing = model
+    for first in range(3):  # prompts with nothing in common
+        scheduler.add(MockJob(prompt=list(range(first * 1000, first * 1000 + 192)), max_tokens=2))
+    chunks, _ = scheduler.plan_step()
+    prefill, _ = scheduler.step_parts(chunks)
+    assert len(chunks) == 3 and prefill * 1000 == pytest.approx(model.step_prefill_ms([(0, 192)] * 3))
+
+
 def test_a_profile_round_trips_through_dynamos_layout(tmp_path: Path) -> None:
     folder = KNOWN.write(tmp_path / "profile")
     with np.load(folder / "selected_prefill_interpolation" / "raw_data.npz") as prefill:

@@ -9,11 +9,16 @@ own: the first waiting prompt always makes progress, a whole budget's chunk (or 
 without chunking) even when the decodes used the budget up, so a prompt never waits for the
 decodes to finish.
 
-`prefill_rows` runs every planned chunk in one forward pass: each row's past KV (a prefix-cache
-hit, or its earlier chunks) left-padded to the longest past, its new tokens right-padded to the
-longest chunk, an attention mask hiding both paddings and every row's own positions. A row's
-logits and KV equal those of running it alone: padded keys get zero weight, and a padded query
-(after a row's real tokens) still sees that row's real keys, so nothing turns into NaN.
+`prefill_rows` runs the planned chunks in as few forward passes as pay (`prefill_passes`): in a
+shared pass each row's past KV (a prefix-cache hit, or its earlier chunks) is left-padded to the
+longest past, its new tokens right-padded to the longest chunk, an attention mask hiding both
+paddings and every row's own positions. A row's logits and KV equal those of running it alone:
+padded keys get zero weight, and a padded query (after a row's real tokens) still sees that
+row's real keys, so nothing turns into NaN. On a GPU every chunk shares one pass (its cores
+are idle otherwise); on a CPU, which computes every padded position, only short chunks without
+a past do (measured on the tiny model, one thread: a 561-token prompt beside a 100-token one
+took 63 ms in one pass, 31 ms one after the other; beside a chunk with a 333-token past, 128
+ms against 65; four 64-token prompts 0.8 × the time alone).
 
 Example::
 
@@ -31,7 +36,11 @@ from typing import Any
 from .hf_batch import can_batch, row_cache, stack_left_padded
 from .model_calls import forward_with_cache, logits_at, new_kv_cache
 
-__all__ = ["PrefillRow", "plan_prefill", "prefill_rows"]
+__all__ = ["PrefillRow", "plan_prefill", "prefill_passes", "prefill_rows"]
+
+CPU_PASS_TOKENS = 256
+"""On a CPU, chunks without a past share a pass while the pass computes at most this many token
+positions (rows × the longest chunk): beyond it a pass costs more than its rows alone."""
 
 
 def plan_prefill(needs: Sequence[int], budget: int, *, decodes: int = 0, chunked: bool = True) -> list[int]:
@@ -76,10 +85,54 @@ class PrefillRow:
     tokens: list[int]
 
 
+def prefill_passes(rows: Sequence[PrefillRow], device_type: str) -> list[list[int]]:
+    """Which of ``rows`` run together, as lists of their indexes, in order: on ``"cuda"`` all in
+    one pass (when their caches can be stacked); on a CPU, consecutive chunks without a past
+    while the pass stays within `CPU_PASS_TOKENS` positions, every other chunk alone (see the
+    module docstring).
+
+    Example:
+        >>> short, long = [PrefillRow(None, [1] * 8)] * 3, PrefillRow(None, [1] * 300)
+        >>> prefill_passes([*short, long], "cpu"), prefill_passes([*short, long], "cuda")
+        ([[0, 1, 2], [3]], [[0, 1, 2, 3]])
+    """
+    if device_type != "cpu":
+        return [list(range(len(rows)))] if rows else []
+    passes: list[list[int]] = []
+    longest, joinable = 0, False  # the last pass's longest chunk; whether fresh chunks may join it
+    for index, row in enumerate(rows):
+        fresh = row.past is None or row.past.get_seq_length() == 0
+        widest = max(longest, len(row.tokens))
+        if fresh and joinable and widest * (len(passes[-1]) + 1) <= CPU_PASS_TOKENS:
+            passes[-1].append(index)
+            longest = widest
+        else:
+            passes.append([index])
+            longest, joinable = len(row.tokens), fresh
+    return passes
+
+
 def prefill_rows(model: Any, rows: list[PrefillRow]) -> tuple[Any, list[Any]]:
-    """Run ``rows`` in one forward pass: each row's last logits (rows, vocab) and its KV cache
-    (a ``DynamicCache`` of its past and its chunk, views into the batch's; a lone row's ``past``,
-    extended in place)."""
+    """Run ``rows`` in the forward passes `prefill_passes` groups them in: each row's last
+    logits (rows, vocab) and its KV cache (a ``DynamicCache`` of its past and its chunk, views
+    into its pass's; a lone row's ``past``, extended in place)."""
+    import torch
+
+    passes = prefill_passes(rows, model.device.type)
+    if len(passes) == 1:
+        return _one_pass(model, rows)
+    logits: list[Any] = [None] * len(rows)
+    caches: list[Any] = [None] * len(rows)
+    for indexes in passes:
+        pass_logits, pass_caches = _one_pass(model, [rows[index] for index in indexes])
+        for position, index in enumerate(indexes):
+            logits[index], caches[index] = pass_logits[position], pass_caches[position]
+    return torch.stack(logits), caches
+
+
+def _one_pass(model: Any, rows: list[PrefillRow]) -> tuple[Any, list[Any]]:
+    """``rows`` in one forward pass (see the module docstring); one at a time where their caches
+    cannot be stacked."""
     import torch
 
     device = model.device

@@ -14,7 +14,9 @@ by default Dynamo's mocker's polynomial curves, in milliseconds; with ``planner_
 a model fitted to an engine measured by `dynamo_nb.bench.profile`):
 
 - prefill: ``4.209989e-7·T² + 1.518344e-2·T + 16.50142`` for T uncached prompt tokens in the
-  step (0 when everything was cached), divided by ``speedup_ratio``;
+  step (0 when everything was cached; Dynamo's count of a step's chunks), divided by
+  ``speedup_ratio`` (a profiled model charges each prompt its own curve instead:
+  `ProfiledTiming.step_prefill_ms`);
 - decode, when some job has a token to emit at the end of the step (including those whose
   prompt the step finishes; a prefill worker's handoffs do not count):
   ``max(-25.74·p² + 54.01·p + 5.74, 1)`` with p = KV tokens held by running jobs (their
@@ -274,12 +276,7 @@ class MockerScheduler:
 
     def step_parts(self, chunks: list[tuple[MockJob, int]]) -> tuple[float, float]:
         """A step's prefill and decode seconds (the timing model's, scaled)."""
-        prefill = 0.0
-        if chunks:  # Dynamo's token count: B·(Σ(prefix + chunk)//B − Σprefix//B)
-            batch = len(chunks)
-            total = sum(job.computed + tokens for job, tokens in chunks)
-            prefix = sum(job.computed for job, _ in chunks)
-            prefill = self.timing.prefill_ms(batch * (total // batch - prefix // batch), prefix)
+        prefill = self.timing.step_prefill_ms([(job.computed, tokens) for job, tokens in chunks])
         chunk_of = {id(job): tokens for job, tokens in chunks}
         ready = kv_tokens = 0  # the jobs with a token at the end of this step, and their context
         for job in self.running:

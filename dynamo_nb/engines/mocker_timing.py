@@ -7,7 +7,11 @@
   (`dynamo_nb.bench.profile`): prefill ``a·T² + b·T + c + q·P + r·P·T`` ms for T uncached
   tokens after P cached ones (the first three terms are the shape Dynamo's profiler fits its
   prefill curve with; the last two, reading the cached prefix, are fitted where the profile
-  measured prefills after a cached prefix, else 0); decode, where the profile's points form a
+  measured prefills after a cached prefix, else 0). A step that prefills several prompts pays
+  the T and P terms for each prompt on its own (attention is quadratic in each prompt's length,
+  not in the step's total: a burst of 20 prompts of 192 tokens costs 20 times one, where a
+  curve in the step's 3840 tokens would charge 18 times more than that for the quadratic
+  term) and c once; decode, where the profile's points form a
   grid of batch sizes × context lengths (as `dynamo_nb.bench.profile` measures them), the step
   time interpolated on that grid, bilinear in (batch, context = kv_tokens / batch) and linear
   beyond its edges (as Dynamo's mocker interpolates its profile: a step's time is not a plane in
@@ -36,6 +40,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,6 +62,10 @@ class TimingModel(Protocol):
 
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float: ...
 
+    def step_prefill_ms(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """A step's prefill of ``chunks``, each ``(tokens computed before, new tokens)``."""
+        ...
+
     def decode_ms(self, *, batch: int, kv_tokens: int, kv_load: float) -> float: ...
 
 
@@ -68,6 +77,21 @@ class PolynomialTiming:
             return 0.0
         t = float(uncached_tokens)
         return 4.209989e-7 * t * t + 1.518344e-2 * t + 16.50142
+
+    def step_prefill_ms(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """Dynamo's mocker's count: the step's tokens, ``B·(Σ(prefix + chunk)//B − Σprefix//B)``
+        for B chunks, as one prompt (after the chunks' computed tokens).
+
+        Example:
+            >>> PolynomialTiming().step_prefill_ms([(0, 100), (0, 100)]) == PolynomialTiming().prefill_ms(200)
+            True
+        """
+        if not chunks:
+            return 0.0
+        batch = len(chunks)
+        prefix = sum(done for done, _ in chunks)
+        total = prefix + sum(tokens for _, tokens in chunks)
+        return self.prefill_ms(batch * (total // batch - prefix // batch), prefix)
 
     def decode_ms(self, *, batch: int, kv_tokens: int, kv_load: float) -> float:
         return max(-25.74 * kv_load * kv_load + 54.01 * kv_load + 5.74, 1.0)
@@ -237,6 +261,25 @@ class ProfiledTiming:
         q, r = self.prefix_coefficients
         t, p = float(uncached_tokens), float(cached_tokens)
         return max(a * t * t + b * t + c + q * p + r * p * t, FLOOR_MS)
+
+    def step_prefill_ms(self, chunks: Sequence[tuple[int, int]]) -> float:
+        """Each chunk's ``a·T² + b·T + q·P + r·P·T`` (T its new tokens, P those computed before it),
+        summed, and ``c`` once: an engine computes each prompt's attention over its own tokens.
+
+        Example:
+            >>> model = ProfiledTiming((1e-4, 0.02, 1.0), (1.0, 0.1, 0.0), TimingProfile())
+            >>> model.prefill_ms(100), model.step_prefill_ms([(0, 100), (0, 100)]), model.prefill_ms(200)
+            (4.0, 7.0, 9.0)
+        """
+        if not chunks:
+            return 0.0
+        a, b, c = self.prefill_coefficients
+        q, r = self.prefix_coefficients
+        total = c
+        for done, tokens in chunks:
+            t, p = float(tokens), float(done)
+            total += a * t * t + b * t + q * p + r * p * t
+        return max(total, FLOOR_MS) if any(tokens > 0 for _, tokens in chunks) else 0.0
 
     def decode_ms(self, *, batch: int, kv_tokens: int, kv_load: float) -> float:
         if self.decode_grid is not None:
