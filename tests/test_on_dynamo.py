@@ -128,6 +128,18 @@ def test_without_dynamo_the_flag_is_one_line_and_exit_2(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.dynamo
+@pytest.mark.processes
+def test_the_kits_dynamo_frontend_command_refuses_a_host_off_loopback_unless_allowed() -> None:
+    import subprocess
+
+    command = [sys.executable, "-m", "dynamo_nb", "dynamo-frontend", "--discovery", "file:///tmp/kv",
+               "--http-host", "198.18.0.9"]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "would listen on 198.18.0.9" in done.stderr and "keep --http-host on loopback" in done.stderr
+
+
 async def our_text(hf_engine: Any, tiny_path: Path) -> str:
     """The greedy answer of the kit's runtime and frontend, in this process."""
     runtime = await DistributedRuntime.create()
@@ -317,13 +329,22 @@ asyncio.run(main())
 
 
 async def ask_with_dynamos_client(
-    where: str, endpoint: str, request: dict[str, Any], *, each: bool = False, nats_url: str | None = None
+    where: str,
+    endpoint: str,
+    request: dict[str, Any],
+    *,
+    each: bool = False,
+    nats_url: str | None = None,
+    host: Any = None,
 ) -> list[Any]:
     """The items of ``request`` to ``endpoint``, asked by a program that uses only Dynamo's own
-    Python client (over the discovery ``where``); ``each``: every instance's items, a list each."""
-    env = {**os.environ, **DynamoPlanes.from_flags(where, None, nats_url, tcp_host=None).environment}
+    Python client (over the discovery ``where``); ``each``: every instance's items, a list each;
+    ``host``: a `dynamo_nb.testing.hosts.Host` to run it on (answers come back to its address)."""
+    tcp_host = None if host is None else host.address
+    planes = DynamoPlanes.from_flags(where, None, nats_url, tcp_host=tcp_host, allow_unauthenticated=True)
+    command = [sys.executable, "-c", DYNAMO_CLIENT, endpoint, json.dumps(request), *(["each"] if each else [])]
     client = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", DYNAMO_CLIENT, endpoint, json.dumps(request), *(["each"] if each else []), env=env,
+        *(command if host is None else host.wrap(command)), env={**os.environ, **planes.environment},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await asyncio.wait_for(client.communicate(), 60)

@@ -28,13 +28,15 @@ UPSTREAM_WORKER = "components/upstream_worker.py"
 async def wait_until_answering(
     process: ManagedProcess, url: str, timeout: float, *, what: str = "the server"
 ) -> None:
-    """Until ``GET url`` answers 200 (checked every 0.1 s), ``process`` exits (`LaunchError` with
-    its last lines) or ``timeout`` seconds pass (`LaunchError` too; the process is left running)."""
+    """Until ``GET url`` answers 200 (checked every 0.1 s, from the host ``process`` runs on),
+    ``process`` exits (`LaunchError` with its last lines) or ``timeout`` seconds pass
+    (`LaunchError` too; the process is left running)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    socket_factory = process.host.socket if process.host is not None else None
     while True:
         try:
-            if (await fetch(url, timeout=5))[0] == 200:
+            if (await fetch(url, timeout=5, socket_factory=socket_factory))[0] == 200:
                 return
         except (ConnectionError, TimeoutError):
             pass

@@ -44,20 +44,37 @@ async def launch_dynamo_frontend(
     port: int | None = None,
     nats_url: str | None = None,
     request_plane: str | None = None,
+    host: str = LOOPBACK,
+    allow_unauthenticated: bool = False,
     **launch_options: Any,
 ) -> DynamoFrontend:
-    """Start Dynamo's frontend on 127.0.0.1:``port`` (a free one by default) over ``discovery``
-    (``file://DIR`` or ``etcd://HOST:PORT``, as given to the workers' ``--discovery``); ``args``
-    are its own flags (``--router-mode kv`` …); ``launch_options`` go to `dynamo_nb.launch`."""
+    """Start Dynamo's frontend on ``host``:``port`` (127.0.0.1 and a free port by default) over
+    ``discovery`` (``file://DIR`` or ``etcd://HOST:PORT``, as given to the workers'
+    ``--discovery``); ``args`` are its own flags (``--router-mode kv`` …); ``launch_options`` go
+    to `dynamo_nb.launch` (``host=`` of a `NetworkHost` is ``network_host=`` here).
+
+    Workers on other hosts stream their answers back to a server of the frontend's on ``host``
+    too, which has no secret: off loopback it needs ``allow_unauthenticated`` (as the workers'
+    ``--allow-unauthenticated``).
+
+    Raises:
+        ConfigError: ``host`` is off loopback without ``allow_unauthenticated``.
+    """
     require_extra("dynamo", "Dynamo's frontend")
-    planes = DynamoPlanes.from_flags(discovery, request_plane, nats_url, tcp_host=None)
+    planes = DynamoPlanes.from_flags(
+        discovery, request_plane, nats_url, tcp_host=host, allow_unauthenticated=allow_unauthenticated
+    )
+    planes.check_listeners("host=")
     port = port or free_port()
-    env = {**planes.frontend_environment(), "DYN_LOG": launch_options.pop("log", "info")}
+    env = {**planes.frontend_environment(host), "DYN_LOG": launch_options.pop("log", "info")}
     env.update(launch_options.pop("env", None) or {})
     timeout = float(launch_options.pop("timeout", 120.0))
-    url = f"http://{LOOPBACK}:{port}"
+    network_host = launch_options.pop("network_host", None)
+    if network_host is not None:
+        launch_options["host"] = network_host
+    url = f"http://{host}:{port}"
     process = await launch_server(  # its log may be quieter than a READY line: asked over HTTP
-        *DynamoPlanes.frontend_argv(port),
+        *DynamoPlanes.frontend_argv(port, host),
         *args,
         url=url,
         name=launch_options.pop("name", "dynamo-frontend"),
@@ -89,16 +106,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--nats-url", default=None, help="as the workers' --nats-url (NATS event plane)")
     parser.add_argument("--request-plane", default=None, choices=("tcp", "nats"), help="as the workers'")
+    parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (default: %(default)s)")
     parser.add_argument(
-        "--http-port", type=int, default=8000, help="port on 127.0.0.1 (default: %(default)s)"
+        "--http-host",
+        default=LOOPBACK,
+        help="the address it listens on, HTTP and the server workers stream answers back to "
+        "(default: %(default)s; off loopback only with --allow-unauthenticated)",
+    )
+    parser.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="listen off loopback although Dynamo's planes have no secret (a network you trust)",
     )
     args, theirs = parser.parse_known_args(argv)
     try:
         require_extra("dynamo", "Dynamo's frontend")
-        planes = DynamoPlanes.from_flags(args.discovery, args.request_plane, args.nats_url, tcp_host=None)
+        planes = DynamoPlanes.from_flags(
+            args.discovery, args.request_plane, args.nats_url, tcp_host=args.http_host,
+            allow_unauthenticated=args.allow_unauthenticated,
+        )  # fmt: skip
+        planes.check_listeners("--http-host")
     except DynamoNBError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    command = DynamoPlanes.frontend_argv(args.http_port)
-    print(f"Dynamo's frontend on http://{LOOPBACK}:{args.http_port} ({planes.describe()})", file=sys.stderr)
-    os.execve(sys.executable, [*command, *theirs], {**os.environ, **planes.frontend_environment()})
+    command = DynamoPlanes.frontend_argv(args.http_port, args.http_host)
+    print(
+        f"Dynamo's frontend on http://{args.http_host}:{args.http_port} ({planes.describe()})",
+        file=sys.stderr,
+    )
+    environment = {**os.environ, **planes.frontend_environment(args.http_host)}
+    os.execve(sys.executable, [*command, *theirs], environment)

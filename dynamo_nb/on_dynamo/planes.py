@@ -48,10 +48,11 @@ class DynamoPlanes:
         and checks no one who connects."""
         return self.event_plane == "nats" or self.allow_unauthenticated
 
-    def check_listeners(self) -> None:
+    def check_listeners(self, tcp_flag: str = "--tcp-host") -> None:
         """Refuse (`ConfigError`) hosts off loopback for Dynamo's request plane and system
         server unless ``allow_unauthenticated``: Dynamo's planes have no cluster secret or TLS,
         so the kit's secret cannot protect them (the kit's rule: `dynamo_nb.runtime.security`).
+        ``tcp_flag``: the setting the message names for the request plane's host.
 
         Example:
             >>> DynamoPlanes.from_flags("file:///tmp/kv", None, None, tcp_host="0.0.0.0").check_listeners()
@@ -62,7 +63,7 @@ class DynamoPlanes:
         if self.allow_unauthenticated:
             return
         for variable, what, flag in (
-            ("DYN_TCP_RPC_HOST", "Dynamo's TCP request plane", "--tcp-host"),
+            ("DYN_TCP_RPC_HOST", "Dynamo's TCP request plane", tcp_flag),
             ("DYN_SYSTEM_HOST", "Dynamo's system server", "--system-host"),
         ):
             host = self.environment.get(variable, LOOPBACK)
@@ -128,9 +129,9 @@ class DynamoPlanes:
         return {**self.environment, "DYN_HTTP_HOST": http_host}
 
     @staticmethod
-    def frontend_argv(port: int = 8000) -> list[str]:
-        """``python -m dynamo.frontend`` on 127.0.0.1:``port`` (this Python), as a command's words."""
-        return [sys.executable, "-m", "dynamo.frontend", "--http-host", LOOPBACK, "--http-port", str(port)]
+    def frontend_argv(port: int = 8000, http_host: str = LOOPBACK) -> list[str]:
+        """``python -m dynamo.frontend`` on ``http_host``:``port`` (this Python), as a command's words."""
+        return [sys.executable, "-m", "dynamo.frontend", "--http-host", http_host, "--http-port", str(port)]
 
     def frontend_command(self, port: int = 8000, *, kit: bool = False) -> str:
         """The shell command that starts Dynamo's frontend for workers of these settings, ready
