@@ -29,18 +29,15 @@ def render(path: Path, **options: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("path", example_graphs())
-def test_every_example_graph_renders_a_valid_deployment_or_says_why_not(path: Path) -> None:
+def test_every_example_graph_renders_a_valid_deployment(path: Path) -> None:
     graph = Graph.from_yaml(path)
-    if any(service.server is not None for service in graph.services.values()):
-        with pytest.raises(GraphError, match="server the graph starts with its own command is not rendered"):
-            dynamo_graph_deployment(graph, cwd=ROOT)
-        return
     manifest = dynamo_graph_deployment(graph, cwd=ROOT).manifest
     VALIDATOR.validate(manifest)
     components = {c["name"]: c for c in manifest["spec"]["components"]}
     frontend = components.pop("Frontend")
     assert frontend["podTemplate"]["spec"]["containers"][0]["args"][:2] == ["-m", "dynamo.frontend"]
-    workers = [name for name, service in graph.services.items() if "frontend" not in service.component]
+    workers = [name for name, service in graph.services.items()
+               if "frontend" not in service.component and service.server is None]  # fmt: skip
     assert set(components) == set(workers)
     for name, component in components.items():
         service = graph.services[name]
@@ -52,6 +49,30 @@ def test_every_example_graph_renders_a_valid_deployment_or_says_why_not(path: Pa
             values = service_parser(service, program).parse_args(container["args"])
             mode = getattr(values, "mode", None) or getattr(values, "disaggregation_mode", None)
             assert component["type"] == (mode if mode in ("prefill", "decode") else "worker")
+
+
+def test_a_stock_server_runs_beside_its_upstream_worker_in_one_pod() -> None:
+    """graphs/upstream_vllm.yaml: each vLLM server is a second container of its upstream worker's
+    pod (the worker reaches it on the pod's loopback, as the graph wrote it), with the server's
+    command, environment and a readiness probe of its ready URL; a server that no worker, or two,
+    depends on has no pod to go in."""
+    graph = Graph.from_yaml(ROOT / "graphs/upstream_vllm.yaml")
+    components = {c["name"]: c for c in render(ROOT / "graphs/upstream_vllm.yaml")["spec"]["components"]}
+    assert set(components) == {"Frontend", "upstream-a", "upstream-b"}
+    for worker, server, port in (("upstream-a", "vllm-a", 8001), ("upstream-b", "vllm-b", 8002)):
+        main, beside = components[worker]["podTemplate"]["spec"]["containers"]
+        assert f"http://127.0.0.1:{port}" in main["args"] and beside["name"] == server
+        assert [beside["command"][0], *beside["args"]] == ["python3", *graph.services[server].server[1:]]
+        assert beside["readinessProbe"]["httpGet"] == {"path": "/v1/models", "port": port}
+        assert {"name": "OMP_NUM_THREADS", "value": "1"} in beside["env"]
+    for shared in (False, True):  # vllm-a then used by no one, or by both workers
+        changed = Graph.from_yaml(ROOT / "graphs/upstream_vllm.yaml")
+        changed.services["upstream-a"].depends_on = ["vllm-a"] if shared else []
+        changed.services["upstream-b"].depends_on = ["vllm-a", "vllm-b"] if shared else ["vllm-b"]
+        with pytest.raises(
+            GraphError, match=r"components\.vllm-a: a server runs in the pod of the one upstream"
+        ):
+            dynamo_graph_deployment(changed, cwd=ROOT)
 
 
 def test_a_renamed_or_unknown_field_fails_the_schema() -> None:
@@ -110,7 +131,7 @@ def test_the_cluster_secret_and_gpus_reach_the_workers() -> None:
 
 
 @pytest.mark.processes
-def test_the_command_line_prints_it_with_the_secret_first() -> None:
+def test_the_command_line_prints_it_with_the_secret_first(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "dynamo_nb", "serve", "graphs/disagg_hf.yaml", "--emit", "dynamo",
          "--image", "registry.example/mine:1", "--namespace", "serving"],
@@ -125,8 +146,12 @@ def test_the_command_line_prints_it_with_the_secret_first() -> None:
     assert manifest["metadata"] == {"name": "disagg-hf", "namespace": "serving"}
     images = {c["podTemplate"]["spec"]["containers"][0]["image"] for c in manifest["spec"]["components"]}
     assert images == {"registry.example/mine:1", "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.6.1"}
+    alone = tmp_path / "alone.yaml"  # a server no upstream worker depends on: no pod to put it in
+    alone.write_text(
+        "components:\n  vllm: {server: [vllm, serve, m], ready: 'http://127.0.0.1:8001/v1/models'}\n"
+    )
     refused = subprocess.run(
-        [sys.executable, "-m", "dynamo_nb", "serve", "graphs/upstream_vllm.yaml", "--emit", "dynamo"],
+        [sys.executable, "-m", "dynamo_nb", "serve", str(alone), "--emit", "dynamo"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert refused.returncode == 2 and "is not rendered for Dynamo's operator" in refused.stderr
+    assert refused.returncode == 2 and "a server runs in the pod of the one upstream worker" in refused.stderr

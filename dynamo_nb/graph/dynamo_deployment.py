@@ -13,7 +13,11 @@ version its operator stores and its own profiler writes): ``spec.components`` ho
   from the operator's ``DYN_*`` environment, not from ``--discovery``); ``replicas``; its
   ``resources`` (``gpu`` as ``nvidia.com/gpu``); a notebook service's export in an init
   container, as in `dynamo_nb.graph.kubernetes_manifests`; and the cluster secret where it
-  applies (a prefill worker's bootstrap server listens on the pod's address).
+  applies (a prefill worker's bootstrap server listens on the pod's address);
+- a server the graph starts with its own command (``server:``, a stock ``vllm serve``) as a
+  second container in the pod of the upstream worker that depends on it, from ``image`` with its
+  ``env``, ready when its ``ready`` URL answers (a readiness probe): the worker reaches it on the
+  pod's loopback, as the graph wrote it, and the pair scales as one.
 
 What the operator then does that the kit does not: it creates the pods and services, injects
 etcd and NATS, and its planner and scaling adapters resize the ``replicas`` of each component.
@@ -31,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..launch.declarations import split_reference
 from .commands import service_argv, service_parser
@@ -39,6 +44,7 @@ from .kubernetes import (
     POD_IP,
     _dns_name,
     _program_in_image,
+    _resources,
     component_env,
     pod_running,
     secret_name,
@@ -80,8 +86,9 @@ def dynamo_graph_deployment(
     """The graph as one ``DynamoGraphDeployment`` (see the module docstring).
 
     Raises:
-        GraphError: a service the operator cannot run as written (a server started by its own
-            command, a component without ``--runtime dynamo``, a router mode Dynamo lacks).
+        GraphError: a service the operator cannot run as written (a server no single upstream
+            worker depends on, a component without ``--runtime dynamo``, a router mode Dynamo
+            lacks).
 
     Example:
         >>> graph = Graph.from_yaml(
@@ -96,20 +103,25 @@ def dynamo_graph_deployment(
     notes: list[str] = []
     components: list[dict[str, Any]] = []
     frontends = []
+    beside = _servers_beside(graph)
     for service_name in graph.start_order():
         service = graph.services[service_name]
         if service.server is not None:
-            raise GraphError(
-                f"components.{service_name}: a server the graph starts with its own command is not rendered for "
-                "Dynamo's operator: deploy it on its own and point the upstream worker's --upstream at it"
-            )
+            continue  # in the pod of the worker that depends on it
         program, argv = service_argv(service, {}, cwd)
         values = service_parser(service, program).parse_args(argv)
         if getattr(values, "http_port", None) is not None:  # the kit's frontend: Dynamo's takes its place
             frontends.append(service_name)
             components.append(_frontend(service, values, dynamo_image, notes))
         else:
-            components.append(_worker(service, program, values, image, workdir, cwd, secret))
+            worker = _worker(service, program, values, image, workdir, cwd, secret)
+            pod = worker["podTemplate"]["spec"]
+            pod["containers"] += [
+                _server_container(graph.services[server], image, workdir)
+                for server, owner in beside.items()
+                if owner == service_name
+            ]
+            components.append(worker)
     if not frontends:
         notes.append("no frontend in the graph: Dynamo's frontend added as Frontend (port 8000)")
         components.insert(0, _frontend(None, None, dynamo_image, notes))
@@ -125,6 +137,52 @@ def dynamo_graph_deployment(
         "spec": {"components": components},
     }
     return DynamoDeployment(manifest, notes)
+
+
+def _servers_beside(graph: Graph) -> dict[str, str]:
+    """Each server service → the one service (its upstream worker) that depends on it.
+
+    Raises:
+        GraphError: a server that no service, or more than one, depends on.
+    """
+    servers = [name for name, service in graph.services.items() if service.server is not None]
+    beside = {}
+    for server in servers:
+        users = sorted(name for name, service in graph.services.items() if server in service.depends_on)
+        if len(users) != 1:
+            raise GraphError(
+                f"components.{server}: a server runs in the pod of the one upstream worker that depends on it "
+                f"(depends_on), and {len(users) or 'no'} service{'s' if len(users) != 1 else ''} "
+                f"{'do' if len(users) != 1 else 'does'}{': ' + ', '.join(users) if users else ''}"
+            )
+        beside[server] = users[0]
+    return beside
+
+
+def _server_container(service: Service, image: str, workdir: str) -> dict[str, Any]:
+    """A server's command as a container of its worker's pod, with a readiness probe of its
+    ``ready`` URL (``http://127.0.0.1:PORT/PATH``)."""
+    command = list(service.server or [])
+    if command[:1] == ["python"]:  # as `serve` runs it: the image's Python
+        command[0] = "python3"
+    container: dict[str, Any] = {
+        "name": _dns_name(service.name, f"components.{service.name}"),
+        "image": image,
+        "workingDir": workdir,
+        "command": command[:1],
+        "args": command[1:],
+    }
+    if service.env:
+        container["env"] = [{"name": key, "value": str(value)} for key, value in service.env.items()]
+    if service.resources is not None and (resources := _resources(service.resources)):
+        container["resources"] = resources  # a GPU server's nvidia.com/gpu
+    if service.ready:
+        where = urlsplit(service.ready)
+        if where.port is None:
+            raise GraphError(f"components.{service.name}.ready: {service.ready!r} has no port to probe")
+        probe = {"path": where.path or "/", "port": where.port}
+        container["readinessProbe"] = {"httpGet": probe, "periodSeconds": 2, "failureThreshold": 300}
+    return container
 
 
 def _frontend(service: Service | None, values: Any, image: str, notes: list[str]) -> dict[str, Any]:
