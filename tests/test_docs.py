@@ -210,3 +210,48 @@ def test_every_dotted_name_the_package_text_names_exists() -> None:
                     stale.add(f"{path.relative_to(ROOT)}: {reference}")
                 break
     assert sorted(stale) == []
+
+
+def _messages_in(package: Path) -> str:
+    """Every string literal of the package's modules, an f-string's fields as ``{}``, one per line."""
+    import ast
+
+    texts = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.JoinedStr):
+                texts.append("".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                texts.append(node.value)
+    return "\n".join(" ".join(text.split()) for text in texts)
+
+
+def test_troubleshooting_quotes_what_the_code_says() -> None:
+    """Each message docs/troubleshooting.md quotes (in double backquotes) is in a string of the
+    package, so a reworded error cannot leave the page behind."""
+    quoted = [
+        " ".join(q.split())
+        for q in re.findall(r"``(.+?)``", (ROOT / "docs" / "troubleshooting.md").read_text(), re.S)
+    ]
+    assert len(quoted) >= 10
+    messages = _messages_in(ROOT / "dynamo_nb")
+    assert [q for q in quoted if q not in messages] == []
+
+
+def test_each_glossary_term_is_named_by_the_notebook_it_points_to() -> None:
+    """docs/glossary.md: every term (before any parenthesis; ``_`` read as a space) appears in the
+    notebook its row links."""
+    import json
+
+    rows = re.findall(r"^\| ([^|]+) \| [^|]+ \| \[\d\d\]\(\.\./notebooks/([^)]+)\) \|$",
+                      (ROOT / "docs" / "glossary.md").read_text(), re.M)  # fmt: skip
+    assert len(rows) >= 20
+    missing = []
+    for terms, notebook in rows:
+        cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
+        text = " ".join("".join(cell["source"]) for cell in cells).lower().replace("_", " ")
+        for term in terms.split(","):
+            name = re.sub(r"\s*\(.*\)", "", term).strip().strip("`").lower().replace("_", " ")
+            if name not in text:
+                missing.append(f"{name} ({notebook})")
+    assert missing == []

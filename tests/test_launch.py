@@ -12,7 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import ECHO_WORKER, ROOT, group_gone, pid_alive, pid_gone
+from helpers import ECHO_WORKER, ROOT, group_gone, pid_alive, pid_gone, until
 
 import dynamo_nb
 from dynamo_nb import ConfigError, DistributedRuntime, LaunchError, LocalServices, launch, launched
@@ -50,6 +50,24 @@ async def test_stderr_is_captured_and_shown_on_stdout_in_a_script(
     assert "[noisy] line 0" in shown and "[noisy] line 2" in shown
     assert any(line.startswith("[noisy] READY") for line in shown)
     assert "line 1" in proc.log_path.read_text()
+
+
+async def test_the_log_view_ends_with_the_real_exit_of_a_killed_program(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Killed, its output closes a moment before it is reaped: the view still says ``exited -9``
+    (not ``closed``); stopped by `stop`, it says ``stopped``."""
+    killed = await launch(CHATTY, "--ready-after", "0", name="killed", log_dir=tmp_path)
+    killed.send_signal(signal.SIGKILL)
+    shown: list[str] = []
+    ends = ("[killed] -- exited", "[killed] -- closed", "[killed] -- stopped")
+    await until(lambda: shown.extend(capsys.readouterr().out.splitlines()) or any(
+        line.startswith(ends) for line in shown), timeout=30)  # fmt: skip
+    assert [line for line in shown if line.startswith(ends)] == ["[killed] -- exited -9"]
+    await killed.stop()
+    stopped = await launch(CHATTY, "--ready-after", "0", name="stopped", log_dir=tmp_path)
+    await stopped.stop()
+    assert "[stopped] -- stopped" in capsys.readouterr().out.splitlines()
 
 
 async def test_a_program_that_is_never_ready_times_out_with_its_last_lines(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -80,6 +81,9 @@ def test_each_notebook_is_shaped_for_a_reader(notebook: Path) -> None:
     assert any(c.cell_type == "code" and c.source.startswith("# Try it") for c in cells), "no try-it cell"
     recap = [c.source for c in cells if c.cell_type == "markdown" and c.source.startswith("## Recap")]
     assert recap and "**Next:**" in recap[0] and "](../docs/" in recap[0], "no recap with links"
+    # a reader who follows Next has passed "as a program": the recap ends the notebook
+    assert cells[-1].source == recap[0], "the recap (with its Next) is the last cell"
+    assert any(c.source.startswith("## This notebook as a") for c in cells[:-1]), "no program section"
     linked = re.findall(r"\]\(([0-9]{2}_[a-z_]+\.ipynb)\)", recap[0])
     assert linked and all((notebook.parent / name).is_file() for name in linked), linked
     for doc in re.findall(r"\]\(\.\./(docs/[a-z-]+\.md)\)", recap[0]):
@@ -117,6 +121,33 @@ def test_the_next_links_walk_the_series_and_end_at_the_readme() -> None:
         first = re.search(r"\]\(([^)]+)\)", line)
         expected = following.name if following is not None else "../README.md"
         assert first is not None and first.group(1) == expected, f"{notebook.name}: {line}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_the_stored_outputs_come_from_one_run_top_to_bottom(notebook: Path) -> None:
+    """Every code cell was run (its execution count and start time stored), in cell order, each
+    at a time of its own: a cell split or moved by hand after the run shows as a repeated or
+    out-of-order time. Re-run the notebook rather than edit its outputs."""
+    runs = []
+    for index, cell in enumerate(nbformat.read(notebook, 4).cells):
+        if cell.cell_type == "code":
+            started = cell.metadata.get("execution", {}).get("iopub.execute_input")
+            assert started and cell.execution_count, f"cell {index} has no stored run"
+            runs.append((started, cell.execution_count, index))
+    for (before, count, index), (after, next_count, next_index) in itertools.pairwise(runs):
+        assert before < after and count < next_count, (
+            f"cells {index} and {next_index} were not run one after the other ({before}, {after})"
+        )
+
+
+def test_the_readme_map_links_every_notebook_under_its_track() -> None:
+    """The README's map: a link to each notebook, under the track its banner names."""
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| (\w+) \| \[[^\]]+\]\(notebooks/(\d\d_[a-z_0-9]+)\.ipynb\) \|", readme, re.M)
+    assert sorted(stem for _, stem in rows) == sorted(notebook.stem for notebook in NOTEBOOKS), rows
+    for track, stem in rows:
+        opening = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", 4).cells[0].source
+        assert f"*Track: {track} (" in opening, f"{stem} is under {track} in the README's map"
 
 
 OUTPUT_FILE = re.compile(r"\b(\d\d_[a-z_0-9]+\.(?:json|png|yaml|csv))")

@@ -254,11 +254,22 @@ class ManagedProcess:
                     self._on_line(raw.decode(errors="replace").rstrip("\r\n"))
         finally:
             transport.close()
-            code = self._process.poll()
             if self._sink is not None:
-                self._sink.status(
-                    "stopped" if self._stopped else f"exited {code}" if code is not None else "closed"
-                )
+                self._sink.status(await self._final_status())
+
+    async def _final_status(self, wait: float = 2.0) -> str:
+        """What the log view ends with once the output closed: ``stopped`` (by `stop`), else
+        the exit status, which can come a moment after the pipe closes (a process closes its
+        output while it exits, and is reaped after), or ``closed`` if it still runs."""
+        deadline = time.monotonic() + wait
+        while not self._stopped:
+            code = self._process.poll()
+            if code is not None:
+                return f"exited {code}"
+            if time.monotonic() >= deadline:
+                return "closed"
+            await asyncio.sleep(0.01)
+        return "stopped"
 
     def _on_line(self, text: str) -> None:
         self._lines.append(text)
