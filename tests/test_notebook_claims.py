@@ -40,7 +40,9 @@ MEASURED_ON_ITS_OWN = re.compile(
 """Phrases that state a measured result by themselves: where requests stayed, a count out of a
 total, whether something paid off."""
 
-STRONG = re.compile(r"\b(faster|slower|sooner|lead|wins?|beats?|saves?|outperforms?|pulls? ahead)\b", re.I)
+STRONG = re.compile(
+    r"\b(faster|slower|sooner|leads?|wins?|beats?|saves?|outperforms?|pulls? ahead|close|closer)\b", re.I
+)
 """Comparisons that carry a measurement even when the quantity is named a sentence earlier."""
 
 LOOK_FOR = re.compile(r"\b(whether|look (at|for)|watch (for|how|whether)|see (if|whether|how))\b", re.I)
@@ -49,7 +51,7 @@ LOOK_FOR = re.compile(r"\b(whether|look (at|for)|watch (for|how|whether)|see (if
 MEASURED = re.compile(
     r"\b(TTFT|ITL|latency|latencies|throughput|tok/s|tokens/s|req/s|requests/s|p50|p90|p99|median|mean|"
     r"hit rate|hits|overlap|replicas?|goodput|attainment|SLO|concurrency|round trip|engines|workers|cached|"
-    r"reuse|per second|gaps?)\b|\d\s*(ms|s|%)\b",
+    r"reuse|per second|gaps?|ratios?|blocks)\b|\d\s*(ms|s|%)\b",
     re.IGNORECASE,
 )
 """What a notebook measures: latencies, rates, shares, counts of engines and workers."""
@@ -85,6 +87,14 @@ ALLOWED = {
         "06_kv_aware_routing",
         "This one keeps each system prompt on one engine",
     ): "what the policy does, by design",
+    ("11_why_that_worker", "above 1 favours the caches more"): "what the knob does, by design",
+    ("09_capacity_planning", "flat while the engines keep up"): "what a queue looks like in TTFT",
+    ("09_capacity_planning", "more tokens/s at a lower p90 TTFT"): "what the Pareto front is",
+    ("09_capacity_planning", "more tokens/s in total at a higher speed per user"): "what the Pareto front is",
+    (
+        "12_plan_from_a_trace",
+        "scaled up at once when the rate needs more workers",
+    ): "what the autoscaler does",
     ("06_kv_aware_routing", "sends fewer requests and checks"): "what the smoke check does",
     ("12_plan_from_a_trace", "ask a planner for the fewest workers that meet"): "what the notebook teaches",
     ("12_plan_from_a_trace", "answers the fewest that meet the SLO"): "what plan() answers",
@@ -108,8 +118,8 @@ def measured_statements(markdown: str) -> list[str]:
     """The sentences of ``markdown`` that state a measured comparison (see the module docstring).
 
     Example:
-        >>> measured_statements("The hf engine answers sooner. Start two workers.")
-        ['The hf engine answers sooner.']
+        >>> measured_statements("The hf engine's TTFT is lower. Start two workers.")
+        ["The hf engine's TTFT is lower."]
     """
     text = re.sub(r"```.*?```", " ", markdown, flags=re.S)
     text = re.sub(r"`[^`]*`", "CODE", text)
@@ -117,19 +127,25 @@ def measured_statements(markdown: str) -> list[str]:
     found = []
     for paragraph in re.split(r"\n\s*\n|\n\s*[-*>]\s+|\n#+\s", text):
         before = ""
-        for sentence in re.split(r"(?<=[.!?])\s+", paragraph.strip()):
-            refers_back = re.search(r"\b(it|this|that|them|they|the ones)\b", sentence) or STRONG.search(
-                sentence
-            )
-            if not LOOK_FOR.search(sentence) and (
-                MEASURED_ON_ITS_OWN.search(sentence)
-                or (
-                    COMPARATIVE.search(sentence)
-                    and (MEASURED.search(sentence) or (refers_back and MEASURED.search(before)))
+        for whole in re.split(r"(?<=[.!?])\s+", paragraph.strip()):
+            # a clause after a colon or a semicolon can say something of its own ("Look at X: Y is
+            # lower"); after a look-for clause only a strong comparison or a count counts
+            looking = False
+            for sentence in re.split(r"(?<=[:;])\s+", whole):
+                refers_back = re.search(r"\b(it|this|that|them|they|the ones)\b", sentence) or STRONG.search(
+                    sentence
                 )
-            ):
-                found.append(sentence)
-            before += " " + sentence
+                looking = looking or bool(LOOK_FOR.search(sentence))
+                if MEASURED_ON_ITS_OWN.search(sentence) and not LOOK_FOR.search(sentence):
+                    found.append(sentence)
+                elif (
+                    (not looking or STRONG.search(sentence))
+                    and not LOOK_FOR.search(sentence)
+                    and COMPARATIVE.search(sentence)
+                    and (MEASURED.search(sentence) or (refers_back and MEASURED.search(before)))
+                ):
+                    found.append(sentence)
+                before += " " + sentence
     return found
 
 
