@@ -217,6 +217,10 @@ def test_charts_name_workers_by_role_and_zoom_on_the_tail(sweep: pd.DataFrame) -
     assert by_role.axes[0].get_xlabel() == "worker"
     tail = latency_cdf(sweep, "itl", tail=0.9).axes[0]
     assert tail.get_ylim()[0] == pytest.approx(0.9) and tail.get_xscale() == "log"
+    # gaps of 0.06 ms with a tail to 70 ms: the zoomed axis spans the tail, not the empty decades below
+    spread = sweep.assign(itl_s=[[0.00006] * 95 + [0.01 + 0.012 * i for i in range(5)]] * len(sweep))
+    low, high = latency_cdf(spread, "itl", tail=0.95).axes[0].get_xlim()
+    assert 5 < low < 10 and 58 < high < 100, (low, high)
     assert "slowest 10%" in tail.get_title()
     with pytest.raises(ConfigError, match="tail is a share from 0 to below 1"):
         latency_cdf(sweep, "itl", tail=1.5)

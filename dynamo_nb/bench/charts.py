@@ -285,6 +285,7 @@ def latency_cdf(df: pd.DataFrame, metric: str = "ttft", tail: float | None = Non
     level_name = level_column(df)
     prefix = "c=" if level_name == "concurrency" else ""
     suffix = "" if level_name == "concurrency" else " req/s"
+    shown: list[tuple[float, float]] = []  # each line's lowest and highest latency in the view
     for (label, level), group in ok.groupby(["label", level_name], sort=False):
         values = group[column]
         flat = [g for gaps in values for g in gaps] if metric == "itl" else values.dropna().tolist()
@@ -292,6 +293,8 @@ def latency_cdf(df: pd.DataFrame, metric: str = "ttft", tail: float | None = Non
             continue
         xs = np.sort(np.asarray(flat, dtype=float)) * 1000.0
         ys = np.arange(1, xs.size + 1) / xs.size
+        first = min(int(tail * xs.size), xs.size - 1) if tail is not None else 0  # its first step in view
+        shown.append((float(xs[first]), float(xs[-1])))
         name = f"{prefix}{level:g}{suffix}"
         ax.step(xs, ys, where="post", label=f"{label} {name}" if multi else name)
     if not ax.lines:
@@ -304,9 +307,17 @@ def latency_cdf(df: pd.DataFrame, metric: str = "ttft", tail: float | None = Non
     ax.set_xlabel("ms")
     ax.set_ylabel("fraction")
     ax.set_ylim(0, 1.02)
-    if tail is not None:  # the slowest (1 - tail) of them, on a log scale
+    if tail is not None:  # the slowest (1 - tail) of them, on a log scale fitted to what is shown
         ax.set_ylim(tail, 1.002)
         ax.set_xscale("log")
+        low, high = min(lo for lo, _ in shown), max(hi for _, hi in shown)
+        if low > 0:
+            ax.set_xlim(low / 1.25, high * 1.25)
+        from matplotlib.ticker import FuncFormatter
+
+        plain = FuncFormatter(lambda value, _: f"{value:g}")  # 20, not 2×10¹
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain)
         ax.set_title(f"{ax.get_title()}, slowest {1 - tail:.0%}")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small")
