@@ -106,3 +106,4 @@ def test_the_retune_chart_reads_cleanly_with_many_policies() -> None:
     assert [t.get_text() for t in chart.axes[0].get_yticklabels()] == [
         describe(policy) for policy in answer.table["policy"]
     ]
+    assert chart.axes[0].get_xlabel() == "mean TTFT (ms)"  # the objective in words, not its column

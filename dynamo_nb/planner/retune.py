@@ -41,12 +41,34 @@ if TYPE_CHECKING:
 
     from ..bench.charts import Chart
 
-__all__ = ["HIGHER_IS_BETTER", "Retune", "last_window", "retune"]
+__all__ = ["HIGHER_IS_BETTER", "Retune", "last_window", "objective_label", "retune"]
 
 HIGHER_IS_BETTER = frozenset({"reuse", "output_tok_per_s", "goodput_req_per_s"})
 """Objectives to maximise; every other column (latencies) is minimised."""
 
 Grid = Mapping[str, Sequence[float]] | Sequence[RouterPolicy]
+
+
+_LABELS = {
+    "ttft_mean_ms": "mean TTFT (ms)",
+    "ttft_p50_ms": "TTFT p50 (ms)",
+    "ttft_p90_ms": "TTFT p90 (ms)",
+    "itl_p50_ms": "ITL p50 (ms)",
+    "itl_p90_ms": "ITL p90 (ms)",
+    "reuse": "share of prompt tokens reused",
+    "goodput_req_per_s": "goodput (requests/s within the SLO)",
+    "output_tok_per_s": "output tokens/s",
+}
+
+
+def objective_label(objective: str) -> str:
+    """How a chart names an objective column.
+
+    Example:
+        >>> objective_label("ttft_mean_ms"), objective_label("queue_depth")
+        ('mean TTFT (ms)', 'queue depth')
+    """
+    return _LABELS.get(objective, objective.replace("_", " "))
 
 
 @dataclass
@@ -77,7 +99,8 @@ class Retune:
         return self.winner != self.incumbent and self.margin_pct > percent
 
     def chart(self) -> Chart:
-        """The objective for each policy, the incumbent and the winner marked."""
+        """The objective for each policy (its measured error as error bars), the incumbent and
+        the winner marked."""
         from ..bench.charts import _chart
 
         table = self.table
@@ -94,10 +117,9 @@ class Retune:
         ax.barh(range(len(table)), table[self.objective], color=colors, xerr=band, capsize=3)
         ax.set_yticks(range(len(table)), labels, fontsize="small")  # labels on their own rows
         ax.invert_yaxis()  # the table's order, top down
-        ax.set_xlabel(self.objective)
-        ax.set_title(
-            f"{self.objective} by router policy\n(green: the winner, grey: the incumbent)", fontsize="medium"
-        )
+        label = objective_label(self.objective)
+        ax.set_xlabel(label)
+        ax.set_title(f"{label} by router policy\n(green: the winner, grey: the incumbent)", fontsize="medium")
         ax.grid(True, axis="x", alpha=0.3)
         return figure
 

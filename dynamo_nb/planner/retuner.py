@@ -37,7 +37,7 @@ from ..replay import Fleet, MockerSettings, error_band_pct
 from ..router.policy import RouterPolicy
 from ..runtime.security import ClusterSecret
 from .interval_loop import IntervalLoop
-from .retune import Grid, Retune, describe, last_window, retune
+from .retune import Grid, Retune, describe, last_window, objective_label, retune
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -206,7 +206,7 @@ class Retuner(IntervalLoop):
         changed = table[table["action"].isin(["applied", "would apply"])]
         ax.scatter(changed["t_s"], changed["margin_pct"], s=160, facecolors="none", edgecolors="green",
                    linewidths=2, label="applied", zorder=3)  # fmt: skip
-        ax.set_title(f"retuning on {self.objective}")
+        ax.set_title(f"retuning on {objective_label(self.objective)}")
         ax.set_xlabel("seconds")
         ax.set_ylabel("% better than the running policy")
         ax.grid(True, alpha=0.3)
