@@ -106,7 +106,7 @@ async def main(requests: int) -> dict[str, Any]:
             BLOCK,
         ]
         for index in range(2):
-            port, events = free_port(), free_port()
+            port, events = free_port(bound_later=True), free_port(bound_later=True)  # bound ~30 s on
             config = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}"}
             server = await launch_server("-m", "vllm.entrypoints.openai.api_server", *VLLM_FLAGS, "--port", port,
                                          "--kv-events-config", json.dumps(config), url=f"http://127.0.0.1:{port}",

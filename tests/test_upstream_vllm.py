@@ -47,7 +47,7 @@ class Server:
 
 
 async def start_vllm(name: str, logs: Any) -> Server:
-    port, events = free_port(), free_port()
+    port, events = free_port(bound_later=True), free_port(bound_later=True)  # vLLM binds them ~30 s on
     kv_events = {
         "enable_kv_cache_events": True,
         "publisher": "zmq",

@@ -30,7 +30,7 @@ VLLM_FLAGS = ["--model", str(tiny_model_path()), "--served-model-name", MODEL, "
 
 async def start_vllm(role: str, logs: Any) -> Any:
     """A vLLM server whose NixlConnector is ``role`` (kv_producer or kv_consumer)."""
-    port, side_channel = free_port(), free_port()
+    port, side_channel = free_port(bound_later=True), free_port(bound_later=True)  # bound ~30 s on
     config = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"}
     env = {
         **ONE_THREAD,
