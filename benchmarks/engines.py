@@ -43,7 +43,7 @@ async def start_server(label: str, etcd_url: str) -> tuple[str, str]:
     """One server (with our frontend for ours); returns (base URL, model name)."""
     common = ["--discovery", etcd_url, "--log-level", "WARNING"]
     if label == "vllm serve":
-        port = free_port()
+        port = free_port(bound_later=True)  # vLLM binds it once its engine is up
         await launch(
             "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_path()),
             "--served-model-name", "tiny-peer", "--host", "127.0.0.1", "--port", str(port), *VLLM_ENGINE_FLAGS,
