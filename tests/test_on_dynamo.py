@@ -342,7 +342,14 @@ async def ask_with_dynamos_client(
     ``host``: a `dynamo_nb.testing.hosts.Host` to run it on (answers come back to its address)."""
     tcp_host = None if host is None else host.address
     planes = DynamoPlanes.from_flags(where, None, nats_url, tcp_host=tcp_host, allow_unauthenticated=True)
-    command = [sys.executable, "-c", DYNAMO_CLIENT, endpoint, json.dumps(request), *(["each"] if each else [])]
+    command = [
+        sys.executable,
+        "-c",
+        DYNAMO_CLIENT,
+        endpoint,
+        json.dumps(request),
+        *(["each"] if each else []),
+    ]
     client = await asyncio.create_subprocess_exec(
         *(command if host is None else host.wrap(command)), env={**os.environ, **planes.environment},
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,

@@ -67,7 +67,9 @@ def test_a_winner_within_the_measured_error_is_said_to_be_no_clear_win() -> None
     assert clear.beyond_error is True and "±3 % measured error: beyond it" in repr(clear)
     assert clear.table["ttft_mean_ms_high"].tolist() == pytest.approx([103.0, 92.7])
     close = retune(TRACE, {"prefill_load_scale": [8]}, simulate=simulate, error={"ttft_p90_ms": -6.0})
-    assert close.beyond_error is False and "within it" in repr(close) and close.margin_pct == pytest.approx(10.0)
+    assert (
+        close.beyond_error is False and "within it" in repr(close) and close.margin_pct == pytest.approx(10.0)
+    )
     assert close.chart().to_png()[:4] == b"\x89PNG"
     plain = retune(TRACE, {"prefill_load_scale": [8]}, simulate=simulate)
     assert plain.beyond_error is None and "model error not measured" in repr(plain)
