@@ -255,12 +255,7 @@ class ProfiledTiming:
         )
 
     def prefill_ms(self, uncached_tokens: int, cached_tokens: int = 0) -> float:
-        if uncached_tokens <= 0:
-            return 0.0
-        a, b, c = self.prefill_coefficients
-        q, r = self.prefix_coefficients
-        t, p = float(uncached_tokens), float(cached_tokens)
-        return max(a * t * t + b * t + c + q * p + r * p * t, FLOOR_MS)
+        return self.step_prefill_ms([(cached_tokens, uncached_tokens)])
 
     def step_prefill_ms(self, chunks: Sequence[tuple[int, int]]) -> float:
         """Each chunk's ``a·T² + b·T + q·P + r·P·T`` (T its new tokens, P those computed before it),

@@ -48,6 +48,7 @@ from .kubernetes import (
     component_env,
     pod_running,
     secret_name,
+    service_env,
 )
 from .model import Graph, GraphError, Service
 
@@ -173,7 +174,7 @@ def _server_container(service: Service, image: str, workdir: str) -> dict[str, A
         "args": command[1:],
     }
     if service.env:
-        container["env"] = [{"name": key, "value": str(value)} for key, value in service.env.items()]
+        container["env"] = service_env(service)
     if service.resources is not None and (resources := _resources(service.resources)):
         container["resources"] = resources  # a GPU server's nvidia.com/gpu
     if service.ready:

@@ -261,8 +261,13 @@ def component_env(service: Service, secret: str | None) -> list[dict[str, Any]]:
     return [
         _pod_ip_env(),
         _secret_env(secret) if secret is not None else {"name": "DYN_NB_ALLOW_UNAUTHENTICATED", "value": "1"},
-        *({"name": k, "value": v} for k, v in service.env.items()),
+        *service_env(service),
     ]
+
+
+def service_env(service: Service) -> list[dict[str, Any]]:
+    """The service's own ``env`` as a container's environment entries."""
+    return [{"name": key, "value": str(value)} for key, value in service.env.items()]
 
 
 def pod_running(

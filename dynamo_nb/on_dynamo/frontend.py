@@ -19,6 +19,7 @@ from typing import Any
 from ..errors import DynamoNBError
 from ..extras import require_extra
 from ..launch.launcher import ManagedProcess
+from ..launch.network_host import NetworkHost
 from ..launch.servers import launch_server
 from ..runtime.addresses import free_port
 from .planes import LOOPBACK, DynamoPlanes
@@ -46,12 +47,14 @@ async def launch_dynamo_frontend(
     request_plane: str | None = None,
     host: str = LOOPBACK,
     allow_unauthenticated: bool = False,
+    network_host: NetworkHost | None = None,
     **launch_options: Any,
 ) -> DynamoFrontend:
     """Start Dynamo's frontend on ``host``:``port`` (127.0.0.1 and a free port by default) over
     ``discovery`` (``file://DIR`` or ``etcd://HOST:PORT``, as given to the workers'
-    ``--discovery``); ``args`` are its own flags (``--router-mode kv`` …); ``launch_options`` go
-    to `dynamo_nb.launch` (``host=`` of a `NetworkHost` is ``network_host=`` here).
+    ``--discovery``); ``args`` are its own flags (``--router-mode kv`` …); ``network_host``: the
+    `NetworkHost` to run it on (``host`` is then that host's address); ``launch_options`` go to
+    `dynamo_nb.launch`.
 
     Workers on other hosts stream their answers back to a server of the frontend's on ``host``
     too, which has no secret: off loopback it needs ``allow_unauthenticated`` (as the workers'
@@ -69,9 +72,6 @@ async def launch_dynamo_frontend(
     env = {**planes.frontend_environment(host), "DYN_LOG": launch_options.pop("log", "info")}
     env.update(launch_options.pop("env", None) or {})
     timeout = float(launch_options.pop("timeout", 120.0))
-    network_host = launch_options.pop("network_host", None)
-    if network_host is not None:
-        launch_options["host"] = network_host
     url = f"http://{host}:{port}"
     process = await launch_server(  # its log may be quieter than a READY line: asked over HTTP
         *DynamoPlanes.frontend_argv(port, host),
@@ -80,6 +80,7 @@ async def launch_dynamo_frontend(
         name=launch_options.pop("name", "dynamo-frontend"),
         env=env,
         timeout=timeout,
+        host=network_host,
         **launch_options,
     )
     return DynamoFrontend(process, url)
