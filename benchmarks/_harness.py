@@ -62,7 +62,9 @@ def run_benchmark(
         "--requests", type=int, default=requests, help=f"{requests_help} (default: %(default)s)"
     )
     if engines:
-        parser.add_argument("--engine", choices=engines, default=engines[0], help="the engine measured (default: %(default)s)")
+        parser.add_argument(
+            "--engine", choices=engines, default=engines[0], help="the engine measured (default: %(default)s)"
+        )
     parser.add_argument("--out", type=Path, help=f"where the JSON goes (default: results/{name}.json)")
     args = parser.parse_args()
     if engines:

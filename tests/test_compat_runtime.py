@@ -391,7 +391,9 @@ async def let_go_of_a_request(server: Any, env: dict[str, str], through: str, ho
                 await asyncio.sleep(2)
                 client.kill()
                 stacks = await asyncio.wait_for(client.stdout.read(), 10)
-                raise AssertionError(f"{how} via {through}: the client did not exit: {printed}\n{stacks.decode()}") from None
+                raise AssertionError(
+                    f"{how} via {through}: the client did not exit: {printed}\n{stacks.decode()}"
+                ) from None
     finally:
         if client.returncode is None:
             client.kill()

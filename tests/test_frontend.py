@@ -241,8 +241,13 @@ GOOD = {"model": MODEL, "messages": HI, "max_tokens": 4}
         (CHAT, {**GOOD, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream=true"),
         (CHAT, {**GOOD, "logprobs": True}, 400, "logprobs", "not supported"),
         (CHAT, {**GOOD, "presence_penalty": 1.0}, 400, "presence_penalty", "not supported"),
-        (CHAT, {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
-         "--tool-call-parser"),
+        (
+            CHAT,
+            {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]},
+            400,
+            "tools",
+            "--tool-call-parser",
+        ),
         (CHAT, {**GOOD, "nvext": "worker_id"}, 400, "nvext", "must be an object"),
         (CHAT, {**GOOD, "nvext": {"extra_fields": "worker_id"}}, 400, "nvext.extra_fields", "list of names"),
         (

@@ -22,7 +22,7 @@ from dynamo_nb.engines.mocker_timing import (
     TimingProfile,
     timing_model,
 )
-from dynamo_nb.errors import ConfigError
+from dynamo_nb.errors import ConfigError, RequestError
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -233,3 +233,28 @@ def test_the_fit_is_drawn_with_its_residuals() -> None:
         "each point's error (%)",
     ]
     assert bench.layout_problems(chart) == [] and chart.to_png().startswith(b"\x89PNG")
+
+
+async def test_a_probe_no_stream_spanned_is_sent_again_then_named() -> None:
+    """A prefill probe during which every decoding stream ended or sent nothing measured nothing:
+    it is sent again (a fast engine's short streams, a stalled machine), and after ``ATTEMPTS``
+    such probes the error says what to change."""
+    profiling = sys.modules["dynamo_nb.bench.profile"]  # the module (bench.profile is its function)
+
+    class Probe(profiling._PrefillProbe):
+        def __init__(self, spans_on: int) -> None:
+            super().__init__(None, "tiny-llama", TimingProfile(), 8, {}, 1)
+            self.sent, self.spans_on = 0, spans_on
+
+        async def _among_streams_once(self, prompt: list[int], cached: bool) -> tuple[float, int]:
+            self.sent += 1
+            if self.sent < self.spans_on:
+                raise profiling._NoStreamSpanned("no stream spanned it")
+            return 12.5, 0
+
+    probe = Probe(spans_on=3)
+    assert await probe._among_streams([1, 2, 3], False) == (12.5, 0) and probe.sent == 3
+    never = Probe(spans_on=profiling._PrefillProbe.ATTEMPTS + 1)
+    with pytest.raises(RequestError, match="no stream"):
+        await never._among_streams([1, 2, 3], False)
+    assert never.sent == profiling._PrefillProbe.ATTEMPTS

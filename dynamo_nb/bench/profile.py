@@ -162,6 +162,8 @@ class _PrefillProbe:
     """Times prefills: alone (``streams`` 0: the frontend's ``prefill_time_ms``, the median of
     ``repeats``) or as what each costs ``streams`` decoding requests (see the module docstring)."""
 
+    ATTEMPTS = 5  # probes sent for one point before no stream spanning any of them is an error
+
     def __init__(
         self,
         http: Any,
@@ -225,7 +227,15 @@ class _PrefillProbe:
     async def _among_streams(self, prompt: list[int], cached: bool) -> tuple[float, int]:
         """The time the streams' tokens took from the prompt's sending to the step after its
         answer, less their usual gap times the tokens that came (the median over the streams),
-        plus a decode step of one sequence: the prompt's cost as a first token on an idle engine."""
+        plus a decode step of one sequence: the prompt's cost as a first token on an idle engine.
+        A probe during which every stream ended or sent nothing (a fast engine's short streams, a
+        stalled machine) tells nothing: it is sent again, up to ``ATTEMPTS`` times."""
+        for _ in range(self.ATTEMPTS - 1):
+            with contextlib.suppress(_NoStreamSpanned):
+                return await self._among_streams_once(prompt, cached)
+        return await self._among_streams_once(prompt, cached)
+
+    async def _among_streams_once(self, prompt: list[int], cached: bool) -> tuple[float, int]:
         seen = [len(times) for times in self._arrivals]
         _, cached_tokens = await self._probe(prompt, cached)
         answered = time.perf_counter()
@@ -247,8 +257,9 @@ class _PrefillProbe:
             if inside:
                 added.append(inside[-1] - times[before - 1] - len(inside) * usual)
         if not added:
-            raise RequestError(
+            raise _NoStreamSpanned(
                 f"profile: no token of the other streams came while {self.model} answered a prompt"
+                f" ({self.ATTEMPTS} prompts): give it more load_streams or a longer decode"
             )
         if self._decode is None:
             self._decode = ProfiledTiming.fit_decode(self.measured)
@@ -264,6 +275,10 @@ class _PrefillProbe:
         self.overheads.append((time.perf_counter() - started) * 1000 - float(timing["total_time_ms"]))
         details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
         return float(timing["prefill_time_ms"]), int(details.get("cached_tokens") or 0) if cached else 0
+
+
+class _NoStreamSpanned(RequestError):
+    """No decoding stream ran steadily through a probe: the probe measured nothing."""
 
 
 def ragged_lengths(context: int, batch: int, spread: float = 0.25) -> list[int]:
