@@ -112,6 +112,20 @@ def test_code_lines_fit_the_notebook_width(notebook: Path) -> None:
     assert not too_long, "\n".join(too_long)
 
 
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_code_cells_carry_no_formatter_pragmas(notebook: Path) -> None:
+    """What a reader reads is code, not tooling: the formatter leaves notebooks alone (their
+    layout is by hand, their width held above), so no cell needs a ``# fmt:`` comment."""
+    pragmas = [
+        f"cell {index}: {line.strip()}"
+        for index, cell in enumerate(nbformat.read(notebook, 4).cells)
+        if cell.cell_type == "code"
+        for line in cell.source.splitlines()
+        if re.search(r"#\s*fmt:", line)
+    ]
+    assert not pragmas, "\n".join(pragmas)
+
+
 def test_the_next_links_walk_the_series_and_end_at_the_readme() -> None:
     """Each recap's **Next:** names the following notebook first (01 → 02 → … → the last), and
     the last one's leads back to the README: a reader can follow the series end to end."""
