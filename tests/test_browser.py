@@ -14,7 +14,9 @@ and a ``chromium`` binary installed) and is skipped with the reason elsewhere. W
 (CI makes one with only ``pip install -e ".[notebook]"`` for the quick notebooks, as a reader
 installs them), while Playwright drives it from the test's own. The notebooks
 run from a copy (so JupyterLab never writes to the repository's files), next to links to the
-repository's other folders, so their relative paths resolve as they do in ``notebooks/``.
+repository's other folders and copies of ``docs/`` and the README, so their relative paths
+resolve as they do in ``notebooks/``; JupyterLab is started with the README's own arguments, and
+every link of every notebook to a file is clicked and must open that file.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -76,6 +79,15 @@ def require_browser() -> None:
         )
 
 
+def readme_lab_arguments() -> list[str]:
+    """What the README starts JupyterLab with (``jupyter lab ARGS``, from the repository's root):
+    the test serves the notebooks the way a reader does, so a link that opens nothing for the
+    reader opens nothing here."""
+    found = re.search(r"&& jupyter lab ([^`]+)`", (ROOT / "README.md").read_text())
+    assert found, "the README's command that runs the notebooks (... && jupyter lab ARGS`) is gone"
+    return shlex.split(found.group(1))
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """JupyterLab on 127.0.0.1 serving a copy of the notebooks, autosave off, its app exposed
@@ -83,7 +95,11 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     require_browser()
     work = tmp_path_factory.mktemp("lab")
     for entry in ROOT.iterdir():
-        if entry.name not in ("notebooks", ".git") and not entry.name.startswith("."):
+        if entry.name == "docs":  # what the notebooks link to, served as files of the root
+            shutil.copytree(entry, work / entry.name)
+        elif entry.name == "README.md":
+            shutil.copy(entry, work / entry.name)
+        elif entry.name not in ("notebooks", ".git") and not entry.name.startswith("."):
             (work / entry.name).symlink_to(entry)
     (work / "notebooks").mkdir()
     for notebook in NOTEBOOKS:
@@ -102,9 +118,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     log = open(work.parent / f"{work.name}-lab.log", "wb")
     server = subprocess.Popen(
         [
-            lab_python(), "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
+            lab_python(), "-m", "jupyterlab", *readme_lab_arguments(), "--no-browser", "--ServerApp.ip=127.0.0.1",
             f"--ServerApp.port={port}", f"--IdentityProvider.token={token}",
-            f"--ServerApp.root_dir={work}", "--ServerApp.allow_root=True", "--LabApp.expose_app_in_browser=True",
+            "--ServerApp.allow_root=True", "--LabApp.expose_app_in_browser=True",
             f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={settings}",
         ],
         stdout=log, stderr=subprocess.STDOUT, cwd=work,
@@ -120,6 +136,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 if server.poll() is not None or time.monotonic() > deadline:
                     pytest.fail("JupyterLab did not start:\n" + Path(log.name).read_text()[-3000:])
                 time.sleep(0.5)
+        served = Path(log.name).read_text()
+        assert f"Serving notebooks from local directory: {work}" in served, served[-2000:]  # the root
         yield {"base": base, "token": token, "work": work, "server": server}
     finally:
         server.terminate()
@@ -414,3 +432,91 @@ def test_the_mermaid_checker_agrees_with_jupyterlab(lab: dict[str, Any], browser
         assert drawn == {name: mermaid_problems(block) == [] for name, (_, block) in SAMPLES.items()}
     finally:
         page.close()
+
+
+# JupyterLab points a markdown link to a file of its root at the file's download URL (and opens
+# the file in a tab when clicked); one it could not resolve gets an empty href.
+FILE_ANCHORS = """panel => Array.from(panel.node.querySelectorAll('.jp-MarkdownCell .jp-RenderedMarkdown a'))
+    .filter(a => { const href = a.getAttribute('href') || ''; return href === '' || href.startsWith(location.origin + '/files/'); })"""
+# The open notebook's links to files (not to a place in itself, not to the web), in page order;
+# clicking one the way a reader does (JupyterLab's handler, no page navigation), then the path of
+# what opened (its kernel, if a notebook, shut down) or null when nothing opened in 15 s.
+FILE_LINKS = f"""() => {{
+    const panel = {PANEL};
+    window.__dynLinksPanel = panel;
+    window.addEventListener('click', e => {{ if (e.target.closest('a')) e.preventDefault(); }}, true);
+    return ({FILE_ANCHORS})(panel).length;
+}}"""
+CLICK_LINK = """async index => {
+    const app = window.jupyterapp, panel = window.__dynLinksPanel;
+    app.shell.activateById(panel.id);
+    const anchor = (FILE_ANCHORS)(panel)[index];
+    anchor.scrollIntoView();
+    anchor.click();
+    const deadline = Date.now() + 15000;
+    while (Date.now() < deadline) {
+        const opened = app.shell.currentWidget;
+        if (opened && opened !== panel && opened.context) {
+            await opened.context.ready;
+            const path = opened.context.path;
+            if (opened.sessionContext && opened.sessionContext.session) await opened.sessionContext.shutdown();
+            opened.dispose();
+            return path;
+        }
+        await new Promise(resolve => setTimeout(resolve, 100));
+    }
+    return null;
+}""".replace("FILE_ANCHORS", FILE_ANCHORS)
+
+
+def file_links(notebook: Path) -> list[str]:
+    """Each link of the notebook's markdown to a file, resolved against ``notebooks/`` to a path
+    from the repository's root, in order (the page's anchors are in the same order)."""
+    import nbformat
+
+    targets = []
+    for cell in nbformat.read(notebook, 4).cells:
+        if cell.cell_type == "markdown":
+            for target in re.findall(r"\]\(([^)\s]+)\)", cell.source):
+                if not target.startswith(("http://", "https://", "#")):
+                    targets.append(os.path.normpath(os.path.join("notebooks", target.split("#")[0])))
+    return targets
+
+
+def open_link(page: Any, index: int) -> str | None:
+    """Click the open notebook's ``index``-th file link; the path of what opened. Once more if
+    the page lost the click's promise (a tab opened and closed under it), the first time."""
+    from playwright.sync_api import Error
+
+    try:
+        return str(page.evaluate(CLICK_LINK, index) or "") or None
+    except Error:
+        page.evaluate(FILE_LINKS)
+        return str(page.evaluate(CLICK_LINK, index) or "") or None
+
+
+def test_every_link_in_a_notebook_opens_what_it_names(lab: dict[str, Any], browser: Any) -> None:
+    """Started as the README starts it, JupyterLab opens each notebook's link to another notebook,
+    a page of ``docs/`` or the README when a reader clicks it (a link that resolves outside the
+    server's root opens nothing and says nothing)."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    broken, clicked = [], 0
+    try:
+        for notebook in NOTEBOOKS:
+            page.goto(f"{lab['base']}/lab/tree/notebooks/{notebook.name}?reset&token={lab['token']}")
+            page.wait_for_function(READY, timeout=90_000)
+            expected = file_links(notebook)
+            shown = page.evaluate(FILE_LINKS)
+            assert shown == len(expected), (
+                f"{notebook.name}: {len(expected)} file links written, {shown} shown"
+            )
+            for index, target in enumerate(expected):
+                opened = open_link(page, index)
+                clicked += 1
+                if opened != target:
+                    broken.append(f"{notebook.name}: the link to {target} opened {opened or 'nothing'}")
+            page.evaluate(f"() => {PANEL}.sessionContext.shutdown()")
+    finally:
+        page.close()
+    assert not broken, "\n".join(broken)
+    assert clicked >= len(NOTEBOOKS), f"only {clicked} links clicked"
