@@ -57,6 +57,14 @@ MEASURED = re.compile(
 """What a notebook measures: latencies, rates, shares, counts of engines and workers."""
 
 ALLOWED = {
+    (
+        "06_kv_aware_routing",
+        "is the prompt blocks it would compute",
+    ): "the router's cost defined (the code's words)",
+    (
+        "14_tune_the_router",
+        "is the prompt blocks it would compute",
+    ): "the router's cost defined (the code's words)",
     ("05_disaggregated_serving", "one more round trip"): "the fallback path's extra hop is its design",
     ("05_disaggregated_serving", "adds two more"): "a count of the workers the notebook starts",
     ("13_on_nvidia_dynamo", "Below 1 in the TTFT column"): "how to read a ratio column, not a result",

@@ -379,3 +379,24 @@ def test_a_worker_started_in_a_cell_keeps_serving_while_no_cell_runs(services: L
         kernel.execute_interactive("await rt.shutdown()", timeout=30)
         kernel.stop_channels()
         manager.shutdown_kernel(now=True)
+
+
+# The KV router's cost, in the words of `docs/kv-routing.md` and the glossary: every notebook that
+# explains its parts says it in these words (one definition, not one per notebook).
+COST_PARTS = (
+    "`prefill_blocks` is the prompt blocks it would compute — its active prompts' and this one's, less the"
+    " prefix it holds × `overlap_score_credit` — and `decode_blocks` the KV blocks its running requests hold"
+)
+
+
+def test_the_routers_cost_is_defined_in_one_set_of_words() -> None:
+    """06 defines the cost; 11 and 14, which explain a decision by its parts, say it in the same
+    words and link to 06 — so two notebooks cannot define the same term differently."""
+    explaining = []
+    for notebook in NOTEBOOKS:
+        prose = " ".join(c.source for c in nbformat.read(notebook, 4).cells if c.cell_type == "markdown")
+        if "prefill_blocks" in prose or "prefill_load_scale ×" in prose:
+            explaining.append(notebook.stem[:2])
+            assert COST_PARTS in prose, f"{notebook.name}: say the cost's parts as 06 does: {COST_PARTS}"
+            assert notebook.stem.startswith("06") or "](06_kv_aware_routing.ipynb)" in prose, notebook.name
+    assert {"06", "11", "14"} <= set(explaining), explaining
