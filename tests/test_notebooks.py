@@ -400,3 +400,18 @@ def test_the_routers_cost_is_defined_in_one_set_of_words() -> None:
             assert COST_PARTS in prose, f"{notebook.name}: say the cost's parts as 06 does: {COST_PARTS}"
             assert notebook.stem.startswith("06") or "](06_kv_aware_routing.ipynb)" in prose, notebook.name
     assert {"06", "11", "14"} <= set(explaining), explaining
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_checks_a_reader_reads_are_claims_not_asserts(notebook: Path) -> None:
+    """A visible cell checks with a `claim` line (the sentence and the values it rests on,
+    printed), not an ``assert`` a reader must decode; collapsed cells (helpers, the program's
+    smoke checks) may assert."""
+    asserting = [
+        f"cell {index}: {line.strip()}"
+        for index, cell in enumerate(nbformat.read(notebook, 4).cells)
+        if cell.cell_type == "code" and not cell.metadata.get("jupyter", {}).get("source_hidden", False)
+        for line in cell.source.splitlines()
+        if line.lstrip().startswith("assert ")
+    ]
+    assert not asserting, "\n".join(asserting)
