@@ -9,7 +9,8 @@ import msgpack
 import pytest
 
 from dynamo_nb import Context, DistributedRuntime, EndpointPath, InvalidHandlerError, InvalidNameError
-from dynamo_nb.errors import ConfigError, FrameTooLargeError
+from dynamo_nb.errors import ConfigError, FrameTooLargeError, RemoteHandlerError
+from dynamo_nb.runtime.planes.channel import NOT_READY
 from dynamo_nb.runtime.planes.wire import MAX_FRAME_BYTES, FrameDecoder, encode_prefixed
 from dynamo_nb.runtime.server import adapt_handler
 
@@ -73,6 +74,36 @@ async def test_context_stop_reaches_linked_children_once() -> None:
     assert child.is_stopped() and grandchild.is_stopped()
     assert await grandchild.stopped(timeout=1)
     assert calls == ["child"]
+
+
+@pytest.mark.parametrize("plane", ["inproc", "tcp"])
+async def test_a_stream_hands_over_items_already_received_without_an_await(plane: str) -> None:
+    """`next_ready` gives the items that have arrived, in order, then `NOT_READY`; the stream's
+    end or error stays the ``await``'s to raise, after the items (a relay's burst of tokens)."""
+    async with await DistributedRuntime.create("memory", plane) as rt:
+        release = asyncio.Event()
+
+        async def three(request: dict) -> object:
+            for n in range(3):
+                yield {"n": n}
+            await release.wait()
+            raise ValueError("after the items")
+
+        await rt.endpoint("t.ready.generate").serve(three)
+        client = await rt.endpoint("t.ready.generate").client()
+        await client.wait_for_instances(timeout=5)
+        stream = await client.round_robin({})
+        first = await stream.__anext__()
+        for _ in range(500):  # the other two arrive
+            if stream.ready >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [first, stream.next_ready(), stream.next_ready()] == [{"n": 0}, {"n": 1}, {"n": 2}]
+        assert stream.next_ready() is NOT_READY
+        release.set()
+        with pytest.raises(RemoteHandlerError, match="after the items"):
+            await stream.__anext__()
+        assert stream.next_ready() is NOT_READY
 
 
 async def test_unlinked_child_ignores_parent() -> None:

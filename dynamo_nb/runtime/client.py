@@ -12,7 +12,7 @@ from ..errors import InstanceDownError, InstanceNotFoundError, NoInstancesError,
 from .context import Context
 from .discovery.base import InstanceSet, no_instances_message
 from .instance import Instance, parse_instance_id
-from .planes.channel import StreamChannel
+from .planes.channel import NOT_READY, StreamChannel
 from .suspects import SuspectInstances
 
 if TYPE_CHECKING:
@@ -111,6 +111,21 @@ class ResponseStream:
 
     def __aiter__(self) -> ResponseStream:
         return self
+
+    def next_ready(self) -> Any:
+        """The next item if it has already arrived, else `NOT_READY` (then ``await`` the stream:
+        its end, its error or the next item): a relay reads a burst of tokens without a
+        coroutine per token.
+
+        Example::
+
+            item = stream.next_ready()
+            if item is NOT_READY:
+                item = await stream.__anext__()
+        """
+        if self._state != _OPEN:
+            return NOT_READY
+        return self._channel.pop_item()
 
     async def __anext__(self) -> Any:
         if self._state != _OPEN:

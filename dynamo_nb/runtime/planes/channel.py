@@ -10,9 +10,10 @@ from ...errors import InstanceDownError, RemoteHandlerError, RequestError
 from ..instance import Instance
 from .wire import ErrorCode
 
-__all__ = ["StreamChannel", "error_from_frame"]
+__all__ = ["NOT_READY", "StreamChannel", "error_from_frame"]
 
 _ITEM, _END, _ERROR = 0, 1, 2
+NOT_READY: Any = object()  # `StreamChannel.pop_item`'s answer when no item is queued
 
 
 def error_from_frame(
@@ -92,6 +93,14 @@ class StreamChannel:
                 instance_id=inst.instance_id,
             )
         )
+
+    def pop_item(self) -> Any:
+        """The next item if one is already here, else `NOT_READY` (an end, an error or nothing yet:
+        `next` then says which): a reader takes what is queued without an ``await`` per item."""
+        entries = self._entries
+        if entries and entries[0][0] == _ITEM:
+            return entries.popleft()[1]
+        return NOT_READY
 
     @property
     def ready(self) -> int:
