@@ -192,7 +192,6 @@ async def relay(
     earlier = 0  # tokens streamed by workers that went down (their usage is not in the last one's)
     returned = outcome.returned
     watch = outcome.watch
-    ready = getattr(stream, "next_ready", None)
     while True:
         ids: Sequence[int] = item.get("token_ids") or ()
         count += len(ids)
@@ -220,7 +219,7 @@ async def relay(
                     outcome.cached_tokens = details["cached_tokens"]
             break
         try:
-            item = ready() if ready is not None else NOT_READY  # a queued item: no await for it
+            item = stream.next_ready()  # an item already queued: no await for it
             if item is NOT_READY:
                 item = await stream.__anext__()
         except StopAsyncIteration:
@@ -236,7 +235,6 @@ async def relay(
             # a unary answer's headers and the last chunk's nvext say who carried it on
             outcome.served_by(moved.stream, moved.plan, moved.decision, moved.watch)
             item, stream, earlier, watch = moved.first, moved.stream, count, moved.watch
-            ready = getattr(stream, "next_ready", None)
             continue
         except RequestError as exc:
             outcome.error = str(exc)

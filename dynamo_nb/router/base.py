@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import InvalidRequestError, RequestError
 from ..llm.protocol import PreprocessedRequest
+from ..runtime.planes.channel import NOT_READY
 from .decision import NO_TICKET, Candidate, RoutingDecision, RoutingTicket
 
 if TYPE_CHECKING:
@@ -282,6 +283,14 @@ class RoutedStream:
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
+
+    def next_ready(self) -> Any:
+        """The next item if it has already arrived, else `NOT_READY` (`ResponseStream.next_ready`)."""
+        item = self._stream.next_ready()
+        if self._on_first is not None and item is not NOT_READY:
+            self._on_first(self.route)
+            self._on_first = None
+        return item
 
     async def __anext__(self) -> Any:
         try:
