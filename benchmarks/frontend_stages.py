@@ -85,7 +85,7 @@ STAGES = (
                              ("runtime/bounded_decode.py", ".*"), ("runtime/planes/channel.py", ".*"),
                              ("runtime/planes/wire.py", "feed|_decode.*|unpack.*"),
                              ("runtime/planes/tcp.py", "data_received|_dispatch"), ("runtime/streams.py", ".*"),
-                             ("runtime/client.py", "__anext__|_next.*")),
+                             ("runtime/client.py", "__anext__|_?next.*")),
           per_token=True),
     Stage("encode and send", (("runtime/", ".*"),)),
     Stage("validate", (("frontend/openai.py", ".*"), ("llm/limits.py", ".*"), ("frontend/pipeline.py", "check_.*"))),
