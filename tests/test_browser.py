@@ -3,8 +3,8 @@
 For each notebook: open it, clear its outputs, run all cells, then check what a reader sees —
 no error outputs, no traceback or unretrieved task error in any output or launch log box, nothing
 printed to stderr, every widget rendered (no "Error displaying widget" / "Loading widget..."),
-every chart an image, every Mermaid diagram rendered (none showing Mermaid's parse error instead)
-— and that shutting the kernel down from JupyterLab stops every process
+every chart an image, every Mermaid diagram rendered (none showing Mermaid's parse error instead),
+every launch log box's status true to its process (a killed worker reads ``exited -9``) — and that shutting the kernel down from JupyterLab stops every process
 the notebook launched (the test leaves one running on purpose first). A screenshot of every
 viewport, top to bottom, goes to ``notebooks/build/browser/`` (``01_runtime_basics-00.png``…).
 
@@ -22,6 +22,7 @@ every link of every notebook to a file is clicked and must open that file.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -36,6 +37,7 @@ from typing import Any
 
 import pytest
 from helpers import NEEDS_DYNAMO, NEEDS_VLLM, ROOT, free_port, pid_alive
+from logbox_check import log_box_disagreements
 from mermaid_check import SAMPLES, mermaid_problems
 
 CHROMIUM_CANDIDATES = ("/usr/lib/chromium/chromium", "/usr/bin/chromium", "/usr/bin/chromium-browser")
@@ -193,6 +195,12 @@ EXECUTE = f"""async code => {{
 }}"""
 # A process launched the way the notebooks launch theirs, left running on purpose; and the
 # kernel's Python (the notebooks ran in the venv JupyterLab was started from).
+# How each process the notebook launched ended ("exited -9", "stopped"), or None while it runs.
+LAUNCH_ENDS = """
+import json as _json
+from dynamo_nb.launch import launcher as _launcher
+print(_json.dumps({**{p.pid: None for p in _launcher._LAUNCHED.values()}, **_launcher._ENDED}))
+"""
 LEAVE_ONE_RUNNING = """
 import os, sys
 from dynamo_nb import launch
@@ -371,6 +379,9 @@ def test_notebook_runs_in_jupyterlab(name: str, lab: dict[str, Any], browser: An
         for bad in ("Traceback (most recent call last)", "was never retrieved"):  # outputs and log boxes
             at = text.find(bad)
             assert at < 0, f"{name}: {bad!r} shown: {text[max(0, at - 300) : at + 600]}"
+        ends = {int(pid): how for pid, how in json.loads(page.evaluate(EXECUTE, LAUNCH_ENDS)).items()}
+        boxes = log_box_disagreements(text, ends)
+        assert not boxes, f"{name}: a launch log box disagrees with its process: {boxes}"
         noise = stderr_noise(name, outputs)
         assert not noise, f"{name}: printed to stderr (red in an output): {noise[:10]}"
         diagrams = diagram_problems(page, cells)

@@ -16,6 +16,7 @@ from helpers import ECHO_WORKER, ROOT, group_gone, pid_alive, pid_gone, until
 
 import dynamo_nb
 from dynamo_nb import ConfigError, DistributedRuntime, LaunchError, LocalServices, launch, launched
+from dynamo_nb.launch import launcher
 
 CHATTY = ROOT / "tests" / "programs" / "chatty.py"
 
@@ -68,6 +69,8 @@ async def test_the_log_view_ends_with_the_real_exit_of_a_killed_program(
     stopped = await launch(CHATTY, "--ready-after", "0", name="stopped", log_dir=tmp_path)
     await stopped.stop()
     assert "[stopped] -- stopped" in capsys.readouterr().out.splitlines()
+    # the record the browser test holds the log boxes to, kept after stop
+    assert (launcher._ENDED[killed.pid], launcher._ENDED[stopped.pid]) == ("exited -9", "stopped")
 
 
 async def test_a_program_that_is_never_ready_times_out_with_its_last_lines(tmp_path: Path) -> None:
@@ -307,3 +310,21 @@ async def test_a_launched_program_starts_with_the_signal_dispositions_of_a_termi
             assert not ignored & (1 << (signum - 1)), (signal.Signals(signum).name, line)
     finally:
         await shell.stop()
+
+
+def test_the_browser_check_of_log_boxes_fails_on_a_status_that_disagrees() -> None:
+    """What the browser test applies to the page after Run All: a killed process shown ``closed``
+    (the launcher read its status before it was reaped), a running one shown as exited and a stopped
+    one shown as exited all fail; the true titles pass."""
+    from logbox_check import log_box_disagreements
+
+    page = "prefill · pid 11 · closed\ndecode · pid 12 · host h1 · exited 0\nfront · pid 13 · exited 0\n"
+    ends = {11: "exited -9", 12: None, 13: "stopped"}
+    assert log_box_disagreements(page, ends) == [
+        "pid 11's log box says 'closed', the process exited -9",
+        "pid 12's log box says 'exited 0', the process still runs",
+        "pid 13's log box says 'exited 0', the process stopped",
+    ]
+    truthful = "prefill · pid 11 · exited -9\ndecode · pid 12 · host h1 · ready after 1.2 s\nfront · pid 13 · stopped\n"
+    assert log_box_disagreements(truthful, ends) == []
+    assert log_box_disagreements("old · pid 99 · closed\n", ends) == []  # a pid not known is not judged

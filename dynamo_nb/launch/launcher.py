@@ -70,6 +70,16 @@ DEFAULT_READY_PATTERN = r"^READY\b"
 """Our components print ``READY …`` once they serve; `launch` waits for such a line."""
 
 _LAUNCHED: dict[int, ManagedProcess] = {}  # pid → process; held strongly so exit clean-up finds it
+# pid → how each launched process ended ("exited -9", "stopped"), the last _ENDED_KEPT of them:
+# what its log view must end with (the browser test holds the two together)
+_ENDED: dict[int, str] = {}
+_ENDED_KEPT = 1000
+
+
+def _record_end(pid: int, how: str) -> None:
+    _ENDED.setdefault(pid, how)
+    while len(_ENDED) > _ENDED_KEPT:
+        del _ENDED[next(iter(_ENDED))]
 
 
 class ManagedProcess:
@@ -186,6 +196,7 @@ class ManagedProcess:
         self._exit_watcher, self._pidfd = loop, fd
 
     def _on_exit(self) -> None:
+        _record_end(self.pid, "stopped" if self._stopped else f"exited {self._process.poll()}")
         self._unwatch_exit()
         self._exited.set()
         self._changed.set()
@@ -207,6 +218,7 @@ class ManagedProcess:
         """
         self._stopped = True
         code = await asyncio.to_thread(stop_group, self._process, timeout)
+        _record_end(self.pid, "stopped")  # unless its exit was seen before
         self._unwatch_exit()
         await self._drain()
         _LAUNCHED.pop(self.pid, None)
