@@ -396,3 +396,28 @@ def test_instances_are_counted_on_dynamos_health_too() -> None:
         "instances": [{"model": "tiny-llama", "instance_id": "a"}, {"model": "other", "instance_id": "b"}]
     }
     assert _instances_serving(ours, "tiny-llama", ["tiny-llama", "other"]) == 1
+
+
+def test_spread_gives_each_labels_median_per_repeat_and_the_range() -> None:
+    """Two labels, three repeats: the table holds each repeat's median TTFT (failed requests left out),
+    their median, low and high; the chart draws a bar at that median with a whisker over the range."""
+    from dynamo_nb.bench import spread, spread_chart
+
+    rows = []
+    for repeat, (fast, slow) in enumerate([(10, 30), (12, 33), (11, 40)]):
+        for label, ms in (("kv", fast), ("round-robin", slow)):
+            rows += [
+                {"label": label, "repeat": repeat, "ttft_s": (ms + d) / 1000, "error": None}
+                for d in (-1, 0, 1)
+            ]
+    rows.append({"label": "kv", "repeat": 0, "ttft_s": 9.0, "error": "boom"})  # left out
+    df = pd.DataFrame(rows)
+    table = spread(df)
+    assert table.loc["kv", [0, 1, 2]].tolist() == pytest.approx([10, 12, 11])
+    assert table.loc["round-robin", ["median_ms", "low_ms", "high_ms"]].tolist() == pytest.approx(
+        [33, 30, 40]
+    )
+    chart = spread_chart(df)
+    assert [bar.get_height() for bar in chart.axes[0].patches] == pytest.approx([11, 33])
+    with pytest.raises(ConfigError, match="assign"):
+        spread(df.drop(columns="repeat"))

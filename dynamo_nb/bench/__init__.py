@@ -53,6 +53,7 @@ from .charts import (
     per_worker_chart,
     profile_chart,
     slo_chart,
+    spread_chart,
     throughput_chart,
     ttft_itl_chart,
 )
@@ -70,7 +71,7 @@ from .prompts import (
 from .runner import run, wait_for_model
 from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .slo import SLO, max_rate_within_slo, slo_attainment
-from .stats import load_json, save_csv, save_json, summary
+from .stats import load_json, save_csv, save_json, spread, summary
 from .trace_runner import run_trace
 from .traces import read_trace, save_trace, synthetic_trace, trace_token_ids, unseen_blocks
 
@@ -107,6 +108,8 @@ __all__ = [
     "shared_prefix_prompts",
     "slo_attainment",
     "slo_chart",
+    "spread",
+    "spread_chart",
     "summary",
     "synthetic_trace",
     "throughput_chart",

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from ..engines.mocker_timing import ProfiledTiming
 from ..errors import ConfigError
 from .slo import SLO, slo_attainment
-from .stats import level_column, level_summary
+from .stats import level_column, level_summary, spread
 
 __all__ = [
     "CHARTS",
@@ -36,6 +36,7 @@ __all__ = [
     "per_worker_chart",
     "profile_chart",
     "slo_chart",
+    "spread_chart",
     "throughput_chart",
     "ttft_itl_chart",
 ]
@@ -409,6 +410,34 @@ def path_chart(df: pd.DataFrame) -> Chart:
         ax.set_title(f"{title} by path (ms; p50, whisker to p99)")
         ax.set_ylabel("ms")
         ax.grid(True, axis="y", alpha=0.3)
+    return figure
+
+
+def spread_chart(df: pd.DataFrame, metric: str = "ttft", repeat: str = "repeat") -> Chart:
+    """Each label's median ``metric`` (``ttft`` or ``e2e``) over repeats of a comparison: a bar at
+    the median of the repeats' medians, a whisker from the lowest to the highest, a dot per repeat
+    (`spread` gives the numbers). Whiskers that do not overlap: a difference beyond the noise.
+
+    Example::
+
+        bench.spread_chart(df)  # df: several labels, each request tagged with its repeat
+    """
+    table = spread(df, metric, repeat)
+    figure, (ax,) = _chart(1, width=6.0)
+    labels = [str(label) for label in table.index]
+    colors = [c for c, _ in zip(_colors(), labels, strict=False)]
+    middle, low, high = table["median_ms"], table["low_ms"], table["high_ms"]
+    ax.bar(labels, middle, color=colors, alpha=0.6)
+    ax.errorbar(labels, middle, yerr=[middle - low, high - middle], fmt="none", ecolor="black", capsize=6)
+    repeats = [c for c in table.columns if c not in ("median_ms", "low_ms", "high_ms")]
+    for x, label in enumerate(table.index):
+        ax.plot([x] * len(repeats), table.loc[label, repeats], "o", color="black", markersize=3)
+    ax.set_title(
+        f"median {metric.upper()} per repeat (ms): bar the median, whisker the range, n={len(repeats)}"
+    )
+    ax.set_ylabel("ms")
+    ax.set_ylim(0, float(high.max()) * 1.15)
+    ax.grid(True, axis="y", alpha=0.3)
     return figure
 
 

@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..errors import ConfigError
 from .records import records_frame
 
-__all__ = ["PERCENTILES", "level_column", "load_json", "save_csv", "save_json", "summary"]
+__all__ = ["PERCENTILES", "level_column", "load_json", "save_csv", "save_json", "spread", "summary"]
 
 PERCENTILES = (50, 90, 99)
 
@@ -27,6 +28,33 @@ def _percentiles(values: np.ndarray, name: str) -> dict[str, float]:
 def level_column(df: pd.DataFrame) -> str:
     """``"rate"`` for a rate sweep (open loop), else ``"concurrency"``."""
     return "rate" if "rate" in df and df["rate"].notna().any() else "concurrency"
+
+
+def spread(df: pd.DataFrame, metric: str = "ttft", repeat: str = "repeat") -> pd.DataFrame:
+    """Each label's median ``metric`` (``ttft`` or ``e2e``, in ms) in every repeat of a comparison,
+    and their spread: one row per label, a column per repeat, then ``median_ms`` (of the repeats'
+    medians), ``low_ms`` and ``high_ms`` (the lowest and highest). Two labels whose ranges do not
+    overlap differ by more than the run-to-run noise these repeats saw. Failed requests are left out.
+
+    Example::
+
+        frames = [(await bench.run(url, model, label=mode, ...)).assign(repeat=r)
+                  for r in range(3) for mode, url in frontends.items()]
+        bench.spread(pd.concat(frames))  # label × repeat medians, median_ms, low_ms, high_ms
+    """
+    column = f"{metric}_s"
+    missing = [name for name in (column, repeat, "label") if name not in df]
+    if missing:
+        raise ConfigError(
+            f"spread needs the columns {missing}: tag each run's rows with .assign({repeat}=...)"
+        )
+    ok = df[df["error"].isna()] if "error" in df else df
+    table = ok.groupby(["label", repeat], sort=False)[column].median().mul(1000.0).unstack(repeat)
+    repeats = table.columns
+    table["median_ms"] = table[repeats].median(axis=1)
+    table["low_ms"] = table[repeats].min(axis=1)
+    table["high_ms"] = table[repeats].max(axis=1)
+    return table
 
 
 def group_keys(df: pd.DataFrame) -> list[str]:
