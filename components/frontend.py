@@ -21,8 +21,7 @@ import sys
 from dynamo_nb import DistributedRuntime
 from dynamo_nb.flags import frontend_parser
 from dynamo_nb.frontend import Frontend, check_frontend_args
-from dynamo_nb.frontend.policy_sync import GROUP_ENV
-from dynamo_nb.frontend.replicas import start_http_replicas, stop_http_replicas
+from dynamo_nb.frontend.replicas import start_frontend_replicas, stop_http_replicas
 from dynamo_nb.notebook.component_program import load_router_policy
 from dynamo_nb.runtime import (
     announce_ready,
@@ -57,9 +56,7 @@ async def main(argv: list[str] | None = None) -> int:
     shutdown_on_signals(runtime)
     # --http-workers N: N - 1 more processes like this one listen on the same port
     # (with the admin API they join this process's policy group: a change reaching one reaches all)
-    sync = frontend.models.policy_sync
-    group = {GROUP_ENV: sync.group} if sync is not None else None
-    replicas = await start_http_replicas(__file__, argv, frontend.port, args.http_workers - 1, env=group)
+    replicas = await start_frontend_replicas(frontend, __file__, argv)
     announce_ready("frontend", url=frontend.url)
 
     await runtime.wait_closed()

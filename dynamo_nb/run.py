@@ -22,6 +22,8 @@ Example::
 from __future__ import annotations
 
 import argparse
+import functools
+import sys
 from typing import TYPE_CHECKING, Any
 
 from . import flags
@@ -87,6 +89,7 @@ async def run(argv: list[str] | None = None) -> int:
     from .frontend.config import check_frontend_args
     from .notebook.component_program import load_router_policy
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = run_parser().parse_args(argv)
     configure_logging(args.log_level)
     in_path = _dyn_path(args.input, "--in")
@@ -112,6 +115,12 @@ async def run(argv: list[str] | None = None) -> int:
         raise ConfigError(
             "--in http --out ENGINE runs in one process with memory discovery: drop --discovery"
         )
+    if in_path is None and out_path is None and args.http_workers > 1:
+        raise ConfigError(
+            f"--http-workers {args.http_workers} starts more frontend processes on one port, and --out "
+            f"{args.output} runs its engine in this one (each would start its own): serve the engine "
+            f"apart (--in dyn://NS.COMP.EP --out {args.output}) and give this frontend --out dyn://NS.COMP.EP"
+        )
 
     # --router-policy FILE[:NAME]: loaded (and checked) before anything starts
     policy = load_router_policy(args.router_policy) if in_path is None and args.router_policy else None
@@ -123,7 +132,7 @@ async def run(argv: list[str] | None = None) -> int:
         if out_path is None:
             model_name = await _start_worker(runtime, args, closers)
         if in_path is None:
-            await _start_frontend(runtime, args, policy, out_path, closers, wait_for=model_name)
+            await _start_frontend(runtime, args, argv, policy, out_path, closers, wait_for=model_name)
         await runtime.wait_closed()
     finally:
         for close in reversed(closers):
@@ -179,13 +188,16 @@ async def _start_worker(runtime: DistributedRuntime, args: argparse.Namespace, c
 async def _start_frontend(
     runtime: DistributedRuntime,
     args: argparse.Namespace,
+    argv: list[str],
     policy: PickFunction | None,
     out_path: EndpointPath | None,
     closers: list[Any],
     wait_for: str | None,
 ) -> None:
-    """Start the frontend; prints its READY line once ``wait_for`` (the in-process model) is served."""
+    """Start the frontend, and its replicas with ``--http-workers N`` (this command again, ``argv``,
+    on its port); prints its READY line once ``wait_for`` (the in-process model) is served."""
     from .frontend import Frontend, FrontendConfig
+    from .frontend.replicas import start_frontend_replicas, stop_http_replicas
 
     only = str(out_path) if out_path is not None and not runtime.is_static else None
     # the model flags are the in-process worker's unless the frontend serves one in static mode
@@ -193,6 +205,8 @@ async def _start_frontend(
     config = FrontendConfig.from_args(args, **static)
     frontend = await Frontend.start(runtime, config, router_policy=policy, only_endpoint=only)
     closers.append(frontend.stop)
+    replicas = await start_frontend_replicas(frontend, "-m", ["dynamo_nb", "run", *argv])
+    closers.append(functools.partial(stop_http_replicas, replicas))
     if wait_for is not None:
         await frontend.wait_for_model(wait_for, timeout=30)
     models = ",".join(m.name for m in frontend.models.live_models())

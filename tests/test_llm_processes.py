@@ -18,6 +18,7 @@ import openai
 import pytest
 from helpers import FRONTEND, HF_WORKER, ROOT, RuntimeFactory, collect, free_port, metric_value, pid_gone
 
+from dynamo_nb import ConfigError
 from dynamo_nb.llm import ModelTokenizer
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(120)]
@@ -250,7 +251,17 @@ async def test_readme_command_one_serves_and_answers_curl(start_worker: Any) -> 
         assert await asyncio.wait_for(process.wait(), 10) == 0
 
 
-async def test_http_workers_share_the_port_and_stop_together(services: Any, start_worker: Any) -> None:
+# a frontend as components/frontend.py runs it, and as `python -m dynamo_nb run` does (frontend only)
+FRONTEND_COMMANDS = {
+    "components/frontend.py": (FRONTEND, []),
+    "dynamo_nb run": ("-m", ["dynamo_nb", "run", "--in", "http", "--out", "dyn://dynamo.backend.generate"]),
+}
+
+
+@pytest.mark.parametrize("command", FRONTEND_COMMANDS)
+async def test_http_workers_share_the_port_and_stop_together(
+    command: str, services: Any, start_worker: Any
+) -> None:
     """``--http-workers 2``: two frontend processes on one port (SO_REUSEPORT), each with its own
     routers; connections spread between them; both stop with the first."""
     etcd = ["--discovery", services.etcd_url]
@@ -258,7 +269,10 @@ async def test_http_workers_share_the_port_and_stop_together(services: Any, star
         *etcd, "--model-name", "mock", "--speedup-ratio", "1000", script=ROOT / "components/mocker_worker.py"
     )
     port = free_port()
-    frontend = await start_worker(*etcd, "--http-port", str(port), "--http-workers", "2", script=FRONTEND)
+    program, leading = FRONTEND_COMMANDS[command]
+    frontend = await start_worker(
+        *leading, *etcd, "--http-port", str(port), "--http-workers", "2", script=program
+    )
     url = f"http://127.0.0.1:{port}"
     replicas = [pid for pid in child_pids(frontend.pid) if "reaper.py" not in cmdline(pid)]
     assert len(replicas) == 1, replicas  # and the frontend's reaper, which stops it if need be
@@ -311,3 +325,12 @@ def child_pids(parent: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
                 children.append(int(entry.name))
     return children
+
+
+async def test_http_workers_with_an_engine_in_the_same_process_is_refused() -> None:
+    """``dynamo_nb run --out echo --http-workers 2`` would start an engine per process: refused,
+    naming how to split them."""
+    from dynamo_nb.run import run
+
+    with pytest.raises(ConfigError, match=r"--http-workers 2 .* serve the engine apart \(--in dyn://"):
+        await run(["--in", "http", "--out", "echo", "--http-workers", "2"])

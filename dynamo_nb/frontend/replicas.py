@@ -13,10 +13,33 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..launch import ManagedProcess, launch
+from .policy_sync import GROUP_ENV
 
-__all__ = ["start_http_replicas", "stop_http_replicas"]
+if TYPE_CHECKING:
+    from .app import Frontend
+
+__all__ = ["start_frontend_replicas", "start_http_replicas", "stop_http_replicas"]
+
+
+async def start_frontend_replicas(
+    frontend: Frontend, program: str, argv: Sequence[str]
+) -> list[ManagedProcess]:
+    """``--http-workers N``: N - 1 more processes running ``program`` with ``argv`` (the command
+    that started ``frontend``) on its port, in its policy group when it has the admin API (a
+    change reaching one reaches all); none when N is 1.
+
+    Example::
+
+        replicas = await start_frontend_replicas(frontend, __file__, sys.argv[1:])
+    """
+    sync = frontend.models.policy_sync
+    group = {GROUP_ENV: sync.group} if sync is not None else None
+    return await start_http_replicas(
+        program, argv, frontend.port, frontend.config.http_workers - 1, env=group
+    )
 
 
 async def start_http_replicas(
