@@ -235,16 +235,21 @@ LONG, SHORT = 256, 1  # tokens per stream of part 4
 PER_TOKEN_CONCURRENCY = 128
 
 
-async def stream_tokens(http: aiohttp.ClientSession, url: str, tokens: int) -> None:
-    """One streamed chat request of ``tokens`` tokens, read to its end (a token without text,
-    such as the echoed chat template's markers, sends no event)."""
-    body = {
+def stream_body(tokens: int, messages: Any = MESSAGES) -> dict[str, Any]:
+    """A streamed chat request's body for ``tokens`` tokens of ``messages``' answer."""
+    return {
         "model": "tiny-llama",
-        "messages": MESSAGES,
+        "messages": messages,
         "max_tokens": tokens,
         "ignore_eos": True,
         "stream": True,
     }
+
+
+async def stream_tokens(http: aiohttp.ClientSession, url: str, tokens: int, messages: Any = MESSAGES) -> None:
+    """One streamed chat request of ``tokens`` tokens, read to its end (a token without text,
+    such as the echoed chat template's markers, sends no event)."""
+    body = stream_body(tokens, messages)
     async with http.post(f"{url}/v1/chat/completions", json=body) as response:
         if response.status != 200:
             raise RuntimeError(await response.text())

@@ -43,7 +43,7 @@ import aiohttp
 import psutil
 from _harness import RESULTS, machine
 from frontend_ab import cpu_ns
-from frontend_overhead import free_port, start, throughput, wait_for_model
+from frontend_overhead import free_port, start, stream_body, stream_tokens, throughput, wait_for_model
 
 from dynamo_nb import LocalServices, ManagedProcess, bench
 
@@ -102,43 +102,18 @@ def tree_cpu_ns(pid: int) -> int:
     return sum(cpu_ns(process) for process in tree(pid))
 
 
-async def stream(http: aiohttp.ClientSession, url: str, messages: Any, tokens: int) -> None:
-    """One streamed chat request, read to its ``[DONE]``."""
-    body = {
-        "model": "tiny-llama",
-        "messages": messages,
-        "max_tokens": tokens,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(await response.text())
-        last = b""
-        async for line in response.content:
-            last = line if line.strip() else last
-    if last.strip() != b"data: [DONE]":
-        raise RuntimeError(f"{url} ended a stream without [DONE]")
-
-
 async def python_client(
     http: aiohttp.ClientSession, url: str, messages: Any, tokens: int, requests: int
 ) -> tuple[float, int]:
     """``requests`` requests at `CONCURRENCY` from this process: (requests/s, requests)."""
-    call = functools.partial(stream, http, url, messages, tokens)
+    call = functools.partial(stream_tokens, http, url, tokens, messages)
     return await throughput(call, CONCURRENCY, requests), requests
 
 
 async def wrk_client(url: str, messages: Any, tokens: int, seconds: float) -> tuple[float, int]:
     """wrk (one thread, on core 1 as this process) for ``seconds``: (requests/s, requests); its CPU
     shows in this process's children's usage once it is reaped."""
-    body = {
-        "model": "tiny-llama",
-        "messages": messages,
-        "max_tokens": tokens,
-        "ignore_eos": True,
-        "stream": True,
-    }
+    body = stream_body(tokens, messages)
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "body.json").write_text(json.dumps(body))
         script = Path(folder) / "post.lua"
