@@ -421,3 +421,23 @@ def test_spread_gives_each_labels_median_per_repeat_and_the_range() -> None:
     assert [bar.get_height() for bar in chart.axes[0].patches] == pytest.approx([11, 33])
     with pytest.raises(ConfigError, match="assign"):
         spread(df.drop(columns="repeat"))
+
+
+def test_rates_over_repeated_runs_count_each_runs_time_once() -> None:
+    """Two runs of one level tagged with ``repeat`` (each run's ``sent_s`` from its own start):
+    requests/s and tokens/s are all their requests over the sum of the two runs' spans, not over
+    the longer span alone (which would count the requests of both against one run's time)."""
+    from dynamo_nb.bench.stats import level_duration
+
+    def run(repeat: int, seconds: float) -> list[dict]:
+        return [
+            {"label": "m", "concurrency": 1, "repeat": repeat, "sent_s": i * seconds / 4, "e2e_s": seconds / 4,
+             "ttft_s": 0.01, "itl_s": [], "output_tokens": 10, "error": None}
+            for i in range(4)
+        ]  # fmt: skip
+
+    both = pd.DataFrame(run(0, 1.0) + run(1, 2.0))
+    assert level_duration(both) == pytest.approx(3.0)
+    row = summary(both).iloc[0]
+    assert row["req_per_s"] == pytest.approx(8 / 3.0) and row["output_tok_per_s"] == pytest.approx(80 / 3.0)
+    assert level_duration(both.drop(columns="repeat")) == pytest.approx(2.0)  # untagged: one span

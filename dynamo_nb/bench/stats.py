@@ -65,9 +65,13 @@ def group_keys(df: pd.DataFrame) -> list[str]:
 
 
 def level_duration(group: pd.DataFrame) -> float:
-    """Seconds from a level's first send to its last answer (NaN for no requests)."""
+    """Seconds from a level's first send to its last answer (NaN for no requests). Rows of several
+    runs tagged with a ``repeat`` column (each run's ``sent_s`` counts from its own start) take the
+    sum of each run's span, so rates over them are their requests over the time they ran."""
     if not len(group):
         return math.nan
+    if "repeat" in group and group["repeat"].nunique() > 1:
+        return float(sum(level_duration(run.drop(columns="repeat")) for _, run in group.groupby("repeat")))
     return float((group["sent_s"] + group["e2e_s"]).max() - group["sent_s"].min())
 
 
