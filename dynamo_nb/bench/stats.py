@@ -122,7 +122,9 @@ def summary(df: pd.DataFrame) -> pd.DataFrame:
     One row per concurrency level or request rate (per label and level when ``df`` holds
     several labels).
     Percentiles count successful requests only; throughput is successful requests (and
-    their output tokens) over the level's wall time, first send to last answer.
+    their output tokens) over the level's wall time, first send to last answer. Several runs
+    of one label and level concatenated: tag each run's rows with ``.assign(repeat=i)`` (each
+    run's times count from its own start), and the wall time is the sum of the runs'.
 
     Example::
 
