@@ -465,6 +465,19 @@ async def test_least_loaded_routing_counts_what_a_server_runs_for_others(tmp_pat
         await fleet.stop()
 
 
+def test_others_on_a_server_are_counted_at_the_moments_they_were_read() -> None:
+    """A worker reads its server's /metrics now and then, and the router asks the worker later: a
+    request of the kit that ran when the server was read and ended before the answer is not
+    someone else's; clients outside the kit and other frontends' requests are."""
+    from dynamo_nb.router.server_load import ServerLoad
+
+    stats = {"server_running": 1.0, "server_waiting": 0.0, "active": 0, "active_at_check": 1}
+    assert ServerLoad.from_stats(stats, routed=0, at=0.0).others == 0  # ours, read before it ended
+    assert ServerLoad(running=5, routed=1, active=1, active_at_check=1).others == 4  # outside the kit
+    assert ServerLoad(running=3, routed=1, active=3, active_at_check=3).others == 2  # other frontends'
+    assert ServerLoad(running=6, waiting=2, routed=3).others == 5  # a worker that does not say: as before
+
+
 def reuse_funnel(metrics: str) -> dict[str, float]:
     """The frontend's KV reuse funnel (prompt tokens by stage) from its /metrics."""
     funnel = {}

@@ -225,6 +225,7 @@ class UpstreamEngine(RelayedKvEvents):
         self.failed_total = 0
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.server_load: dict[str, float] = {}  # read at each `watch` check
+        self.active_at_check = 0  # requests in flight through this engine when it was read
         self._client = LeanHttpClient(headers=self._headers or None)
         self._said_text_only = False
 
@@ -329,12 +330,16 @@ class UpstreamEngine(RelayedKvEvents):
         return asyncio.get_running_loop().create_task(self._watch(server, interval), name="upstream-watch")
 
     async def read_load(self, timeout: float = 2.0) -> dict[str, float]:
-        """The server's load now, from its ``/metrics`` ({} where it has none of `SERVER_LOAD`)."""
+        """The server's load now, from its ``/metrics`` ({} where it has none of `SERVER_LOAD`);
+        ``active_at_check`` keeps how many of its requests came through this engine then (the
+        most in flight while the server was read: a request that ended meanwhile may be counted)."""
+        before = self.active
         try:
             status, raw = await fetch(f"{self.url}/metrics", headers=self._headers or None, timeout=timeout)
         except (ConnectionError, TimeoutError):
             return {}
         self.server_load = server_load(raw.decode(errors="replace")) if status == 200 else {}
+        self.active_at_check = max(before, self.active)
         return self.server_load
 
     async def _watch(self, server: Any, interval: float) -> None:
@@ -587,7 +592,8 @@ class UpstreamEngine(RelayedKvEvents):
     def stats(self) -> dict[str, Any]:
         """Requests sent, refused (4xx) and failed, in flight now, KV events relayed, the server's
         URL and its own load as its ``/metrics`` said at the last check (``server_running`` …;
-        a series it does not have yet, such as one labelled by a model not asked for, is absent)."""
+        a series it does not have yet, such as one labelled by a model not asked for, is absent),
+        and how many requests this engine had in flight then (``active_at_check``)."""
         return {
             "requests": self.requests_total,
             "refused": self.refused_total,
@@ -596,6 +602,7 @@ class UpstreamEngine(RelayedKvEvents):
             "kv_events_relayed": self.kv_events_relayed,
             "server_url": self.url,  # a server's figures follow (none yet: it runs nothing known)
             **{f"server_{what}": value for what, value in self.server_load.items()},
+            "active_at_check": self.active_at_check,  # of those figures, what came through this engine
         }
 
     async def close(self) -> None:

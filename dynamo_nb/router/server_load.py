@@ -43,12 +43,16 @@ STATS_ENDPOINT = "stats"
 @dataclass(frozen=True)
 class ServerLoad:
     """One answer of an instance's server: requests running and waiting, the share of its KV
-    cache in use and its size in blocks (None where the server does not say), and the
-    requests this router had in flight there when the answer came.
+    cache in use and its size in blocks (None where the server does not say), the requests
+    this router had in flight there when the answer came, and, where the worker says, the
+    requests the worker had in flight when it read the server (``active_at_check``) and when it
+    answered (``active``).
 
     Example:
         >>> ServerLoad(running=6, waiting=2, routed=3).others
         5
+        >>> ServerLoad(running=1, routed=0, active=0, active_at_check=1).others  # read before ours ended
+        0
     """
 
     running: float = 0.0
@@ -57,11 +61,22 @@ class ServerLoad:
     kv_blocks: int | None = None
     routed: int = 0
     at: float = 0.0
+    active: int | None = None
+    active_at_check: int | None = None
 
     @property
     def others(self) -> int:
-        """Requests the server runs or queues that this router did not send (never below 0)."""
-        return max(round(self.running + self.waiting) - self.routed, 0)
+        """Requests the server runs or queues that this router did not send (never below 0).
+
+        Where the worker says what it had in flight, two parts, each counted at one moment: what
+        the server ran beyond the worker's requests when it was read (its clients outside the
+        kit), and the worker's requests now beyond this router's (other frontends'). Else the
+        server's figures less this router's requests now, which is wrong by the requests that
+        started or ended since the server was read."""
+        total = round(self.running + self.waiting)
+        if self.active is None or self.active_at_check is None:
+            return max(total - self.routed, 0)
+        return max(total - self.active_at_check, 0) + max(self.active - self.routed, 0)
 
     @property
     def blocks_in_use(self) -> float | None:
@@ -83,7 +98,14 @@ class ServerLoad:
             kv_blocks=None if blocks is None else int(blocks),
             routed=routed,
             at=at,
+            active=_count(stats.get("active")),
+            active_at_check=_count(stats.get("active_at_check")),
         )
+
+
+def _count(value: Any) -> int | None:
+    """A count a worker's stats gave (None where it gave none, or not a number)."""
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class ServerLoads:
