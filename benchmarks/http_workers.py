@@ -20,7 +20,8 @@ Two loads, closed loop at concurrency 64, streamed chat requests:
 Per load and frontend: requests/s, the frontend's CPU per request (every thread of every one of
 its processes, ``/proc/PID/task/*/schedstat``) and the ratio of the two frontends' requests/s.
 
-    python benchmarks/http_workers.py [--requests 3000] [--rounds 3]
+    pip install -e ".[bench]"   # psutil; wrk (Debian: apt install wrk) is used when on PATH
+    python benchmarks/http_workers.py [--requests 3000] [--rounds 3] [--client wrk|python]
 """
 
 from __future__ import annotations
