@@ -199,7 +199,8 @@ EXECUTE = f"""async code => {{
 LAUNCH_ENDS = """
 import json as _json
 from dynamo_nb.launch import launcher as _launcher
-print(_json.dumps({**{p.pid: None for p in _launcher._LAUNCHED.values()}, **_launcher._ENDED}))
+_now = {p.pid: None if p.running else f"exited {p.returncode}" for p in _launcher._LAUNCHED.values()}
+print(_json.dumps({**_now, **_launcher._ENDED}))
 """
 LEAVE_ONE_RUNNING = """
 import os, sys
