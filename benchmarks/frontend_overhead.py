@@ -68,6 +68,27 @@ async def wait_for_model(http: aiohttp.ClientSession, url: str, name: str) -> No
     raise RuntimeError(f"{name} never appeared at {url}")
 
 
+ECHO = "dyn://bench.echo.generate"  # the echo worker the frontend benchmarks serve
+
+
+async def start_echo(etcd: list[str]) -> ManagedProcess:
+    """The echo worker at `ECHO` (a zero-cost engine), once it serves."""
+    return await start("-m", "dynamo_nb", "run", "--in", ECHO, "--out", "echo", *etcd)
+
+
+async def start_echo_frontend(
+    http: aiohttp.ClientSession, etcd: list[str], *flags: str
+) -> tuple[ManagedProcess, str]:
+    """A frontend process on `ECHO` with ``flags`` on a free port: it and its URL, once it serves the model."""
+    port = free_port()
+    frontend = await start(
+        "-m", "dynamo_nb", "run", "--in", "http", "--out", ECHO, *etcd, "--http-port", str(port), *flags
+    )
+    url = f"http://127.0.0.1:{port}"
+    await wait_for_model(http, url, "tiny-llama")
+    return frontend, url
+
+
 async def via_frontend(http: aiohttp.ClientSession, url: str, model: str) -> tuple[float, float, int]:
     """One streamed chat request: (TTFT, end-to-end, completion tokens from the usage chunk).
 
@@ -173,25 +194,9 @@ async def main(requests: int) -> dict[str, Any]:
         programs.clear()
 
         # part 2: zero-cost echo engine
-        echo_port = free_port()
-        programs.append(
-            await start("-m", "dynamo_nb", "run", "--in", "dyn://bench.echo.generate", "--out", "echo", *etcd)
-        )
-        frontend = await start(
-            "-m",
-            "dynamo_nb",
-            "run",
-            "--in",
-            "http",
-            "--out",
-            "dyn://bench.echo.generate",
-            *etcd,
-            "--http-port",
-            str(echo_port),
-        )
+        programs.append(await start_echo(etcd))
+        frontend, echo_url = await start_echo_frontend(http, etcd)
         programs.append(frontend)
-        echo_url = f"http://127.0.0.1:{echo_port}"
-        await wait_for_model(http, echo_url, "tiny-llama")
         echo_client = await runtime.endpoint("bench.echo.generate").client()
         await echo_client.wait_for_instances(timeout=30)
         rows = []
@@ -214,7 +219,7 @@ async def main(requests: int) -> dict[str, Any]:
             )
         report["echo_throughput"] = rows
         report["per_token"] = await per_token_cost(http, frontend, echo_url)
-        report["observability"] = await observability_cost(http, etcd, echo_port)
+        report["observability"] = await observability_cost(http, etcd)
     finally:
         await http.close()
         for program in programs:
@@ -303,7 +308,7 @@ OBSERVED = 8  # concurrency of the observability comparison
 ROUNDS = 3
 
 
-async def observability_cost(http: aiohttp.ClientSession, etcd: list[str], echo_port: int) -> dict[str, Any]:
+async def observability_cost(http: aiohttp.ClientSession, etcd: list[str]) -> dict[str, Any]:
     """Part 3: the frontend's CPU per request with nothing kept, routing records, records and spans."""
     settings = {
         "off": ({}, ["--routing-records", "0"]),

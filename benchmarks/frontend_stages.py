@@ -40,10 +40,9 @@ from typing import Any
 
 import aiohttp
 from _harness import machine, run_benchmark
-from frontend_overhead import start, stream_tokens, throughput, wait_for_model
+from frontend_overhead import start_echo, start_echo_frontend, stream_tokens, throughput
 
 from dynamo_nb import LocalServices, ManagedProcess
-from dynamo_nb.runtime.addresses import free_port
 
 LENGTHS = (1, 32, 256)  # output tokens per stream
 CONCURRENCY = 32
@@ -230,15 +229,9 @@ async def main(requests: int, rate: int = RATE) -> dict[str, Any]:
     )
     programs: list[ManagedProcess] = []
     try:
-        programs.append(
-            await start("-m", "dynamo_nb", "run", "--in", "dyn://bench.echo.generate", "--out", "echo", *etcd)
-        )
-        port = free_port()
-        frontend = await start("-m", "dynamo_nb", "run", "--in", "http", "--out", "dyn://bench.echo.generate",
-                               *etcd, "--http-port", str(port))  # fmt: skip
+        programs.append(await start_echo(etcd))
+        frontend, url = await start_echo_frontend(http, etcd)
         programs.append(frontend)
-        url = f"http://127.0.0.1:{port}"
-        await wait_for_model(http, url, "tiny-llama")
         # the frontend alone on one core, everything else on the other: its samples are its CPU
         # (a sampled thread that waits for a core would count as running)
         pin(frontend.pid, FRONTEND_CORE)

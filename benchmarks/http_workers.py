@@ -44,7 +44,7 @@ import aiohttp
 import psutil
 from _harness import RESULTS, machine
 from frontend_ab import cpu_ns
-from frontend_overhead import free_port, start, stream_body, stream_tokens, throughput, wait_for_model
+from frontend_overhead import start_echo, start_echo_frontend, stream_body, stream_tokens, throughput
 
 from dynamo_nb import LocalServices, ManagedProcess, bench
 
@@ -135,12 +135,6 @@ async def wrk_client(url: str, messages: Any, tokens: int, seconds: float) -> tu
     return float(rate.group(1)) if rate else 0.0, int(answered.group(1))
 
 
-def children_cpu_ns() -> int:
-    """CPU time of this process's reaped children so far (wrk, after it exits), in nanoseconds."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return int((usage.ru_utime + usage.ru_stime) * 1e9)
-
-
 async def measured(
     http: aiohttp.ClientSession,
     frontend: ManagedProcess,
@@ -170,8 +164,10 @@ async def measured(
 
 
 def client_cpu_ns() -> int:
-    """This process's CPU and its reaped children's (the load generator, either kind)."""
-    return time.process_time_ns() + children_cpu_ns()
+    """This process's CPU and its reaped children's (the load generator, either kind: wrk's shows
+    once it exits), in nanoseconds."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time_ns() + int((children.ru_utime + children.ru_stime) * 1e9)
 
 
 async def main(requests: int, rounds: int, client: str) -> dict[str, Any]:
@@ -186,19 +182,13 @@ async def main(requests: int, rounds: int, client: str) -> dict[str, Any]:
     programs: list[ManagedProcess] = []
     frontends: dict[str, tuple[ManagedProcess, str]] = {}
     try:
-        programs.append(
-            await start("-m", "dynamo_nb", "run", "--in", "dyn://bench.echo.generate", "--out", "echo", *etcd)
-        )
+        programs.append(await start_echo(etcd))
         for name, workers, cores in (
             ("1 process, 1 core", 1, FRONTEND_ONE),
             ("2 processes, 2 cores", 2, FRONTEND_TWO),
         ):
-            port = free_port()
-            frontend = await start("-m", "dynamo_nb", "run", "--in", "http", "--out", "dyn://bench.echo.generate",
-                                   *etcd, "--http-port", str(port), "--http-workers", str(workers))  # fmt: skip
+            frontend, url = await start_echo_frontend(http, etcd, "--http-workers", str(workers))
             programs.append(frontend)
-            url = f"http://127.0.0.1:{port}"
-            await wait_for_model(http, url, "tiny-llama")
             pin_tree(frontend.pid, cores)
             frontends[name] = (frontend, url)
         for pid in psutil.Process().children(recursive=True):
