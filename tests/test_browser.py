@@ -193,15 +193,14 @@ EXECUTE = f"""async code => {{
     await future.done;
     return text;
 }}"""
-# A process launched the way the notebooks launch theirs, left running on purpose; and the
-# kernel's Python (the notebooks ran in the venv JupyterLab was started from).
 # How each process the notebook launched ended ("exited -9", "stopped"), or None while it runs.
 LAUNCH_ENDS = """
 import json as _json
 from dynamo_nb.launch import launcher as _launcher
-_now = {p.pid: None if p.running else f"exited {p.returncode}" for p in _launcher._LAUNCHED.values()}
-print(_json.dumps({**_now, **_launcher._ENDED}))
+print(_json.dumps(_launcher._ends()))
 """
+# A process launched the way the notebooks launch theirs, left running on purpose; and the
+# kernel's Python (the notebooks ran in the venv JupyterLab was started from).
 LEAVE_ONE_RUNNING = """
 import os, sys
 from dynamo_nb import launch

@@ -82,6 +82,13 @@ def _record_end(pid: int, how: str) -> None:
         del _ENDED[next(iter(_ENDED))]
 
 
+def _ends() -> dict[int, str | None]:
+    """How each process `launch` started ended (`_ENDED`; one that ended unseen, by its exit
+    status), None for those still running: what their log views must show."""
+    now = {p.pid: None if p.running else p._ended_as(p.returncode) for p in _LAUNCHED.values()}
+    return {**now, **_ENDED}
+
+
 class ManagedProcess:
     """A program started by `launch`: its output, readiness and stop.
 
@@ -196,7 +203,7 @@ class ManagedProcess:
         self._exit_watcher, self._pidfd = loop, fd
 
     def _on_exit(self) -> None:
-        _record_end(self.pid, "stopped" if self._stopped else f"exited {self._process.poll()}")
+        _record_end(self.pid, self._ended_as(self._process.poll()))
         self._unwatch_exit()
         self._exited.set()
         self._changed.set()
@@ -218,7 +225,7 @@ class ManagedProcess:
         """
         self._stopped = True
         code = await asyncio.to_thread(stop_group, self._process, timeout)
-        _record_end(self.pid, "stopped")  # unless its exit was seen before
+        _record_end(self.pid, self._ended_as(code))  # "stopped", unless its exit was seen before
         self._unwatch_exit()
         await self._drain()
         _LAUNCHED.pop(self.pid, None)
@@ -274,14 +281,17 @@ class ManagedProcess:
         the exit status, which can come a moment after the pipe closes (a process closes its
         output while it exits, and is reaped after), or ``closed`` if it still runs."""
         deadline = time.monotonic() + wait
-        while not self._stopped:
+        while True:
             code = self._process.poll()
-            if code is not None:
-                return f"exited {code}"
+            if self._stopped or code is not None:
+                return self._ended_as(code)
             if time.monotonic() >= deadline:
                 return "closed"
             await asyncio.sleep(0.01)
-        return "stopped"
+
+    def _ended_as(self, code: int | None) -> str:
+        """How it ended, as its log view and `_ENDED` say it: ``stopped`` (by `stop`) or ``exited CODE``."""
+        return "stopped" if self._stopped else f"exited {code}"
 
     def _on_line(self, text: str) -> None:
         self._lines.append(text)
