@@ -2,7 +2,8 @@
 sanitized by ``sanitize.cfg``: collected here only, so nbval runs where notebooks are (``pytest``,
 ``pytest notebooks/`` or one notebook's path), with no flag to pass. The vLLM notebooks are
 marked ``vllm`` and ``long`` (engine starts: an opt-in group, see the root conftest.py), the
-capacity-planning one ``long`` (a minute of rate sweeps), the one on NVIDIA Dynamo ``dynamo``
+ones with half a minute or more of live traffic ``long`` (capacity planning, the planner on a trace,
+the retune loop: ``LONG_NOTEBOOKS``), the one on NVIDIA Dynamo ``dynamo``
 (it needs Dynamo's packages)."""
 
 from __future__ import annotations

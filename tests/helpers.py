@@ -35,8 +35,11 @@ NEEDS_DYNAMO = {
 }  # notebooks that run NVIDIA Dynamo's runtime and frontend (marked dynamo)
 LONG_NOTEBOOKS = {
     "09_capacity_planning",
-}  # notebooks of a minute or more of measured sweeps, run under nbval in the `long` group (.ci/run's
-# second step) to keep the default run within its 12 minutes on 2 cores
+    "12_plan_from_a_trace",
+    "14_tune_the_router",
+}  # notebooks of half a minute or more of live traffic (rate sweeps, traces sent for real, the
+# autoscaler's and the retune loop's live runs), run under nbval in the `long` group (.ci/run's
+# second step) and in the browser there, to keep the default run within its 12 minutes on 2 cores
 
 # The default run runs the exported programs of the quick notebooks from the repository root; the
 # `exports` group (.ci/run's second step) runs every notebook's, from notebooks/ and from the root.

@@ -455,6 +455,14 @@ async def test_least_loaded_routing_counts_what_a_server_runs_for_others(tmp_pat
                     answer = await http.post("/v1/completions", json=ask)
                     assert answer.status_code == 200, answer.text
                     assert answer.headers["x-dynamo-decode-worker"] == f"{idle:x}"
+                # a server's gauge may still hold a request of ours that just ended: once a read
+                # after they all ended has reached the router, the idle server runs none for others
+                for _ in range(600):
+                    if router.others_on(idle) == 0:
+                        break
+                    await asyncio.sleep(0.05)
+                answer = await http.post("/v1/completions", json=ask)
+                assert answer.headers["x-dynamo-decode-worker"] == f"{idle:x}", answer.text
                 routing = answer.json()["nvext"]["routing"]["decode"]
             parts = {c["instance_id"]: c["parts"] for c in routing["candidates"]}
             assert parts[loaded]["server_others"] == 4 and parts[idle]["server_others"] == 0, routing
@@ -476,6 +484,26 @@ def test_others_on_a_server_are_counted_at_the_moments_they_were_read() -> None:
     assert ServerLoad(running=5, routed=1, active=1, active_at_check=1).others == 4  # outside the kit
     assert ServerLoad(running=3, routed=1, active=3, active_at_check=3).others == 2  # other frontends'
     assert ServerLoad(running=6, waiting=2, routed=3).others == 5  # a worker that does not say: as before
+
+
+async def test_a_request_of_the_kit_that_starts_and_ends_while_the_server_is_read_counts_as_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server may count a request that started after the read of its /metrics began and ended
+    before the read returned: the engine counts it among its own then, not as someone else's."""
+    from dynamo_nb.engines import upstream
+
+    engine = upstream.UpstreamEngine("http://127.0.0.1:9", "tiny-llama")
+
+    async def read_while_one_runs(url: str, **_: Any) -> tuple[int, bytes]:
+        engine.requests_total += 1  # what _stream does as a request starts ...
+        engine.active += 1
+        engine.active -= 1  # ... and as it ends, all before the answer comes
+        return 200, b"vllm:num_requests_running 1\n"
+
+    monkeypatch.setattr(upstream, "fetch", read_while_one_runs)
+    await engine.read_load()
+    assert engine.active == 0 and engine.active_at_check == 1, vars(engine)
 
 
 def reuse_funnel(metrics: str) -> dict[str, float]:

@@ -331,15 +331,16 @@ class UpstreamEngine(RelayedKvEvents):
 
     async def read_load(self, timeout: float = 2.0) -> dict[str, float]:
         """The server's load now, from its ``/metrics`` ({} where it has none of `SERVER_LOAD`);
-        ``active_at_check`` keeps how many of its requests came through this engine then (the
-        most in flight while the server was read: a request that ended meanwhile may be counted)."""
-        before = self.active
+        ``active_at_check`` keeps how many of its requests came through this engine then: those
+        in flight when the read began and those started during it (the server may count any of
+        them, so one that ended meanwhile is counted as ours, not as someone else's)."""
+        before, started_before = self.active, self.requests_total
         try:
             status, raw = await fetch(f"{self.url}/metrics", headers=self._headers or None, timeout=timeout)
         except (ConnectionError, TimeoutError):
             return {}
         self.server_load = server_load(raw.decode(errors="replace")) if status == 200 else {}
-        self.active_at_check = max(before, self.active)
+        self.active_at_check = before + (self.requests_total - started_before)
         return self.server_load
 
     async def _watch(self, server: Any, interval: float) -> None:
