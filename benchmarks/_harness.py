@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -12,6 +13,16 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_SEEDS = itertools.count(1)
+
+
+def fresh_prompts(count: int, words: int = 32) -> list[Any]:
+    """``count`` random user messages of ``words`` words, none sent before in this run (a new
+    seed each call): as in real traffic, the kit's frontend finds no prompt it has tokenized
+    already (`dynamo_nb.llm.segment_cache`), so a comparison with a peer's frontend is fair."""
+    from dynamo_nb import bench
+
+    return bench.random_prompts(count, words=words, seed=next(_SEEDS))
 
 
 async def level_figures(url: str, model: str, level: int, requests: int, **options: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import socket
 import statistics
@@ -46,6 +47,15 @@ ROOT = HERE.parent
 TOKENS = 32
 CONCURRENCY = (1, 8, 32, 128)
 MESSAGES = [{"role": "user", "content": "Tell me a story about a small robot in a quiet library."}]
+_NUMBERS = itertools.count()
+
+
+def numbered(messages: Any) -> list[Any]:
+    """``messages`` with the last one's text numbered, a new number each call: no two requests are
+    alike, as in real traffic, so the frontend's tokenizer finds no piece of a prompt it has seen
+    (`dynamo_nb.llm.segment_cache`) and pays for tokenizing each, as Dynamo's does."""
+    *earlier, last = messages
+    return [*earlier, {**last, "content": f"{last['content']} ({next(_NUMBERS)})"}]
 
 
 def free_port() -> int:
@@ -95,7 +105,7 @@ async def via_frontend(http: aiohttp.ClientSession, url: str, model: str) -> tup
     TTFT is the first chunk with text; a token without text (a special token) sends no chunk."""
     body = {
         "model": model,
-        "messages": MESSAGES,
+        "messages": numbered(MESSAGES),
         "max_tokens": TOKENS,
         "temperature": 0,
         "ignore_eos": True,
@@ -241,10 +251,10 @@ PER_TOKEN_CONCURRENCY = 128
 
 
 def stream_body(tokens: int, messages: Any = MESSAGES) -> dict[str, Any]:
-    """A streamed chat request's body for ``tokens`` tokens of ``messages``' answer."""
+    """A streamed chat request's body for ``tokens`` tokens of ``messages``' answer (`numbered`)."""
     return {
         "model": "tiny-llama",
-        "messages": messages,
+        "messages": numbered(messages),
         "max_tokens": tokens,
         "ignore_eos": True,
         "stream": True,

@@ -57,9 +57,15 @@ SHORT_MESSAGES = [{"role": "user", "content": "Tell me a story about a small rob
 WRK_SCRIPT = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 local file = io.open({body}, "rb")
-wrk.body = file:read("*a")
+local template = file:read("*a")
 file:close()
-"""
+local number = 0
+request = function()
+  number = number + 1
+  local body = string.gsub(template, "REQUEST_NUMBER", tostring(number))
+  return wrk.format(nil, nil, nil, body)
+end
+"""  # each request's message numbered, as frontend_overhead.numbered does: none is seen twice
 LOADS = {"long prompts, one token": (LONG_PROMPT, 1), "short prompts, 32 tokens": (SHORT_MESSAGES, 32)}
 
 
@@ -115,6 +121,7 @@ async def wrk_client(url: str, messages: Any, tokens: int, seconds: float) -> tu
     """wrk (one thread, on core 1 as this process) for ``seconds``: (requests/s, requests); its CPU
     shows in this process's children's usage once it is reaped."""
     body = stream_body(tokens, messages)
+    body["messages"][-1]["content"] = f"{messages[-1]['content']} (REQUEST_NUMBER)"
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "body.json").write_text(json.dumps(body))
         script = Path(folder) / "post.lua"

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _harness import level_figures, machine, run_benchmark
+from _harness import fresh_prompts, level_figures, machine, run_benchmark
 
 from dynamo_nb import bench, launch
 from dynamo_nb.extras import extra_installed
@@ -41,7 +41,6 @@ WORKERS = {
     "mocker": ("components/mocker_worker.py", "--speedup-ratio", "10"),
     "hf": ("components/hf_worker.py",),
 }
-PROMPTS = bench.random_prompts(64, words=32)
 
 
 class Stack:
@@ -71,7 +70,7 @@ class Stack:
         await bench.wait_for_model(self.url, MODEL, timeout=120)
 
     async def measure(self, level: int, requests: int) -> dict[str, Any]:
-        return await level_figures(self.url, MODEL, level, requests, prompts=PROMPTS, max_tokens=TOKENS,
+        return await level_figures(self.url, MODEL, level, requests, prompts=fresh_prompts(requests), max_tokens=TOKENS,
                                    ignore_eos=True, new_connection=True)  # fmt: skip
 
     async def stop(self) -> None:

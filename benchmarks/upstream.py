@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from _harness import level_figures, machine, run_benchmark
+from _harness import fresh_prompts, level_figures, machine, run_benchmark
 
 from dynamo_nb import bench, launch
 from dynamo_nb.runtime.addresses import free_port
@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (1, 8, 32)
 TOKENS = 32
 MODEL = "tiny-llama"
-PROMPTS = bench.random_prompts(64, words=32)
 SERVERS = {  # the mocker's --speedup-ratio → what that server is like
     "1": "model-paced: steps take a GPU's time (Dynamo's timing model), as a real server's do",
     "10": "ten times faster: the server's steps nearly free, so the hop's own CPU shows",
@@ -48,7 +47,7 @@ async def start(*out: str, name: str) -> tuple[Any, str]:
 
 async def measure(url: str, level: int, requests: int) -> dict[str, Any]:
     return await level_figures(
-        url, MODEL, level, requests, prompts=PROMPTS, max_tokens=TOKENS, ignore_eos=True
+        url, MODEL, level, requests, prompts=fresh_prompts(requests), max_tokens=TOKENS, ignore_eos=True
     )
 
 

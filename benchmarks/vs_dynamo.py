@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import RESULTS, machine
+from _harness import RESULTS, fresh_prompts, machine
 
 from dynamo_nb import LocalServices, bench, launch
 from dynamo_nb.models import tiny_model_path
@@ -143,7 +143,7 @@ async def measure(
     frontend_cpu, mocker_cpu = system.cpu(speedup)
     started = time.perf_counter()
     df = await bench.run(
-        system.url, MODELS[speedup], prompts=PROMPTS, concurrency=level, requests=requests, max_tokens=tokens,
+        system.url, MODELS[speedup], prompts=fresh_prompts(requests), concurrency=level, requests=requests, max_tokens=tokens,
         ignore_eos=True, worker_ids=False, new_connection=new_connection, progress=False,
     )  # fmt: skip
     wall = time.perf_counter() - started

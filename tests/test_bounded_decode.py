@@ -131,6 +131,30 @@ def test_a_small_frame_of_long_array_headers_is_walked_and_refused() -> None:
     assert unpack_bounded(msgpack.packb([1, "two", {"three": 3}])) == [1, "two", {"three": 3}]
 
 
+@pytest.mark.parametrize(
+    "unit",
+    [b"\xdc\x02\x00", b"\xdd\x00\x00\x02\x00", b"\xde\x02\x00\xa0", b"\xdf\x00\x00\x02\x00\xa0",
+     b"\x81\xa0", b"\x91", b"\xd9\xff", b"\xc7\xff\x01"],
+    ids=["array16", "array32", "map16", "map32", "fixmap", "fixarray", "str8", "ext8"],
+)  # fmt: skip
+def test_a_tiny_message_decoded_unwalked_stays_within_the_allowance(unit: bytes) -> None:
+    """A message of at most TINY_BYTES is decoded without the walk: even made only of the
+    costliest headers, nested as deep as it goes, it takes less than the allowance."""
+    import tracemalloc
+
+    from dynamo_nb.runtime.bounded_decode import DECODE_ALLOWANCE_BYTES, TINY_BYTES
+
+    frame = (unit * (TINY_BYTES // len(unit) + 1))[:TINY_BYTES]
+    tracemalloc.start()
+    try:
+        with pytest.raises((ValueError, UnicodeDecodeError)):  # cut short: msgpack says so
+            unpack_bounded(frame)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 0 < peak < DECODE_ALLOWANCE_BYTES, peak
+
+
 def test_a_json_body_that_is_not_utf8_is_refused() -> None:
     body = ('["\u2200",' + "[]," * 200_000 + '"x"]').encode("utf-16-le")
     problem = json_cost_problem(body)

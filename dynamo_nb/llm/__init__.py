@@ -12,7 +12,8 @@
   grammar that forces one (``tool_choice`` required or named);
 - ``limits.py``: `RequestLimits`, the vocabulary and context a worker checks each request against;
 - ``tokenizer.py`` and ``detokenize.py``: the frontend's chat template, tokenizer and
-  incremental detokenizer with stop strings.
+  incremental detokenizer with stop strings; ``segment_cache.py``: a prompt's pieces between
+  added tokens tokenized once each (a conversation's history is not tokenized again each turn).
 
 Example:
     >>> from dynamo_nb.llm import PreprocessedRequest

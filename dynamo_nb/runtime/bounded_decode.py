@@ -15,7 +15,8 @@ a 600 KB list that takes 7 MB as Python ints).
   byte). Runs of items of one kind (token ids, empty maps) are skipped with one regular
   expression each, so a hostile frame is refused after a fraction of a second of scanning.
 - `unpack_bounded` / `unpack_all_bounded` decode msgpack after that check; a message of at most
-  `SMALL_BYTES` cannot exceed the allowance and decodes at once.
+  `TINY_BYTES` (a token's frame), or of at most `SMALL_BYTES` without a 16- or 32-bit array or map
+  header, cannot exceed the allowance and decodes at once.
 - `json_cost_problem` does the same for a JSON document, before `json.loads`, from a count of
   its brackets, separators and quotes.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "DECODE_ALLOWANCE_BYTES",
     "DECODE_BYTES_PER_BYTE",
     "SMALL_BYTES",
+    "TINY_BYTES",
     "decode_budget",
     "json_cost_problem",
     "msgpack_cost",
@@ -49,6 +51,11 @@ DECODE_ALLOWANCE_BYTES = 8 * 1024 * 1024
 # so it is decoded unwalked
 SMALL_BYTES = 64 * 1024
 _LONG_HEADER = re.compile(rb"[\xdc-\xdf]")  # array16/32, map16/32 (or payload bytes like them)
+# msgpack refuses a length longer than the message (its default limits), so a message of n bytes
+# holds at most n / 3 such headers, each taking at most 192 + 64 n bytes (a map of n entries), and
+# ~85 bytes a byte of anything else: 5.7 MiB at 512 bytes, under the allowance whatever the bytes
+# are. A token's frame (20-40 bytes) is decoded without even looking for those headers.
+TINY_BYTES = 512
 
 # What one decoded object takes (CPython 3.10–3.13, rounded up to pymalloc's 16 bytes).
 _LIST, _POINTER = 64, 8  # a list: its header and a pointer per item (msgpack sizes it exactly)
@@ -182,9 +189,12 @@ def msgpack_cost(data: bytes | bytearray | memoryview, budget: int | None = None
 
 
 def _walk_unless_small(data: bytes | bytearray | memoryview) -> None:
-    """`msgpack_cost` (refusing what is over budget), skipped for a message no larger than
-    `SMALL_BYTES` without a byte of a 16- or 32-bit array or map header."""
-    if len(data) > SMALL_BYTES or _LONG_HEADER.search(data) is not None:
+    """`msgpack_cost` (refusing what is over budget), skipped for a message of at most
+    `TINY_BYTES`, or of at most `SMALL_BYTES` without a byte of a 16- or 32-bit array or map header."""
+    size = len(data)
+    if size <= TINY_BYTES:
+        return
+    if size > SMALL_BYTES or _LONG_HEADER.search(data) is not None:
         msgpack_cost(data)
 
 

@@ -32,9 +32,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgpack
+from msgpack import unpackb
 
 from ...errors import FrameTooLargeError
-from ..bounded_decode import SMALL_BYTES, unpack_bounded
+from ..bounded_decode import SMALL_BYTES, TINY_BYTES, unpack_bounded
 
 __all__ = [
     "ACK",
@@ -171,7 +172,9 @@ class FrameDecoder:
             end = offset + 4 + length
             if end > size:
                 break
-            if length <= SMALL_BYTES:  # a token's frame: copying its bytes beats a memoryview
+            if length <= TINY_BYTES:  # a token's frame: within the decode budget whatever it holds
+                append(unpackb(buffer[offset + 4 : end], raw=False))
+            elif length <= SMALL_BYTES:  # copying its bytes beats a memoryview
                 append(unpack_bounded(buffer[offset + 4 : end]))
             else:
                 with memoryview(buffer) as view, view[offset + 4 : end] as body:
