@@ -220,8 +220,10 @@ async def relay(
             break
         try:
             item = stream.next_ready()  # an item already queued: no await for it
-            if item is NOT_READY:
-                item = await stream.__anext__()
+            if item is not NOT_READY:  # it came with the one before: no gap, nothing new heard
+                itl.observe(0.0)
+                continue
+            item = await stream.__anext__()
         except StopAsyncIteration:
             break
         except InstanceDownError as exc:
