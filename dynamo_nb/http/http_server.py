@@ -107,11 +107,12 @@ class HttpServer:
         self._sweeper: asyncio.Task[None] | None = None
         self._emptied: asyncio.Event | None = None  # set when the last connection is gone (stop)
         self.loop_time: Callable[[], float] = time.monotonic
+        self.loop: asyncio.AbstractEventLoop | None = None  # kept: asking is a getpid system call (3.11)
         self.port = 0
 
     async def start(self, host: str, port: int, *, reuse_port: bool = False) -> None:
         """Listen on ``host:port`` (port 0: a free one, then in `port`)."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop = asyncio.get_running_loop()
         self.loop_time = loop.time
         self._server = await loop.create_server(
             lambda: HttpConnection(self),
@@ -381,7 +382,7 @@ class HttpConnection(asyncio.Protocol):
             self._refuse(request)
             return
         self._untime()
-        self.task = asyncio.get_running_loop().create_task(self._serve(request))
+        self.task = (self.server.loop or asyncio.get_running_loop()).create_task(self._serve(request))
 
     def _refuse(self, exc: HttpError) -> None:
         """Answer a request that could not be read, and close once the client had time to

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import os
+import random
 import secrets
 
 __all__ = ["new_instance_id", "new_request_id", "stable_id"]
@@ -15,8 +15,15 @@ def new_instance_id() -> int:
 
 
 def new_request_id() -> str:
-    """A random 16-hex-digit request id."""
-    return os.urandom(8).hex()
+    """A random 16-hex-digit request id: unique, not secret (clients see it), so drawn from
+    Python's generator (seeded from the OS, reseeded in a forked child) without a system call
+    per request.
+
+    Example:
+        >>> len(new_request_id()), new_request_id() != new_request_id()
+        (16, True)
+    """
+    return f"{random.getrandbits(64):016x}"
 
 
 def stable_id(*parts: str) -> int:
