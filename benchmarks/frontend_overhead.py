@@ -25,6 +25,7 @@ concurrency 128: the server's CPU per request with 1-token streams (the fixed co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import json
@@ -32,6 +33,8 @@ import socket
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +87,42 @@ ECHO = "dyn://bench.echo.generate"  # the echo worker the frontend benchmarks se
 async def start_echo(etcd: list[str]) -> ManagedProcess:
     """The echo worker at `ECHO` (a zero-cost engine), once it serves."""
     return await start("-m", "dynamo_nb", "run", "--in", ECHO, "--out", "echo", *etcd)
+
+
+@dataclass
+class EchoStack:
+    """etcd, a client session and the echo worker (``programs[0]``), from `echo_stack`; a
+    program appended to ``programs`` is stopped with them."""
+
+    etcd: list[str]
+    http: aiohttp.ClientSession
+    programs: list[ManagedProcess]
+
+
+@contextlib.asynccontextmanager
+async def echo_stack() -> AsyncIterator[EchoStack]:
+    """Start etcd, a client session and the echo worker; on the way out stop every program in
+    ``programs``, last first, then the session and etcd.
+
+    Example::
+
+        async with echo_stack() as stack:
+            frontend, url = await start_echo_frontend(stack.http, stack.etcd)
+            stack.programs.append(frontend)
+    """
+    services = await LocalServices.start(nats=False)
+    http = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
+    )
+    stack = EchoStack(["--discovery", services.etcd_url or ""], http, [])
+    try:
+        stack.programs.append(await start_echo(stack.etcd))
+        yield stack
+    finally:
+        await http.close()
+        for program in reversed(stack.programs):
+            await program.stop()
+        await services.stop()
 
 
 async def start_echo_frontend(

@@ -40,9 +40,9 @@ from typing import Any
 
 import aiohttp
 from _harness import machine, run_benchmark
-from frontend_overhead import start_echo, start_echo_frontend, stream_tokens, throughput
+from frontend_overhead import echo_stack, start_echo_frontend, stream_tokens, throughput
 
-from dynamo_nb import LocalServices, ManagedProcess
+from dynamo_nb import ManagedProcess
 
 LENGTHS = (1, 32, 256)  # output tokens per stream
 CONCURRENCY = 32
@@ -226,30 +226,16 @@ async def main(requests: int, rate: int = RATE) -> dict[str, Any]:
     # alone is moved to its own: no other process runs there while it is sampled (a thread that
     # waits for its core is sampled as running)
     os.sched_setaffinity(0, SAMPLER_CORES)
-    services = await LocalServices.start(nats=False)
-    etcd = ["--discovery", services.etcd_url]
-    http = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
-    )
-    programs: list[ManagedProcess] = []
-    try:
-        programs.append(await start_echo(etcd))
-        frontend, url = await start_echo_frontend(http, etcd)
-        programs.append(frontend)
-        # the frontend alone on one core, everything else on the other: its samples are its CPU
-        # (a sampled thread that waits for a core would count as running)
+    async with echo_stack() as stack:
+        frontend, url = await start_echo_frontend(stack.http, stack.etcd)
+        stack.programs.append(frontend)
         pin(frontend.pid, FRONTEND_CORE)
         rounds: dict[int, list[dict[str, Any]]] = {tokens: [] for tokens in LENGTHS}
         for _ in range(ROUNDS):  # interleaved: a drift of the machine reaches every length alike
             for tokens in LENGTHS:
                 total = {1: 2 * requests, 32: requests}.get(tokens, max(requests // 4, CONCURRENCY * 4))
-                rounds[tokens].append(await sampled_load(http, frontend, url, tokens, total, rate))
+                rounds[tokens].append(await sampled_load(stack.http, frontend, url, tokens, total, rate))
         loads = [pooled(found) for found in rounds.values()]
-    finally:
-        await http.close()
-        for program in reversed(programs):
-            await program.stop()
-        await services.stop()
     for load in loads:
         sampled = (sum(load["samples"].values()) + load["unread_samples"]) / load["rate"]
         load["sampled_cpu_seconds"] = sampled

@@ -44,16 +44,22 @@ import aiohttp
 import psutil
 from _harness import RESULTS, machine
 from frontend_ab import cpu_ns
-from frontend_overhead import start_echo, start_echo_frontend, stream_body, stream_tokens, throughput
+from frontend_overhead import (
+    MESSAGES,
+    echo_stack,
+    start_echo_frontend,
+    stream_body,
+    stream_tokens,
+    throughput,
+)
 
-from dynamo_nb import LocalServices, ManagedProcess, bench
+from dynamo_nb import ManagedProcess, bench
 
 CONCURRENCY = 64
 FRONTEND_ONE = {0}  # the one-process frontend's core
 FRONTEND_TWO = {0, 1}  # the two-process frontend's cores
 REST = {1}  # the load generator, the worker and etcd
 LONG_PROMPT = list(bench.random_prompts(1, words=400, seed=5)[0].messages)
-SHORT_MESSAGES = [{"role": "user", "content": "Tell me a story about a small robot in a quiet library."}]
 WRK_SCRIPT = """wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 local file = io.open({body}, "rb")
@@ -66,7 +72,7 @@ request = function()
   return wrk.format(nil, nil, nil, body)
 end
 """  # each request's message numbered, as frontend_overhead.numbered does: none is seen twice
-LOADS = {"long prompts, one token": (LONG_PROMPT, 1), "short prompts, 32 tokens": (SHORT_MESSAGES, 32)}
+LOADS = {"long prompts, one token": (LONG_PROMPT, 1), "short prompts, 32 tokens": (MESSAGES, 32)}
 
 
 def tree(pid: int) -> list[int]:
@@ -181,21 +187,14 @@ async def main(requests: int, rounds: int, client: str) -> dict[str, Any]:
     if os.cpu_count() is None or os.cpu_count() < 2:  # type: ignore[operator]
         raise SystemExit("this benchmark pins processes to cores 0 and 1: it needs two cores")
     os.sched_setaffinity(0, REST)
-    services = await LocalServices.start(nats=False)
-    etcd = ["--discovery", services.etcd_url]
-    http = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)
-    )
-    programs: list[ManagedProcess] = []
     frontends: dict[str, tuple[ManagedProcess, str]] = {}
-    try:
-        programs.append(await start_echo(etcd))
+    async with echo_stack() as stack:
         for name, workers, cores in (
             ("1 process, 1 core", 1, FRONTEND_ONE),
             ("2 processes, 2 cores", 2, FRONTEND_TWO),
         ):
-            frontend, url = await start_echo_frontend(http, etcd, "--http-workers", str(workers))
-            programs.append(frontend)
+            frontend, url = await start_echo_frontend(stack.http, stack.etcd, "--http-workers", str(workers))
+            stack.programs.append(frontend)
             pin_tree(frontend.pid, cores)
             frontends[name] = (frontend, url)
         for pid in psutil.Process().children(recursive=True):
@@ -205,19 +204,15 @@ async def main(requests: int, rounds: int, client: str) -> dict[str, Any]:
         found: dict[str, dict[str, list[dict[str, float]]]] = {
             load: {n: [] for n in frontends} for load in LOADS
         }
+        echo = stack.programs[0]
         for turn in range(rounds):
             order = list(frontends) if turn % 2 == 0 else list(reversed(frontends))
             for load, (messages, tokens) in LOADS.items():
                 for name in order:
                     frontend, url = frontends[name]
                     found[load][name].append(
-                        await measured(http, frontend, programs[0], url, messages, tokens, requests, client)
+                        await measured(stack.http, frontend, echo, url, messages, tokens, requests, client)
                     )
-    finally:
-        await http.close()
-        for program in reversed(programs):
-            await program.stop()
-        await services.stop()
     table = []
     one, two = list(frontends)
     for load, by_frontend in found.items():

@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CHECK_EVERY", "MAX_CACHED_TOKENS", "MIN_CHARS", "PROBES", "SegmentCache"]
+__all__ = ["CHECK_EVERY", "MAX_CACHED_TOKENS", "MIN_CHARS", "PROBES", "SegmentCache", "fast_encoder"]
 
 logger = logging.getLogger("dynamo_nb.llm")
 
@@ -60,8 +60,9 @@ PROBES = (
 added tokens), or it is not used."""
 
 
-def _fast_encoder(tokenizer: Any) -> Callable[[list[str], bool], list[list[int]]]:
-    """The ids of several texts in one call, without the offsets a plain ``encode`` tracks."""
+def fast_encoder(tokenizer: Any) -> Callable[[list[str], bool], list[list[int]]]:
+    """A function giving the ids of several texts in one call, without the character offsets a
+    plain ``encode`` also tracks (a third less time on a long text, the same ids)."""
     fast = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch  # tokenizers ≥ 0.21
 
     def encode(texts: list[str], add_special_tokens: bool) -> list[list[int]]:
@@ -108,7 +109,7 @@ class SegmentCache:
         (the ids the tokenizer puts before and after a text with its special tokens on) and checks
         that the pieces' ids are exact."""
         self._tokenizer = tokenizer
-        self._batch = _fast_encoder(tokenizer)
+        self._batch = fast_encoder(tokenizer)
         self._added = added
         longest_first = sorted(added, key=len, reverse=True)
         pattern = "(" + "|".join(map(re.escape, longest_first)) + ")" if added else None
@@ -137,7 +138,7 @@ class SegmentCache:
             if token.normalized and tokenizer.normalizer is not None:
                 return None  # found in the normalized text, which pieces apart do not see
             added[token.content] = token_id
-        encode = _fast_encoder(tokenizer)
+        encode = fast_encoder(tokenizer)
         probe = "probe"
         bare, wrapped = encode([probe], False)[0], encode([probe], True)[0]
         starts = [i for i in range(len(wrapped) - len(bare) + 1) if wrapped[i : i + len(bare)] == bare]
@@ -145,7 +146,6 @@ class SegmentCache:
             return None  # its special tokens are not a fixed prefix and suffix
         start = starts[0]
         cache = cls(tokenizer, added, (wrapped[:start], wrapped[start + len(bare) :]), **limits)
-        min_chars, cache.min_chars = cache.min_chars, 0  # the probes are short: pieces apart all the same
         names = (list(added) * 2)[:2] if added else ["", ""]
         for text in PROBES:
             text = text.format(*names)
@@ -153,7 +153,6 @@ class SegmentCache:
                 if cache._encode(text, special) != encode([text], special)[0]:
                     return None
         cache.clear()
-        cache.min_chars = min_chars
         return cache
 
     def clear(self) -> None:
@@ -183,15 +182,15 @@ class SegmentCache:
     def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
         pieces = self._split(text)  # text, added token, text, …: the added tokens at odd places
         known = self._ids
+        texts = dict.fromkeys(piece for piece in pieces[::2] if piece)  # each once, in order
         found: dict[str, array[int] | list[int]] = {}
         with self._lock:
-            for piece in pieces[::2]:
-                if piece and piece not in found:
-                    kept = known.get(piece)
-                    if kept is not None:
-                        known.move_to_end(piece)
-                        found[piece] = kept
-        missing = [piece for piece in dict.fromkeys(pieces[::2]) if piece and piece not in found]
+            for piece in texts:
+                kept = known.get(piece)
+                if kept is not None:
+                    known.move_to_end(piece)
+                    found[piece] = kept
+        missing = [piece for piece in texts if piece not in found]
         if missing:
             batch = self._batch
             for piece in missing:  # one at a time: a batch's threads cost more than they save here

@@ -15,13 +15,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, InvalidRequestError
 from .card import check_model_dir
-from .segment_cache import SegmentCache
+from .segment_cache import SegmentCache, fast_encoder
 
 __all__ = ["LONG_TEXT_CHARS", "ModelTokenizer"]
 
@@ -141,10 +142,11 @@ class ModelTokenizer:
         segments = self.segments
         if segments is not None:
             return segments.encode(text, add_special_tokens)
-        fast = getattr(self.tokenizer, "encode_batch_fast", None)  # tokenizers ≥ 0.21
-        if fast is None:
-            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
-        return fast([text], add_special_tokens=add_special_tokens)[0].ids
+        return self._encode_whole([text], add_special_tokens)[0]
+
+    @cached_property
+    def _encode_whole(self) -> Callable[[list[str], bool], list[list[int]]]:
+        return fast_encoder(self.tokenizer)
 
     async def encode_off_loop(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         """`encode`, in a thread when ``text`` is longer than `LONG_TEXT_CHARS` (tokenizers releases
