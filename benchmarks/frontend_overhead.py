@@ -126,12 +126,14 @@ async def echo_stack() -> AsyncIterator[EchoStack]:
 
 
 async def start_echo_frontend(
-    http: aiohttp.ClientSession, etcd: list[str], *flags: str
+    http: aiohttp.ClientSession, etcd: list[str], *flags: str, program: tuple[str, ...] = ("-m", "dynamo_nb")
 ) -> tuple[ManagedProcess, str]:
-    """A frontend process on `ECHO` with ``flags`` on a free port: it and its URL, once it serves the model."""
+    """A frontend process on `ECHO` with ``flags`` on a free port: it and its URL, once it serves the
+    model. ``program``: what runs ``python -m dynamo_nb``'s arguments (a wrapper such as
+    ``_cpu_sampler.py OUTPUT``)."""
     port = free_port()
     frontend = await start(
-        "-m", "dynamo_nb", "run", "--in", "http", "--out", ECHO, *etcd, "--http-port", str(port), *flags
+        *program, "run", "--in", "http", "--out", ECHO, *etcd, "--http-port", str(port), *flags
     )
     url = f"http://127.0.0.1:{port}"
     await wait_for_model(http, url, "tiny-llama")

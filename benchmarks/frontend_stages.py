@@ -3,35 +3,31 @@ frontend's own process while it serves a load, for 1-, 32- and 256-token streams
 
 An echo worker (the zero-cost engine: it streams the prompt's token ids back) and the frontend,
 each its own process over etcd and the TCP request plane, and this client sending streamed chat
-requests at concurrency 32. The frontend runs alone on one core; this client, the worker and the
-sampler share the others. While each load runs, py-spy samples the frontend (every thread, only
-while it runs, ``--nonblocking``: it never pauses the process; first in line on its own core, so
-it keeps its rate). Each sample goes to the stage of the innermost frame on its stack that
-belongs to one (`STAGES`: the event loop, metrics, detokenize, chat template, tokenize, route,
-SSE write, relay per item, encode and send, validate, parse, the rest of the request); a stack
-py-spy could not read while the frontend changed it is counted apart ("unread"). A stage's CPU
-is its samples over the sampling rate, per request; the change per token comes from the 1- and
-256-token loads: (256-token − 1-token) / 255. Each load's top frames per stage are in the JSON,
-to see what a stage holds.
+requests at concurrency 32. The frontend runs alone on one core; this client and the worker
+share the others. The frontend runs with a CPU-time sampler inside (`_cpu_sampler.py`): at each
+scheduler tick the kernel counts as the frontend's CPU, its Python stack is counted. Each sample
+goes to the stage of the innermost frame on its stack that belongs to one (`STAGES`: the event
+loop, metrics, detokenize, chat template, tokenize, route, SSE write, relay per item, encode and
+send, validate, parse, the rest of the request). A stage's CPU is its samples times the tick,
+per request; the change per token comes from the 1- and 256-token loads: (256-token − 1-token)
+/ 255. Each load's top frames per stage are in the JSON, to see what a stage holds.
 
-The check that the table is the whole cost: the samples, read or not, add up to the frontend's
-CPU time that the kernel counted over the same windows (``/proc``), within 10 %; each load runs in
-`ROUNDS` interleaved rounds, pooled.
+The check that the table is the whole cost: the samples add up to the frontend's CPU time that
+the kernel counted over the same windows (``/proc``, read from outside), within 10 %, and its
+main thread (whose stacks are sampled) holds that CPU; each load runs in `ROUNDS` interleaved
+rounds, pooled.
 
-    python benchmarks/frontend_stages.py [--requests 6000]   # needs py-spy (the bench extra) and 2 cores
+    python benchmarks/frontend_stages.py [--requests 6000]   # 2 cores
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import os
 import re
-import shutil
 import signal
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from _cpu_sampler import TICK
 from _harness import machine, run_benchmark
 from frontend_overhead import echo_stack, start_echo_frontend, stream_tokens, throughput
 
@@ -47,16 +44,16 @@ from dynamo_nb import ManagedProcess
 LENGTHS = (1, 32, 256)  # output tokens per stream
 CONCURRENCY = 32
 BAR_PCT = 10.0  # the samples' total against the kernel's count of the frontend's CPU
-RATE = 500  # py-spy's samples per second
 ROUNDS = 3  # of each load; their samples and CPU pooled
-FRONTEND_CORE = {0}  # the frontend alone on it; the client, the worker and py-spy on the others
-SAMPLER_CORES = set(range(1, os.cpu_count() or 2)) or FRONTEND_CORE
+FRONTEND_CORE = {0}  # the frontend alone on it; the client and the worker on the others
+OTHER_CORES = set(range(1, os.cpu_count() or 2)) or FRONTEND_CORE
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
 class Stage:
     """A stage of the hot path: the frames in it, each a ``file`` path fragment and a pattern
-    of the function's own name (py-spy writes ``Class.method``: the method is matched), and
+    of the function's own name (a frame reads ``Class.method``: the method is matched), and
     whether it is paid per token (else per request)."""
 
     name: str
@@ -76,7 +73,7 @@ STAGES = (
                       ("prometheus_client/", ".*")), per_token=True),  # an inter-token latency each
     Stage("detokenize", (("llm/detokenize.py", ".*"), ("tokenizers/", ".*")), per_token=True),
     Stage("chat template", (("llm/tokenizer.py", "render_chat.*|_template"), ("jinja2/", ".*"))),
-    Stage("tokenize", (("llm/tokenizer.py", "encode.*|fewest_tokens"),)),
+    Stage("tokenize", (("llm/tokenizer.py", "encode.*|fewest_tokens"), ("llm/segment_cache.py", ".*"))),
     Stage("route", (("dynamo_nb/router/", ".*"),)),
     Stage("SSE write", (("frontend/writers.py", ".*"), ("http/http_server.py", "send|drained|_done"),
                         ("http/connections.py", ".*"), ("http/messages.py", "_framed|write.*")), per_token=True),
@@ -96,7 +93,7 @@ FRAME = re.compile(r"^(?P<function>.*?) \((?P<file>[^:()]*)(?::\d+)?\)$")
 
 
 def stage_of(stack: list[str]) -> tuple[str, str]:
-    """The stage of one sampled stack (outermost frame first, py-spy's raw format) and the frame
+    """The stage of one sampled stack (outermost frame first, as `_cpu_sampler` writes it) and the frame
     that put it there (``function (file)``; for the event loop, the innermost frame)."""
     frames = [(m["function"], m["file"]) for part in stack if (m := FRAME.match(part.strip()))]
     for function, file in reversed(frames):
@@ -104,7 +101,7 @@ def stage_of(stack: list[str]) -> tuple[str, str]:
             if stage.holds(function, file):
                 return stage.name, f"{function} ({_short(file)})"
     function, file = frames[-1] if frames else ("?", "?")
-    return EVENT_LOOP, f"{function} ({_short(file)})"  # asyncio's own work, or a frame py-spy could not name
+    return EVENT_LOOP, f"{function} ({_short(file)})"  # asyncio's own work
 
 
 def _short(file: str) -> str:
@@ -112,13 +109,14 @@ def _short(file: str) -> str:
 
 
 def read_samples(raw: Path) -> tuple[collections.Counter[str], dict[str, collections.Counter[str]]]:
-    """py-spy's ``--format raw`` (one stack and its count a line): samples per stage, and per
+    """What `_cpu_sampler` wrote (py-spy's raw format: one stack and its count a line; ``#``, a
+    comment): samples per stage, and per
     stage the frames that put samples there."""
     counts: collections.Counter[str] = collections.Counter()
     frames: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if stack and count.isdigit():
+        if stack and count.isdigit() and not line.startswith("#"):
             stage, frame = stage_of(stack.split(";"))
             counts[stage] += int(count)
             frames[stage][frame] += int(count)
@@ -131,44 +129,45 @@ def pin(pid: int, cores: set[int]) -> None:
         os.sched_setaffinity(int(task.name), cores)
 
 
-def py_spy() -> Path | None:
-    """py-spy beside this Python (its venv's ``bin``), else on ``PATH``."""
-    beside = Path(sys.executable).with_name("py-spy")
-    found = shutil.which("py-spy")
-    return beside if beside.exists() else Path(found) if found else None
+def _window_written(output: Path) -> list[int] | None:
+    """The main thread's and the process's ticks over the window the sampler wrote to
+    ``output`` (its last line), or None while it has not."""
+    if not output.exists():
+        return None
+    return [
+        int(ticks) for ticks in output.read_text().rstrip().rpartition("\n")[2].removeprefix("# ").split()
+    ]
+
+
+async def sampled_window(frontend: ManagedProcess, output: Path) -> tuple[Path, list[int]]:
+    """Ask the frontend's sampler (``SIGUSR1``) for the stacks counted since it was last asked:
+    the file they are in, and the main thread's and the process's ticks over that window."""
+    output.unlink(missing_ok=True)  # noqa: ASYNC240  # a small file in a temporary folder
+    os.kill(frontend.pid, signal.SIGUSR1)
+    for _ in range(1000):
+        if (ticks := _window_written(output)) is not None:
+            return output, ticks
+        await asyncio.sleep(0.01)
+    raise RuntimeError(f"the frontend's sampler wrote nothing to {output} in 10 s")
 
 
 async def sampled_load(
-    http: aiohttp.ClientSession, frontend: ManagedProcess, url: str, tokens: int, requests: int, rate: int
+    http: aiohttp.ClientSession, frontend: ManagedProcess, samples: Path, url: str, tokens: int, requests: int
 ) -> dict[str, Any]:
-    """``requests`` streams of ``tokens`` tokens at `CONCURRENCY` while py-spy samples the frontend:
-    the samples per stage, the kernel's CPU seconds of the window and the requests answered."""
+    """``requests`` streams of ``tokens`` tokens at `CONCURRENCY`, the frontend's CPU sampled
+    meanwhile (`_cpu_sampler`): the samples per stage, the kernel's CPU seconds of the window and
+    the requests answered."""
     call = functools.partial(stream_tokens, http, url, tokens)
     await throughput(call, CONCURRENCY, CONCURRENCY * 4)  # warm: connections, caches
-    with tempfile.TemporaryDirectory() as folder:
-        raw = Path(folder) / "samples.txt"
-        spy = await asyncio.create_subprocess_exec(
-            str(py_spy()), "record", "--pid", str(frontend.pid), "--rate", str(rate),
-            "--format", "raw", "--output", str(raw), "--nonblocking", "--threads",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        pin(spy.pid, SAMPLER_CORES)
-        with contextlib.suppress(PermissionError):  # first in line on its core: it keeps its rate
-            os.setpriority(os.PRIO_PROCESS, spy.pid, -20)
-        await asyncio.sleep(1.0)  # py-spy attached (it samples an idle frontend meanwhile: no samples)
-        cpu, started = frontend.cpu_seconds(), time.perf_counter()
-        answered = await throughput(call, CONCURRENCY, requests)
-        cpu, seconds = frontend.cpu_seconds() - cpu, time.perf_counter() - started
-        spy.send_signal(signal.SIGINT)  # py-spy writes what it sampled, then exits
-        said, _ = await asyncio.wait_for(spy.communicate(), 60)
-        tally = re.search(r"Samples: (\d+) Errors: (\d+)", said.decode())
-        if not raw.exists():
-            raise RuntimeError(f"py-spy wrote nothing: {said.decode()[-500:]}")
-        counts, frames = read_samples(raw)
-    # the idle second before the load: py-spy left out idle threads, so its samples are the load's
+    await sampled_window(frontend, samples)  # what came before is not this load's
+    cpu, started = frontend.cpu_seconds(), time.perf_counter()
+    answered = await throughput(call, CONCURRENCY, requests)
+    cpu, seconds = frontend.cpu_seconds() - cpu, time.perf_counter() - started
+    raw, (main_ticks, process_ticks) = await sampled_window(frontend, samples)
+    counts, frames = read_samples(raw)
     return {"tokens": tokens, "requests": requests, "seconds": seconds, "req_per_s": answered,
-            "cpu_seconds": cpu, "samples": dict(counts), "rate": rate,
-            "unread_samples": int(tally.group(2)) if tally else 0,
+            "cpu_seconds": cpu, "samples": dict(counts), "rate": 1e6,
+            "main_thread_ticks": main_ticks, "process_ticks": process_ticks,
             "top_frames": {stage: dict(found.most_common(4)) for stage, found in frames.items()}}  # fmt: skip
 
 
@@ -183,33 +182,29 @@ def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             frames[stage].update(top)
     total = {
         name: sum(found[name] for found in rounds)
-        for name in ("requests", "seconds", "cpu_seconds", "unread_samples")
+        for name in ("requests", "seconds", "cpu_seconds", "main_thread_ticks", "process_ticks")
     }
     return {**rounds[0], **total, "req_per_s": total["requests"] / total["seconds"], "samples": dict(samples),
             "top_frames": {stage: dict(top.most_common(4)) for stage, top in frames.items()},
-            "rounds": [{k: found[k] for k in ("requests", "seconds", "cpu_seconds", "unread_samples")}
+            "rounds": [{k: found[k] for k in ("requests", "seconds", "cpu_seconds")}
                        | {"samples": sum(found["samples"].values())} for found in rounds]}  # fmt: skip
 
 
-UNREAD = "unread samples"  # a stack py-spy could not read while the frontend ran (--nonblocking)
 TOTAL = "total (sampled)"
 
 
 def stage_table(loads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per stage, then the unread samples and the total: µs per request at each stream length,
+    """Per stage, then the total: µs per request at each stream length,
     and the change per token from the shortest to the longest streams."""
     by_tokens = {load["tokens"]: load for load in loads}
     per_token = {stage.name for stage in STAGES if stage.per_token}
     rows = []
-    for name in [*(stage.name for stage in STAGES), UNREAD, TOTAL]:
-        paid = "per token" if name in per_token else "" if name in (UNREAD, TOTAL) else "per request"
+    for name in [*(stage.name for stage in STAGES), TOTAL]:
+        paid = "per token" if name in per_token else "" if name == TOTAL else "per request"
         row: dict[str, Any] = {"stage": name, "paid": paid}
         for tokens, load in by_tokens.items():
-            count = {
-                UNREAD: load["unread_samples"],
-                TOTAL: sum(load["samples"].values()) + load["unread_samples"],
-            }
-            seconds = count.get(name, load["samples"].get(name, 0)) / load["rate"]
+            count = sum(load["samples"].values()) if name == TOTAL else load["samples"].get(name, 0)
+            seconds = count / load["rate"]
             row[f"us_per_request_{tokens}"] = seconds / load["requests"] * 1e6
         first, last = min(by_tokens), max(by_tokens)
         row["us_per_token"] = (row[f"us_per_request_{last}"] - row[f"us_per_request_{first}"]) / (
@@ -219,32 +214,35 @@ def stage_table(loads: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-async def main(requests: int, rate: int = RATE) -> dict[str, Any]:
-    if py_spy() is None:
-        raise SystemExit('this benchmark samples the frontend with py-spy: pip install -e ".[bench]"')
-    # everything this starts (etcd, the worker, py-spy) inherits the other cores; the frontend
-    # alone is moved to its own: no other process runs there while it is sampled (a thread that
-    # waits for its core is sampled as running)
-    os.sched_setaffinity(0, SAMPLER_CORES)
-    async with echo_stack() as stack:
-        frontend, url = await start_echo_frontend(stack.http, stack.etcd)
-        stack.programs.append(frontend)
-        pin(frontend.pid, FRONTEND_CORE)
-        rounds: dict[int, list[dict[str, Any]]] = {tokens: [] for tokens in LENGTHS}
-        for _ in range(ROUNDS):  # interleaved: a drift of the machine reaches every length alike
-            for tokens in LENGTHS:
-                total = {1: 2 * requests, 32: requests}.get(tokens, max(requests // 4, CONCURRENCY * 4))
-                rounds[tokens].append(await sampled_load(stack.http, frontend, url, tokens, total, rate))
-        loads = [pooled(found) for found in rounds.values()]
+async def main(requests: int) -> dict[str, Any]:
+    # everything this starts (etcd, the worker) inherits the other cores; the frontend alone is
+    # moved to its own: what it measures is its own work, not its wait for a core
+    os.sched_setaffinity(0, OTHER_CORES)
+    with tempfile.TemporaryDirectory() as folder:
+        async with echo_stack() as stack:
+            samples = Path(folder) / "samples.txt"
+            sampler = (str(ROOT / "benchmarks" / "_cpu_sampler.py"), str(samples))
+            frontend, url = await start_echo_frontend(stack.http, stack.etcd, program=sampler)
+            stack.programs.append(frontend)
+            pin(frontend.pid, FRONTEND_CORE)
+            rounds: dict[int, list[dict[str, Any]]] = {tokens: [] for tokens in LENGTHS}
+            for _ in range(ROUNDS):  # interleaved: a drift of the machine reaches every length alike
+                for tokens in LENGTHS:
+                    total = {1: 2 * requests, 32: requests}.get(tokens, max(requests // 4, CONCURRENCY * 4))
+                    rounds[tokens].append(
+                        await sampled_load(stack.http, frontend, samples, url, tokens, total)
+                    )
+            loads = [pooled(found) for found in rounds.values()]
     for load in loads:
-        sampled = (sum(load["samples"].values()) + load["unread_samples"]) / load["rate"]
+        sampled = sum(load["samples"].values()) / load["rate"]
         load["sampled_cpu_seconds"] = sampled
         load["sampled_vs_measured_pct"] = (sampled - load["cpu_seconds"]) / load["cpu_seconds"] * 100
+        load["main_thread_share_pct"] = load["main_thread_ticks"] / max(load["process_ticks"], 1) * 100
     return {
         "benchmark": "frontend_stages",
         "machine": machine(),
         "setup": f"echo worker and frontend processes (etcd, TCP request plane), streamed chat requests at "
-        f"concurrency {CONCURRENCY}, py-spy sampling the frontend at {rate} Hz",
+        f"concurrency {CONCURRENCY}, the frontend's CPU sampled at each tick it runs ({1 / TICK:.0f} Hz)",
         "loads": loads,
         "stages": stage_table(loads),
         "bar_pct": BAR_PCT,
