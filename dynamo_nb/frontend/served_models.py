@@ -102,6 +102,7 @@ class ServedModel:
         # static mode's or one added in this process, leave every instance allowed)
         self.card_instances: set[int] = set()
         self._keyed = False
+        self._capacity: int | None = None  # `capacity`, kept as cards come and go (asked per request)
         client.serves = self.serves
 
     @property
@@ -125,12 +126,14 @@ class ServedModel:
         if instance_id is not None:
             self._keyed = True
             self.card_instances.add(instance_id)
+        self._capacity = self._sum_of_limits()
 
     def card_removed(self, key: str) -> None:
         self.cards.pop(key, None)
         instance_id = _instance_of(key)
         if instance_id is not None:
             self.card_instances.discard(instance_id)
+        self._capacity = self._sum_of_limits()
 
     def check_guided(self, guided: GuidedDecoding) -> None:
         """Refuse structured output (a 400 naming its field) unless every worker of this model
@@ -149,6 +152,9 @@ class ServedModel:
     def capacity(self) -> int | None:
         """Requests the workers take at once: the sum of their cards' ``max_num_seqs`` (None
         when a worker publishes no limit)."""
+        return self._capacity
+
+    def _sum_of_limits(self) -> int | None:
         limits = [card.runtime_config.max_num_seqs for card in self.cards.values()]
         known = [limit for limit in limits if limit is not None]
         if not limits or len(known) < len(limits):
@@ -273,6 +279,8 @@ class ModelManager:
         self._on_prefill_error = on_prefill_error
         self._on_policy_change = on_policy_change
         self._card_names: dict[str, str] = {}  # discovery key → model name
+        self._body_bound: int | None = None
+        self._body_bound_stale = True  # `body_bytes_bound` is found again (a card came or went)
         self.suspects = SuspectInstances()
         """Worker instances suspected of hanging (the watchdog's): every model's client routes around them."""
         self._changed = asyncio.Event()
@@ -353,11 +361,14 @@ class ModelManager:
 
     def body_bytes_bound(self) -> int | None:
         """The largest request body a served model's context could take (None: no bound known:
-        no model yet, or one whose context is unknown). A larger body is refused unread."""
-        bounds = [model.body_bytes_bound for model in self.live_models()]
-        if not bounds or any(bound is None for bound in bounds):
-            return None
-        return max(bound for bound in bounds if bound is not None)
+        no model yet, or one whose context is unknown). A larger body is refused unread. Asked
+        per request, found again only after a card came or went."""
+        if self._body_bound_stale:
+            bounds = [model.body_bytes_bound for model in self.live_models()]
+            known = [bound for bound in bounds if bound is not None]
+            self._body_bound = max(known) if known and len(known) == len(bounds) else None
+            self._body_bound_stale = False
+        return self._body_bound
 
     async def add_card(
         self, card: ModelCard, key: str | None = None, *, address: str | None = None
@@ -455,6 +466,7 @@ class ModelManager:
             self._notify()
 
     def _notify(self) -> None:
+        self._body_bound_stale = True
         self._changed.set()
         self._changed = asyncio.Event()
 
