@@ -22,7 +22,6 @@ stacks are sampled.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dis
 import os
@@ -38,11 +37,12 @@ TICK = 0.004
 still fires only at ticks)."""
 
 
-RESUME = dis.opmap["RESUME"]
-LOOP_CODES = {asyncio.Runner.run.__code__, asyncio.events.Handle._run.__code__}
-"""The frames that run the event loop: a callback found at its first instruction (``RESUME``)
-just above one was entered from the loop's C code (uvloop's, or asyncio's C tasks) after the tick
-came, which the interpreter handles only when Python runs again: that tick is the loop's."""
+RESUME = dis.opmap.get("RESUME")  # Python 3.11 and later
+LOOP_FILES = ("asyncio/runners.py", "asyncio/events.py", "uvloop/__init__.py")
+"""Where the frames that run the event loop are (asyncio's runner, its callback handle, uvloop's
+`run`): a callback found at its first instruction (``RESUME``) just above one of them was entered
+from the loop's C code (uvloop's, or asyncio's C tasks) after the tick came, which the interpreter
+handles only when Python runs again: that tick is the loop's."""
 
 
 def _ticks(stat: Path) -> int:
@@ -60,9 +60,10 @@ def main() -> int:
     used = [time.thread_time_ns()]  # the main thread's CPU at the last sample
 
     def tick(signum: int, frame: FrameType | None) -> None:
-        if frame is not None and frame.f_back is not None and frame.f_back.f_code in LOOP_CODES:
-            if frame.f_code.co_code[frame.f_lasti] == RESUME:  # came in the loop's C code
-                frame = frame.f_back
+        caller = frame.f_back if frame is not None else None
+        if caller is not None and caller.f_code.co_filename.endswith(LOOP_FILES):
+            if frame is not None and frame.f_code.co_code[frame.f_lasti] == RESUME:  # in the loop's C code
+                frame = caller
         codes = []
         while frame is not None:
             codes.append(frame.f_code)
@@ -76,7 +77,11 @@ def main() -> int:
         counts.clear()
         now = [_ticks(main_stat), _ticks(process_stat)]
         lines = [
-            ";".join(f"{code.co_qualname} ({code.co_filename})" for code in reversed(codes)) + f" {count}"
+            ";".join(
+                f"{getattr(code, 'co_qualname', code.co_name)} ({code.co_filename})"
+                for code in reversed(codes)
+            )
+            + f" {count}"
             for codes, count in taken.items()
         ]
         lines.append(f"# {now[0] - started[0]} {now[1] - started[1]}")
