@@ -410,6 +410,36 @@ async def test_models_health_live_and_metrics(served: Served) -> None:
     )
 
 
+async def test_every_gap_between_tokens_is_observed_whether_it_waited_or_not(
+    served: Served, tiny_path: Path
+) -> None:
+    """One inter-token gap per token after the first: tokens that came in a burst (gap 0,
+    counted together at the stream's end) and tokens waited for alike."""
+
+    async def in_bursts(request: Any, context: Any = None) -> AsyncIterator[LLMEngineOutput]:
+        prompt = request.token_ids
+        for index in range(39):  # ten at a time, the stream's queue holding the rest of each ten
+            yield LLMEngineOutput([prompt[index % len(prompt)]])
+            if index % 10 == 9:
+                await asyncio.sleep(0.01)
+        yield LLMEngineOutput.final([prompt[0]], "length", prompt_tokens=len(prompt), completion_tokens=40)
+
+    endpoint = served.runtime.endpoint("fe.gaps.generate")
+    server, _ = await serve_llm(endpoint, in_bursts, tiny_path, model_name="gaps")
+    await served.frontend.wait_for_model("gaps", timeout=5)
+    itl = "dynamo_frontend_inter_token_latency_seconds_count"
+    before = metric_value((await served.http.get("/metrics")).text, itl, model="gaps") or 0
+    body = {**GOOD, "model": "gaps", "max_tokens": 40, "ignore_eos": True, "stream": True}
+    for _ in range(3):
+        async with served.http.stream("POST", CHAT, json=body) as response:
+            assert response.status_code == 200
+            lines = [line async for line in response.aiter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+    after = metric_value((await served.http.get("/metrics")).text, itl, model="gaps")
+    assert after - before == 3 * 39
+    await server.stop()
+
+
 async def test_a_client_that_disconnects_cancels_the_worker_request(served: Served) -> None:
     body = {**GOOD, "max_tokens": 900, "ignore_eos": True, "stream": True}
     async with served.http.stream("POST", CHAT, json=body) as response:

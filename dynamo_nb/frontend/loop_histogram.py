@@ -30,16 +30,28 @@ __all__ = ["LoopHistogram"]
 class _Child:
     """One label set's counts: ``counts[i]`` values ≤ ``bounds[i]`` (the last: +Inf), and their sum."""
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("bounds", "counts", "sum", "zero_bucket")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
         self.bounds = bounds
         self.counts = [0] * (len(bounds) + 1)
         self.sum = 0.0
+        self.zero_bucket = bisect_left(bounds, 0.0)
 
     def observe(self, value: float) -> None:
         self.counts[bisect_left(self.bounds, value)] += 1
         self.sum += value
+
+    def observe_zeros(self, times: int) -> None:
+        """``observe(0.0)`` ``times`` times, at the cost of one (a burst's tokens, gap 0).
+
+        Example:
+            >>> child = _Child((0.001, 0.01))
+            >>> child.observe_zeros(3)
+            >>> child.counts, child.sum
+            ([3, 0, 0], 0.0)
+        """
+        self.counts[self.zero_bucket] += times
 
 
 class LoopHistogram(Collector):

@@ -192,59 +192,64 @@ async def relay(
     earlier = 0  # tokens streamed by workers that went down (their usage is not in the last one's)
     returned = outcome.returned
     watch = outcome.watch
-    while True:
-        ids: Sequence[int] = item.get("token_ids") or ()
-        count += len(ids)
-        if returned is not None:
-            returned.extend(ids)
-        moving.record(ids)
-        text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
-        finish = item.get("finish_reason")
-        if finish is not None or detok.stopped:
-            outcome.ending = True  # this text is the last: the writer sends it with the stream's end
-        if text or item is first:  # "" for a first item without text: the writer sends its head
-            yield text
-        if detok.stopped:
-            outcome.finish_reason = "stop"
-            outcome.stop_sequence = detok.stopped_by
-            break
-        if finish is not None:
-            outcome.finish_reason = _FINISH.get(finish, "stop")
-            usage = item.get("completion_usage")
-            if usage:
-                if isinstance(usage.get("completion_tokens"), int):
-                    count = earlier + usage["completion_tokens"]
-                details = usage.get("prompt_tokens_details")
-                if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                    outcome.cached_tokens = details["cached_tokens"]
-            break
-        try:
-            item = stream.next_ready()  # an item already queued: no await for it
-            if item is not NOT_READY:  # it came with the one before: no gap, nothing new heard
-                itl.observe(0.0)
-                continue
-            item = await stream.__anext__()
-        except StopAsyncIteration:
-            break
-        except InstanceDownError as exc:
-            moved = await moving.carry_on(count, exc)
-            if isinstance(moved, Stopped):
-                if moved.finish_reason is not None:
-                    outcome.finish_reason = moved.finish_reason
-                else:
-                    outcome.error = moved.error
+    queued = 0  # items relayed as they came with the one before (gap 0), observed at the end
+    try:
+        while True:
+            ids: Sequence[int] = item.get("token_ids") or ()
+            count += len(ids)
+            if returned is not None:
+                returned.extend(ids)
+            moving.record(ids)
+            text = push(ids[0]) if len(ids) == 1 else "".join(push(t) for t in ids)
+            finish = item.get("finish_reason")
+            if finish is not None or detok.stopped:
+                outcome.ending = True  # this text is the last: the writer sends it with the stream's end
+            if text or item is first:  # "" for a first item without text: the writer sends its head
+                yield text
+            if detok.stopped:
+                outcome.finish_reason = "stop"
+                outcome.stop_sequence = detok.stopped_by
                 break
-            # a unary answer's headers and the last chunk's nvext say who carried it on
-            outcome.served_by(moved.stream, moved.plan, moved.decision, moved.watch)
-            item, stream, earlier, watch = moved.first, moved.stream, count, moved.watch
-            continue
-        except RequestError as exc:
-            outcome.error = str(exc)
-            break
-        now = time.perf_counter()
-        itl.observe(now - last)
-        watch.item(now, now - last)
-        last = now
+            if finish is not None:
+                outcome.finish_reason = _FINISH.get(finish, "stop")
+                usage = item.get("completion_usage")
+                if usage:
+                    if isinstance(usage.get("completion_tokens"), int):
+                        count = earlier + usage["completion_tokens"]
+                    details = usage.get("prompt_tokens_details")
+                    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                        outcome.cached_tokens = details["cached_tokens"]
+                break
+            try:
+                item = stream.next_ready()  # an item already queued: no await for it
+                if item is not NOT_READY:  # it came with the one before: no gap, nothing new heard
+                    queued += 1
+                    continue
+                item = await stream.__anext__()
+            except StopAsyncIteration:
+                break
+            except InstanceDownError as exc:
+                moved = await moving.carry_on(count, exc)
+                if isinstance(moved, Stopped):
+                    if moved.finish_reason is not None:
+                        outcome.finish_reason = moved.finish_reason
+                    else:
+                        outcome.error = moved.error
+                    break
+                # a unary answer's headers and the last chunk's nvext say who carried it on
+                outcome.served_by(moved.stream, moved.plan, moved.decision, moved.watch)
+                item, stream, earlier, watch = moved.first, moved.stream, count, moved.watch
+                continue
+            except RequestError as exc:
+                outcome.error = str(exc)
+                break
+            now = time.perf_counter()
+            itl.observe(now - last)
+            watch.item(now, now - last)
+            last = now
+    finally:
+        if queued:
+            itl.observe_zeros(queued)
     tail = detok.finish()
     if tail:
         yield tail
