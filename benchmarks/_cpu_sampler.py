@@ -13,9 +13,9 @@ its run time.)
 
 ``SIGUSR1`` writes the stacks since the last ``SIGUSR1`` to OUTPUT in py-spy's raw format
 (``outermost;…;innermost count`` a line, each frame ``function (file)``, the count in µs of CPU;
-written whole, then renamed) and starts anew; its last line, ``# main_thread_ticks
-process_ticks``, is ``/proc``'s count of both over the same window, since only the main thread's
-stacks are sampled.
+written whole, then renamed) and starts anew; its last line, ``# main_thread_ns process_ns``, is
+the CPU of the main thread and of the whole process over the same window, since only the main
+thread's stacks are sampled.
 
     python benchmarks/_cpu_sampler.py OUTPUT run --in http ...   # then python -m dynamo_nb's arguments
 """
@@ -27,7 +27,6 @@ import dis
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from types import CodeType, FrameType
@@ -45,25 +44,25 @@ from the loop's C code (uvloop's, or asyncio's C tasks) after the tick came, whi
 handles only when Python runs again: that tick is the loop's."""
 
 
-def _ticks(stat: Path) -> int:
-    """User + system clock ticks (``/proc``'s 100 Hz unit) of a process or thread."""
-    fields = stat.read_text().rpartition(")")[2].split()
-    return int(fields[11]) + int(fields[12])
+def _entered_from_the_loop(frame: FrameType) -> bool:
+    """Whether ``frame`` is at its first instruction just above a frame that runs the loop."""
+    caller = frame.f_back
+    return (
+        caller is not None
+        and caller.f_code.co_filename.endswith(LOOP_FILES)
+        and frame.f_code.co_code[frame.f_lasti] == RESUME
+    )
 
 
 def main() -> int:
     output, *argv = sys.argv[1:]
     counts: collections.Counter[tuple[CodeType, ...]] = collections.Counter()  # µs of CPU per stack
-    main_stat = Path(f"/proc/self/task/{threading.get_native_id()}/stat")
-    process_stat = Path("/proc/self/stat")
-    started = [_ticks(main_stat), _ticks(process_stat)]
     used = [time.thread_time_ns()]  # the main thread's CPU at the last sample
+    started = [used[0], time.process_time_ns()]  # the main thread's and the process's, at the last write
 
     def tick(signum: int, frame: FrameType | None) -> None:
-        caller = frame.f_back if frame is not None else None
-        if caller is not None and caller.f_code.co_filename.endswith(LOOP_FILES):
-            if frame is not None and frame.f_code.co_code[frame.f_lasti] == RESUME:  # in the loop's C code
-                frame = caller
+        if frame is not None and _entered_from_the_loop(frame):
+            frame = frame.f_back  # the tick came in the loop's C code
         codes = []
         while frame is not None:
             codes.append(frame.f_code)
@@ -75,7 +74,7 @@ def main() -> int:
     def write(signum: int, frame: FrameType | None) -> None:
         taken = counts.copy()  # one C call: a tick's handler cannot run inside it
         counts.clear()
-        now = [_ticks(main_stat), _ticks(process_stat)]
+        now = [time.thread_time_ns(), time.process_time_ns()]  # the handler runs in the main thread
         lines = [
             ";".join(
                 f"{getattr(code, 'co_qualname', code.co_name)} ({code.co_filename})"
@@ -86,7 +85,7 @@ def main() -> int:
         ]
         lines.append(f"# {now[0] - started[0]} {now[1] - started[1]}")
         started[:] = now
-        used[0] = time.thread_time_ns()
+        used[0] = now[0]
         part = Path(output + ".part")
         part.write_text("\n".join(lines) + "\n")
         os.replace(part, output)

@@ -130,23 +130,21 @@ def pin(pid: int, cores: set[int]) -> None:
 
 
 def _window_written(output: Path) -> list[int] | None:
-    """The main thread's and the process's ticks over the window the sampler wrote to
+    """The main thread's and the process's CPU (ns) over the window the sampler wrote to
     ``output`` (its last line), or None while it has not."""
     if not output.exists():
         return None
-    return [
-        int(ticks) for ticks in output.read_text().rstrip().rpartition("\n")[2].removeprefix("# ").split()
-    ]
+    return [int(ns) for ns in output.read_text().rstrip().rpartition("\n")[2].removeprefix("# ").split()]
 
 
 async def sampled_window(frontend: ManagedProcess, output: Path) -> tuple[Path, list[int]]:
     """Ask the frontend's sampler (``SIGUSR1``) for the stacks counted since it was last asked:
-    the file they are in, and the main thread's and the process's ticks over that window."""
+    the file they are in, and the main thread's and the process's CPU (ns) over that window."""
     output.unlink(missing_ok=True)  # noqa: ASYNC240  # a small file in a temporary folder
     os.kill(frontend.pid, signal.SIGUSR1)
     for _ in range(1000):
-        if (ticks := _window_written(output)) is not None:
-            return output, ticks
+        if (cpu := _window_written(output)) is not None:
+            return output, cpu
         await asyncio.sleep(0.01)
     raise RuntimeError(f"the frontend's sampler wrote nothing to {output} in 10 s")
 
@@ -163,11 +161,11 @@ async def sampled_load(
     cpu, started = frontend.cpu_seconds(), time.perf_counter()
     answered = await throughput(call, CONCURRENCY, requests)
     cpu, seconds = frontend.cpu_seconds() - cpu, time.perf_counter() - started
-    raw, (main_ticks, process_ticks) = await sampled_window(frontend, samples)
+    raw, (main_ns, process_ns) = await sampled_window(frontend, samples)
     counts, frames = read_samples(raw)
     return {"tokens": tokens, "requests": requests, "seconds": seconds, "req_per_s": answered,
             "cpu_seconds": cpu, "samples": dict(counts), "rate": 1e6,
-            "main_thread_ticks": main_ticks, "process_ticks": process_ticks,
+            "main_thread_cpu_ns": main_ns, "process_cpu_ns": process_ns,
             "top_frames": {stage: dict(found.most_common(4)) for stage, found in frames.items()}}  # fmt: skip
 
 
@@ -182,7 +180,7 @@ def pooled(rounds: list[dict[str, Any]]) -> dict[str, Any]:
             frames[stage].update(top)
     total = {
         name: sum(found[name] for found in rounds)
-        for name in ("requests", "seconds", "cpu_seconds", "main_thread_ticks", "process_ticks")
+        for name in ("requests", "seconds", "cpu_seconds", "main_thread_cpu_ns", "process_cpu_ns")
     }
     return {**rounds[0], **total, "req_per_s": total["requests"] / total["seconds"], "samples": dict(samples),
             "top_frames": {stage: dict(top.most_common(4)) for stage, top in frames.items()},
@@ -237,7 +235,7 @@ async def main(requests: int) -> dict[str, Any]:
         sampled = sum(load["samples"].values()) / load["rate"]
         load["sampled_cpu_seconds"] = sampled
         load["sampled_vs_measured_pct"] = (sampled - load["cpu_seconds"]) / load["cpu_seconds"] * 100
-        load["main_thread_share_pct"] = load["main_thread_ticks"] / max(load["process_ticks"], 1) * 100
+        load["main_thread_share_pct"] = load["main_thread_cpu_ns"] / max(load["process_cpu_ns"], 1) * 100
     return {
         "benchmark": "frontend_stages",
         "machine": machine(),
