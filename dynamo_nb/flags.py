@@ -2,12 +2,15 @@
 
 Most flags are declared on the config field they set (`dynamo_nb.settings`): the runtime's on
 `dynamo_nb.runtime.RuntimeConfig`, the frontend's on `dynamo_nb.frontend.FrontendConfig` (with the
-KV router's and its policy's), the worker role's on `dynamo_nb.disagg.modes.WorkerRole`, the hf
-engine's on `dynamo_nb.engines.hf.HFSettings`; the mocker declares its own in its ``add_args``. What is still written here: ``--endpoint``
-(each program sets its default), the engine workers' ``--kv-cache-block-size``, ``--max-num-seqs``
-and ``--kv-timeout``, the model and logging flags, and the flags vLLM and SGLang define where they
-are not installed. The parsers are importable, so a standalone program, a graph launcher and a
-notebook all read the same flags.
+KV router's and its policy's), the worker role's on `dynamo_nb.disagg.modes.WorkerRole` (and
+``--kv-timeout``), every engine worker's block size and running-request limit on
+`dynamo_nb.engines.base.EngineLimits`, the model's on `dynamo_nb.models.folders.ModelChoice`, the
+hf engine's on `dynamo_nb.engines.hf.HFSettings`, the mocker's on its settings and the SGLang
+stand-in's on `dynamo_nb.engines.sglang_fake.StandInSettings`. What is still written here:
+``--endpoint`` (each program sets its default), the logging flags (read before the parser runs),
+the SGLang worker's ``--model-name`` (SGLang's ``--served-model-name`` comes first), and the flags
+vLLM and SGLang define where they are not installed. The parsers are importable, so a standalone
+program, a graph launcher and a notebook all read the same flags.
 
 Each flag may take its default from a ``DYN_NB_*`` environment variable; a flag given on the
 command line always wins, and ``--help`` shows every default.
@@ -33,6 +36,7 @@ from .disagg.modes import DEFAULT_PREFILL_ENDPOINT, WorkerRole
 from .engines.base import EngineLimits
 from .extras import broken_extra_error, extra_installed
 from .frontend.config import FrontendConfig
+from .models.folders import ModelChoice
 from .runtime.names import DEFAULT_WORKER_ENDPOINT
 from .runtime.program import RuntimeConfig
 from .settings import add_settings, env_default
@@ -103,21 +107,10 @@ def add_event_loop_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_model_args(parser: argparse.ArgumentParser, from_env: bool = True) -> None:
-    """Add ``--model-path`` (default: the built-in tiny model) and ``--model-name``; their defaults
-    come from ``DYN_NB_MODEL_PATH``/``DYN_NB_MODEL_NAME`` unless ``from_env`` is false."""
-    group = parser.add_argument_group("model")
-    path_env, name_env = ("env DYN_NB_MODEL_PATH; ", "env DYN_NB_MODEL_NAME; ") if from_env else ("", "")
-    group.add_argument(
-        "--model-path",
-        default=env_default("MODEL_PATH", None) if from_env else None,
-        help=f"local Hugging Face model folder ({path_env}default: the built-in tiny model)",
-    )
-    group.add_argument(
-        "--model-name",
-        default=env_default("MODEL_NAME", None) if from_env else None,
-        help=f"name the model is served as ({name_env}default: the folder's name, tiny-llama for the built-in model)",
-    )
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--model-path`` (default: the built-in tiny model) and ``--model-name``: the fields of
+    `dynamo_nb.models.folders.ModelChoice`, declared there."""
+    add_settings(parser, ModelChoice, group="model")
 
 
 def add_frontend_args(parser: argparse.ArgumentParser) -> None:
@@ -395,27 +388,9 @@ def add_sglang_args(parser: argparse.ArgumentParser) -> None:
         for action in parser._actions:  # SGLang requires it; the worker defaults to the tiny model
             if action.dest == "model_path":
                 action.required = False
-    fake = parser.add_argument_group("recording stand-in for SGLang (hosts without a GPU)")
-    fake.add_argument(
-        "--fake-engine",
-        action="store_true",
-        help="serve with a stand-in that has SGLang's method signatures and records every call, not "
-        "sglang.Engine (SGLang needs CUDA); its tokens are a function of the prompt (default: off)",
-    )
-    fake.add_argument(
-        "--fake-record", default=None, help="stand-in: append each call to this JSON-lines file"
-    )
-    fake.add_argument(
-        "--fake-prefill-delay",
-        type=float,
-        default=0.0,
-        help="stand-in: seconds each prefill takes (default: 0)",
-    )
-    fake.add_argument(
-        "--fake-fail-prefill",
-        action="store_true",
-        help="stand-in: fail every prefill as a lost KV transfer does (default: off)",
-    )
+    from .engines.sglang_fake import StandInSettings  # only the SGLang worker needs it
+
+    add_settings(parser, StandInSettings)
 
 
 def sglang_worker_parser(
@@ -436,7 +411,7 @@ def sglang_worker_parser(
     )
     add_runtime_args(parser)
     ours = parser.add_argument_group("model and endpoints")
-    ours.add_argument(
+    ours.add_argument(  # not ModelChoice's: SGLang's own --served-model-name comes first
         "--model-name",
         default=env_default("MODEL_NAME", None),
         help="name the model is served as (default: --served-model-name, else the folder's name)",

@@ -56,7 +56,7 @@ from ..runtime.context import Context
 from ..runtime.streams import closing
 from .base import KvEventSink, token_budget
 from .kv_cache.zmq_relay import RelayedKvEvents, ZmqKvRelay
-from .sglang_fake import SERVER_ARG_DEFAULTS, RecordingSglangEngine
+from .sglang_fake import SERVER_ARG_DEFAULTS, RecordingSglangEngine, StandInSettings
 
 __all__ = [
     "SGLANG_VERSION",
@@ -229,13 +229,7 @@ class SglangEngine(RelayedKvEvents):
     ) -> SglangEngine:
         """The engine the SGLang worker's flags describe (SGLang's ``ServerArgs``, ``--model-path``;
         ``--fake-engine`` for the recording stand-in)."""
-        fake = None
-        if args.fake_engine:
-            fake = {
-                "record_path": args.fake_record,
-                "prefill_delay": args.fake_prefill_delay,
-                "fail_prefill": args.fake_fail_prefill,
-            }
+        fake = StandInSettings.from_args(args).launch_options()
         return await cls.start(sglang_server_args(args, model_path), kv_events=kv_events, fake=fake)
 
     @property

@@ -40,8 +40,9 @@ from typing import Any, cast
 
 from ..disagg.bootstrap import BootstrapServer, fetch_kv
 from ..disagg.rooms import BootstrapInfo
+from ..settings import Settings, at_least, setting
 
-__all__ = ["SAMPLING_PARAM_NAMES", "RecordingSglangEngine"]
+__all__ = ["SAMPLING_PARAM_NAMES", "RecordingSglangEngine", "StandInSettings"]
 
 logger = logging.getLogger("dynamo_nb.engines.sglang_fake")
 
@@ -79,6 +80,61 @@ SERVER_ARG_DEFAULTS: dict[str, Any] = {
     "tp_size": 1,
 }
 """SGLang's ``ServerArgs`` fields the stand-in reads, with SGLang's defaults."""
+
+_STAND_IN = "recording stand-in for SGLang (hosts without a GPU)"
+
+
+@dataclass(frozen=True)
+class StandInSettings(Settings):
+    """The SGLang worker's ``--fake-*`` flags: whether it serves with the recording stand-in
+    instead of ``sglang.Engine`` (SGLang needs CUDA), and how the stand-in behaves.
+
+    Example:
+        >>> StandInSettings(fake_engine=True, fake_prefill_delay=0.5).launch_options()
+        {'record_path': None, 'prefill_delay': 0.5, 'fail_prefill': False}
+        >>> StandInSettings().launch_options() is None
+        True
+    """
+
+    fake_engine: bool = setting(
+        False,
+        flag="--fake-engine",
+        group=_STAND_IN,
+        default_text="off",
+        help="serve with a stand-in that has SGLang's method signatures and records every call, not "
+        "sglang.Engine (SGLang needs CUDA); its tokens are a function of the prompt",
+    )
+    fake_record: str | None = setting(
+        None,
+        flag="--fake-record",
+        group=_STAND_IN,
+        default_text="none",
+        help="stand-in: append each call to this JSON-lines file",
+    )
+    fake_prefill_delay: float = setting(
+        0.0,
+        flag="--fake-prefill-delay",
+        group=_STAND_IN,
+        check=at_least(0),
+        help="stand-in: seconds each prefill takes",
+    )
+    fake_fail_prefill: bool = setting(
+        False,
+        flag="--fake-fail-prefill",
+        group=_STAND_IN,
+        default_text="off",
+        help="stand-in: fail every prefill as a lost KV transfer does",
+    )
+
+    def launch_options(self) -> dict[str, Any] | None:
+        """`RecordingSglangEngine.launch`'s options, or None to start SGLang itself."""
+        if not self.fake_engine:
+            return None
+        return {
+            "record_path": self.fake_record,
+            "prefill_delay": self.fake_prefill_delay,
+            "fail_prefill": self.fake_fail_prefill,
+        }
 
 
 @dataclass

@@ -3,18 +3,20 @@ checked (`check_model_dir`), or the built-in tiny model (`model_folder`). One ru
 workers' ``--model-path``/``--model-name``, the frontend's static mode and `use_model`.
 
 Example:
-    >>> path, name = model_folder(None, None)
+    >>> path, name = ModelChoice().folder()
     >>> name, (path / "tokenizer.json").is_file()
     ('tiny-llama', True)
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..settings import Settings, setting
 
-__all__ = ["check_model_dir", "model_folder"]
+__all__ = ["ModelChoice", "check_model_dir", "model_folder"]
 
 
 def check_model_dir(model_path: str | Path, flag: str = "model_path") -> Path:
@@ -72,3 +74,37 @@ def model_folder(
     if not model_name.strip():
         raise ConfigError(f"{name_flag} is empty: give a name such as tiny-llama, or leave the flag out")
     return path, model_name
+
+
+@dataclass(frozen=True)
+class ModelChoice(Settings):
+    """A worker's ``--model-path`` and ``--model-name`` (each defaulting from its ``DYN_NB_*``
+    variable): which folder it serves, under what name.
+
+    Example:
+        >>> import argparse
+        >>> from dynamo_nb.settings import add_settings
+        >>> parser = argparse.ArgumentParser()
+        >>> add_settings(parser, ModelChoice)
+        >>> ModelChoice.from_args(parser.parse_args(["--model-name", "mine"])).folder()[1]
+        'mine'
+    """
+
+    model_path: str | None = setting(
+        None,
+        flag="--model-path",
+        env="MODEL_PATH",
+        default_text="the built-in tiny model",
+        help="local Hugging Face model folder",
+    )
+    model_name: str | None = setting(
+        None,
+        flag="--model-name",
+        env="MODEL_NAME",
+        default_text="the folder's name, tiny-llama for the built-in model",
+        help="name the model is served as",
+    )
+
+    def folder(self) -> tuple[Path, str]:
+        """The folder and served name (`model_folder`: the tiny model when no path is given)."""
+        return model_folder(self.model_path, self.model_name)
