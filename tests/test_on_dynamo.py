@@ -78,6 +78,22 @@ def test_dynamos_listeners_keep_to_loopback_unless_allowed_and_kv_events_need_na
     ).kv_events_allowed
 
 
+def test_the_system_port_is_the_workers_and_not_its_frontends(tmp_path: Path) -> None:
+    """--system-port becomes Dynamo's DYN_SYSTEM_PORT (its /health ready once the worker's
+    generate endpoint serves); none without it; the frontend's environment carries neither."""
+    folder = f"file://{tmp_path / 'kv'}"
+    assert "DYN_SYSTEM_PORT" not in DynamoPlanes.from_flags(folder, None, None, tcp_host=None).environment
+    planes = DynamoPlanes.from_flags(folder, None, None, tcp_host=None, system_port=9090)
+    assert planes.environment["DYN_SYSTEM_PORT"] == "9090"
+    assert planes.environment["DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"] == '["generate"]'
+    workers_only = {"DYN_SYSTEM_PORT", "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"}
+    assert not workers_only & set(planes.frontend_environment())
+    with pytest.raises(
+        ConfigError, match=r"--system-port 40000: Dynamo 1\.6\.1 reads DYN_SYSTEM_PORT as a 16-bit"
+    ):
+        DynamoPlanes.from_flags(folder, None, None, tcp_host=None, system_port=40000)
+
+
 def test_a_folder_of_the_kits_runtime_is_refused_by_dynamos(tmp_path: Path) -> None:
     (tmp_path / "leases").mkdir()
     (tmp_path / "keys").mkdir()
@@ -529,7 +545,7 @@ async def test_an_engines_bug_on_dynamos_runtime_is_a_500_and_the_worker_log_nam
         body = {**CHAT, "max_tokens": 10}
         async with httpx.AsyncClient(base_url=frontend.url, timeout=60) as http:
             unary = await http.post("/v1/chat/completions", json=body)
-            assert unary.status_code == 500, unary.text
+            assert unary.status_code == 500 and "Invalid request" not in unary.text, unary.text
             async with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as answer:
                 lines = [line async for line in answer.aiter_lines()]
         events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
@@ -585,15 +601,29 @@ def is_loopback_address(address: str) -> bool:
 @pytest.mark.dynamo
 @pytest.mark.processes
 async def test_a_worker_on_dynamos_runtime_listens_only_on_loopback_unless_allowed(tmp_path: Path) -> None:
-    """With default flags nothing listens off loopback (its KV events stay unpublished, saying why);
-    --tcp-host 0.0.0.0 without --allow-unauthenticated is one line and exit 2; with it Dynamo's
-    ZMQ publisher's listener on every interface appears."""
+    """With default flags nothing listens off loopback (its KV events stay unpublished, saying why),
+    and --system-port's system server listens on loopback too, its /health ready once the worker
+    serves; --tcp-host 0.0.0.0 without --allow-unauthenticated is one line and exit 2; with it
+    Dynamo's ZMQ publisher's listener on every interface appears."""
     where = f"file://{tmp_path / 'kv'}"
     worker = await on_dynamo("components/mocker_worker.py", where, tmp_path, name="default")
     try:
         addresses = listening_addresses(worker.pid)
         assert addresses and all(is_loopback_address(a) for a in addresses), addresses
         assert any("KV events are not published" in line and "--nats-url" in line for line in worker.logs())
+    finally:
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+    port = free_port(bound_later=True)  # below 32768: Dynamo reads the port as an i16
+    worker = await on_dynamo(
+        "components/mocker_worker.py", where, tmp_path, "--system-port", str(port), name="system"
+    )
+    try:
+        addresses = listening_addresses(worker.pid)
+        assert f"127.0.0.1:{port}" in addresses, addresses
+        assert all(is_loopback_address(a) for a in addresses), addresses
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            health = await http.get("/health")  # READY came after the endpoint was served
+        assert (health.status_code, health.json()["status"]) == (200, "ready"), health.text
     finally:
         assert await worker.stop(timeout=30) == 0, worker.tail()
     refused = await asyncio.create_subprocess_exec(
@@ -644,6 +674,42 @@ async def test_the_frontend_command_a_worker_prints_serves_it(tmp_path: Path) ->
                 assert await frontend.stop(timeout=10) == 0, frontend.tail()
         with pytest.raises(ConfigError, match="NVIDIA Dynamo's discovery folder"):
             await DistributedRuntime.create(where)
+    finally:
+        assert await worker.stop(timeout=30) == 0, worker.tail()
+
+
+def readme_dynamo_lines() -> list[str]:
+    """The commands of the README's "On NVIDIA Dynamo" block, comments dropped."""
+    section = (ROOT / "README.md").read_text().split("## On NVIDIA Dynamo", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+@pytest.mark.dynamo
+@pytest.mark.processes
+async def test_the_readmes_dynamo_lines_run_as_written(tmp_path: Path) -> None:
+    """The README's worker and frontend lines, as written but for the folder (the test's own) and
+    the port (a free one): Dynamo's frontend lists the worker and answers."""
+    install, worker_line, frontend_line = readme_dynamo_lines()
+    assert install.startswith("python3 -m pip install -e . && python3 -m dynamo_nb install dynamo")
+    ours = {"/tmp/kv": str(tmp_path / "kv"), "--http-port 8000": f"--http-port {(port := free_port())}"}
+    words = []
+    for line in (worker_line.removesuffix("&"), frontend_line):
+        for theirs, mine in ours.items():
+            line = line.replace(theirs, mine)
+        words.append(shlex.split(line))
+    assert [command[0] for command in words] == ["python3", "python3"] and "--http-port" in words[1]
+    worker = await launch(sys.executable, *words[0][1:], cwd=ROOT, log_dir=tmp_path, show_logs=False,
+                          timeout=180, name="readme-worker")  # fmt: skip
+    try:
+        frontend = await launch(sys.executable, *words[1][1:], cwd=ROOT, log_dir=tmp_path, show_logs=False,
+                                ready=None, timeout=120, name="readme-frontend")  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await bench.wait_for_model(url, MODEL, instances=1, timeout=90)
+            assert await answer_of(url, {**CHAT, "max_tokens": 4})
+        finally:
+            assert await frontend.stop(timeout=10) == 0, frontend.tail()
     finally:
         assert await worker.stop(timeout=30) == 0, worker.tail()
 

@@ -199,12 +199,13 @@ def test_a_misspelt_hint_and_vllms_top_level_priority_are_400s_that_name_the_fie
     ) as bad:
         parse_request(misspelt, "completions")
     assert bad.value.param == "nvext.agent_hints.priorty"
-    vllms = {"model": "m", "prompt": "hi", "priority": 10}
-    with pytest.raises(
-        InvalidRequestError, match=r"vLLM's \(lower first\).*nvext.agent_hints.priority"
-    ) as bad:
-        parse_request(vllms, "completions")
-    assert bad.value.param == "priority"
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for vllms, route in (({"model": "m", "prompt": "hi"}, "completions"), (chat, "chat")):
+        with pytest.raises(
+            InvalidRequestError, match=r"vLLM's \(lower first\).*nvext.agent_hints.priority"
+        ) as bad:
+            parse_request({**vllms, "priority": 10}, route)
+        assert bad.value.param == "priority"
     # Dynamo's other hints are taken (and not used here), as Dynamo takes them
     others = {"osl": 128, "speculative_prefill": False, "latency_sensitivity": 0.5, "priority": 3}
     parsed = parse_request({"model": "m", "prompt": "hi", "nvext": {"agent_hints": others}}, "completions")

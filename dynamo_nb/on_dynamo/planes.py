@@ -26,6 +26,13 @@ __all__ = ["DynamoPlanes"]
 LOOPBACK = "127.0.0.1"
 
 
+DYNAMO_SYSTEM_PORT_MAX = 32767
+"""The highest ``DYN_SYSTEM_PORT`` Dynamo 1.6.1 accepts (it parses the port as an ``i16``)."""
+
+_WORKERS_ONLY = ("DYN_SYSTEM_PORT", "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS")
+"""A worker's system server settings: Dynamo's frontend does not serve one (it warns if asked)."""
+
+
 @dataclass(frozen=True)
 class DynamoPlanes:
     """What Dynamo's runtime is created with: ``DistributedRuntime(loop, discovery_backend,
@@ -83,12 +90,15 @@ class DynamoPlanes:
         *,
         tcp_host: str | None,
         system_host: str = LOOPBACK,
+        system_port: int = -1,
         allow_unauthenticated: bool = False,
     ) -> DynamoPlanes:
         """Map ``--discovery`` (``file://DIR`` or ``etcd://HOST:PORT``: Dynamo's frontend runs in
         another process, so ``memory`` and ``static`` cannot be used), ``--request-plane``
         (``tcp``, default, or ``nats``), ``--nats-url`` (NATS is then the event plane too, else
         ZMQ) and ``--tcp-host`` (what Dynamo's servers bind: 127.0.0.1 unless given);
+        ``--system-host`` and ``--system-port`` (Dynamo's system server, ``/health``, ``/live``
+        and ``/metrics``: ``DYN_SYSTEM_PORT``, none unless the port is 0 or more);
         ``allow_unauthenticated`` (``--allow-unauthenticated``): see `check_listeners`."""
         host = tcp_host or LOOPBACK
         env = {
@@ -98,6 +108,19 @@ class DynamoPlanes:
             "DYN_SYSTEM_HOST": system_host,
             "DYN_SELF_HOST_METADATA": "0",  # the card names the model folder; nothing served over HTTP
         }
+        if system_port > DYNAMO_SYSTEM_PORT_MAX:
+            raise ConfigError(
+                f"--runtime dynamo --system-port {system_port}: Dynamo 1.6.1 reads DYN_SYSTEM_PORT as a "
+                f"16-bit signed number, so its system server takes ports up to {DYNAMO_SYSTEM_PORT_MAX}: "
+                "choose a lower port, or 0 for a free one"
+            )
+        if system_port >= 0:
+            env["DYN_SYSTEM_PORT"] = str(system_port)
+            # its /health says ready once the endpoint every kit worker serves by default
+            # (NS.COMP.generate) is served, as Dynamo's own workers ask; the variable set wins
+            env["DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS"] = os.environ.get(
+                "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS", '["generate"]'
+            )
         if discovery.startswith("file://"):
             backend = "file"
             env["DYN_FILE_KV"] = discovery.removeprefix("file://")
@@ -126,7 +149,8 @@ class DynamoPlanes:
 
     def frontend_environment(self, http_host: str = LOOPBACK) -> dict[str, str]:
         """The environment ``python -m dynamo.frontend`` needs to find and reach these workers."""
-        return {**self.environment, "DYN_HTTP_HOST": http_host}
+        shared = {name: value for name, value in self.environment.items() if name not in _WORKERS_ONLY}
+        return {**shared, "DYN_HTTP_HOST": http_host}  # a worker's system server is not the frontend's
 
     @staticmethod
     def frontend_argv(port: int = 8000, http_host: str = LOOPBACK) -> list[str]:

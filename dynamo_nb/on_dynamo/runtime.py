@@ -274,6 +274,7 @@ async def runtime_from_config(config: RuntimeConfig) -> DynamoRuntime:
         config.nats_url,
         tcp_host=config.tcp_host,
         system_host=config.system_host,
+        system_port=config.system_port,
         allow_unauthenticated=config.allow_unauthenticated,
     )
     planes.check_listeners()
