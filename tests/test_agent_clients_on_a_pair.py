@@ -34,6 +34,7 @@ TOOLS: Any = [
 FORCED: Any = {"type": "function", "function": {"name": "add"}}
 ASK: Any = [{"role": "user", "content": "What is 2 + 3?"}]
 BOTH_WORKERS = {"nvext": {"extra_fields": ["worker_id", "routing"]}}
+GREEDY = {**BOTH_WORKERS, "temperature": 0}  # (this anthropic SDK's stream() takes no temperature)
 
 
 class Port(pydantic.BaseModel):
@@ -105,21 +106,31 @@ async def test_a_forced_tool_call_and_a_pydantic_parse_on_the_chat_route(client:
 async def test_the_responses_and_messages_apis_return_their_tool_calls(
     frontend: Frontend, client: openai.AsyncOpenAI
 ) -> None:
+    """Each API whole and streamed on the pair: the streamed answer is the whole one."""
     tool = {"type": "function", "name": "add", "parameters": ADD}
-    response = await client.responses.create(model=MODEL, input="What is 2 + 3?", tools=[tool],  # type: ignore[list-item]
-                                             tool_choice={"type": "function", "name": "add"}, max_output_tokens=80,
-                                             extra_body=BOTH_WORKERS)  # fmt: skip
+    asked: Any = {"model": MODEL, "input": "What is 2 + 3?", "tools": [tool], "temperature": 0,
+                  "tool_choice": {"type": "function", "name": "add"}, "max_output_tokens": 80}  # fmt: skip
+    response = await client.responses.create(**asked, extra_body=BOTH_WORKERS)
     (call,) = [item for item in response.output if item.type == "function_call"]
     jsonschema.validate(json.loads(call.arguments), ADD)
     assert served_by_the_pair((response.model_extra or {}).get("nvext")), response
+    async with client.responses.stream(**asked) as streamed:
+        final = await streamed.get_final_response()
+    assert [(item.name, item.arguments) for item in final.output if item.type == "function_call"] == [
+        (call.name, call.arguments)
+    ]
+    options: Any = {"model": MODEL, "max_tokens": 80, "messages": ASK,
+                    "tools": [{"name": "add", "input_schema": ADD}], "tool_choice": {"type": "tool", "name": "add"}}  # fmt: skip
     async with anthropic.AsyncAnthropic(base_url=frontend.url, api_key="none", max_retries=0) as claude:
-        async with claude.messages.stream(
-            model=MODEL, max_tokens=80, messages=ASK, tools=[{"name": "add", "input_schema": ADD}],  # type: ignore[list-item]
-            tool_choice={"type": "tool", "name": "add"}, extra_body=BOTH_WORKERS,
-        ) as stream:  # fmt: skip
+        async with claude.messages.stream(**options, extra_body=GREEDY) as stream:
             ends = [event async for event in stream if event.type == "message_delta"]
             message = await stream.get_final_message()
+        whole = await claude.messages.create(**options, extra_body=GREEDY)
     assert served_by_the_pair((ends[0].model_extra or {}).get("nvext")), ends
     (use,) = [block for block in message.content if block.type == "tool_use"]
-    assert message.stop_reason == "tool_use"
+    assert message.stop_reason == whole.stop_reason == "tool_use"
     jsonschema.validate(use.input, ADD)
+    assert [(block.name, block.input) for block in whole.content if block.type == "tool_use"] == [
+        (use.name, use.input)
+    ]
+    assert served_by_the_pair((whole.model_extra or {}).get("nvext")), whole

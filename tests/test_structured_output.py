@@ -6,8 +6,9 @@ What is checked: 100 generated JSON schemas, each with its own seed at temperatu
 output validates with ``jsonschema``; regex, choice and Lark grammar outputs match; the openai
 SDK's ``beta.chat.completions.parse`` fills a Pydantic model; a streamed answer is the
 unstreamed one; constrained requests run in the same batch as unconstrained ones without
-changing them; a schema that does not compile, two ways of asking at once, and a model whose
-workers do not enforce grammars are 400s naming the field; a stream continued on another worker
+changing them; a ``json_object`` answer that ends is one object (chat and Responses API); a
+schema that does not compile, two ways of asking at once, a model whose workers do not enforce
+grammars and a pair whose prefill worker does not are 400s naming the field; a stream continued on another worker
 replays its grammar's state.
 """
 
@@ -169,6 +170,65 @@ async def test_what_cannot_be_enforced_is_a_400_naming_the_field(
     )
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param, answer.json()
+
+
+async def test_json_object_answers_parse_as_json_objects(frontend: Frontend) -> None:
+    """``{"type": "json_object"}`` on the chat route and as the Responses API's ``text.format``:
+    an answer that ends is one JSON object, greedy or sampled (a sampled one may instead run to
+    ``max_tokens`` inside a long string, as on any engine: the grammar bounds no length)."""
+    ended = 0
+    for seed, temperature in [(0, 0.0)] + [(seed, 1.0) for seed in range(8)]:
+        chat = await post(frontend, "/v1/chat/completions", {
+            "model": MODEL, "messages": [{"role": "user", "content": "Describe a ship in JSON"}], "max_tokens": 300,
+            "temperature": temperature, "seed": seed, "response_format": {"type": "json_object"}})  # fmt: skip
+        assert chat.status_code == 200, chat.text
+        choice = chat.json()["choices"][0]
+        content = choice["message"]["content"]
+        if choice["finish_reason"] == "stop":
+            assert isinstance(json.loads(content), dict), choice
+            ended += 1
+        else:
+            assert choice["finish_reason"] == "length" and content.startswith("{"), choice
+    assert ended >= 2, "greedy and at least one sampled answer end"
+    answer = await post(frontend, "/v1/responses", {
+        "model": MODEL, "input": "Describe a ship in JSON", "max_output_tokens": 300, "temperature": 0,
+        "text": {"format": {"type": "json_object"}}})  # fmt: skip
+    assert answer.status_code == 200, answer.text
+    (message,) = [item for item in answer.json()["output"] if item["type"] == "message"]
+    assert isinstance(json.loads(message["content"][0]["text"]), dict), message
+
+
+async def test_a_prefill_worker_that_does_not_enforce_grammars_is_a_400_naming_the_field() -> None:
+    """A pair whose decode (hf) enforces grammars but whose prefill (the mocker) does not: its
+    first token would be unconstrained, so structured output is refused, naming the field."""
+    from dynamo_nb.disagg.modes import DEFAULT_PREFILL_ENDPOINT
+    from dynamo_nb.engines.mocker import MockerEngine
+
+    async with await DistributedRuntime.create() as runtime:
+        decode = await HFEngine.load(tiny_model_path())
+        prefill = MockerEngine(speedup_ratio=100.0)
+        await serve_engine(runtime, WorkerRole(mode="prefill", endpoint=DEFAULT_PREFILL_ENDPOINT),
+                           tiny_model_path(), MODEL, lambda kv_events: prefill)  # fmt: skip
+        await serve_engine(
+            runtime, WorkerRole(mode="decode"), tiny_model_path(), MODEL, lambda kv_events: decode
+        )
+        front = await Frontend.start(runtime, port=0)
+        try:
+            await front.wait_for_model(MODEL)
+            for _ in range(200):
+                if front.models.prefill_planner(MODEL) is not None:
+                    break
+                await asyncio.sleep(0.05)
+            answer = await post(front, "/v1/chat/completions", {
+                "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "response_format": {"type": "json_object"}})  # fmt: skip
+            assert answer.status_code == 400, answer.text
+            error = answer.json()["error"]
+            assert error["param"] == "response_format" and "prefill worker" in error["message"], error
+        finally:
+            await front.stop()
+            await decode.close()
+            await prefill.close()
 
 
 def test_a_continued_stream_replays_its_grammars_state() -> None:

@@ -34,7 +34,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
-from ..llm.tool_calls import ToolCall
+from ..llm.tool_calls import ToolCall, ToolCallGate
 from .openai import OpenAIRequest, parse_request
 from .relay import Outcome
 from .writers import SSE_HEADERS, named_event, read_tool_calls, send_now, whole_text
@@ -261,15 +261,9 @@ async def write_message(
 
 
 def _block_events(index: int, block: dict[str, Any]) -> list[str]:
-    """A whole content block's events: start, one delta, stop."""
-    start: dict[str, Any]
-    delta: dict[str, Any]
-    if block["type"] == "text":
-        start = {"type": "text", "text": ""}
-        delta = {"type": "text_delta", "text": block["text"]}
-    else:
-        start = {**block, "input": {}}
-        delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
+    """A whole ``tool_use`` block's events: start, one delta, stop."""
+    start = {**block, "input": {}}
+    delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"])}
     return [
         named_event("content_block_start", {"index": index, "content_block": start}),
         named_event("content_block_delta", {"index": index, "delta": delta}),
@@ -285,8 +279,9 @@ async def write_message_stream(
     prompt: Sequence[int],
 ) -> StreamedResponse:
     """The answer as Anthropic's server-sent events (see the module docstring); an error
-    mid-stream is an ``error`` event. With tools the text is read whole first (a call is known
-    only at its end), then sent as one text block and a ``tool_use`` block per call."""
+    mid-stream is an ``error`` event. With tools the text streams until something may begin a
+    call (`ToolCallGate`); once the answer is whole and read come the rest of the text block and
+    a ``tool_use`` block per call."""
     response = request.stream({**SSE_HEADERS, **outcome.headers})
     message: dict[str, Any] = {
         "id": _message_id(outcome),
@@ -298,20 +293,23 @@ async def write_message_stream(
         "stop_sequence": None,
         "usage": {"input_tokens": len(prompt), "output_tokens": 0},
     }
-    streaming = parsed.tool_parser is None
+    gate = None if parsed.tool_parser is None else ToolCallGate(parsed.tool_parser)
+    text_start = named_event(
+        "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+    )
     events = [named_event("message_start", {"message": message})]
-    if streaming:
-        events.append(
-            named_event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-        )
+    text_open = gate is None  # the text block's start is sent
+    if text_open:
+        events.append(text_start)
     events.append(named_event("ping", {}))
-    texts = []
     async for text in pieces:
-        if text:
-            texts.append(text)
-            if streaming:
-                delta = {"type": "text_delta", "text": text}
-                events.append(named_event("content_block_delta", {"index": 0, "delta": delta}))
+        sendable = text if gate is None or not text else gate.feed(text)
+        if sendable:
+            if not text_open:
+                events.append(text_start)
+                text_open = True
+            delta = {"type": "text_delta", "text": sendable}
+            events.append(named_event("content_block_delta", {"index": 0, "delta": delta}))
         if events and send_now(outcome):
             await response.write("".join(events).encode())
             events.clear()
@@ -319,12 +317,21 @@ async def write_message_stream(
         events.append(named_event("error", {"error": {"type": "api_error", "message": outcome.error}}))
     else:
         calls: list[ToolCall] = []
-        if streaming:
+        if gate is None:
             events.append(named_event("content_block_stop", {"index": 0}))
         else:
-            blocks, calls = _content("".join(texts), parsed)
+            blocks, calls = _content(gate.text, parsed)
             for index, block in enumerate(blocks):
-                events.extend(_block_events(index, block))
+                if block["type"] != "text":
+                    events.extend(_block_events(index, block))
+                    continue
+                if not text_open:  # the text block is the first: index 0
+                    events.append(text_start)
+                rest = gate.finish(block["text"])  # what was held back while a call might have begun
+                if rest:
+                    delta = {"type": "text_delta", "text": rest}
+                    events.append(named_event("content_block_delta", {"index": 0, "delta": delta}))
+                events.append(named_event("content_block_stop", {"index": 0}))
         ending = {"stop_reason": _stop_reason(outcome, calls), "stop_sequence": outcome.stop_sequence}
         events.append(
             named_event(

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
-from ..llm.tool_calls import ToolCall
+from ..llm.tool_calls import ToolCall, ToolCallGate
 from .openai import OpenAIRequest, parse_request
 from .relay import Outcome
 from .writers import SSE_HEADERS, named_event, read_tool_calls, send_now, whole_text
@@ -339,19 +339,25 @@ async def write_response_stream(
     prompt: Sequence[int],
 ) -> StreamedResponse:
     """The answer as the Responses API's events (see the module docstring); an error mid-stream
-    is an ``error`` event and a ``response.failed``. With tools the text is read whole first (a
-    call is known only at its end), then sent as the message's and each call's events."""
+    is an ``error`` event and a ``response.failed``. With tools the text streams until something
+    may begin a call (`ToolCallGate`); once the answer is whole and read come the rest of the
+    message's text and each call's events."""
     response = request.stream({**SSE_HEADERS, **outcome.headers})
     events = _Events()
     events.add("response.created", response=_response(parsed, outcome, "in_progress", [], None))
     events.add("response.in_progress", response=_response(parsed, outcome, "in_progress", [], None))
     texts = []
-    where = events.open_message(outcome, 0) if parsed.tool_parser is None else None
+    gate = None if parsed.tool_parser is None else ToolCallGate(parsed.tool_parser)
+    where = events.open_message(outcome, 0) if gate is None else None
     async for text in pieces:
         if text:
-            texts.append(text)
-            if where is not None:
-                events.add("response.output_text.delta", **where, delta=text, logprobs=[])
+            if gate is None:
+                texts.append(text)
+            sendable = text if gate is None else gate.feed(text)
+            if sendable:
+                if where is None:
+                    where = events.open_message(outcome, 0)
+                events.add("response.output_text.delta", **where, delta=sendable, logprobs=[])
         if events.pending and send_now(outcome):
             await response.write(events.take())
     if outcome.error is not None:
@@ -360,16 +366,16 @@ async def write_response_stream(
         failed["error"] = {"code": "server_error", "message": outcome.error}
         events.add("response.failed", response=failed)
     else:
-        output = _output(outcome, "".join(texts), parsed)
+        output = _output(outcome, "".join(texts) if gate is None else gate.text, parsed)
         for index, item in enumerate(output):
             if item["type"] == "function_call":
                 events.call(item, index)
                 continue
-            if where is None:  # the text before the calls, sent whole
+            rest = "" if gate is None else gate.finish(item["content"][0]["text"])
+            if where is None:
                 where = events.open_message(outcome, index)
-                events.add(
-                    "response.output_text.delta", **where, delta=item["content"][0]["text"], logprobs=[]
-                )
+            if rest:  # the content held back while a call might have begun
+                events.add("response.output_text.delta", **where, delta=rest, logprobs=[])
             events.close_message(where, item)
         status = _status(outcome)
         final = _response(parsed, outcome, status, output, _usage(prompt, outcome))

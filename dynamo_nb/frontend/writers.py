@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import EngineError
 from ..http import HttpRequest, HttpResponse, StreamedResponse, json_response
 from ..llm.protocol import completion_usage
-from ..llm.tool_calls import ToolCall, parse_tool_calls
+from ..llm.tool_calls import ToolCall, ToolCallGate, parse_tool_calls
 from ..runtime.ids import new_request_id
 from .error_envelope import error_body
 from .openai import OpenAIRequest
@@ -72,7 +72,7 @@ async def write_stream(
     chunk with the first), and the last piece's with the finish chunk and the end of the
     chunked body: a stream whose first item is its last costs one socket write, each event is
     still its own SSE event."""
-    if parsed.tool_parser is not None:  # a tool call is known only once the text is whole
+    if parsed.tool_parser is not None:  # content streams up to a call, calls once the text is whole
         return await _write_tool_stream(request, parsed, pieces, outcome, prompt)
     response = request.stream({**SSE_HEADERS, **outcome.headers})
     chat = parsed.kind == "chat"
@@ -193,11 +193,10 @@ async def _write_tool_stream(
     outcome: Outcome,
     prompt: Sequence[int],
 ) -> StreamedResponse:
-    """A chat stream whose request has tools: the text is read whole (a call is known only at its
-    end), then sent as OpenAI's chunks: the role, the content (the text before any call), one
-    ``tool_calls`` delta per call (``index``, ``id``, ``function.name`` and ``arguments``) and
-    ``finish_reason: tool_calls``; without a call, the text as content."""
-    text = "".join([piece async for piece in pieces])
+    """A chat stream whose request has tools, as OpenAI's chunks: the role, the content as it
+    comes until something may begin a call (`ToolCallGate`), then, once the answer is whole and
+    read, the rest of the content, one ``tool_calls`` delta per call (``index``, ``id``,
+    ``function.name`` and ``arguments``) and ``finish_reason: tool_calls``."""
     response = request.stream({**SSE_HEADERS, **outcome.headers})
     request_id = "chatcmpl-" + (outcome.request_id or new_request_id())
     created = int(time.time())
@@ -207,13 +206,22 @@ async def _write_tool_stream(
                 "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **more}  # fmt: skip
         return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
+    gate = ToolCallGate(parsed.tool_parser or "hermes")
     events = [chunk({"role": "assistant", "content": ""})]
+    async for piece in pieces:
+        sendable = gate.feed(piece) if piece else ""
+        if sendable:
+            events.append(chunk({"content": sendable}))
+        if events and send_now(outcome):
+            await response.write("".join(events).encode())
+            events.clear()
     if outcome.error is not None:
         events.append(f"data: {json.dumps(error_body(500, outcome.error))}\n\n")
     else:
-        content, calls = read_tool_calls(text, parsed)
-        if content:
-            events.append(chunk({"content": content}))
+        content, calls = read_tool_calls(gate.text, parsed)
+        rest = gate.finish(content)
+        if rest:
+            events.append(chunk({"content": rest}))
         for index, call in enumerate(calls):
             events.append(chunk({"tool_calls": [call.to_openai(index)]}))
         nvext = outcome.nvext

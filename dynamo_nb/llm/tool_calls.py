@@ -49,7 +49,14 @@ from typing import Any, NamedTuple
 from ..errors import InvalidRequestError
 from ..runtime.ids import new_request_id
 
-__all__ = ["TOOL_CALL_PARSERS", "ToolCall", "check_tools", "forced_tool_grammar", "parse_tool_calls"]
+__all__ = [
+    "TOOL_CALL_PARSERS",
+    "ToolCall",
+    "ToolCallGate",
+    "check_tools",
+    "forced_tool_grammar",
+    "parse_tool_calls",
+]
 
 _Schemas = dict[str, dict[str, Any]]  # a function's name -> its parameters schema
 
@@ -72,9 +79,10 @@ class ToolCall:
 def parse_tool_calls(
     text: str, parser: str = "hermes", *, tools: list[dict[str, Any]] | None = None
 ) -> tuple[str | None, list[ToolCall]]:
-    """The content before the calls (None when there is none) and the calls in ``text``, in the
-    format ``parser`` names; a call that does not parse leaves the whole text as content and no
-    calls. ``tools`` (OpenAI's tool dicts) give ``qwen3_coder`` its parameters' types."""
+    """The content before the calls (its trailing whitespace dropped; None when nothing is left)
+    and the calls in ``text``, in the format ``parser`` names; a call that does not parse leaves
+    the whole text as content and no calls. ``tools`` (OpenAI's tool dicts) give
+    ``qwen3_coder`` its parameters' types."""
     if parser not in _FORMATS:
         raise ValueError(f"unknown tool call parser {parser!r}: use one of {', '.join(TOOL_CALL_PARSERS)}")
     schemas = {tool["function"]["name"]: tool["function"].get("parameters") or {} for tool in tools or []}
@@ -84,7 +92,7 @@ def parse_tool_calls(
         return text, []
     if not calls:
         return text, []
-    return content.strip() or None, calls
+    return content.rstrip() or None, calls
 
 
 def check_tools(tools: Any, tool_choice: Any) -> tuple[list[dict[str, Any]], Any]:
@@ -381,12 +389,94 @@ def _qwen_value_rule(schema: dict[str, Any]) -> str:
 class _Format(NamedTuple):
     parse: Callable[[str, _Schemas], tuple[str, list[ToolCall]]]  # content before the calls, calls
     grammar: Callable[[list[dict[str, Any]]], str]  # the Lark grammar of one call of the functions
+    markers: tuple[str, ...]  # what the first call begins with: no content is read past one
+    object_first: bool = False  # a text whose first character is "{" is a call
 
 
 _FORMATS = {
-    "hermes": _Format(_parse_hermes, _hermes_grammar),
-    "llama3_json": _Format(_parse_llama3_json, _llama3_json_grammar),
-    "mistral": _Format(_parse_mistral, _mistral_grammar),
-    "qwen3_coder": _Format(_parse_qwen3_coder, _qwen3_coder_grammar),
+    "hermes": _Format(_parse_hermes, _hermes_grammar, ("<tool_call>",)),
+    "llama3_json": _Format(_parse_llama3_json, _llama3_json_grammar, (_PYTHON_TAG,), object_first=True),
+    "mistral": _Format(_parse_mistral, _mistral_grammar, (_TOOL_CALLS,)),
+    "qwen3_coder": _Format(_parse_qwen3_coder, _qwen3_coder_grammar, ("<tool_call>",)),
 }
 TOOL_CALL_PARSERS = tuple(_FORMATS)
+
+
+class ToolCallGate:
+    """The content of an answer with tools, sent while it streams: text goes out as it comes
+    until something that may begin a call (a marker of the format, or part of one at the end so
+    far), and whitespace is held until text follows it; past a marker everything is held until
+    the answer is whole and `parse_tool_calls` has read it. What went out is always the start of
+    the content the whole answer parses to, so `finish` gives the rest and a streamed answer
+    reassembles to the unstreamed one, as vLLM and Dynamo stream text before a call.
+
+    Example:
+        >>> gate = ToolCallGate("hermes")
+        >>> [gate.feed(piece) for piece in ["Adding ", "now. <tool", '_call>{"name": "add", ', '"arguments": {}}</tool_call>']]
+        ['Adding', ' now.', '', '']
+        >>> content, calls = parse_tool_calls(gate.text, "hermes")
+        >>> gate.finish(content), [call.name for call in calls]
+        ('', ['add'])
+    """
+
+    def __init__(self, parser: str) -> None:
+        """``parser``: the format, one of `TOOL_CALL_PARSERS`."""
+        self._format = _FORMATS[parser]
+        self._longest = max(len(marker) for marker in self._format.markers)
+        self._pieces: list[str] = []
+        self._text = ""
+        self._sent = 0  # characters of the text sent as content
+        self._scanned = 0  # characters searched for a marker
+        self._holding = False  # a call may have begun: nothing more goes out until the end
+        self._begun = False  # the text's first character other than whitespace has come
+
+    @property
+    def text(self) -> str:
+        """The answer so far."""
+        if self._pieces:
+            self._text += "".join(self._pieces)
+            self._pieces.clear()
+        return self._text
+
+    def feed(self, piece: str) -> str:
+        """What of the answer, ``piece`` added, may go out as content now ("" for nothing)."""
+        self._pieces.append(piece)
+        if self._holding:
+            return ""
+        text = self.text
+        if self._format.object_first and not self._begun:
+            first = text.lstrip()[:1]
+            if not first:
+                return ""  # the first character may yet be a call's "{"
+            self._begun = True
+            if first == "{":
+                self._holding = True
+                return ""
+        boundary = len(text)
+        for marker in self._format.markers:
+            found = text.find(marker, max(0, self._scanned - len(marker) + 1))
+            if found >= 0:
+                boundary = min(boundary, found)
+                self._holding = True
+        if not self._holding:
+            boundary -= self._partial_marker(text)
+            self._scanned = boundary
+        end = boundary
+        while end > self._sent and text[end - 1].isspace():
+            end -= 1
+        if end <= self._sent:
+            return ""
+        out, self._sent = text[self._sent : end], end
+        return out
+
+    def finish(self, content: str | None) -> str:
+        """The rest of ``content`` (what `parse_tool_calls` read from `text`) after what went out."""
+        return (content or "")[self._sent :]
+
+    def _partial_marker(self, text: str) -> int:
+        """How many characters at the end of ``text`` are the beginning of a marker."""
+        for length in range(min(self._longest - 1, len(text)), 0, -1):
+            tail = text[-length:]
+            if any(marker.startswith(tail) for marker in self._format.markers):
+                return length
+        return 0
