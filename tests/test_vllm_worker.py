@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import signal
 from collections.abc import AsyncIterator
@@ -16,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import FRONTEND, ROOT, collect, free_port
+from helpers import FRONTEND, ROOT, collect, free_port, random_schema
 
 from dynamo_nb import DistributedRuntime, launch
 from dynamo_nb.errors import RequestError
@@ -141,7 +142,8 @@ async def test_vllm_enforces_a_requests_structured_output(graph: dict[str, Any])
 async def test_agent_clients_on_the_vllm_pair(graph: dict[str, Any]) -> None:
     """The official SDKs against the frontend over the vLLM prefill/decode pair: a forced tool
     call (its grammar enforced by vLLM) validates on chat, the Responses and the Messages APIs,
-    and ``beta.chat.completions.parse`` fills a Pydantic model — each answer served by both workers."""
+    streamed and whole alike, ``beta.chat.completions.parse`` fills a Pydantic model, and ten
+    generated schemas under ``strict`` validate — each answer served by both workers."""
     import anthropic
     import jsonschema
     import openai
@@ -177,16 +179,45 @@ async def test_agent_clients_on_the_vllm_pair(graph: dict[str, Any]) -> None:
         )  # fmt: skip
         (item,) = [item for item in response.output if item.type == "function_call"]
         jsonschema.validate(json.loads(item.arguments), add)
+        # streamed, each API reassembles to its unstreamed answer
+        named: Any = {"model": "tiny-llama", "messages": ask, "tools": tools, "max_tokens": 80, "temperature": 0,
+                      "tool_choice": {"type": "function", "function": {"name": "add"}}}  # fmt: skip
+        whole = (await sdk.chat.completions.create(**named)).choices[0].message.tool_calls or []
+        streamed = ""
+        async for chunk in await sdk.chat.completions.create(**named, stream=True):
+            for choice in chunk.choices:
+                streamed += "".join(d.function.arguments or "" for d in choice.delta.tool_calls or [])  # type: ignore[union-attr]
+        assert [call.function.arguments for call in whole] == [streamed]  # type: ignore[union-attr]
+        async with sdk.responses.stream(
+            model="tiny-llama", input="What is 2 + 3?", max_output_tokens=80, temperature=0,
+            tools=[{"type": "function", "name": "add", "parameters": add, "strict": True}],
+            tool_choice={"type": "function", "name": "add"},
+        ) as stream:  # fmt: skip
+            final = await stream.get_final_response()
+        assert [i.arguments for i in final.output if i.type == "function_call"] == [item.arguments]
+        # generated schemas under strict: every answer that vLLM enforced validates
+        draw = random.Random(11)
+        for seed in range(10):
+            schema = random_schema(draw)
+            answer = await sdk.chat.completions.create(
+                model="tiny-llama", messages=ask, max_tokens=120, temperature=1.0, seed=seed,
+                response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}},
+            )  # fmt: skip
+            assert answer.choices[0].finish_reason == "stop", (schema, answer.choices[0])
+            jsonschema.validate(json.loads(answer.choices[0].message.content or ""), schema)
     async with anthropic.AsyncAnthropic(
         base_url=graph["url"], api_key="none", max_retries=0, timeout=120
     ) as claude:
-        message = await claude.messages.create(
-            model="tiny-llama", max_tokens=80, messages=ask, tools=[{"name": "add", "input_schema": add}],  # type: ignore[list-item]
-            tool_choice={"type": "tool", "name": "add"}, extra_body={"temperature": 0},
-        )  # fmt: skip
+        options: Any = {"model": "tiny-llama", "max_tokens": 80, "messages": ask,
+                        "tools": [{"name": "add", "input_schema": add}], "tool_choice": {"type": "tool", "name": "add"},
+                        "extra_body": {"temperature": 0}}  # fmt: skip
+        message = await claude.messages.create(**options)
+        async with claude.messages.stream(**options) as events:
+            streamed_message = await events.get_final_message()
     (use,) = [block for block in message.content if block.type == "tool_use"]
-    assert message.stop_reason == "tool_use"
+    assert message.stop_reason == streamed_message.stop_reason == "tool_use"
     jsonschema.validate(use.input, add)
+    assert [b.input for b in streamed_message.content if b.type == "tool_use"] == [use.input]
 
 
 async def test_stop_strings_end_vllm_output_at_the_frontend(graph: dict[str, Any]) -> None:
