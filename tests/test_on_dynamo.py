@@ -766,8 +766,10 @@ async def test_agent_clients_behind_dynamos_frontend(tmp_path: Path) -> None:
     """hf_worker.py on Dynamo's runtime with ``--dyn-tool-call-parser hermes``, behind python -m
     dynamo.frontend: Dynamo's frontend renders the tools and parses the calls; the worker enforces
     the grammar Dynamo's frontend asks for (its ``sampling_options.guided_decoding``), so JSON-schema
-    answers validate and a forced call (required, named) carries valid arguments; a mocker, which
+    answers validate and a forced call (required, named) carries valid arguments; the Responses
+    and (``--enable-anthropic-api``) Messages APIs answer from the kit's worker; a mocker, which
     enforces none, refuses such a request (a 400) instead of answering unconstrained."""
+    import anthropic
     import jsonschema
     from helpers import random_schema
     from openai import AsyncOpenAI
@@ -776,11 +778,21 @@ async def test_agent_clients_behind_dynamos_frontend(tmp_path: Path) -> None:
     worker = await on_dynamo("components/hf_worker.py", where, tmp_path, "--dyn-tool-call-parser", "hermes")
     mocker = await on_dynamo("components/mocker_worker.py", where, tmp_path, "--model-name", "mock",
                              "--endpoint", "dynamo.mocker.generate")  # fmt: skip
-    frontend = await launch_dynamo_frontend(where, log_dir=tmp_path, show_logs=False, timeout=120)
+    frontend = await launch_dynamo_frontend(
+        where, "--enable-anthropic-api", log_dir=tmp_path, show_logs=False, timeout=120
+    )
     try:
         await bench.wait_for_model(frontend.url, MODEL, timeout=60)
         await bench.wait_for_model(frontend.url, "mock", timeout=60)
         async with AsyncOpenAI(base_url=f"{frontend.url}/v1", api_key="none", max_retries=0) as client:
+            # the Responses API and (--enable-anthropic-api) the Messages API, served by Dynamo's frontend
+            response = await client.responses.create(model=MODEL, input="Hello!", max_output_tokens=8)
+            assert response.output_text and response.usage is not None, response
+            async with anthropic.AsyncAnthropic(
+                base_url=frontend.url, api_key="none", max_retries=0
+            ) as claude:
+                message = await claude.messages.create(model=MODEL, max_tokens=8, messages=CHAT["messages"])  # type: ignore[arg-type]
+            assert message.content and message.content[0].type == "text" and message.stop_reason, message
             draw = __import__("random").Random(11)
             for seed in range(5):
                 schema = random_schema(draw)
