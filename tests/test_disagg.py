@@ -354,9 +354,12 @@ async def test_prefill_and_decode_worker_processes_behind_a_frontend(
             prefill.send_signal(signal.SIGKILL)
             await prefill.wait(timeout=10)
         for _ in range(2):
-            response = await http.post("/v1/completions", json=body)
+            asked = {**body, "nvext": {"extra_fields": ["routing"]}}  # the decision record says why
+            response = await http.post("/v1/completions", json=asked)
             assert response.status_code == 200 and response.json()["choices"][0]["text"] == expected
             assert response.headers["x-dynamo-path"] == "aggregated"
+            routing = response.json()["nvext"]["routing"]
+            assert routing["prefill"] is None and routing["aggregated_because"], routing
         strict = await http.post(f"http://127.0.0.1:{strict_port}/v1/completions", json=body)
         assert strict.status_code == 503 and "disaggregation is enforced" in strict.json()["error"]["message"]
         metrics = (await http.get("/metrics")).text

@@ -1,14 +1,17 @@
 """Workers that hang instead of dying (SIGSTOP: a stuck kernel, a deadlocked engine, a frozen host)
 behind a real frontend process: the frontend's watchdog finds the silent worker, moves its streams
 (nothing lost), routes new requests around it and names it in `/health`, `/metrics` and the routing
-decisions; a canary brings it back once it thaws. A worker slowed down by design, and a frontend
-whose own loop stalls, are not taken for hung."""
+decisions; a canary brings it back once it thaws; past ``--migration-limit`` its streams end with
+an error naming the hang. A worker slowed down by design, and a frontend whose own loop stalls,
+are not taken for hung."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,9 +32,10 @@ MOCKER = [
 
 
 async def mockers_and_a_frontend(
-    start_worker: Any, bus: list[str], endpoint: str, speedups: tuple[str, ...]
+    start_worker: Any, bus: list[str], endpoint: str, speedups: tuple[str, ...], *frontend_flags: str
 ) -> tuple[dict[str, Any], Any]:
-    """A mocker worker per speedup (by instance id in hex) and a frontend once it sees them all."""
+    """A mocker worker per speedup (by instance id in hex) and a frontend (with ``frontend_flags``)
+    once it sees them all."""
     workers = {}
     for speedup in speedups:
         worker = await start_worker(
@@ -39,7 +43,7 @@ async def mockers_and_a_frontend(
         )
         workers[f"{worker.instance_id:x}"] = worker
     port = free_port()
-    frontend = await start_worker(*bus, "--http-port", str(port), script=FRONTEND)
+    frontend = await start_worker(*bus, "--http-port", str(port), *frontend_flags, script=FRONTEND)
     await bench.wait_for_model(f"http://127.0.0.1:{port}", "m", instances=len(speedups))
     return workers, frontend
 
@@ -122,6 +126,49 @@ async def _none(result: Any) -> bool:
     return not await result
 
 
+async def test_past_the_migration_limit_a_hung_workers_streams_fail_cleanly(
+    services: Any, start_worker: Any
+) -> None:
+    """With --migration-limit 0 the frozen worker's streams are not moved: each ends with an error
+    that names the hang, while the worker is still frozen (no client waits for it); the other
+    worker's requests complete."""
+    bus = ["--discovery", services.etcd_url, "--request-plane", "tcp"]
+    workers, frontend = await mockers_and_a_frontend(
+        start_worker,
+        bus,
+        "hangonce.backend.generate",
+        ("1", "1"),
+        "--migration-limit",
+        "0",
+        "--router-mode",
+        "round-robin",
+    )
+    victim_hex, victim = next(iter(workers.items()))
+    async with httpx.AsyncClient(base_url=frontend.url, timeout=30) as http:
+        load = asyncio.create_task(
+            bench.run(frontend.url, "m", concurrency=8, requests=8, max_tokens=400, ignore_eos=True,
+                      progress=False, timeout=60)
+        )  # fmt: skip
+        await until(lambda: _streaming(http, 8), timeout=60, step=0.05, what="all eight streams streaming")
+        victim.send_signal(signal.SIGSTOP)
+        try:
+            df = await load  # every stream ends while the victim is still frozen
+        finally:
+            victim.send_signal(signal.SIGCONT)
+    failed, served = df[df["error"].notna()], df[df["error"].isna()]
+    assert len(failed) == len(served) == 4, df[["worker", "error"]]  # round robin: half were on the victim
+    assert failed["error"].str.contains(f"instance {victim_hex}").all(), failed["error"].iloc[0]
+    assert failed["error"].str.contains("treated as hung").all(), failed["error"].iloc[0]
+    assert (served["worker"] != victim_hex).all() and (served["output_tokens"] == 400).all()
+
+
+async def _streaming(http: httpx.AsyncClient, count: int) -> bool:
+    """Whether ``count`` requests of model m have had their first token (past it, a stream that
+    stops moves by migration; before it, the request is simply sent elsewhere)."""
+    text = (await http.get("/metrics")).text
+    return (metric_value(text, "dynamo_frontend_time_to_first_token_seconds_count", model="m") or 0) >= count
+
+
 async def test_a_worker_slowed_three_times_is_not_taken_for_hung(services: Any, start_worker: Any) -> None:
     """One worker runs at a third of the other's speed, with prompts short and long: its tokens come
     slower and its first tokens later, and the watchdog's expectation follows it."""
@@ -175,12 +222,13 @@ async def test_a_frontend_whose_own_loop_stalls_blames_no_worker(tiny_path: Any)
 
 @pytest.mark.parametrize("frozen", ["prefill", pytest.param("decode", marks=pytest.mark.long)])
 async def test_a_frozen_prefill_or_decode_worker_costs_its_requests_no_wait(
-    frozen: str, services: Any, start_worker: Any
+    frozen: str, services: Any, start_worker: Any, tmp_path: Path
 ) -> None:
     """Two workers of the frozen role and one of the other, prefill/decode on the fast path (the
     decode fetches its KV from the prefill's bootstrap server): every request completes while the
     frozen worker is still frozen, so none waited for it (a frozen prefill's decode does not wait
-    out its --kv-timeout: the prefill's stream is given up and the request served otherwise)."""
+    out its --kv-timeout: the prefill's stream is given up and the request served otherwise); the
+    request trace says why each request the frozen prefill held was served aggregated."""
     bus = ["--discovery", services.etcd_url, "--request-plane", "tcp"]
     roles = {"prefill": "--prefill-endpoint", "decode": "--endpoint"}
     endpoints = [
@@ -208,7 +256,10 @@ async def test_a_frozen_prefill_or_decode_worker_costs_its_requests_no_wait(
         for role in roles
     }
     port = free_port()
-    frontend = await start_worker(*bus, "--http-port", str(port), script=FRONTEND)
+    trace = tmp_path / "trace.jsonl"
+    frontend = await start_worker(
+        *bus, "--http-port", str(port), "--request-trace", str(trace), script=FRONTEND
+    )
     url = f"http://127.0.0.1:{port}"
     await bench.wait_for_model(url, "tiny-llama", instances=counts["decode"])
     victim = workers[frozen][0]
@@ -252,6 +303,19 @@ async def test_a_frozen_prefill_or_decode_worker_costs_its_requests_no_wait(
         assert "prefill → decode handoff failed: the prefill on" in log and "treated as hung" in log
         served_by_victim = df[df["prefill_worker"] == f"{victim.instance_id:x}"]
         assert len(served_by_victim) < len(df)
+        # the decision record of each request it held: served aggregated, because it was hung
+        await until(lambda: _lines(trace) >= len(df), timeout=30, step=0.05, what="every request traced")
+        records = [json.loads(line)["request"] for line in trace.read_text().splitlines()]
+        aggregated = [r for r in records if r["path"] == "aggregated" and r["status"] == "success"]
+        assert aggregated and all(
+            f"{victim.instance_id:x}" in r["aggregated_because"]
+            and "treated as hung" in r["aggregated_because"]
+            for r in aggregated
+        ), aggregated[:2]
+
+
+def _lines(trace: Path) -> int:
+    return len(trace.read_text().splitlines()) if trace.exists() else 0
 
 
 async def _prefill_instances(http: httpx.AsyncClient, count: int) -> bool:

@@ -60,7 +60,7 @@ from .relay import Outcome, RequestTiming, relay
 from .request_trace import RequestTraceWriter, TracedRequest
 from .responses import write_response, write_response_stream
 from .served_models import ModelManager, ServedModel
-from .watchdog import NO_WATCH, StreamWatch, StreamWatchdog
+from .watchdog import NO_WATCH, StreamWatch, StreamWatchdog, tokens_to_compute
 from .writers import write_stream, write_unary
 
 __all__ = ["OPEN_TRIES", "RequestPipeline", "check_context", "model_not_found", "served_model"]
@@ -144,6 +144,7 @@ def traced(
         if plan is not None:
             record.path = plan.path
             record.workers["prefill_worker_id"] = plan.prefill_worker
+            record.aggregated_because = plan.reason or None
     return record
 
 
@@ -343,7 +344,10 @@ class RequestPipeline:
         watch = None
         if watchdog is not None and isinstance(prefill_client, Client):  # (a frontend's routers' always are)
 
-            def watch(stream: Any, tokens: int) -> StreamWatch:
+            def watch(
+                stream: Any, request: PreprocessedRequest, decision: RoutingDecision | None
+            ) -> StreamWatch:
+                tokens = tokens_to_compute(len(request.token_ids), decision, model.card.kv_cache_block_size)
                 return watchdog.watch(model, stream, tokens, client=prefill_client)
 
         last_error: InstanceDownError | None = None
@@ -418,7 +422,11 @@ class RequestPipeline:
             watch = (
                 NO_WATCH
                 if self.watchdog is None
-                else self.watchdog.watch(model, stream, len(request.token_ids))
+                else self.watchdog.watch(
+                    model,
+                    stream,
+                    tokens_to_compute(len(request.token_ids), decision, model.card.kv_cache_block_size),
+                )
             )
             if on_sent is not None:
                 on_sent(stream)

@@ -145,7 +145,8 @@ class Outcome:
     @property
     def nvext(self) -> dict[str, Any] | None:
         """Dynamo's ``nvext`` answer fields the request asked for: ``worker_id`` (who served it),
-        ``routing`` (why: the decode router's decision, and the prefill router's), ``timing``
+        ``routing`` (why: the decode router's decision, and the prefill router's, or why a model
+        with prefill workers served it aggregated: ``aggregated_because``), ``timing``
         (as Dynamo's: arrival, the wait to be let in, prefill, TTFT, total, KV hit rate)."""
         if not self.asked:
             return None
@@ -159,6 +160,8 @@ class Outcome:
                 "decode": self.decision.to_dict() if self.decision is not None else None,
                 "prefill": prefill_decision.to_dict() if prefill_decision is not None else None,
             }
+            if self.plan is not None and self.plan.reason:  # a prefill given up, failed or skipped
+                fields["routing"]["aggregated_because"] = self.plan.reason
         if "timing" in self.asked and self.timing is not None:
             fields["timing"] = self.timing.nvext(self.cached_tokens)
         return fields or None

@@ -54,6 +54,7 @@ class TracedRequest:
     finish_reason: str | None = None
     workers: dict[str, Any] = field(default_factory=dict)
     path: str | None = None  # fast, fallback, aggregated (models with prefill workers)
+    aggregated_because: str | None = None  # why a model with prefill workers served it aggregated
     status: str = "success"
 
 
@@ -110,6 +111,7 @@ class RequestTraceWriter:
             "finish_reason": request.finish_reason,
             "worker": request.workers,
             "path": request.path,
+            **({"aggregated_because": request.aggregated_because} if request.aggregated_because else {}),
             "replay": {
                 "trace_block_size": self.block_size,
                 "input_length": len(request.token_ids),

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InstanceDownError, RemoteHandlerError, RequestError
 from ..llm.protocol import PreprocessedRequest, StopConditions
+from ..router.decision import RoutingDecision
 from ..runtime.context import Context
 from ..runtime.ids import new_request_id
 from ..runtime.suspects import SuspectInstances, Suspicion
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from .metrics import FrontendMetrics
     from .served_models import ServedModel
 
-__all__ = ["NO_WATCH", "StreamWatch", "StreamWatchdog", "WatchdogConfig"]
+__all__ = ["NO_WATCH", "StreamWatch", "StreamWatchdog", "WatchdogConfig", "tokens_to_compute"]
 
 logger = logging.getLogger("dynamo_nb.frontend")
 
@@ -137,6 +138,24 @@ class _Worker:
         so it includes the usual wait behind the others)."""
         longest = max((watch.tokens for watch in self.open if watch.first), default=0)
         return self.step_s + self.token_s * longest
+
+
+def tokens_to_compute(prompt_tokens: int, decision: RoutingDecision | None, block_size: int | None) -> int:
+    """The prompt tokens the chosen worker computes before its first token: all of them, less the
+    blocks the router found cached there (`RoutingDecision.cached_blocks`). The watchdog expects
+    a first token after these (and learns each worker's time per computed token from them).
+
+    Example:
+        >>> from dynamo_nb.router.decision import Candidate
+        >>> tokens_to_compute(1000, RoutingDecision("kv", 7, [Candidate(7, 1.0, {"overlap_blocks": 15})]), 64)
+        40
+        >>> tokens_to_compute(1000, None, 64)
+        1000
+    """
+    cached = decision.cached_blocks if decision is not None else None
+    if not cached or not block_size:
+        return prompt_tokens
+    return max(1, prompt_tokens - cached * block_size)
 
 
 class StreamWatch:

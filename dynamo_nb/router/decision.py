@@ -132,6 +132,21 @@ class RoutingDecision:
             object.__setattr__(self, "margin", best_other - chosen.score)
             object.__setattr__(self, "tie", best_other == chosen.score)
 
+    @property
+    def cached_blocks(self) -> int | None:
+        """The prompt's blocks the router found cached on the chosen worker (the KV router's
+        ``overlap_blocks``); None where the router does not know.
+
+        Example:
+            >>> RoutingDecision("kv", 7, [Candidate(7, 1.0, {"overlap_blocks": 3})]).cached_blocks
+            3
+            >>> RoutingDecision("round-robin", 7, [Candidate(7)]).cached_blocks is None
+            True
+        """
+        chosen = next((c for c in self.candidates if c.instance_id == self.chosen), None)
+        blocks = None if chosen is None else chosen.parts.get("overlap_blocks")
+        return None if blocks is None else int(blocks)
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (what ``nvext.routing`` carries)."""
         return {

@@ -55,7 +55,8 @@ logger = logging.getLogger("dynamo_nb.router")
 DISAGG_PATHS = ("fast", "fallback", "aggregated")
 INSTANCE_WAIT = 5.0  # seconds a request waits for a prefill worker whose card came before its instance
 
-WatchPrefill = Callable[[Any, int], handoff.ItemWatch]
+WatchPrefill = Callable[[Any, PreprocessedRequest, RoutingDecision | None], handoff.ItemWatch]
+"""Watches a prefill stream (the stream, its request, the decision that chose its worker)."""
 """Starts watching a prefill stream (the stream, its prompt's tokens): the frontend's watchdog."""
 
 
@@ -212,14 +213,14 @@ class PrefillPlanner:
                 plan = PrefillPlan(
                     "fast", decode, instance, info.room, events=events, decision=route.decision
                 )
-                watching = watch(stream, len(request.token_ids)) if watch is not None else None
+                watching = watch(stream, request, route.decision) if watch is not None else None
                 plan.task = self._drain(stream, plan, watching)  # sends the prefill once the task runs
                 events.append("decode handed back")
                 plan.handoff_s = time.perf_counter() - started
                 return plan
             stream = self.router.open(route, handoff.prefill_request(request), context=context)
             events.append("prefill sent")
-            watching = watch(stream, len(request.token_ids)) if watch is not None else None
+            watching = watch(stream, request, route.decision) if watch is not None else None
             try:
                 result = await handoff.await_params(stream, self.prefill_timeout)
             except BaseException:
