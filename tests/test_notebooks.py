@@ -158,6 +158,54 @@ def test_the_stored_outputs_come_from_one_run_top_to_bottom(notebook: Path) -> N
         )
 
 
+def _code_cells(text: str) -> dict[str, tuple[str, str | None]]:
+    """A notebook's code cells by id: (source, the time its stored run started)."""
+    cells = json.loads(text)["cells"]
+    return {
+        cell.get("id", str(index)): (
+            "".join(cell["source"]),
+            cell.get("metadata", {}).get("execution", {}).get("iopub.execute_input"),
+        )
+        for index, cell in enumerate(cells)
+        if cell["cell_type"] == "code"
+    }
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.processes  # git
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_stored_output_predates_its_cells_source(notebook: Path) -> None:
+    """Walking the notebook's history back from the working tree: each code cell's stored run
+    changed in the same version as its source last did, or in a later one. A source edited after
+    its run (the output no longer the source's) fails until the notebook is re-run."""
+    try:
+        if _git("rev-parse", "--is-shallow-repository").strip() != "false":
+            pytest.skip("the notebooks' history is not in this clone (shallow): nothing to compare")
+        commits = _git("log", "--format=%H", "-n", "60", "--", str(notebook.relative_to(ROOT))).split()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("no git history here (not a clone): nothing to compare")
+    relative = notebook.relative_to(ROOT).as_posix()
+    versions = [notebook.read_text(encoding="utf-8")]
+    versions += [_git("show", f"{commit}:{relative}") for commit in commits]
+    pending = set(_code_cells(versions[0]))  # cells whose last run is not found yet
+    stale = []
+    for newer, older in itertools.pairwise(_code_cells(v) for v in versions):
+        for cell_id in sorted(pending):
+            source, started = newer.get(cell_id, ("", None))
+            before = older.get(cell_id)
+            if before is None or before[1] != started:  # its run changed here: resolved
+                pending.discard(cell_id)
+            elif before[0] != source:  # the source changed, its run did not
+                stale.append(cell_id)
+                pending.discard(cell_id)
+        if not pending:
+            break
+    assert not stale, f"{notebook.name}: cells edited after their stored run (re-run it): {stale}"
+
+
 def test_the_readme_map_links_every_notebook_under_its_track() -> None:
     """The README's map: a link to each notebook, under the track its banner names."""
     readme = (ROOT / "README.md").read_text()
