@@ -60,7 +60,7 @@ from .relay import Outcome, RequestTiming, relay
 from .request_trace import RequestTraceWriter, TracedRequest
 from .responses import write_response, write_response_stream
 from .served_models import ModelManager, ServedModel
-from .watchdog import NO_WATCH, StreamWatch, StreamWatchdog, tokens_to_compute
+from .watchdog import NO_WATCH, StreamWatch, StreamWatchdog
 from .writers import write_stream, write_unary
 
 __all__ = ["OPEN_TRIES", "RequestPipeline", "check_context", "model_not_found", "served_model"]
@@ -347,8 +347,7 @@ class RequestPipeline:
             def watch(
                 stream: Any, request: PreprocessedRequest, decision: RoutingDecision | None
             ) -> StreamWatch:
-                tokens = tokens_to_compute(len(request.token_ids), decision, model.card.kv_cache_block_size)
-                return watchdog.watch(model, stream, tokens, client=prefill_client)
+                return watchdog.watch(model, stream, len(request.token_ids), decision, client=prefill_client)
 
         last_error: InstanceDownError | None = None
         for _ in range(OPEN_TRIES):
@@ -422,11 +421,7 @@ class RequestPipeline:
             watch = (
                 NO_WATCH
                 if self.watchdog is None
-                else self.watchdog.watch(
-                    model,
-                    stream,
-                    tokens_to_compute(len(request.token_ids), decision, model.card.kv_cache_block_size),
-                )
+                else self.watchdog.watch(model, stream, len(request.token_ids), decision)
             )
             if on_sent is not None:
                 on_sent(stream)

@@ -24,7 +24,7 @@ Example::
 
     watchdog = StreamWatchdog(WatchdogConfig(), models.suspects, metrics)
     watchdog.start()                                   # the sweep, on the running loop
-    watch = watchdog.watch(model, stream, prompt_tokens=len(request.token_ids))
+    watch = watchdog.watch(model, stream, len(request.token_ids), decision)
     first = await stream.__anext__(); watch.item(time.perf_counter())
     ...                                                # every item: watch.item(now, gap)
     watch.close()                                      # the stream ended
@@ -240,13 +240,17 @@ class StreamWatchdog:
         model: ServedModel,
         stream: ResponseStream | RoutedStream,
         prompt_tokens: int,
+        decision: RoutingDecision | None = None,
         *,
         client: Client | None = None,
     ) -> StreamWatch:
-        """Watch ``stream`` (just sent to its worker with a prompt of ``prompt_tokens`` tokens) of
-        ``model``, through ``client`` (default: the model's; its prefill workers' for a prefill)."""
+        """Watch ``stream`` (just sent to its worker with a prompt of ``prompt_tokens`` tokens,
+        there by ``decision``) of ``model``, through ``client`` (default: the model's; its prefill
+        workers' for a prefill). Its first token is expected after the tokens the worker computes
+        (`tokens_to_compute`: the prompt less what the router found cached there)."""
         if self._sweep is None:
             return NO_WATCH
+        prompt_tokens = tokens_to_compute(prompt_tokens, decision, model.card.kv_cache_block_size)
         now = time.perf_counter()
         instance_id = stream.instance_id
         worker = self._workers.get(instance_id)

@@ -423,51 +423,48 @@ class ToolCallGate:
         """``parser``: the format, one of `TOOL_CALL_PARSERS`."""
         self._format = _FORMATS[parser]
         self._longest = max(len(marker) for marker in self._format.markers)
-        self._pieces: list[str] = []
-        self._text = ""
+        self._pieces: list[str] = []  # the answer so far (`text` joins them)
+        self._unsent = ""  # the text after what went out: held whitespace, the start of a marker
         self._sent = 0  # characters of the text sent as content
-        self._scanned = 0  # characters searched for a marker
         self._holding = False  # a call may have begun: nothing more goes out until the end
         self._begun = False  # the text's first character other than whitespace has come
 
     @property
     def text(self) -> str:
         """The answer so far."""
-        if self._pieces:
-            self._text += "".join(self._pieces)
-            self._pieces.clear()
-        return self._text
+        if len(self._pieces) > 1:
+            self._pieces[:] = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     def feed(self, piece: str) -> str:
         """What of the answer, ``piece`` added, may go out as content now ("" for nothing)."""
         self._pieces.append(piece)
         if self._holding:
             return ""
-        text = self.text
+        pending = self._unsent + piece  # only what has not gone out is searched: linear in the answer
         if self._format.object_first and not self._begun:
-            first = text.lstrip()[:1]
+            first = pending.lstrip()[:1]
             if not first:
+                self._unsent = pending
                 return ""  # the first character may yet be a call's "{"
             self._begun = True
             if first == "{":
                 self._holding = True
                 return ""
-        boundary = len(text)
+        boundary = len(pending)
         for marker in self._format.markers:
-            found = text.find(marker, max(0, self._scanned - len(marker) + 1))
+            found = pending.find(marker)
             if found >= 0:
                 boundary = min(boundary, found)
                 self._holding = True
         if not self._holding:
-            boundary -= self._partial_marker(text)
-            self._scanned = boundary
+            boundary -= self._partial_marker(pending)
         end = boundary
-        while end > self._sent and text[end - 1].isspace():
+        while end > 0 and pending[end - 1].isspace():
             end -= 1
-        if end <= self._sent:
-            return ""
-        out, self._sent = text[self._sent : end], end
-        return out
+        self._unsent = pending[end:]
+        self._sent += end
+        return pending[:end]
 
     def finish(self, content: str | None) -> str:
         """The rest of ``content`` (what `parse_tool_calls` read from `text`) after what went out."""

@@ -56,8 +56,8 @@ DISAGG_PATHS = ("fast", "fallback", "aggregated")
 INSTANCE_WAIT = 5.0  # seconds a request waits for a prefill worker whose card came before its instance
 
 WatchPrefill = Callable[[Any, PreprocessedRequest, RoutingDecision | None], handoff.ItemWatch]
-"""Watches a prefill stream (the stream, its request, the decision that chose its worker)."""
-"""Starts watching a prefill stream (the stream, its prompt's tokens): the frontend's watchdog."""
+"""Starts watching a prefill stream (the stream, its request, the decision that chose its worker):
+the frontend's watchdog."""
 
 
 @dataclass
