@@ -423,6 +423,81 @@ def test_spread_gives_each_labels_median_per_repeat_and_the_range() -> None:
         spread(df.drop(columns="repeat"))
 
 
+def test_spread_takes_another_quantile_and_another_grouping() -> None:
+    """``q=0.9`` gives each repeat's p90, not its median; ``by=`` groups by another column."""
+    from dynamo_nb.bench import spread
+
+    rows = [
+        {"path": path, "repeat": repeat, "e2e_s": ms / 1000, "error": None}
+        for repeat in (0, 1)
+        for path, base in (("fast", 10), ("fallback", 20))
+        for ms in range(base, base + 11)
+    ]
+    table = spread(pd.DataFrame(rows), "e2e", by="path", q=0.9)
+    assert table.loc["fast", "median_ms"] == pytest.approx(19)
+    assert table.loc["fallback", "high_ms"] == pytest.approx(29)
+    with pytest.raises(ConfigError, match="quantile"):
+        spread(pd.DataFrame(rows), "e2e", by="path", q=90)
+
+
+def test_median_interval_holds_the_median_and_tells_a_real_difference_from_noise() -> None:
+    """The bootstrap interval brackets the median and is repeatable for a seed; paired differences
+    of a real shift exclude 0, differences of pure noise do not."""
+    import numpy as np
+
+    from dynamo_nb.bench import median_interval
+
+    rng = np.random.default_rng(1)
+    low, middle, high = median_interval(rng.normal(10, 2, 200))
+    assert low < middle < high and 9 < middle < 11 and high - low < 1.5
+    assert median_interval([3, 1, 2], seed=5) == median_interval([3, 1, 2], seed=5)
+    shifted = rng.normal(2, 1, 30)  # e.g. fast minus aggregated TTFT, request by request
+    assert median_interval(shifted)[0] > 0
+    noise = rng.normal(0, 1, 30)
+    lo, _, hi = median_interval(noise)
+    assert lo < 0 < hi
+    assert all(v != v for v in median_interval([]))  # NaN: nothing to say
+    one = median_interval([4.0, float("nan")])
+    assert one[1] == 4.0 and one[0] != one[0]
+    with pytest.raises(ConfigError, match="confidence"):
+        median_interval([1, 2], confidence=95)
+
+
+def test_level_charts_draw_the_range_over_repeats() -> None:
+    """Three repeats of each level: the TTFT/ITL and throughput charts draw a whisker per label on
+    the p50 (and rate) line and say so in the title; one run draws none."""
+    from dynamo_nb.bench import layout_problems as bench_layout_problems
+    from dynamo_nb.bench import throughput_chart, ttft_itl_chart
+
+    rows = [
+        {
+            "label": "one",
+            "concurrency": level,
+            "rate": float("nan"),
+            "repeat": repeat,
+            "sent_s": i * 0.01,
+            "ttft_s": (5 + repeat + level) / 1000,
+            "e2e_s": 0.05,
+            "itl_s": [0.002] * 3,
+            "output_tokens": 4,
+            "error": None,
+        }
+        for level in (1, 4)
+        for repeat in range(3)
+        for i in range(4)
+    ]
+    df = pd.DataFrame(rows)
+    for chart in (ttft_itl_chart(df), throughput_chart(df)):
+        assert all(ax.containers for ax in chart.axes), "a whisker on each panel"
+        assert all("3 repeats" in ax.get_title() for ax in chart.axes)
+        assert not bench_layout_problems(chart)
+    ttft_ax = ttft_itl_chart(df).axes[0]
+    segments = ttft_ax.containers[0].lines[2][0].get_segments()
+    assert [v for s in segments for v in (s[0][1], s[1][1])] == pytest.approx([6, 8, 9, 11])  # ms, per level
+    single = ttft_itl_chart(df[df["repeat"] == 0])
+    assert not single.axes[0].containers and "repeats" not in single.axes[0].get_title()
+
+
 def test_rates_over_repeated_runs_count_each_runs_time_once() -> None:
     """Two runs of one level tagged with ``repeat`` (each run's ``sent_s`` from its own start):
     requests/s and tokens/s are all their requests over the sum of the two runs' spans, not over

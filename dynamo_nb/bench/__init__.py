@@ -10,7 +10,8 @@ Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
 - ``prompts.py``: prompt sets (random, shared system prompt, multi-turn conversations);
 - ``progress.py``: a sweep's progress bar; ``live.py``: `live`, a chart redrawn while `run` goes;
 - ``arguments.py``: what the benchmark commands parse from their flags (comma-separated sizes);
-- ``stats.py``: `summary` (percentiles and throughput per level), JSON and CSV in and out;
+- ``stats.py``: `summary` (percentiles and throughput per level), `spread` over repeats,
+  `median_interval` (a bootstrap interval), JSON and CSV in and out;
 - ``slo.py``: `SLO`, goodput and attainment, `max_rate_within_slo`;
 - ``charts.py``: charts of a run, as matplotlib figures;
 - ``scrape.py``: a server's Prometheus metrics as a DataFrame, runs joined with routing decisions;
@@ -71,7 +72,7 @@ from .prompts import (
 from .runner import run, wait_for_model
 from .scrape import histogram, parse_metrics, scrape_metrics, with_routing
 from .slo import SLO, max_rate_within_slo, slo_attainment
-from .stats import load_json, save_csv, save_json, spread, summary
+from .stats import load_json, median_interval, save_csv, save_json, spread, summary
 from .trace_runner import run_trace
 from .traces import read_trace, save_trace, synthetic_trace, trace_token_ids, unseen_blocks
 
@@ -89,6 +90,7 @@ __all__ = [
     "live",
     "load_json",
     "max_rate_within_slo",
+    "median_interval",
     "multi_turn_prompts",
     "pareto_chart",
     "parse_metrics",

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from ..engines.mocker_timing import ProfiledTiming
 from ..errors import ConfigError
 from .slo import SLO, slo_attainment
-from .stats import level_column, level_summary, spread
+from .stats import level_column, level_summary, median_interval, spread
 
 __all__ = [
     "CHARTS",
@@ -72,6 +72,41 @@ def _levels_table(df: pd.DataFrame, level: str = "concurrency") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _repeat_ranges(df: pd.DataFrame, level: str, columns: list[str]) -> pd.DataFrame | None:
+    """Per level, the lowest and highest of each column of `level_summary` over the frame's
+    repeats (``{column}_low``, ``{column}_high``); None unless it holds two or more repeats."""
+    if "repeat" not in df or df["repeat"].nunique() < 2:
+        return None
+    runs = pd.concat(
+        [_levels_table(run.drop(columns="repeat"), level).assign(repeat=r) for r, run in df.groupby("repeat")]
+    )
+    ranges = runs.groupby("level")[columns].agg(["min", "max"])
+    ranges.columns = [f"{column}_{'low' if how == 'min' else 'high'}" for column, how in ranges.columns]
+    return ranges
+
+
+def _whiskers(ax: Any, table: pd.DataFrame, ranges: pd.DataFrame | None, column: str, color: str) -> None:
+    """Draw the range of ``column`` over the repeats at each level, when there are repeats."""
+    if ranges is None:
+        return
+    middle = table.set_index("level")[column]
+    low, high = ranges[f"{column}_low"].reindex(middle.index), ranges[f"{column}_high"].reindex(middle.index)
+    ax.errorbar(
+        middle.index,
+        middle,
+        yerr=[(middle - low).clip(lower=0), (high - middle).clip(lower=0)],
+        fmt="none",
+        ecolor=color,
+        capsize=4,
+        alpha=0.8,
+    )
+
+
+def _repeats_note(df: pd.DataFrame) -> str:
+    count = df["repeat"].nunique() if "repeat" in df else 0
+    return f"; whisker: range over {count} repeats" if count >= 2 else ""
+
+
 def _concurrency_axis(ax: Any, levels: list[float], level: str = "concurrency") -> None:
     if levels and max(levels) / min(levels) >= 8:
         ax.set_xscale("log", base=2)
@@ -87,13 +122,15 @@ def _empty(ax: Any, message: str) -> None:
 
 def ttft_itl_chart(df: pd.DataFrame) -> Chart:
     """TTFT and inter-token latency (p50 solid, p90 dashed, p99 dotted) against concurrency
-    (or request rate)."""
+    (or request rate). Rows tagged with a ``repeat`` column (two or more runs of each level) get a
+    whisker on p50 from its lowest to its highest run."""
     figure, (ttft_ax, itl_ax) = _chart(2)
     level = level_column(df)
     levels = sorted(df[level].dropna().unique().tolist()) if len(df) else []
     multi = df["label"].nunique() > 1 if len(df) else False
     for color, (label, group) in zip(_colors(), _by_label(df), strict=False):
         table = _levels_table(group, level)
+        ranges = _repeat_ranges(group, level, ["ttft_p50_ms", "itl_p50_ms"])
         for ax, metric in ((ttft_ax, "ttft"), (itl_ax, "itl")):
             for p, style in ((50, "-"), (90, "--"), (99, ":")):
                 name = f"{label} p{p}" if multi else f"p{p}"
@@ -105,8 +142,10 @@ def ttft_itl_chart(df: pd.DataFrame) -> Chart:
                     color=color,
                     label=name,
                 )
+            _whiskers(ax, table, ranges, f"{metric}_p50_ms", color)
+    note = _repeats_note(df)
     for ax, title in ((ttft_ax, "time to first token (ms)"), (itl_ax, "inter-token latency (ms)")):
-        ax.set_title(title)
+        ax.set_title(title + (f"\np50{note}" if note else ""))
         ax.set_ylabel("ms")
         _concurrency_axis(ax, levels, level)
         if ax.lines:
@@ -115,19 +154,24 @@ def ttft_itl_chart(df: pd.DataFrame) -> Chart:
 
 
 def throughput_chart(df: pd.DataFrame) -> Chart:
-    """Requests/s and output tokens/s against concurrency (or request rate)."""
+    """Requests/s and output tokens/s against concurrency (or request rate); with a ``repeat``
+    column (two or more runs of each level), a whisker from the lowest run to the highest."""
     figure, (req_ax, tok_ax) = _chart(2)
     level = level_column(df)
     levels = sorted(df[level].dropna().unique().tolist()) if len(df) else []
     for color, (label, group) in zip(_colors(), _by_label(df), strict=False):
         table = _levels_table(group, level)
+        ranges = _repeat_ranges(group, level, ["req_per_s", "output_tok_per_s"])
         req_ax.plot(table["level"], table["req_per_s"], marker="o", color=color, label=label or None)
         tok_ax.plot(table["level"], table["output_tok_per_s"], marker="o", color=color, label=label or None)
+        _whiskers(req_ax, table, ranges, "req_per_s", color)
+        _whiskers(tok_ax, table, ranges, "output_tok_per_s", color)
+    note = _repeats_note(df)
     for ax, title, unit in (
         (req_ax, "requests per second (req/s)", "req/s"),
         (tok_ax, "output tokens per second (tok/s)", "tok/s"),
     ):
-        ax.set_title(title)
+        ax.set_title(title + (f"\n{note[2:]}" if note else ""))
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
         _concurrency_axis(ax, levels, level)
@@ -387,7 +431,8 @@ def per_worker_chart(df: pd.DataFrame, roles: dict[str, str] | None = None) -> C
 
 
 def path_chart(df: pd.DataFrame) -> Chart:
-    """TTFT and end-to-end (p50 bars, p99 whiskers) per serving path: aggregated, fast, fallback."""
+    """TTFT and end-to-end per serving path (aggregated, fast, fallback): a bar at the median
+    with its 95 % interval (`median_interval`, thick), a thin whisker to p99."""
     figure, (ttft_ax, e2e_ax) = _chart(2)
     ok = df[df["error"].isna() & df["path"].notna()]
     if ok.empty:
@@ -398,31 +443,39 @@ def path_chart(df: pd.DataFrame) -> Chart:
     order += sorted(set(ok["path"]) - set(order))
     for ax, column, title in ((ttft_ax, "ttft_s", "time to first token"), (e2e_ax, "e2e_s", "end-to-end")):
         values = [ok[ok["path"] == p][column] * 1000.0 for p in order]
-        p50 = [v.quantile(0.5) for v in values]
+        intervals = [median_interval(v) for v in values]
+        p50 = [middle for _, middle, _ in intervals]
         p99 = [v.quantile(0.99) for v in values]
         colors = [c for c, _ in zip(_colors(), order, strict=False)]
-        ax.bar(order, p50, color=colors)
+        ax.bar(order, p50, color=colors, alpha=0.7)
         ax.errorbar(order, p50, yerr=[[0] * len(order), [b - a for a, b in zip(p50, p99, strict=True)]],
-                    fmt="none", ecolor="black", capsize=4)  # fmt: skip
+                    fmt="none", ecolor="grey", elinewidth=1, capsize=3)  # fmt: skip
+        low = [middle - lo if lo == lo else 0.0 for lo, middle, _ in intervals]
+        high = [hi - middle if hi == hi else 0.0 for _, middle, hi in intervals]
+        ax.errorbar(order, p50, yerr=[low, high], fmt="none", ecolor="black", elinewidth=4, capsize=0)
         for x, (count, value) in enumerate(zip([len(v) for v in values], p50, strict=True)):
-            ax.text(x, value / 2, f"{value:.1f} ms\nn={count}", ha="center", va="center", fontsize="small",
-                    color="white")  # fmt: skip
-        ax.set_title(f"{title} by path (ms; p50, whisker to p99)")
+            ax.text(x + 0.22, value / 2, f"{value:.1f} ms\nn={count}", ha="center", va="center",
+                    fontsize="small")  # fmt: skip
+        ax.set_title(f"{title} by path (ms)\nbar: median, thick: its 95 % interval, thin: to p99")
         ax.set_ylabel("ms")
         ax.grid(True, axis="y", alpha=0.3)
     return figure
 
 
-def spread_chart(df: pd.DataFrame, metric: str = "ttft", repeat: str = "repeat") -> Chart:
-    """Each label's median ``metric`` (``ttft`` or ``e2e``) over repeats of a comparison: a bar at
-    the median of the repeats' medians, a whisker from the lowest to the highest, a dot per repeat
-    (`spread` gives the numbers). Whiskers that do not overlap: a difference beyond the noise.
+def spread_chart(
+    df: pd.DataFrame, metric: str = "ttft", repeat: str = "repeat", *, by: str = "label", q: float = 0.5
+) -> Chart:
+    """Each group's ``metric`` (``ttft`` or ``e2e``, at quantile ``q``: the median unless told)
+    over repeats of a comparison: a bar at the median of the repeats' figures, a whisker from the
+    lowest to the highest, a dot per repeat (`spread` gives the numbers). Whiskers that do not
+    overlap: a difference beyond the noise.
 
     Example::
 
         bench.spread_chart(df)  # df: several labels, each request tagged with its repeat
+        bench.spread_chart(df, "e2e", q=0.9)  # each repeat's p90 end-to-end
     """
-    table = spread(df, metric, repeat)
+    table = spread(df, metric, repeat, by=by, q=q)
     figure, (ax,) = _chart(1, width=6.0)
     labels = [str(label) for label in table.index]
     colors = [c for c, _ in zip(_colors(), labels, strict=False)]
@@ -432,8 +485,9 @@ def spread_chart(df: pd.DataFrame, metric: str = "ttft", repeat: str = "repeat")
     repeats = [c for c in table.columns if c not in ("median_ms", "low_ms", "high_ms")]
     for x, label in enumerate(table.index):
         ax.plot([x] * len(repeats), table.loc[label, repeats], "o", color="black", markersize=3)
+    statistic = "median" if q == 0.5 else f"p{q * 100:g}"
     ax.set_title(
-        f"median {metric.upper()} per repeat (ms): bar the median, whisker the range, n={len(repeats)}"
+        f"{statistic} {metric.upper()} per repeat (ms)\nbar: the median, whisker: the range, n={len(repeats)}"
     )
     ax.set_ylabel("ms")
     ax.set_ylim(0, float(high.max()) * 1.15)

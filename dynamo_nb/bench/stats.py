@@ -13,7 +13,16 @@ import pandas as pd
 from ..errors import ConfigError
 from .records import records_frame
 
-__all__ = ["PERCENTILES", "level_column", "load_json", "save_csv", "save_json", "spread", "summary"]
+__all__ = [
+    "PERCENTILES",
+    "level_column",
+    "load_json",
+    "median_interval",
+    "save_csv",
+    "save_json",
+    "spread",
+    "summary",
+]
 
 PERCENTILES = (50, 90, 99)
 
@@ -30,31 +39,69 @@ def level_column(df: pd.DataFrame) -> str:
     return "rate" if "rate" in df and df["rate"].notna().any() else "concurrency"
 
 
-def spread(df: pd.DataFrame, metric: str = "ttft", repeat: str = "repeat") -> pd.DataFrame:
-    """Each label's median ``metric`` (``ttft`` or ``e2e``, in ms) in every repeat of a comparison,
-    and their spread: one row per label, a column per repeat, then ``median_ms`` (of the repeats'
-    medians), ``low_ms`` and ``high_ms`` (the lowest and highest). Two labels whose ranges do not
-    overlap differ by more than the run-to-run noise these repeats saw. Failed requests are left out.
+def spread(
+    df: pd.DataFrame, metric: str = "ttft", repeat: str = "repeat", *, by: str = "label", q: float = 0.5
+) -> pd.DataFrame:
+    """Each group's ``metric`` at quantile ``q`` (``ttft``, ``e2e`` in ms; the median unless told)
+    in every repeat of a comparison, and their spread: one row per group (``by``, the label unless
+    told), a column per repeat, then ``median_ms`` (of the repeats' figures), ``low_ms`` and
+    ``high_ms`` (the lowest and highest). Two groups whose ranges do not overlap differ by more than
+    the run-to-run noise these repeats saw. Failed requests are left out.
 
     Example::
 
         frames = [(await bench.run(url, model, label=mode, ...)).assign(repeat=r)
                   for r in range(3) for mode, url in frontends.items()]
         bench.spread(pd.concat(frames))  # label × repeat medians, median_ms, low_ms, high_ms
+        bench.spread(df, "e2e", q=0.9)  # each repeat's p90 end-to-end instead
     """
     column = f"{metric}_s"
-    missing = [name for name in (column, repeat, "label") if name not in df]
+    missing = [name for name in (column, repeat, by) if name not in df]
     if missing:
         raise ConfigError(
             f"spread needs the columns {missing}: tag each run's rows with .assign({repeat}=...)"
         )
+    if not 0.0 <= q <= 1.0:
+        raise ConfigError(f"spread's q is a quantile between 0 and 1, not {q}")
     ok = df[df["error"].isna()] if "error" in df else df
-    table = ok.groupby(["label", repeat], sort=False)[column].median().mul(1000.0).unstack(repeat)
+    table = ok.groupby([by, repeat], sort=False)[column].quantile(q).mul(1000.0).unstack(repeat)
     repeats = table.columns
     table["median_ms"] = table[repeats].median(axis=1)
     table["low_ms"] = table[repeats].min(axis=1)
     table["high_ms"] = table[repeats].max(axis=1)
     return table
+
+
+def median_interval(
+    values: Any, confidence: float = 0.95, *, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """``(low, median, high)``: the median of ``values`` and a bootstrap interval around it that
+    holds the true median with about ``confidence`` (the percentiles of ``resamples`` medians of
+    resampled values; ``seed`` makes it repeatable). NaN values are left out; fewer than two
+    values give NaN bounds.
+
+    For paired runs (the same requests under two settings) pass the differences: an interval
+    that excludes 0 is a difference the noise these pairs saw does not explain.
+
+    Example:
+        >>> low, middle, high = median_interval([10, 11, 12, 13, 14, 15, 16])
+        >>> middle, low <= middle <= high
+        (13.0, True)
+    """
+    data = np.asarray(values, dtype=float)
+    data = data[~np.isnan(data)]
+    if not 0.0 < confidence < 1.0:
+        raise ConfigError(f"median_interval's confidence is between 0 and 1, not {confidence}")
+    if data.size == 0:
+        return math.nan, math.nan, math.nan
+    middle = float(np.median(data))
+    if data.size < 2:
+        return math.nan, middle, math.nan
+    draws = np.random.default_rng(seed).choice(data, size=(resamples, data.size), replace=True)
+    medians = np.median(draws, axis=1)
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(medians, [tail, 100.0 - tail])
+    return float(low), middle, float(high)
 
 
 def group_keys(df: pd.DataFrame) -> list[str]:
