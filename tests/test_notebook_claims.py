@@ -11,6 +11,7 @@ is allowed below with the reason.
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -323,3 +324,143 @@ def test_a_replayed_figure_without_its_error_is_found(tmp_path: Path) -> None:
     dropped = tmp_path / "12_plan_from_a_trace.ipynb"
     dropped.write_text(json.dumps(notebook))
     assert len(simulated_without_error(dropped)) == 1  # the Try-it plan; the others set fidelity beside
+
+
+CONTROLLED = re.compile(r"\brepeat\b|\bmedian_interval\(|\bspread(_chart)?\(")
+"""What shows a comparison's control in the cell that claims it: runs tagged with their round
+(``repeat``: each side run in turns, so the machine's drift hits both), a paired interval
+(`bench.median_interval` of the differences between the two sides' requests of a round), the spread
+over rounds (`bench.spread`)."""
+
+COMPARISON_ALLOWED = {
+    ("05_disaggregated_serving", "the fast path's decode request waits less"): "a wait the frontend "
+    "measures per request, five a path; the fallback's is the prefill's whole first item, several times "
+    "the fast path's",
+    ("05_disaggregated_serving", "on one host that wait is under a tenth of a TTFT"): "a bound against "
+    "a tenth of the TTFT, not two runs",
+    ("05_disaggregated_serving", "across hosts the fast path's TTFT lead grows"): "read from "
+    "benchmarks/disagg_hosts.py's recorded result, which measures each delay's paths interleaved",
+    ("05_disaggregated_serving", "the median gap between tokens is the same within 25 %"): "a bound "
+    "(within 25 %), the two fleets served by the same simulated engines",
+    ("05_disaggregated_serving", "the slowest gaps (p99) are under 0.6"): "simulated engines whose step "
+    "time is a function of the batch: the long prefills' stall is in the model, not the machine's noise",
+    ("06_kv_aware_routing", "keeps each on fewer than 2 engines"): "where requests went is the "
+    "router's decision, counted, not a time the machine's noise moves",
+    ("09_capacity_planning", "the sweep crosses what two workers answer"): "a threshold (the SLO) "
+    "across a sweep, not two runs",
+    ("09_capacity_planning", "one or two engines leave too many"): "a threshold (the SLO), not two runs",
+    ("11_why_that_worker", "the router's prediction of the cached prefix was exact"): "the router's "
+    "prediction against the engine's count for the same request",
+    ("11_why_that_worker", "the engine holding most of the prompt lost"): "the router's own decision "
+    "record of one request, costs it computed",
+    ("11_why_that_worker", "the engines reused what the router predicted"): "prediction and count "
+    "for the same requests",
+    ("11_why_that_worker", "what the engines evicted stays under a tenth"): "a bound, not two runs",
+    ("12_plan_from_a_trace", "the replay reuses the live run's prefixes"): "the replay of the live "
+    "run's own trace set beside it (the same requests)",
+    ("12_plan_from_a_trace", "each model's TTFT p50 lands within 30 %"): "the replay of the live "
+    "run's own trace set beside it (the same requests)",
+    ("12_plan_from_a_trace", "workers are the fewest whose replay meets the SLO"): "a deterministic "
+    "replay (same trace, same seed) against a threshold",
+    ("12_plan_from_a_trace", "workers meet it too, at a higher cost"): "a deterministic replay of the "
+    "same trace",
+    ("12_plan_from_a_trace", "within the measured error"): "a deterministic replay, banded by its "
+    "measured error",
+    ("12_plan_from_a_trace", "workers beat"): "the same trace served live by each fleet",
+    ("12_plan_from_a_trace", "workers meet the TTFT target"): "a threshold (the SLO)",
+    ("12_plan_from_a_trace", "replicas went 1"): "the autoscaler's own decisions, counted",
+    ("14_tune_the_router", "the replay orders the two policies"): "a deterministic replay of the same "
+    "requests under each policy (same trace, same seed)",
+    ("14_tune_the_router", "the winner counts cached prompts"): "a deterministic replay of the same "
+    "trace per policy, banded by its measured error",
+}
+"""Comparisons in claims whose control is not a repeat or a paired interval: (notebook, phrase) → why
+the two sides are alike, or why it is no comparison of two runs (a threshold, a count)."""
+
+
+def _claim_sentences(source: str) -> list[str]:
+    """The first argument's text of every ``claim(...)`` call in a code cell's ``source`` (the
+    constant parts of an f-string)."""
+    lines = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!")))
+    tree = compile(lines, "cell", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    sentences = []
+    for node in ast.walk(tree):
+        called = getattr(node, "func", None)
+        name = getattr(called, "id", None) or getattr(called, "attr", None)
+        if isinstance(node, ast.Call) and name == "claim" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                sentences.append(first.value)
+            elif isinstance(first, ast.JoinedStr):
+                sentences.append("".join(v.value for v in first.values if isinstance(v, ast.Constant)))
+    return sentences
+
+
+def comparisons_without_control(notebook: Path) -> list[str]:
+    """The claims of ``notebook`` that compare measured quantities in a cell that shows no control
+    (see `CONTROLLED`) and are not allowed with a reason in `COMPARISON_ALLOWED`.
+
+    Example:
+        >>> source = 'claim("with priorities the interactive requests wait under half as long", ok)'
+        >>> import tempfile; path = Path(tempfile.mkdtemp()) / "99_x.ipynb"
+        >>> _ = path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [source]}]}))
+        >>> comparisons_without_control(path)
+        ['with priorities the interactive requests wait under half as long']
+    """
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    found = []
+    for cell in cells:
+        source = "".join(cell["source"])
+        if cell["cell_type"] != "code" or CONTROLLED.search(source):
+            continue
+        for sentence in _claim_sentences(source):
+            if not (COMPARATIVE.search(sentence) and MEASURED.search(sentence)):
+                continue
+            if not any(nb == notebook.stem and phrase in sentence for nb, phrase in COMPARISON_ALLOWED):
+                found.append(sentence)
+    return found
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda path: path.stem)
+def test_every_compared_claim_has_its_control(notebook: Path) -> None:
+    """A claim that compares two measured numbers rests on a control: both sides run in turns
+    (rounds, a ``repeat`` column) with their spread, or paired request by request; priorities on
+    against priorities off, a policy before and after on the same requests."""
+    found = comparisons_without_control(notebook)
+    assert not found, (
+        f"{notebook.name}: these claims compare measured numbers with no control in their cell: {found}; run "
+        "each side in rounds that alternate (a repeat column, bench.spread) or pair the requests "
+        "(bench.median_interval of the differences), or allow the claim in COMPARISON_ALLOWED with the reason"
+    )
+
+
+UNCONTROLLED = [  # comparisons the notebooks once claimed with no control beside them
+    "with priorities the interactive requests wait under half as long as the batch",
+    "live, the applied policy routed them all, reuses more of the prompts and has the lower mean TTFT",
+    "least-loaded: more requests finish per second, and the slowest finish sooner (p90 end-to-end)",
+]
+
+
+@pytest.mark.parametrize("sentence", UNCONTROLLED)
+def test_a_comparison_without_its_control_is_found(sentence: str, tmp_path: Path) -> None:
+    """The rule fails such a claim in a cell of one run, and passes it once the cell runs in rounds."""
+    alone = f"before, after = await served(a), await served(b)\nclaim({sentence!r}, ok)\n"
+    rounds = f"runs = [(await served(p)).assign(repeat=r) for r in range(2) for p in ps]\nclaim({sentence!r}, ok)\n"
+    for source, expected in ((alone, [sentence]), (rounds, [])):
+        path = tmp_path / "99_x.ipynb"
+        path.write_text(json.dumps({"cells": [{"cell_type": "code", "source": [source]}]}))
+        assert comparisons_without_control(path) == expected
+
+
+def test_every_allowed_comparison_is_still_there() -> None:
+    stale = []
+    for stem, phrase in COMPARISON_ALLOWED:
+        cells = json.loads((ROOT / "notebooks" / f"{stem}.ipynb").read_text(encoding="utf-8"))["cells"]
+        if not any(
+            phrase in s
+            for c in cells
+            if c["cell_type"] == "code"
+            for s in _claim_sentences("".join(c["source"]))
+        ):
+            stale.append((stem, phrase))
+    assert not stale, f"allowed comparisons no notebook claims any more (drop them): {stale}"

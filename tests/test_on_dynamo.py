@@ -57,6 +57,25 @@ def test_the_runtime_flags_become_dynamos_settings() -> None:
         DynamoPlanes.from_flags("file:///tmp/kv", "nats", None, tcp_host=None)
 
 
+def test_each_leg_logs_its_room_and_only_the_start_of_its_token(caplog: pytest.LogCaptureFixture) -> None:
+    """Dynamo's ``handoff_id`` becomes the room's token; at debug a leg logs its room and the token's
+    first 8 hex digits (to match the two legs across logs), never the whole token; at info nothing."""
+    from dynamo_nb.on_dynamo.worker import log_handoff, with_handoff_token
+
+    request = with_handoff_token({"bootstrap_info": {"bootstrap_room": 7, "handoff_id": list(range(16))}})
+    token = request["bootstrap_info"]["bootstrap_token"]
+    assert token == bytes(range(16)).hex()
+    with caplog.at_level("INFO", logger="dynamo_nb.on_dynamo.worker"):
+        log_handoff(request, "prefill")
+    assert not caplog.records
+    with caplog.at_level("DEBUG", logger="dynamo_nb.on_dynamo.worker"):
+        log_handoff(request, "prefill")
+        log_handoff({"token_ids": [1]}, "aggregated")
+    [record] = caplog.records
+    assert "prefill leg of bootstrap room 7: token 00010203…" in record.getMessage()
+    assert token not in record.getMessage() and token[8:] not in record.getMessage()
+
+
 def test_dynamos_listeners_keep_to_loopback_unless_allowed_and_kv_events_need_nats(tmp_path: Path) -> None:
     """Dynamo's planes have no cluster secret: off loopback they are refused unless
     --allow-unauthenticated; KV events go over NATS, or over ZMQ (which binds every interface)

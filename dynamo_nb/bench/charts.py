@@ -102,9 +102,11 @@ def _whiskers(ax: Any, table: pd.DataFrame, ranges: pd.DataFrame | None, column:
     )
 
 
-def _repeats_note(df: pd.DataFrame) -> str:
+def _repeats_note(df: pd.DataFrame, drawn_on: str = "") -> str:
+    """A title's second line naming the whiskers, when the frame holds two or more repeats."""
     count = df["repeat"].nunique() if "repeat" in df else 0
-    return f"; whisker: range over {count} repeats" if count >= 2 else ""
+    on = f" on {drawn_on}" if drawn_on else ""
+    return f"\nwhisker{on}: range over {count} repeats" if count >= 2 else ""
 
 
 def _concurrency_axis(ax: Any, levels: list[float], level: str = "concurrency") -> None:
@@ -143,9 +145,9 @@ def ttft_itl_chart(df: pd.DataFrame) -> Chart:
                     label=name,
                 )
             _whiskers(ax, table, ranges, f"{metric}_p50_ms", color)
-    note = _repeats_note(df)
+    note = _repeats_note(df, drawn_on="p50")
     for ax, title in ((ttft_ax, "time to first token (ms)"), (itl_ax, "inter-token latency (ms)")):
-        ax.set_title(title + (f"\np50{note}" if note else ""))
+        ax.set_title(title + note)
         ax.set_ylabel("ms")
         _concurrency_axis(ax, levels, level)
         if ax.lines:
@@ -171,7 +173,7 @@ def throughput_chart(df: pd.DataFrame) -> Chart:
         (req_ax, "requests per second (req/s)", "req/s"),
         (tok_ax, "output tokens per second (tok/s)", "tok/s"),
     ):
-        ax.set_title(title + (f"\n{note[2:]}" if note else ""))
+        ax.set_title(title + note)
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
         _concurrency_axis(ax, levels, level)

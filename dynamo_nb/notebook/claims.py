@@ -14,6 +14,8 @@ Example:
     >>> import numpy as np
     >>> claim("more requests per second", True, req_per_s=(np.float64(30.81), np.float64(16.7)))
     ✓ more requests per second (req_per_s=(30.8, 16.7))
+    >>> claim("the worst round beats the best", True, worst={"req_per_s": np.float64(30.51)})
+    ✓ the worst round beats the best (worst={req_per_s: 30.5})
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ __all__ = ["ClaimError", "claim", "within"]
 
 def _shown(value: Any) -> str:
     """A measured value as a reader wants it: 3 significant digits, numpy scalars as numbers,
-    pairs and lists item by item."""
+    pairs, lists and dicts item by item."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {_shown(item)}" for key, item in value.items()) + "}"
     if isinstance(value, (tuple, list)):
         inner = ", ".join(_shown(item) for item in value)
         return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ..engines.engine_worker import EngineFactory
     from .runtime import DynamoRuntime
 
-__all__ = ["serve_engine_on_dynamo", "with_guided_decoding", "with_handoff_token"]
+__all__ = ["log_handoff", "serve_engine_on_dynamo", "with_guided_decoding", "with_handoff_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,9 @@ async def serve_engine_on_dynamo(
 
     Dynamo's frontend sends both legs at once, each with the same ``bootstrap_info`` and a
     ``handoff_id`` (16 random bytes) in it but no ``bootstrap_token``: the room's token both legs
-    use is that ``handoff_id`` (`with_handoff_token`)."""
+    use is that ``handoff_id`` (`with_handoff_token`). At ``--log-level debug`` each leg logs its
+    room and the first 8 hex digits of that token (`log_handoff`), so a reader can match the two
+    legs of a request across the prefill's and the decode's logs."""
     from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, WorkerType, register_model
 
     endpoint = runtime.endpoint(role.endpoint)
@@ -124,6 +126,7 @@ async def serve_engine_on_dynamo(
 
         async def generate(request: Any, context: Any = None) -> AsyncIterator[Any]:
             request = with_guided_decoding(with_handoff_token(request), enforces=enforces)
+            log_handoff(request, role.mode)
             async with closing(handler(request, context)) as items:
                 async for item in items:
                     yield item
@@ -163,6 +166,29 @@ def with_handoff_token(request: Any) -> Any:
     else:
         return request
     return {**request, "bootstrap_info": {**info, "bootstrap_token": token}}
+
+
+def log_handoff(request: Any, leg: str) -> None:
+    """Log (debug) a disaggregated leg's bootstrap room and the first 8 hex digits of its token:
+    enough to match a request's prefill and decode legs across two logs, too little to fetch a
+    room's KV with (a token has 32, and is spent by its one fetch).
+
+    Example:
+        >>> log_handoff({"bootstrap_info": {"bootstrap_room": 5, "bootstrap_token": "01ff" * 8}}, "decode")
+        >>> log_handoff({"token_ids": [1]}, "aggregated")  # no room: nothing logged
+    """
+    info = request.get("bootstrap_info") if isinstance(request, dict) else None
+    if (
+        isinstance(info, dict)
+        and isinstance(info.get("bootstrap_token"), str)
+        and logger.isEnabledFor(logging.DEBUG)
+    ):
+        logger.debug(
+            "%s leg of bootstrap room %s: token %s… (from Dynamo's handoff_id)",
+            leg,
+            info.get("bootstrap_room"),
+            info["bootstrap_token"][:8],
+        )
 
 
 def with_guided_decoding(request: Any, *, enforces: bool) -> Any:
