@@ -57,9 +57,11 @@ def test_the_runtime_flags_become_dynamos_settings() -> None:
         DynamoPlanes.from_flags("file:///tmp/kv", "nats", None, tcp_host=None)
 
 
-def test_each_leg_logs_its_room_and_only_the_start_of_its_token(caplog: pytest.LogCaptureFixture) -> None:
-    """Dynamo's ``handoff_id`` becomes the room's token; at debug a leg logs its room and the token's
-    first 8 hex digits (to match the two legs across logs), never the whole token; at info nothing."""
+def test_each_leg_logs_its_room_and_a_fingerprint_of_its_token(caplog: pytest.LogCaptureFixture) -> None:
+    """Dynamo's ``handoff_id`` becomes the room's token; at debug a leg logs its room and a
+    fingerprint both legs share (a hash: nothing of the token itself); at info nothing."""
+    import hashlib
+
     from dynamo_nb.on_dynamo.worker import log_handoff, with_handoff_token
 
     request = with_handoff_token({"bootstrap_info": {"bootstrap_room": 7, "handoff_id": list(range(16))}})
@@ -70,10 +72,14 @@ def test_each_leg_logs_its_room_and_only_the_start_of_its_token(caplog: pytest.L
     assert not caplog.records
     with caplog.at_level("DEBUG", logger="dynamo_nb.on_dynamo.worker"):
         log_handoff(request, "prefill")
+        log_handoff(request, "decode")
         log_handoff({"token_ids": [1]}, "aggregated")
-    [record] = caplog.records
-    assert "prefill leg of bootstrap room 7: token 00010203…" in record.getMessage()
-    assert token not in record.getMessage() and token[8:] not in record.getMessage()
+    fingerprint = hashlib.sha256(token.encode()).hexdigest()[:8]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{leg} leg of bootstrap room 7: token fingerprint {fingerprint} (from Dynamo's handoff_id)"
+        for leg in ("prefill", "decode")
+    ]
+    assert not any(token[i : i + 6] in r.getMessage() for r in caplog.records for i in range(0, 27))
 
 
 def test_dynamos_listeners_keep_to_loopback_unless_allowed_and_kv_events_need_nats(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +57,14 @@ def spread(
         bench.spread(df, "e2e", q=0.9)  # each repeat's p90 end-to-end instead
     """
     column = f"{metric}_s"
-    missing = [name for name in (column, repeat, by) if name not in df]
+    roles = {
+        column: f"the measured {metric}",
+        repeat: f"each run's round (.assign({repeat}=...))",
+        by: "the groups",
+    }
+    missing = [f"{name!r} ({role})" for name, role in roles.items() if name not in df]
     if missing:
-        raise ConfigError(
-            f"spread needs the columns {missing}: tag each run's rows with .assign({repeat}=...)"
-        )
+        raise ConfigError(f"spread needs the columns {', '.join(missing)}")
     if not 0.0 <= q <= 1.0:
         raise ConfigError(f"spread's q is a quantile between 0 and 1, not {q}")
     ok = df[df["error"].isna()] if "error" in df else df
@@ -72,36 +76,50 @@ def spread(
     return table
 
 
-def median_interval(
-    values: Any, confidence: float = 0.95, *, resamples: int = 2000, seed: int = 0
-) -> tuple[float, float, float]:
-    """``(low, median, high)``: the median of ``values`` and a bootstrap interval around it that
-    holds the true median with about ``confidence`` (the percentiles of ``resamples`` medians of
-    resampled values; ``seed`` makes it repeatable). NaN values are left out; fewer than two
-    values give NaN bounds.
+def _order_statistic(n: int, confidence: float) -> int:
+    """The largest ``k`` such that the ``k``-th lowest and ``k``-th highest of ``n`` values hold
+    their median with at least ``confidence`` (0 when none does): exact binomial tails up to 1000
+    values, the normal approximation above."""
+    if n > 1000:
+        z = statistics.NormalDist().inv_cdf((1.0 + confidence) / 2.0)
+        return max(0, math.floor(n / 2.0 - z * math.sqrt(n) / 2.0))
+    allowed = (1.0 - confidence) / 2.0 * 2.0**n  # the most outcomes a tail may hold, of 2**n
+    best, tail = 0, 0  # tail: outcomes with at most k - 1 values under the median
+    for k in range(1, n // 2 + 1):
+        tail += math.comb(n, k - 1)
+        if tail > allowed:
+            break
+        best = k
+    return best
 
-    For paired runs (the same requests under two settings) pass the differences: an interval
-    that excludes 0 is a difference the noise these pairs saw does not explain.
+
+def median_interval(values: Any, confidence: float = 0.95) -> tuple[float, float, float]:
+    """``(low, median, high)``: the median of ``values`` and an interval around it that holds the
+    true median at least ``confidence`` of the time, whatever the values' distribution (two order
+    statistics: the ``k``-th lowest and the ``k``-th highest value, ``k`` the largest whose
+    binomial coverage reaches ``confidence``). NaN values are left out. Too few values for any
+    such interval (fewer than 6 at 95 %) give NaN bounds: say "in each of the runs" instead.
+
+    For paired runs (the same requests, or rounds, under two settings) pass the differences: an
+    interval that excludes 0 is a difference the noise these pairs saw does not explain.
 
     Example:
-        >>> low, middle, high = median_interval([10, 11, 12, 13, 14, 15, 16])
-        >>> middle, low <= middle <= high
-        (13.0, True)
+        >>> median_interval([10, 11, 12, 13, 14, 15, 16])
+        (10.0, 13.0, 16.0)
+        >>> median_interval([1, 2, 3])  # no 95 % interval from three values
+        (nan, 2.0, nan)
     """
-    data = np.asarray(values, dtype=float)
-    data = data[~np.isnan(data)]
     if not 0.0 < confidence < 1.0:
         raise ConfigError(f"median_interval's confidence is between 0 and 1, not {confidence}")
+    data = np.sort(np.asarray(values, dtype=float))
+    data = data[~np.isnan(data)]
     if data.size == 0:
         return math.nan, math.nan, math.nan
-    middle = float(np.median(data))
-    if data.size < 2:
+    n, middle = int(data.size), float(np.median(data))
+    best = _order_statistic(n, confidence)
+    if best == 0:
         return math.nan, middle, math.nan
-    draws = np.random.default_rng(seed).choice(data, size=(resamples, data.size), replace=True)
-    medians = np.median(draws, axis=1)
-    tail = (1.0 - confidence) / 2.0 * 100.0
-    low, high = np.percentile(medians, [tail, 100.0 - tail])
-    return float(low), middle, float(high)
+    return float(data[best - 1]), middle, float(data[n - best])
 
 
 def group_keys(df: pd.DataFrame) -> list[str]:

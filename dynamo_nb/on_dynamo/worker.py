@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import logging
 from collections.abc import AsyncIterator
@@ -62,8 +63,8 @@ async def serve_engine_on_dynamo(
     Dynamo's frontend sends both legs at once, each with the same ``bootstrap_info`` and a
     ``handoff_id`` (16 random bytes) in it but no ``bootstrap_token``: the room's token both legs
     use is that ``handoff_id`` (`with_handoff_token`). At ``--log-level debug`` each leg logs its
-    room and the first 8 hex digits of that token (`log_handoff`), so a reader can match the two
-    legs of a request across the prefill's and the decode's logs."""
+    room and a fingerprint of that token (`log_handoff`), so a reader can match the two legs of a
+    request across the prefill's and the decode's logs."""
     from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, WorkerType, register_model
 
     endpoint = runtime.endpoint(role.endpoint)
@@ -169,25 +170,33 @@ def with_handoff_token(request: Any) -> Any:
 
 
 def log_handoff(request: Any, leg: str) -> None:
-    """Log (debug) a disaggregated leg's bootstrap room and the first 8 hex digits of its token:
-    enough to match a request's prefill and decode legs across two logs, too little to fetch a
-    room's KV with (a token has 32, and is spent by its one fetch).
+    """Log (debug) a disaggregated leg's bootstrap room and a fingerprint of its token (the first
+    8 hex digits of the token's SHA-256): the two legs of a request log the same one, so a reader
+    can match them across the prefill's and the decode's logs, and nothing of the token itself
+    is written.
 
     Example:
-        >>> log_handoff({"bootstrap_info": {"bootstrap_room": 5, "bootstrap_token": "01ff" * 8}}, "decode")
+        >>> import logging
+        >>> handler = logging.StreamHandler(__import__("sys").stdout)
+        >>> handler.setFormatter(logging.Formatter("%(message)s"))
+        >>> logger.addHandler(handler); logger.setLevel(logging.DEBUG)
+        >>> log_handoff({"bootstrap_info": {"bootstrap_room": 5, "bootstrap_token": "01ff"}}, "decode")
+        decode leg of bootstrap room 5: token fingerprint fcd9a6e1 (its own token)
         >>> log_handoff({"token_ids": [1]}, "aggregated")  # no room: nothing logged
+        >>> logger.removeHandler(handler); logger.setLevel(logging.NOTSET)
     """
     info = request.get("bootstrap_info") if isinstance(request, dict) else None
-    if (
-        isinstance(info, dict)
-        and isinstance(info.get("bootstrap_token"), str)
-        and logger.isEnabledFor(logging.DEBUG)
-    ):
+    if not isinstance(info, dict) or not isinstance(info.get("bootstrap_token"), str):
+        return
+    if logger.isEnabledFor(logging.DEBUG):
+        fingerprint = hashlib.sha256(info["bootstrap_token"].encode()).hexdigest()[:8]
+        source = "from Dynamo's handoff_id" if info.get("handoff_id") is not None else "its own token"
         logger.debug(
-            "%s leg of bootstrap room %s: token %s… (from Dynamo's handoff_id)",
+            "%s leg of bootstrap room %s: token fingerprint %s (%s)",
             leg,
             info.get("bootstrap_room"),
-            info["bootstrap_token"][:8],
+            fingerprint,
+            source,
         )
 
 
