@@ -76,6 +76,10 @@ ALLOWED = {
         "a level can come out slower",
     ): "a caution about noise on a shared machine, no result",
     ("09_capacity_planning", "A request *meets* it or not"): "what an SLO is",
+    (
+        "09_capacity_planning",
+        "can come out a little higher than",
+    ): "what the two rates' windows mean, not a result",
     ("09_capacity_planning", '"p90 TTFT ≤ 500 ms" means'): "what an SLO is",
     ("09_capacity_planning", "the less loaded of two instances"): "what the least-loaded router does",
     ("09_capacity_planning", "the queue grows for as long as the level runs"): "what saturated means",
