@@ -247,6 +247,10 @@ async def test_json_round_trip(sweep: pd.DataFrame, tmp_path: Path) -> None:
     flat = [gap for gaps in back["itl_s"] for gap in gaps]
     assert flat == pytest.approx([gap for gaps in sweep["itl_s"] for gap in gaps])
     pd.testing.assert_frame_equal(summary(back), summary(sweep))
+    tagged = save_json(sweep.assign(repeat=sweep.index % 2, speed="fast"), tmp_path / "tagged.json")
+    again = load_json(tagged)  # a run's own columns come back beside the records' (a spread needs them)
+    assert list(again.columns) == [*RECORD_COLUMNS, "repeat", "speed"]
+    assert again["repeat"].tolist() == (sweep.index % 2).tolist() and set(again["speed"]) == {"fast"}
 
 
 async def test_our_frontend_reports_the_serving_worker_of_each_request(tiny_path: Path) -> None:

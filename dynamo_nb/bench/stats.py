@@ -255,6 +255,12 @@ def save_csv(df: pd.DataFrame, path: str | Path) -> Path:
 
 
 def load_json(path: str | Path) -> pd.DataFrame:
-    """The per-request DataFrame from a file written by `save_json`."""
-    document = json.loads(Path(path).read_text())
-    return records_frame(document["requests"])
+    """The per-request DataFrame from a file written by `save_json`, with the columns a run gave
+    its rows beside the records' own (a ``repeat`` tag, a ``speed`` or ``path`` label), so a
+    comparison's spread comes back with it."""
+    requests = json.loads(Path(path).read_text())["requests"]
+    frame = records_frame(requests)
+    tagged = pd.DataFrame.from_records(requests)
+    for column in tagged.columns.difference(frame.columns, sort=False):
+        frame[column] = tagged[column]
+    return frame
