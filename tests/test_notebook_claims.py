@@ -342,11 +342,7 @@ def _shows_a_control(tree: ast.AST) -> bool:
     round); the spread over rounds (`bench.spread`, `bench.spread_chart`)."""
     sentences = {id(node.args[0]) for node in ast.walk(tree) if _is_claim(node) and node.args}
     for node in ast.walk(tree):
-        called = getattr(node, "func", None)
-        if (
-            isinstance(node, ast.Call)
-            and (getattr(called, "id", None) or getattr(called, "attr", None)) in CONTROL_CALLS
-        ):
+        if _called(node) in CONTROL_CALLS:
             return True
         if isinstance(node, ast.keyword) and node.arg in CONTROL_COLUMNS:
             return True
@@ -399,12 +395,15 @@ COMPARISON_ALLOWED = {
 the two sides are alike, or why it is no comparison of two runs (a threshold, a count)."""
 
 
+def _called(node: ast.AST) -> str | None:
+    """The name a call calls (``claim`` for ``claim(...)`` and ``dynamo_nb.claim(...)``), else None."""
+    if not isinstance(node, ast.Call):
+        return None
+    return getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+
+
 def _is_claim(node: ast.AST) -> bool:
-    called = getattr(node, "func", None)
-    return (
-        isinstance(node, ast.Call)
-        and (getattr(called, "id", None) or getattr(called, "attr", None)) == "claim"
-    )
+    return _called(node) == "claim"
 
 
 def _parse(source: str) -> ast.AST:

@@ -11,7 +11,7 @@ Needs the ``notebook`` extra (pandas, matplotlib, tqdm).
 - ``progress.py``: a sweep's progress bar; ``live.py``: `live`, a chart redrawn while `run` goes;
 - ``arguments.py``: what the benchmark commands parse from their flags (comma-separated sizes);
 - ``stats.py``: `summary` (percentiles and throughput per level), `spread` over repeats,
-  `median_interval` (a bootstrap interval), JSON and CSV in and out;
+  `median_interval` (a distribution-free interval of a median), JSON and CSV in and out;
 - ``slo.py``: `SLO`, goodput and attainment, `max_rate_within_slo`;
 - ``charts.py``: charts of a run, as matplotlib figures;
 - ``scrape.py``: a server's Prometheus metrics as a DataFrame, runs joined with routing decisions;

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -452,8 +453,8 @@ def path_chart(df: pd.DataFrame) -> Chart:
         ax.bar(order, p50, color=colors, alpha=0.7)
         ax.errorbar(order, p50, yerr=[[0] * len(order), [b - a for a, b in zip(p50, p99, strict=True)]],
                     fmt="none", ecolor="grey", elinewidth=1, capsize=3)  # fmt: skip
-        low = [middle - lo if lo == lo else 0.0 for lo, middle, _ in intervals]
-        high = [hi - middle if hi == hi else 0.0 for _, middle, hi in intervals]
+        low = [0.0 if math.isnan(lo) else middle - lo for lo, middle, _ in intervals]  # NaN: too few values
+        high = [0.0 if math.isnan(hi) else hi - middle for _, middle, hi in intervals]
         ax.errorbar(order, p50, yerr=[low, high], fmt="none", ecolor="black", elinewidth=4, capsize=0)
         for x, (count, value) in enumerate(zip([len(v) for v in values], p50, strict=True)):
             # at the bar's foot, clear of the interval drawn around its top

@@ -185,19 +185,20 @@ def log_handoff(request: Any, leg: str) -> None:
         >>> log_handoff({"token_ids": [1]}, "aggregated")  # no room: nothing logged
         >>> logger.removeHandler(handler); logger.setLevel(logging.NOTSET)
     """
+    if not logger.isEnabledFor(logging.DEBUG):  # every request passes here: nothing more unless asked
+        return
     info = request.get("bootstrap_info") if isinstance(request, dict) else None
     if not isinstance(info, dict) or not isinstance(info.get("bootstrap_token"), str):
         return
-    if logger.isEnabledFor(logging.DEBUG):
-        fingerprint = hashlib.sha256(info["bootstrap_token"].encode()).hexdigest()[:8]
-        source = "from Dynamo's handoff_id" if info.get("handoff_id") is not None else "its own token"
-        logger.debug(
-            "%s leg of bootstrap room %s: token fingerprint %s (%s)",
-            leg,
-            info.get("bootstrap_room"),
-            fingerprint,
-            source,
-        )
+    fingerprint = hashlib.sha256(info["bootstrap_token"].encode()).hexdigest()[:8]
+    source = "from Dynamo's handoff_id" if info.get("handoff_id") is not None else "its own token"
+    logger.debug(
+        "%s leg of bootstrap room %s: token fingerprint %s (%s)",
+        leg,
+        info.get("bootstrap_room"),
+        fingerprint,
+        source,
+    )
 
 
 def with_guided_decoding(request: Any, *, enforces: bool) -> Any:
