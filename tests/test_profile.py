@@ -85,6 +85,17 @@ def test_a_cached_prefix_costs_what_the_profile_measured() -> None:
     assert ProfiledTiming.fit(KNOWN).prefix_coefficients == (0.0, 0.0)  # none measured: the uncached curve
 
 
+def test_the_fit_reads_as_a_formula_with_its_variables_named() -> None:
+    """A negative coefficient prints after a minus sign (not ``+ -``) and the formula says what T
+    and P are, as notebook 12 prints it."""
+    falling = TimingProfile(prefill=KNOWN.prefill, decode=KNOWN.decode,
+                            prefill_after_prefix=[(p, t, 12 - 0.002 * p) for p in (128, 512) for t in (16, 256)])  # fmt: skip
+    text = repr(ProfiledTiming.fit(falling))
+    assert "+ -" not in text and " − " in text, text
+    assert "T new prompt tokens, P computed before them" in text, text
+    assert "P computed" not in repr(ProfiledTiming.fit(KNOWN))  # no prefix measured: no P in the formula
+
+
 def test_a_step_of_several_prompts_charges_each_its_own_curve() -> None:
     """Attention is quadratic in each prompt, not in the step's total: a profiled model charges
     every chunk its own T and P terms and the fixed cost once; Dynamo's curves count the step's

@@ -104,10 +104,16 @@ def _whiskers(ax: Any, table: pd.DataFrame, ranges: pd.DataFrame | None, column:
 
 
 def _repeats_note(df: pd.DataFrame, drawn_on: str = "") -> str:
-    """A title's second line naming the whiskers, when the frame holds two or more repeats."""
-    count = df["repeat"].nunique() if "repeat" in df else 0
+    """A title's second line naming the whiskers, when some label holds two or more repeats of a
+    level: the number of repeats each whisker spans, or their range when labels or levels differ."""
+    if "repeat" not in df or df["repeat"].nunique() < 2:
+        return ""
+    level = level_column(df)
+    counts = df.groupby([key for key in ("label", level) if key in df])["repeat"].nunique()
+    fewest, most = int(counts.min()), int(counts.max())
     on = f" on {drawn_on}" if drawn_on else ""
-    return f"\nwhisker{on}: range over {count} repeats" if count >= 2 else ""
+    over = f"{most}" if fewest == most else f"{fewest}–{most}"
+    return f"\nwhisker{on}: range over {over} repeats" if most >= 2 else ""
 
 
 def _concurrency_axis(ax: Any, levels: list[float], level: str = "concurrency") -> None:

@@ -343,18 +343,37 @@ class ProfiledTiming:
         a, b, c = self.prefill_coefficients
         d0, d1, d2 = self.decode_coefficients
         q, r = self.prefix_coefficients
-        prefix = f" + {q:.3g}·P + {r:.3g}·P·T" if (q, r) != (0.0, 0.0) else ""
-        engine = f"{d0:.3g} + {d1:.3g}·batch + {d2:.3g}·kv_tokens"
+        prefill = _sum_of_terms([(a, "T²"), (b, "T"), (c, ""), (q, "P"), (r, "P·T")])
+        engine = _sum_of_terms([(d0, ""), (d1, "batch"), (d2, "kv_tokens")])
         if self.decode_grid is not None:
             batches, contexts, _ = self.decode_grid
             decode = (f"on a {len(batches)}×{len(contexts)} grid, batch {batches[0]:g}–{batches[-1]:g} × context "
                       f"{contexts[0]:g}–{contexts[-1]:g} (a plane: {engine})")  # fmt: skip
         else:
             decode = engine
+        where = (
+            "T new prompt tokens, P computed before them" if (q, r) != (0.0, 0.0) else "T new prompt tokens"
+        )
         return (
-            f"ProfiledTiming(prefill {a:.3g}·T² + {b:.3g}·T + {c:.3g}{prefix} ms, "
+            f"ProfiledTiming(prefill {prefill} ms ({where}), "
             f"decode {decode} ms; {self.profile.source or 'measured'})"
         )
+
+
+def _sum_of_terms(terms: list[tuple[float, str]]) -> str:
+    """``a·x + b·y − c``: each nonzero coefficient (3 significant digits) beside its variable, a
+    negative one after a minus sign, not ``+ -``."""
+    shown = [(coefficient, variable) for coefficient, variable in terms if coefficient != 0.0]
+    if not shown:
+        return "0"
+    text = ""
+    for coefficient, variable in shown:
+        magnitude = f"{abs(coefficient):.3g}" + (f"·{variable}" if variable else "")
+        if not text:
+            text = f"-{magnitude}" if coefficient < 0 else magnitude
+        else:
+            text += f" − {magnitude}" if coefficient < 0 else f" + {magnitude}"
+    return text
 
 
 def _grid(
