@@ -528,9 +528,8 @@ def test_level_charts_draw_the_range_over_repeats() -> None:
     assert not single.axes[0].containers and "repeats" not in single.axes[0].get_title()
     other = df[df["repeat"] < 2].assign(label="two")  # a second label with two repeats, not three
     assert "range over 2–3 repeats" in ttft_itl_chart(pd.concat([df, other])).axes[0].get_title()
-    apart = pd.concat(
-        [df[df["repeat"] == 0], df[df["repeat"] == 1].assign(label="two")]
-    )  # one repeat a label
+    # one repeat a label
+    apart = pd.concat([df[df["repeat"] == 0], df[df["repeat"] == 1].assign(label="two")])
     assert "repeats" not in throughput_chart(apart).axes[0].get_title()  # no whisker drawn, none named
     paths = path_chart(df)
     bars, _, interval = paths.axes[0].containers  # the bars, the whiskers to p99, the medians' intervals

@@ -351,9 +351,7 @@ class ProfiledTiming:
                       f"{contexts[0]:g}–{contexts[-1]:g} (a plane: {engine})")  # fmt: skip
         else:
             decode = engine
-        where = (
-            "T new prompt tokens, P computed before them" if (q, r) != (0.0, 0.0) else "T new prompt tokens"
-        )
+        where = "T new prompt tokens" + (", P computed before them" if (q, r) != (0.0, 0.0) else "")
         return (
             f"ProfiledTiming(prefill {prefill} ms ({where}), "
             f"decode {decode} ms; {self.profile.source or 'measured'})"
@@ -363,17 +361,16 @@ class ProfiledTiming:
 def _sum_of_terms(terms: list[tuple[float, str]]) -> str:
     """``a·x + b·y − c``: each nonzero coefficient (3 significant digits) beside its variable, a
     negative one after a minus sign, not ``+ -``."""
-    shown = [(coefficient, variable) for coefficient, variable in terms if coefficient != 0.0]
-    if not shown:
-        return "0"
     text = ""
-    for coefficient, variable in shown:
-        magnitude = f"{abs(coefficient):.3g}" + (f"·{variable}" if variable else "")
-        if not text:
-            text = f"-{magnitude}" if coefficient < 0 else magnitude
+    for coefficient, variable in terms:
+        if coefficient == 0.0:
+            continue
+        term = f"{abs(coefficient):.3g}" + (f"·{variable}" if variable else "")
+        if text:
+            text += (" − " if coefficient < 0 else " + ") + term
         else:
-            text += f" − {magnitude}" if coefficient < 0 else f" + {magnitude}"
-    return text
+            text = ("-" if coefficient < 0 else "") + term
+    return text or "0"
 
 
 def _grid(
